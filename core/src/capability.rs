@@ -1,0 +1,47 @@
+//! What a backend can do, as plain data. Shared code branches on these fields, never on a
+//! backend's name.
+
+use crate::buffer::DeviceKind;
+use crate::dtype::{DType, ReduceOp};
+
+/// A backend communicator's capabilities.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Capabilities {
+    /// Where its buffers must live.
+    pub device_kind: DeviceKind,
+    /// Element types accepted by every data-plane op.
+    pub dtypes: Vec<DType>,
+    /// Reduce ops accepted by all_reduce, reduce and reduce_scatter.
+    pub reduce_ops: Vec<ReduceOp>,
+    /// all_to_all with equal splits.
+    pub all_to_all: bool,
+    /// all_to_all with explicit per-peer counts.
+    pub all_to_all_v: bool,
+    /// Batched point-to-point groups.
+    pub p2p_group: bool,
+    /// `abort` stops in-flight operations (false where the library can only destroy).
+    pub abort_in_flight: bool,
+    /// `split` builds sub-communicators.
+    pub split: bool,
+    /// Transports connect on first use, so a warmup is worth running.
+    pub lazy_connect: bool,
+    /// The backend reports device memory held by the communicator itself.
+    pub memory_stats: bool,
+    /// A small probe size (bytes) that selects the latency-bound path.
+    pub warmup_small_bytes: usize,
+    /// A large probe size (bytes) that selects the bandwidth-bound path.
+    pub warmup_large_bytes: usize,
+    /// Largest group size supported.
+    pub max_world_size: usize,
+}
+
+impl Capabilities {
+    /// Whether `dtype` is accepted.
+    pub fn supports_dtype(&self, dtype: DType) -> bool {
+        self.dtypes.contains(&dtype)
+    }
+    /// Whether `op` is accepted.
+    pub fn supports_reduce_op(&self, op: ReduceOp) -> bool {
+        self.reduce_ops.contains(&op)
+    }
+}

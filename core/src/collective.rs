@@ -1,0 +1,158 @@
+//! The implementor contract (`Collective`) and the backend factory (`Backend`).
+
+use crate::buffer::{Buf, BufMut, Device};
+use crate::capability::Capabilities;
+use crate::dtype::ReduceOp;
+use crate::error::Result;
+use crate::platform::Platform;
+use crate::store::Store;
+use crate::work::Work;
+use async_trait::async_trait;
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Who a backend communicator is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommInfo {
+    /// Backend name (`cpu`, `nccl`, `hccl`).
+    pub backend: &'static str,
+    /// Rank in this communicator.
+    pub rank: usize,
+    /// Number of ranks.
+    pub size: usize,
+    /// The device its buffers live on.
+    pub device: Device,
+}
+
+/// One point-to-point operation of a batched group.
+#[derive(Debug)]
+pub enum P2POp<'a> {
+    /// Send the buffer to `peer`.
+    Send(Buf<'a>, usize),
+    /// Receive into the buffer from `peer`.
+    Recv(BufMut<'a>, usize),
+}
+
+impl P2POp<'_> {
+    /// The peer rank.
+    pub fn peer(&self) -> usize {
+        match self {
+            P2POp::Send(_, p) | P2POp::Recv(_, p) => *p,
+        }
+    }
+}
+
+/// Explicit per-peer element counts for all_to_all; data for peer `j` is contiguous and in
+/// peer order in both buffers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AllToAllSplits {
+    /// Elements this rank sends to each peer.
+    pub send_counts: Vec<usize>,
+    /// Elements this rank receives from each peer.
+    pub recv_counts: Vec<usize>,
+}
+
+/// The implementor contract: what a backend communicator provides.
+///
+/// Data-plane methods enqueue and return a [`Work`] without waiting for peers. Lifecycle
+/// methods may wait on peers and always take a deadline. Arguments reaching these methods
+/// have been validated by [`crate::Communicator`]; backends may assume they are valid.
+///
+/// In-place operations pass `send: None`: all_reduce and reduce use `recv` as input and
+/// output; broadcast's root sends `recv`; all_gather takes this rank's input from its own
+/// chunk of `recv`; reduce_scatter takes the whole `recv` as input and leaves this rank's
+/// result in its own chunk.
+#[async_trait]
+pub trait Collective: Send + Sync + fmt::Debug + 'static {
+    /// Backend, rank, size and device.
+    fn info(&self) -> &CommInfo;
+    /// What this communicator supports.
+    fn capabilities(&self) -> &Capabilities;
+
+    /// Element-wise reduction of every rank's input, result on every rank.
+    fn all_reduce<'a>(&'a self, send: Option<Buf<'a>>, recv: BufMut<'a>, op: ReduceOp) -> Result<Work<'a>>;
+    /// Element-wise reduction, result on `root` only (`recv` is written on the root only).
+    fn reduce<'a>(&'a self, send: Option<Buf<'a>>, recv: BufMut<'a>, op: ReduceOp, root: usize) -> Result<Work<'a>>;
+    /// `root`'s data to every rank (`send` is read on the root only).
+    fn broadcast<'a>(&'a self, send: Option<Buf<'a>>, recv: BufMut<'a>, root: usize) -> Result<Work<'a>>;
+    /// Every rank's input, concatenated in rank order, on every rank.
+    fn all_gather<'a>(&'a self, send: Option<Buf<'a>>, recv: BufMut<'a>) -> Result<Work<'a>>;
+    /// Reduction of every rank's input, chunk `r` of the result on rank `r`.
+    fn reduce_scatter<'a>(&'a self, send: Option<Buf<'a>>, recv: BufMut<'a>, op: ReduceOp) -> Result<Work<'a>>;
+    /// Chunk `j` of each rank's input to rank `j`; equal chunks unless `splits` is given.
+    fn all_to_all<'a>(&'a self, send: Buf<'a>, recv: BufMut<'a>, splits: Option<&AllToAllSplits>) -> Result<Work<'a>>;
+    /// Send to `peer`.
+    fn send<'a>(&'a self, buf: Buf<'a>, peer: usize) -> Result<Work<'a>>;
+    /// Receive from `peer`.
+    fn recv<'a>(&'a self, buf: BufMut<'a>, peer: usize) -> Result<Work<'a>>;
+    /// Several sends and receives issued together; they cannot deadlock on ordering.
+    fn p2p_group<'a>(&'a self, ops: Vec<P2POp<'a>>) -> Result<Work<'a>>;
+    /// Completes once every rank has entered it.
+    fn barrier(&self) -> Result<Work<'_>>;
+
+    /// Report an asynchronous failure of the communicator, if any (`Ok` when healthy).
+    async fn health(&self, deadline: Instant) -> Result<()>;
+    /// Stop every pending operation on this rank (they fail with `Aborted`); the
+    /// communicator is unusable afterwards. Callable from any thread, repeatedly.
+    async fn abort(&self, deadline: Instant) -> Result<()>;
+    /// Collective over every rank of this communicator: ranks passing the same `color`
+    /// form a new communicator named `name`, ordered by `key` (ties by rank); `None` joins
+    /// none. Every rank must call it, in the same order relative to other splits.
+    async fn split(&self, color: Option<u32>, key: u32, name: &str, deadline: Instant) -> Result<Option<Arc<dyn Collective>>>;
+    /// Flush and release the communicator; idempotent.
+    async fn shutdown(&self, deadline: Instant) -> Result<()>;
+}
+
+/// Options for [`Backend::connect`].
+#[derive(Debug, Clone)]
+pub struct ConnectOptions {
+    /// This process's rank.
+    pub rank: usize,
+    /// Number of ranks.
+    pub size: usize,
+    /// Rendezvous store shared by all ranks.
+    pub store: Arc<dyn Store>,
+    /// Key prefix, unique to this communicator within the store.
+    pub namespace: String,
+    /// Device this rank uses.
+    pub device: Device,
+    /// How long connecting may take.
+    pub timeout: Duration,
+}
+
+/// What a successful probe found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackendInfo {
+    /// Backend name.
+    pub name: &'static str,
+    /// Library version, when there is one.
+    pub version: String,
+    /// Devices visible to it.
+    pub devices: usize,
+}
+
+/// A backend: probes its libraries, provides the device layer and connects communicators.
+#[async_trait]
+pub trait Backend: Send + Sync + fmt::Debug {
+    /// Backend name.
+    fn name(&self) -> &'static str;
+    /// Whether the backend can run here.
+    ///
+    /// # Errors
+    /// [`crate::Error::Unavailable`] listing everything looked for and where; never panics.
+    fn probe(&self) -> Result<BackendInfo>;
+    /// The device layer for local rank `local_rank`.
+    ///
+    /// # Errors
+    /// As [`Backend::probe`], or when that device does not exist.
+    fn platform(&self, local_rank: usize) -> Result<Arc<dyn Platform>>;
+    /// Build a communicator among `opts.size` ranks; every rank calls this.
+    ///
+    /// # Errors
+    /// `Timeout` when not all ranks arrive in time; `Unavailable` when the backend cannot run.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: dropping the future leaves the other ranks waiting until their deadline.
+    async fn connect(&self, opts: ConnectOptions) -> Result<Arc<dyn Collective>>;
+}

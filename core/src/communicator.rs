@@ -1,0 +1,634 @@
+//! `Communicator`: what users hold. It validates every call once, numbers operations per
+//! group, traces them and records them in the flight recorder.
+
+use crate::buffer::{overlaps, Buf, BufMut};
+use crate::collective::{AllToAllSplits, Backend, Collective, CommInfo, ConnectOptions, P2POp};
+use crate::capability::Capabilities;
+use crate::config::CommConfig;
+use crate::dtype::{DType, Element, ReduceOp};
+use crate::error::{Error, Result};
+use crate::group::GroupSpec;
+use crate::recorder::{FlightRecorder, OpRecord, OpState};
+use crate::store::Store;
+use crate::work::{Work, WorkInfo};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A communicator of one group: the user API over a backend's [`Collective`].
+#[derive(Debug)]
+pub struct Communicator {
+    inner: Arc<dyn Collective>,
+    spec: Arc<GroupSpec>,
+    name: Arc<str>,
+    seq: AtomicU64,
+    recorder: Arc<FlightRecorder>,
+    config: CommConfig,
+}
+
+/// Facts about one call, gathered by validation.
+struct Call {
+    op: &'static str,
+    dtype: Option<DType>,
+    count: usize,
+    bytes: usize,
+    peer: Option<usize>,
+}
+
+impl Communicator {
+    /// Wrap a backend communicator created for `spec`.
+    ///
+    /// # Errors
+    /// `InvalidArgument` when `spec` does not match the communicator's size.
+    pub fn new(inner: Arc<dyn Collective>, spec: GroupSpec, config: CommConfig) -> Result<Self> {
+        let recorder = FlightRecorder::new(config.flight_recorder);
+        Self::with_recorder(inner, spec, config, recorder)
+    }
+
+    /// As [`Communicator::new`], sharing an existing flight recorder.
+    ///
+    /// # Errors
+    /// As [`Communicator::new`].
+    pub fn with_recorder(
+        inner: Arc<dyn Collective>,
+        spec: GroupSpec,
+        config: CommConfig,
+        recorder: Arc<FlightRecorder>,
+    ) -> Result<Self> {
+        let info = inner.info().clone();
+        if spec.ranks.len() != info.size {
+            return Err(Error::InvalidArgument {
+                op: "Communicator::new",
+                arg: "spec",
+                rank: info.rank,
+                group: spec.name.clone(),
+                msg: format!("spec lists {} ranks, the communicator has {}", spec.ranks.len(), info.size),
+            });
+        }
+        Ok(Communicator {
+            name: Arc::from(spec.name.as_str()),
+            inner,
+            spec: Arc::new(spec),
+            seq: AtomicU64::new(0),
+            recorder,
+            config,
+        })
+    }
+
+    /// Connect a new communicator for `spec` through `backend`; `rank` is this process's
+    /// position in `spec.ranks`. Every member calls this.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for a bad spec or rank; otherwise as [`Backend::connect`].
+    pub async fn connect(
+        backend: &dyn Backend,
+        spec: GroupSpec,
+        rank: usize,
+        store: Arc<dyn Store>,
+        device: crate::buffer::Device,
+        config: CommConfig,
+    ) -> Result<Self> {
+        validate_spec(&spec, rank, usize::MAX, rank)?;
+        let opts = ConnectOptions {
+            rank,
+            size: spec.ranks.len(),
+            store,
+            namespace: spec.name.clone(),
+            device,
+            timeout: config.init_timeout,
+        };
+        let inner = backend.connect(opts).await?;
+        Communicator::new(inner, spec, config)
+    }
+
+    /// Backend, rank, size and device.
+    pub fn info(&self) -> &CommInfo {
+        self.inner.info()
+    }
+    /// Rank in this group.
+    pub fn rank(&self) -> usize {
+        self.inner.info().rank
+    }
+    /// Group size.
+    pub fn size(&self) -> usize {
+        self.inner.info().size
+    }
+    /// The group's name, members, owner and role.
+    pub fn spec(&self) -> &GroupSpec {
+        &self.spec
+    }
+    /// The backend's capabilities.
+    pub fn capabilities(&self) -> &Capabilities {
+        self.inner.capabilities()
+    }
+    /// The settings.
+    pub fn config(&self) -> &CommConfig {
+        &self.config
+    }
+    /// The flight recorder.
+    pub fn flight_recorder(&self) -> &Arc<FlightRecorder> {
+        &self.recorder
+    }
+    /// The backend communicator (for wrappers such as fault injection).
+    pub fn collective(&self) -> &Arc<dyn Collective> {
+        &self.inner
+    }
+    /// Operations issued so far.
+    pub fn issued(&self) -> u64 {
+        self.seq.load(Ordering::Relaxed)
+    }
+
+    fn invalid(&self, op: &'static str, arg: &'static str, msg: impl Into<String>) -> Error {
+        Error::InvalidArgument { op, arg, rank: self.rank(), group: self.spec.name.clone(), msg: msg.into() }
+    }
+
+    fn check_dtype(&self, op: &'static str, arg: &'static str, dtype: DType) -> Result<()> {
+        if !self.capabilities().supports_dtype(dtype) {
+            return Err(self.invalid(op, arg, format!("dtype {dtype} is not supported by the {} backend", self.info().backend)));
+        }
+        Ok(())
+    }
+
+    fn check_reduce_op(&self, op: &'static str, rop: ReduceOp) -> Result<()> {
+        if !self.capabilities().supports_reduce_op(rop) {
+            return Err(self.invalid(op, "op", format!("reduce op {rop} is not supported by the {} backend", self.info().backend)));
+        }
+        Ok(())
+    }
+
+    fn check_device(&self, op: &'static str, arg: &'static str, dev: crate::buffer::Device) -> Result<()> {
+        let want = self.info().device;
+        if dev != want {
+            return Err(self.invalid(op, arg, format!("buffer is on {dev}, the communicator uses {want}")));
+        }
+        Ok(())
+    }
+
+    fn check_rank(&self, op: &'static str, arg: &'static str, r: usize) -> Result<()> {
+        if r >= self.size() {
+            return Err(self.invalid(op, arg, format!("{arg} {r} is out of range for a group of {} ranks", self.size())));
+        }
+        Ok(())
+    }
+
+    fn check_pair(&self, op: &'static str, send: &Option<Buf<'_>>, recv: &BufMut<'_>) -> Result<()> {
+        self.check_dtype(op, "recv", recv.dtype())?;
+        self.check_device(op, "recv", recv.device())?;
+        if let Some(s) = send {
+            self.check_device(op, "send", s.device())?;
+            if s.dtype() != recv.dtype() {
+                return Err(self.invalid(op, "send", format!("send dtype {} differs from recv dtype {}", s.dtype(), recv.dtype())));
+            }
+            if overlaps(s.ptr() as usize, s.bytes(), recv.ptr() as usize, recv.bytes()) {
+                return Err(self.invalid(op, "send", "send and recv buffers overlap; pass send = None for an in-place operation"));
+            }
+        }
+        Ok(())
+    }
+
+    fn issue<'a>(&'a self, call: Call, f: impl FnOnce(&'a dyn Collective) -> Result<Work<'a>>) -> Result<Work<'a>> {
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+        let info = self.inner.info();
+        let span = tracing::debug_span!(
+            "collective",
+            backend = info.backend,
+            group = %self.name,
+            rank = info.rank,
+            world_size = info.size,
+            op = call.op,
+            seq,
+            bytes = call.bytes
+        );
+        let _g = span.enter();
+        let started = Instant::now();
+        self.recorder.push(OpRecord {
+            group: self.name.clone(),
+            rank: info.rank,
+            seq,
+            op: call.op,
+            dtype: call.dtype,
+            count: call.count,
+            bytes: call.bytes,
+            peer: call.peer,
+            started,
+            elapsed: None,
+            state: OpState::Pending,
+        });
+        match f(self.inner.as_ref()) {
+            Ok(mut w) => {
+                let winfo = WorkInfo { op: call.op, seq, group: self.name.clone(), rank: info.rank, started };
+                w.attach(winfo, Some(self.recorder.clone()));
+                tracing::trace!("enqueued");
+                Ok(w)
+            }
+            Err(e) => {
+                self.recorder.finish(&self.name, seq, OpState::Failed(e.to_string()));
+                tracing::debug!(error = %e, "enqueue failed");
+                Err(e)
+            }
+        }
+    }
+
+    /// Element-wise reduction across the group; `send: None` reduces `recv` in place.
+    ///
+    /// # Errors
+    /// `InvalidArgument` (before any communication) for mismatched counts or dtypes,
+    /// overlapping buffers, an unsupported dtype or op, or a buffer on the wrong device.
+    pub fn all_reduce<'a>(&'a self, send: Option<Buf<'a>>, recv: BufMut<'a>, op: ReduceOp) -> Result<Work<'a>> {
+        const OP: &str = "all_reduce";
+        self.check_pair(OP, &send, &recv)?;
+        self.check_reduce_op(OP, op)?;
+        if let Some(s) = &send {
+            if s.count() != recv.count() {
+                return Err(self.invalid(OP, "recv", format!("send has {} elements, recv {}; they must match", s.count(), recv.count())));
+            }
+        }
+        let call = Call { op: OP, dtype: Some(recv.dtype()), count: recv.count(), bytes: recv.bytes(), peer: None };
+        self.issue(call, |c| c.all_reduce(send, recv, op))
+    }
+
+    /// Element-wise reduction to `root`.
+    ///
+    /// # Errors
+    /// As [`Communicator::all_reduce`], plus `root` out of range.
+    pub fn reduce<'a>(&'a self, send: Option<Buf<'a>>, recv: BufMut<'a>, op: ReduceOp, root: usize) -> Result<Work<'a>> {
+        const OP: &str = "reduce";
+        self.check_rank(OP, "root", root)?;
+        self.check_pair(OP, &send, &recv)?;
+        self.check_reduce_op(OP, op)?;
+        if let Some(s) = &send {
+            if s.count() != recv.count() {
+                return Err(self.invalid(OP, "recv", format!("send has {} elements, recv {}; they must match", s.count(), recv.count())));
+            }
+        }
+        let call = Call { op: OP, dtype: Some(recv.dtype()), count: recv.count(), bytes: recv.bytes(), peer: Some(root) };
+        self.issue(call, |c| c.reduce(send, recv, op, root))
+    }
+
+    /// `root`'s buffer to every rank; `send: None` broadcasts `recv` in place.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for `root` out of range, mismatched counts, dtypes or devices.
+    pub fn broadcast<'a>(&'a self, send: Option<Buf<'a>>, recv: BufMut<'a>, root: usize) -> Result<Work<'a>> {
+        const OP: &str = "broadcast";
+        self.check_rank(OP, "root", root)?;
+        self.check_pair(OP, &send, &recv)?;
+        if let Some(s) = &send {
+            if s.count() != recv.count() {
+                return Err(self.invalid(OP, "recv", format!("send has {} elements, recv {}; they must match", s.count(), recv.count())));
+            }
+        }
+        let call = Call { op: OP, dtype: Some(recv.dtype()), count: recv.count(), bytes: recv.bytes(), peer: Some(root) };
+        self.issue(call, |c| c.broadcast(send, recv, root))
+    }
+
+    /// Every rank's `send` concatenated in rank order into `recv` (`size × send` elements).
+    /// In place (`send: None`), this rank's input is its own chunk of `recv`.
+    ///
+    /// # Errors
+    /// `InvalidArgument` when `recv` is not `size` times `send`, or not divisible in place.
+    pub fn all_gather<'a>(&'a self, send: Option<Buf<'a>>, recv: BufMut<'a>) -> Result<Work<'a>> {
+        const OP: &str = "all_gather";
+        self.check_pair(OP, &send, &recv)?;
+        let n = self.size();
+        match &send {
+            Some(s) if s.count() * n != recv.count() => {
+                return Err(self.invalid(OP, "recv", format!("recv has {} elements; it must hold {} = group size {n} x send count {}", recv.count(), s.count() * n, s.count())));
+            }
+            None if recv.count() % n != 0 => {
+                return Err(self.invalid(OP, "recv", format!("in-place recv of {} elements is not divisible by the group size {n}", recv.count())));
+            }
+            _ => {}
+        }
+        let call = Call { op: OP, dtype: Some(recv.dtype()), count: recv.count(), bytes: recv.bytes(), peer: None };
+        self.issue(call, |c| c.all_gather(send, recv))
+    }
+
+    /// Reduction of every rank's `send` (`size × recv` elements); chunk `r` lands on rank
+    /// `r`. In place (`send: None`), `recv` is the whole input and the result is this
+    /// rank's chunk of it.
+    ///
+    /// # Errors
+    /// `InvalidArgument` when `send` is not `size` times `recv`, or not divisible in place.
+    pub fn reduce_scatter<'a>(&'a self, send: Option<Buf<'a>>, recv: BufMut<'a>, op: ReduceOp) -> Result<Work<'a>> {
+        const OP: &str = "reduce_scatter";
+        self.check_pair(OP, &send, &recv)?;
+        self.check_reduce_op(OP, op)?;
+        let n = self.size();
+        match &send {
+            Some(s) if s.count() != recv.count() * n => {
+                return Err(self.invalid(OP, "send", format!("send has {} elements; it must hold group size {n} x recv count {} = {}", s.count(), recv.count(), recv.count() * n)));
+            }
+            None if recv.count() % n != 0 => {
+                return Err(self.invalid(OP, "recv", format!("in-place buffer of {} elements is not divisible by the group size {n}", recv.count())));
+            }
+            _ => {}
+        }
+        let count = send.as_ref().map(|s| s.count()).unwrap_or(recv.count());
+        let call = Call { op: OP, dtype: Some(recv.dtype()), count, bytes: count * recv.dtype().size(), peer: None };
+        self.issue(call, |c| c.reduce_scatter(send, recv, op))
+    }
+
+    /// Chunk `j` of `send` to rank `j`, chunk `i` of `recv` from rank `i`; equal chunks
+    /// unless `splits` gives per-peer counts.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for counts that do not divide or do not add up.
+    pub fn all_to_all<'a>(&'a self, send: Buf<'a>, recv: BufMut<'a>, splits: Option<&AllToAllSplits>) -> Result<Work<'a>> {
+        const OP: &str = "all_to_all";
+        let s = Some(send);
+        self.check_pair(OP, &s, &recv)?;
+        let n = self.size();
+        match splits {
+            None => {
+                if send.count() != recv.count() {
+                    return Err(self.invalid(OP, "recv", format!("send has {} elements, recv {}; equal splits need equal counts", send.count(), recv.count())));
+                }
+                if send.count() % n != 0 {
+                    return Err(self.invalid(OP, "send", format!("{} elements do not split equally over {n} ranks", send.count())));
+                }
+                if !self.capabilities().all_to_all {
+                    return Err(self.invalid(OP, "send", "the backend has no all_to_all"));
+                }
+            }
+            Some(sp) => {
+                if !self.capabilities().all_to_all_v {
+                    return Err(self.invalid(OP, "splits", "the backend has no all_to_all with explicit splits"));
+                }
+                if sp.send_counts.len() != n || sp.recv_counts.len() != n {
+                    return Err(self.invalid(OP, "splits", format!("splits list {} send and {} recv counts; the group has {n} ranks", sp.send_counts.len(), sp.recv_counts.len())));
+                }
+                let (ss, rs): (usize, usize) = (sp.send_counts.iter().sum(), sp.recv_counts.iter().sum());
+                if ss != send.count() {
+                    return Err(self.invalid(OP, "splits", format!("send counts add up to {ss}, send holds {}", send.count())));
+                }
+                if rs != recv.count() {
+                    return Err(self.invalid(OP, "splits", format!("recv counts add up to {rs}, recv holds {}", recv.count())));
+                }
+            }
+        }
+        let call = Call { op: OP, dtype: Some(recv.dtype()), count: send.count(), bytes: send.bytes(), peer: None };
+        self.issue(call, |c| c.all_to_all(send, recv, splits))
+    }
+
+    /// Send `buf` to `peer` (not this rank; use a [`Communicator::p2p_group`] for that).
+    ///
+    /// # Errors
+    /// `InvalidArgument` for a peer out of range or equal to this rank.
+    pub fn send<'a>(&'a self, buf: Buf<'a>, peer: usize) -> Result<Work<'a>> {
+        const OP: &str = "send";
+        self.check_p2p_peer(OP, peer, false)?;
+        self.check_dtype(OP, "buf", buf.dtype())?;
+        self.check_device(OP, "buf", buf.device())?;
+        let call = Call { op: OP, dtype: Some(buf.dtype()), count: buf.count(), bytes: buf.bytes(), peer: Some(peer) };
+        self.issue(call, |c| c.send(buf, peer))
+    }
+
+    /// Receive into `buf` from `peer`; the sender's count must match.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for a peer out of range or equal to this rank.
+    pub fn recv<'a>(&'a self, buf: BufMut<'a>, peer: usize) -> Result<Work<'a>> {
+        const OP: &str = "recv";
+        self.check_p2p_peer(OP, peer, false)?;
+        self.check_dtype(OP, "buf", buf.dtype())?;
+        self.check_device(OP, "buf", buf.device())?;
+        let call = Call { op: OP, dtype: Some(buf.dtype()), count: buf.count(), bytes: buf.bytes(), peer: Some(peer) };
+        self.issue(call, |c| c.recv(buf, peer))
+    }
+
+    fn check_p2p_peer(&self, op: &'static str, peer: usize, allow_self: bool) -> Result<()> {
+        self.check_rank(op, "peer", peer)?;
+        if !allow_self && peer == self.rank() {
+            return Err(self.invalid(op, "peer", format!("peer {peer} is this rank; an unbatched send or recv to itself can never complete")));
+        }
+        Ok(())
+    }
+
+    /// Sends and receives issued as one batch, which cannot deadlock on ordering.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for an empty batch, a peer out of range, or a bad buffer.
+    pub fn p2p_group<'a>(&'a self, ops: Vec<P2POp<'a>>) -> Result<Work<'a>> {
+        const OP: &str = "p2p_group";
+        if !self.capabilities().p2p_group {
+            return Err(self.invalid(OP, "ops", "the backend has no batched point-to-point"));
+        }
+        if ops.is_empty() {
+            return Err(self.invalid(OP, "ops", "empty batch"));
+        }
+        let mut bytes = 0;
+        let mut dtype = None;
+        for o in &ops {
+            self.check_p2p_peer(OP, o.peer(), true)?;
+            let (d, dev, b) = match o {
+                P2POp::Send(b, _) => (b.dtype(), b.device(), b.bytes()),
+                P2POp::Recv(b, _) => (b.dtype(), b.device(), b.bytes()),
+            };
+            self.check_dtype(OP, "ops", d)?;
+            self.check_device(OP, "ops", dev)?;
+            bytes += b;
+            dtype.get_or_insert(d);
+        }
+        let peer = (ops.len() == 1).then(|| ops[0].peer());
+        let call = Call { op: OP, dtype, count: ops.len(), bytes, peer };
+        self.issue(call, |c| c.p2p_group(ops))
+    }
+
+    /// Completes once every rank has entered it.
+    ///
+    /// # Errors
+    /// As the backend's barrier.
+    pub fn barrier(&self) -> Result<Work<'_>> {
+        let call = Call { op: "barrier", dtype: None, count: 0, bytes: 0, peer: None };
+        self.issue(call, |c| c.barrier())
+    }
+
+    /// Report an asynchronous failure, if any.
+    ///
+    /// # Errors
+    /// The failure.
+    pub async fn health(&self) -> Result<()> {
+        self.inner.health(Instant::now() + self.config.init_timeout).await
+    }
+
+    /// Abort: every pending operation on this rank fails with `Aborted`.
+    ///
+    /// # Errors
+    /// When the backend could not abort in time.
+    pub async fn abort(&self) -> Result<()> {
+        tracing::warn!(group = %self.name, rank = self.rank(), "aborting communicator");
+        self.inner.abort(Instant::now() + Duration::from_secs(30)).await
+    }
+
+    /// [`Communicator::abort`] from synchronous code.
+    ///
+    /// # Errors
+    /// As [`Communicator::abort`].
+    pub fn abort_blocking(&self) -> Result<()> {
+        futures::executor::block_on(self.abort())
+    }
+
+    /// Flush and release; idempotent.
+    ///
+    /// # Errors
+    /// When the backend could not shut down in time.
+    pub async fn shutdown(&self) -> Result<()> {
+        self.inner.shutdown(Instant::now() + self.config.init_timeout).await
+    }
+
+    /// Build a sub-group. Every rank of this communicator calls it; members pass the spec
+    /// of their group (its `ranks` are ranks of this communicator), others `None`.
+    ///
+    /// # Errors
+    /// `InvalidArgument` (before communicating) when this rank is not in its spec, a rank
+    /// is out of range or repeated; `InvalidArgument` after the split when members passed
+    /// different specs; otherwise as the backend's split.
+    pub async fn split(&self, spec: Option<GroupSpec>) -> Result<Option<Communicator>> {
+        let me = self.rank();
+        let (color, key) = match &spec {
+            None => (None, 0),
+            Some(s) => {
+                validate_spec(s, me, self.size(), me).map_err(|e| match e {
+                    Error::InvalidArgument { msg, .. } => self.invalid("split", "spec", msg),
+                    e => e,
+                })?;
+                let key = s.group_rank(me).unwrap_or(0) as u32;
+                (Some(spec_color(s)), key)
+            }
+        };
+        let deadline = Instant::now() + self.config.init_timeout;
+        let name = spec.as_ref().map(|s| s.name.clone()).unwrap_or_default();
+        let child = self.inner.split(color, key, &name, deadline).await?;
+        match (child, spec) {
+            (None, None) => Ok(None),
+            (Some(c), Some(s)) => {
+                let ci = c.info();
+                if ci.size != s.ranks.len() || Some(ci.rank) != s.group_rank(me) {
+                    return Err(self.invalid("split", "spec", format!("group '{}' formed with {} ranks (this rank at {}), but the spec lists {:?}: members passed different specs", s.name, ci.size, ci.rank, s.ranks)));
+                }
+                Communicator::with_recorder(c, s, self.config.clone(), self.recorder.clone()).map(Some)
+            }
+            (Some(_), None) | (None, Some(_)) => Err(Error::Backend {
+                backend: self.info().backend,
+                op: "split".into(),
+                code: -1,
+                text: "backend split disagreed with the requested membership".into(),
+                recovery: crate::error::Recovery::Fatal,
+            }),
+        }
+    }
+
+    // ---- typed helpers: enqueue, wait with the configured timeout, abort on timeout ----
+
+    fn finish(&self, mut w: Work<'_>) -> Result<()> {
+        match w.wait(self.config.op_timeout) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                if matches!(e, Error::Timeout { .. }) {
+                    let _ = self.abort_blocking();
+                }
+                drop(w);
+                Err(e)
+            }
+        }
+    }
+
+    /// All-reduce a host slice in place and wait.
+    ///
+    /// # Errors
+    /// As [`Communicator::all_reduce`] and [`Work::wait`]; on a timeout the communicator
+    /// is aborted.
+    pub fn all_reduce_in_place<T: Element>(&self, data: &mut [T], op: ReduceOp) -> Result<()> {
+        let w = self.all_reduce(None, BufMut::host(data), op)?;
+        self.finish(w)
+    }
+
+    /// Broadcast a host slice from `root` in place and wait.
+    ///
+    /// # Errors
+    /// As [`Communicator::broadcast`] and [`Work::wait`].
+    pub fn broadcast_in_place<T: Element>(&self, data: &mut [T], root: usize) -> Result<()> {
+        let w = self.broadcast(None, BufMut::host(data), root)?;
+        self.finish(w)
+    }
+
+    /// All-gather host slices and wait.
+    ///
+    /// # Errors
+    /// As [`Communicator::all_gather`] and [`Work::wait`].
+    pub fn all_gather_into<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
+        let w = self.all_gather(Some(Buf::host(send)), BufMut::host(recv))?;
+        self.finish(w)
+    }
+
+    /// Send a host slice and wait.
+    ///
+    /// # Errors
+    /// As [`Communicator::send`] and [`Work::wait`].
+    pub fn send_host<T: Element>(&self, data: &[T], peer: usize) -> Result<()> {
+        let w = self.send(Buf::host(data), peer)?;
+        self.finish(w)
+    }
+
+    /// Receive into a host slice and wait.
+    ///
+    /// # Errors
+    /// As [`Communicator::recv`] and [`Work::wait`].
+    pub fn recv_host<T: Element>(&self, data: &mut [T], peer: usize) -> Result<()> {
+        let w = self.recv(BufMut::host(data), peer)?;
+        self.finish(w)
+    }
+
+    /// Barrier and wait.
+    ///
+    /// # Errors
+    /// As [`Communicator::barrier`] and [`Work::wait`].
+    pub fn barrier_wait(&self) -> Result<()> {
+        let w = self.barrier()?;
+        self.finish(w)
+    }
+}
+
+fn validate_spec(spec: &GroupSpec, me: usize, size: usize, rank: usize) -> Result<()> {
+    let bad = |msg: String| Error::InvalidArgument { op: "group", arg: "spec", rank, group: spec.name.clone(), msg };
+    if spec.name.is_empty() {
+        return Err(bad("the group has no name".into()));
+    }
+    if spec.ranks.is_empty() {
+        return Err(bad("the group has no ranks".into()));
+    }
+    let mut seen = std::collections::HashSet::new();
+    for &r in &spec.ranks {
+        if size != usize::MAX && r >= size {
+            return Err(bad(format!("rank {r} is out of range for a parent of {size} ranks")));
+        }
+        if !seen.insert(r) {
+            return Err(bad(format!("rank {r} is listed twice")));
+        }
+    }
+    if size != usize::MAX && !spec.ranks.contains(&me) {
+        return Err(bad(format!("this rank ({me}) is not a member of {:?}", spec.ranks)));
+    }
+    if size == usize::MAX && me >= spec.ranks.len() {
+        return Err(bad(format!("rank {me} is out of range for a group of {} ranks", spec.ranks.len())));
+    }
+    Ok(())
+}
+
+/// A color that only members passing an identical spec share.
+fn spec_color(s: &GroupSpec) -> u32 {
+    // FNV-1a over the name and the member list: stable across processes and builds.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |b: &[u8]| {
+        for &x in b {
+            h ^= x as u64;
+            h = h.wrapping_mul(0x100_0000_01b3);
+        }
+    };
+    eat(s.name.as_bytes());
+    for r in &s.ranks {
+        eat(&(*r as u64).to_le_bytes());
+    }
+    (h as u32) & 0x7fff_ffff
+}

@@ -1,0 +1,174 @@
+//! Configuration: launcher variables read the way PyTorch reads them (with Slurm and Open
+//! MPI fallbacks), typed settings with `ANYCCL_*` overrides, and the store bootstrap.
+
+use crate::error::{Error, Result};
+use crate::store::{Store, TcpStore, TcpStoreOptions, TcpStoreServer};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Where this process sits in the job, from the launcher's variables.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaunchEnv {
+    /// Global rank (`RANK`, `SLURM_PROCID`, `OMPI_COMM_WORLD_RANK`, `PMI_RANK`).
+    pub rank: usize,
+    /// Number of ranks (`WORLD_SIZE`, `SLURM_NTASKS`, `OMPI_COMM_WORLD_SIZE`, `PMI_SIZE`).
+    pub world_size: usize,
+    /// Rank on this host (`LOCAL_RANK`, `SLURM_LOCALID`, `OMPI_COMM_WORLD_LOCAL_RANK`).
+    pub local_rank: usize,
+    /// Ranks on this host (`LOCAL_WORLD_SIZE`, `OMPI_COMM_WORLD_LOCAL_SIZE`, `SLURM_NTASKS_PER_NODE`).
+    pub local_world_size: usize,
+    /// Store host (`MASTER_ADDR`, default `127.0.0.1`).
+    pub master_addr: String,
+    /// Store port (`MASTER_PORT`, default 29500).
+    pub master_port: u16,
+}
+
+fn var(names: &[&str]) -> Option<(String, String)> {
+    names
+        .iter()
+        .find_map(|n| std::env::var(n).ok().filter(|v| !v.is_empty()).map(|v| (n.to_string(), v)))
+}
+
+fn parse_num(names: &[&str]) -> Result<Option<usize>> {
+    match var(names) {
+        None => Ok(None),
+        Some((name, v)) => {
+            // Slurm writes tasks-per-node as e.g. "4(x2)".
+            let head = v.split('(').next().unwrap_or("").split(',').next().unwrap_or("");
+            head.trim().parse::<usize>().map(Some).map_err(|_| Error::InvalidArgument {
+                op: "LaunchEnv::from_env",
+                arg: "environment",
+                rank: 0,
+                group: String::new(),
+                msg: format!("{name}={v:?} is not a non-negative integer"),
+            })
+        }
+    }
+}
+
+impl LaunchEnv {
+    /// Read the launcher's variables. Without any, this is a single-rank job.
+    ///
+    /// # Errors
+    /// `InvalidArgument` naming the variable when one is malformed or inconsistent.
+    pub fn from_env() -> Result<Self> {
+        let rank = parse_num(&["ANYCCL_RANK", "RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"])?.unwrap_or(0);
+        let world_size = parse_num(&["ANYCCL_WORLD_SIZE", "WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"])?.unwrap_or(1);
+        let local_rank = parse_num(&["ANYCCL_LOCAL_RANK", "LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"])?.unwrap_or(rank);
+        let local_world_size = parse_num(&["ANYCCL_LOCAL_WORLD_SIZE", "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE"])?.unwrap_or(world_size);
+        let master_addr = var(&["ANYCCL_MASTER_ADDR", "MASTER_ADDR"]).map(|x| x.1).unwrap_or_else(|| "127.0.0.1".into());
+        let master_port = match var(&["ANYCCL_MASTER_PORT", "MASTER_PORT"]) {
+            None => 29500,
+            Some((n, v)) => v.parse::<u16>().map_err(|_| Error::InvalidArgument {
+                op: "LaunchEnv::from_env",
+                arg: "environment",
+                rank,
+                group: String::new(),
+                msg: format!("{n}={v:?} is not a port number"),
+            })?,
+        };
+        let bad = |msg: String| Error::InvalidArgument {
+            op: "LaunchEnv::from_env",
+            arg: "environment",
+            rank,
+            group: String::new(),
+            msg,
+        };
+        if world_size == 0 {
+            return Err(bad("WORLD_SIZE is 0".into()));
+        }
+        if rank >= world_size {
+            return Err(bad(format!("RANK {rank} is not below WORLD_SIZE {world_size}")));
+        }
+        if local_rank >= local_world_size.max(1) {
+            return Err(bad(format!("LOCAL_RANK {local_rank} is not below LOCAL_WORLD_SIZE {local_world_size}")));
+        }
+        Ok(LaunchEnv { rank, world_size, local_rank, local_world_size, master_addr, master_port })
+    }
+
+    /// Connect to the job's TCP store. Rank 0 hosts it unless `ANYCCL_STORE_EXTERNAL=1`
+    /// (the launcher sets that when it hosts the store). The server binds
+    /// `ANYCCL_STORE_BIND` (default loopback); the token comes from `ANYCCL_STORE_TOKEN`.
+    ///
+    /// # Errors
+    /// `Store` when the server cannot be bound or reached.
+    pub async fn connect_store(&self) -> Result<(Arc<dyn Store>, Option<TcpStoreServer>)> {
+        let opts = TcpStoreOptions::from_env();
+        let external = std::env::var("ANYCCL_STORE_EXTERNAL").map(|v| v == "1").unwrap_or(false);
+        let server = if self.rank == 0 && !external {
+            let host: IpAddr = std::env::var("ANYCCL_STORE_BIND")
+                .ok()
+                .and_then(|h| h.parse().ok())
+                .unwrap_or(IpAddr::from([127, 0, 0, 1]));
+            Some(TcpStoreServer::start(SocketAddr::new(host, self.master_port), opts.clone())?)
+        } else {
+            None
+        };
+        let addr = format!("{}:{}", self.master_addr, self.master_port);
+        let client = TcpStore::connect(addr, opts).await?;
+        Ok((Arc::new(client), server))
+    }
+}
+
+/// Settings of a communicator, with `ANYCCL_*` overrides.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommConfig {
+    /// Default wait for one operation in typed helpers (`ANYCCL_TIMEOUT_S`, default 600).
+    pub op_timeout: Duration,
+    /// Limit on connecting and splitting (`ANYCCL_INIT_TIMEOUT_S`, default 300).
+    pub init_timeout: Duration,
+    /// Operations kept by the flight recorder (`ANYCCL_FLIGHT_RECORDER`, default 2048).
+    pub flight_recorder: usize,
+}
+
+impl Default for CommConfig {
+    fn default() -> Self {
+        CommConfig {
+            op_timeout: Duration::from_secs(600),
+            init_timeout: Duration::from_secs(300),
+            flight_recorder: 2048,
+        }
+    }
+}
+
+fn secs(name: &str) -> Result<Option<Duration>> {
+    match std::env::var(name) {
+        Err(_) => Ok(None),
+        Ok(v) => v.parse::<f64>().ok().filter(|s| *s > 0.0 && s.is_finite()).map(|s| Some(Duration::from_secs_f64(s))).ok_or_else(|| {
+            Error::InvalidArgument {
+                op: "CommConfig::from_env",
+                arg: "environment",
+                rank: 0,
+                group: String::new(),
+                msg: format!("{name}={v:?} is not a positive number of seconds"),
+            }
+        }),
+    }
+}
+
+impl CommConfig {
+    /// Defaults with `ANYCCL_*` overrides applied.
+    ///
+    /// # Errors
+    /// `InvalidArgument` naming a malformed variable.
+    pub fn from_env() -> Result<Self> {
+        let mut c = CommConfig::default();
+        if let Some(d) = secs("ANYCCL_TIMEOUT_S")? {
+            c.op_timeout = d;
+        }
+        if let Some(d) = secs("ANYCCL_INIT_TIMEOUT_S")? {
+            c.init_timeout = d;
+        }
+        if let Ok(v) = std::env::var("ANYCCL_FLIGHT_RECORDER") {
+            c.flight_recorder = v.parse().map_err(|_| Error::InvalidArgument {
+                op: "CommConfig::from_env",
+                arg: "environment",
+                rank: 0,
+                group: String::new(),
+                msg: format!("ANYCCL_FLIGHT_RECORDER={v:?} is not a count"),
+            })?;
+        }
+        Ok(c)
+    }
+}

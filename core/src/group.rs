@@ -1,0 +1,119 @@
+//! Group specifications: every communicator knows its name, members, owner and role.
+//!
+//! Nothing in anyccl sweeps "all groups": callers name the groups they mean, or filter a
+//! [`GroupRegistry`] by owner and role.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+/// What a group is used for.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Role {
+    /// Every rank of the job.
+    World,
+    /// Data-parallel replicas (gradient all_reduce, or reduce_scatter/all_gather when sharded).
+    Data,
+    /// Tensor-parallel shards.
+    Tensor,
+    /// Pipeline stages (point-to-point between neighbours).
+    Pipeline,
+    /// Context (sequence) parallel.
+    Context,
+    /// Expert parallel (token dispatch by all_to_all).
+    Expert,
+    /// Data-parallel combined with context-parallel (sharded optimizer).
+    DataContext,
+    /// Anything else; the string says what.
+    Custom(String),
+    /// Includes processes outside this job (e.g. weight sync with inference workers).
+    /// Never touched by anything that is not coordinated with those processes.
+    CrossEngine,
+}
+
+impl Role {
+    /// Short name.
+    pub fn name(&self) -> &str {
+        match self {
+            Role::World => "world",
+            Role::Data => "data",
+            Role::Tensor => "tensor",
+            Role::Pipeline => "pipeline",
+            Role::Context => "context",
+            Role::Expert => "expert",
+            Role::DataContext => "data+context",
+            Role::Custom(s) => s,
+            Role::CrossEngine => "cross-engine",
+        }
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A group: name, members (ranks in the parent communicator, in group-rank order), owner and role.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct GroupSpec {
+    /// Name, unique within the job (e.g. `dp-0`).
+    pub name: String,
+    /// Members, as ranks of the parent communicator, in the order of their group ranks.
+    pub ranks: Vec<usize>,
+    /// Which engine or job created it.
+    pub owner: String,
+    /// What it is for.
+    pub role: Role,
+}
+
+impl GroupSpec {
+    /// A spec.
+    pub fn new(name: impl Into<String>, ranks: Vec<usize>, owner: impl Into<String>, role: Role) -> Self {
+        GroupSpec { name: name.into(), ranks, owner: owner.into(), role }
+    }
+
+    /// The world group of `size` ranks.
+    pub fn world(size: usize, owner: impl Into<String>) -> Self {
+        GroupSpec::new("world", (0..size).collect(), owner, Role::World)
+    }
+
+    /// Group rank of parent rank `r`, if a member.
+    pub fn group_rank(&self, r: usize) -> Option<usize> {
+        self.ranks.iter().position(|&x| x == r)
+    }
+}
+
+/// Groups a process created, with their owners and roles.
+///
+/// A registry records; it never chooses. Callers filter it by owner and role.
+#[derive(Debug, Default, Clone)]
+pub struct GroupRegistry {
+    inner: Arc<Mutex<Vec<GroupSpec>>>,
+}
+
+impl GroupRegistry {
+    /// An empty registry.
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// Record a group.
+    pub fn register(&self, spec: GroupSpec) {
+        if let Ok(mut v) = self.inner.lock() {
+            if !v.contains(&spec) {
+                v.push(spec);
+            }
+        }
+    }
+    /// Every recorded group.
+    pub fn all(&self) -> Vec<GroupSpec> {
+        self.inner.lock().map(|v| v.clone()).unwrap_or_default()
+    }
+    /// Groups of `owner` whose role is one of `roles`.
+    pub fn filter(&self, owner: &str, roles: &[Role]) -> Vec<GroupSpec> {
+        self.all()
+            .into_iter()
+            .filter(|g| g.owner == owner && roles.contains(&g.role))
+            .collect()
+    }
+}

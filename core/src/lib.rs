@@ -1,0 +1,60 @@
+//! anyccl-core: the contracts every anyccl backend implements and every user relies on.
+//!
+//! # Design choices
+//! 1. **Portable.** Correct use gives the same results on every backend; the conformance
+//!    suite (`anyccl-conformance`) defines "correct".
+//! 2. **Two traits, two audiences.** [`Collective`] is the implementor contract: object
+//!    safe, every method required, no conveniences. [`Communicator`] is what users hold: it
+//!    validates every call once (dtype, counts, divisibility, root and peer ranges, device,
+//!    aliasing), numbers operations per group, emits `tracing` spans with the fields
+//!    `backend, group, rank, world_size, op, seq, bytes` and records each operation in a
+//!    [`FlightRecorder`]. Backends may assume valid arguments.
+//! 3. **Enqueue never waits for peers.** Data-plane calls return a [`Work`]; completion,
+//!    failure and timeouts are observed through it. A timeout leaves the `Work` alive so the
+//!    caller can abort the communicator; dropping an unfinished `Work` blocks until the
+//!    backend no longer touches its buffers.
+//! 4. **Every blocking path has a deadline.** Lifecycle calls (connect, health, abort,
+//!    split, shutdown) take one; store waits take one.
+//! 5. **Errors say what to do next.** One [`Error`] enum; [`Error::recovery`] answers retry,
+//!    rebuild or give up. Backend codes and library text travel in its fields.
+//! 6. **Capabilities are data.** Shared code branches on [`Capabilities`], never on a
+//!    backend's name.
+//! 7. **Groups are declared, never swept.** Every communicator has a [`GroupSpec`] with an
+//!    owner and a [`Role`]; cross-engine groups are marked as such.
+//! 8. **No panics for environmental problems.** A missing library is `Unavailable`.
+//! 9. **`unsafe` only in buffer conversion** (the `buffer` module); the rest of core
+//!    forbids it.
+#![deny(unsafe_code)]
+#![warn(missing_docs)]
+
+#[allow(unsafe_code)]
+mod buffer;
+mod capability;
+mod collective;
+mod communicator;
+mod config;
+mod dtype;
+mod error;
+mod group;
+mod platform;
+mod recorder;
+pub mod store;
+mod work;
+
+pub use buffer::{overlaps, Buf, BufMut, Device, DeviceKind};
+pub use capability::Capabilities;
+pub use collective::{AllToAllSplits, Backend, BackendInfo, Collective, CommInfo, ConnectOptions, P2POp};
+pub use communicator::Communicator;
+pub use config::{CommConfig, LaunchEnv};
+pub use dtype::{DType, Element, ReduceOp};
+pub use error::{Error, Recovery, Result};
+pub use group::{GroupRegistry, GroupSpec, Role};
+pub use platform::{DeviceMemory, HostMemory, HostPlatform, MemInfo, Platform};
+pub use recorder::{FlightRecorder, OpRecord, OpState};
+pub use store::{MemoryStore, PrefixStore, Store, TcpStore, TcpStoreOptions, TcpStoreServer};
+pub use work::{Work, WorkImpl, WorkInfo};
+
+/// Re-exported so backends implement [`Collective`] with the same macro version.
+pub use async_trait::async_trait;
+/// Re-exported element types for 16-bit floats.
+pub use half::{bf16, f16};

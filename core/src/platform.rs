@@ -1,0 +1,176 @@
+//! The device layer: allocate, copy, synchronize and account for memory on the device a
+//! rank uses. Conformance cases and the warmup use it so they run unchanged on every backend.
+
+use crate::buffer::{Buf, BufMut, Device, DeviceKind};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use std::fmt;
+
+/// Free and total memory of a device, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemInfo {
+    /// Bytes free.
+    pub free: u64,
+    /// Bytes in total.
+    pub total: u64,
+}
+
+/// An allocation on a device, freed on drop.
+pub trait DeviceMemory: Send + Sync + fmt::Debug {
+    /// Element type.
+    fn dtype(&self) -> DType;
+    /// Number of elements.
+    fn count(&self) -> usize;
+    /// A read-only view of the whole allocation.
+    fn view(&self) -> Buf<'_>;
+    /// A writable view of the whole allocation.
+    fn view_mut(&mut self) -> BufMut<'_>;
+}
+
+/// Device operations for one rank's device.
+pub trait Platform: Send + Sync + fmt::Debug {
+    /// Kind of device.
+    fn kind(&self) -> DeviceKind;
+    /// The device.
+    fn device(&self) -> Device;
+    /// Allocate `count` elements of `dtype`, zero-filled.
+    ///
+    /// # Errors
+    /// `Backend` (out of memory or a driver error).
+    fn alloc(&self, dtype: DType, count: usize) -> Result<Box<dyn DeviceMemory>>;
+    /// Copy `src` into the whole of `dst` (lengths must match).
+    ///
+    /// # Errors
+    /// `InvalidArgument` on a length mismatch; `Backend` on a driver error.
+    fn copy_from_host(&self, dst: &mut dyn DeviceMemory, src: &[u8]) -> Result<()>;
+    /// Copy the whole of `src` into `dst` (lengths must match).
+    ///
+    /// # Errors
+    /// As [`Platform::copy_from_host`].
+    fn copy_to_host(&self, src: &dyn DeviceMemory, dst: &mut [u8]) -> Result<()>;
+    /// Wait until all work queued on this device has finished.
+    ///
+    /// # Errors
+    /// `Backend` on a driver error.
+    fn synchronize(&self) -> Result<()>;
+    /// Free and total memory.
+    ///
+    /// # Errors
+    /// `Backend` on a driver error.
+    fn mem_info(&self) -> Result<MemInfo>;
+}
+
+pub(crate) fn length_mismatch(op: &'static str, want: usize, got: usize) -> Error {
+    Error::InvalidArgument {
+        op,
+        arg: "host buffer",
+        rank: 0,
+        group: String::new(),
+        msg: format!("device buffer holds {want} bytes, host buffer {got}"),
+    }
+}
+
+/// Host memory as a device: the platform of the CPU backend.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct HostPlatform;
+
+/// A host allocation, 8-byte aligned so every dtype can be viewed in place.
+#[derive(Debug)]
+pub struct HostMemory {
+    words: Vec<u64>,
+    dtype: DType,
+    count: usize,
+}
+
+impl HostMemory {
+    /// Zero-filled storage for `count` elements of `dtype`.
+    pub fn new(dtype: DType, count: usize) -> Self {
+        let bytes = count * dtype.size();
+        HostMemory { words: vec![0u64; bytes.div_ceil(8)], dtype, count }
+    }
+    /// The bytes.
+    pub fn bytes(&self) -> &[u8] {
+        &bytemuck::cast_slice(&self.words)[..self.count * self.dtype.size()]
+    }
+    /// The bytes, writable.
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        let n = self.count * self.dtype.size();
+        &mut bytemuck::cast_slice_mut(&mut self.words)[..n]
+    }
+}
+
+impl DeviceMemory for HostMemory {
+    fn dtype(&self) -> DType {
+        self.dtype
+    }
+    fn count(&self) -> usize {
+        self.count
+    }
+    fn view(&self) -> Buf<'_> {
+        Buf::host_bytes(self.bytes(), self.dtype)
+    }
+    fn view_mut(&mut self) -> BufMut<'_> {
+        let dtype = self.dtype;
+        BufMut::host_bytes(self.bytes_mut(), dtype)
+    }
+}
+
+impl Platform for HostPlatform {
+    fn kind(&self) -> DeviceKind {
+        DeviceKind::Cpu
+    }
+    fn device(&self) -> Device {
+        Device::CPU
+    }
+    fn alloc(&self, dtype: DType, count: usize) -> Result<Box<dyn DeviceMemory>> {
+        Ok(Box::new(HostMemory::new(dtype, count)))
+    }
+    fn copy_from_host(&self, dst: &mut dyn DeviceMemory, src: &[u8]) -> Result<()> {
+        let mut v = dst.view_mut();
+        let want = v.bytes();
+        let bytes = v.as_host_bytes_mut().ok_or_else(|| not_host("copy_from_host"))?;
+        if want != src.len() {
+            return Err(length_mismatch("copy_from_host", want, src.len()));
+        }
+        bytes.copy_from_slice(src);
+        Ok(())
+    }
+    fn copy_to_host(&self, src: &dyn DeviceMemory, dst: &mut [u8]) -> Result<()> {
+        let v = src.view();
+        let bytes = v.as_host_bytes().ok_or_else(|| not_host("copy_to_host"))?;
+        if bytes.len() != dst.len() {
+            return Err(length_mismatch("copy_to_host", bytes.len(), dst.len()));
+        }
+        dst.copy_from_slice(bytes);
+        Ok(())
+    }
+    fn synchronize(&self) -> Result<()> {
+        Ok(())
+    }
+    fn mem_info(&self) -> Result<MemInfo> {
+        let text = std::fs::read_to_string("/proc/meminfo").map_err(|e| Error::Unsupported {
+            backend: "cpu",
+            op: "mem_info",
+            what: format!("cannot read /proc/meminfo: {e}"),
+        })?;
+        let field = |name: &str| -> u64 {
+            text.lines()
+                .find(|l| l.starts_with(name))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0)
+                * 1024
+        };
+        Ok(MemInfo { free: field("MemAvailable:"), total: field("MemTotal:") })
+    }
+}
+
+fn not_host(op: &'static str) -> Error {
+    Error::InvalidArgument {
+        op,
+        arg: "buffer",
+        rank: 0,
+        group: String::new(),
+        msg: "the host platform was given a device buffer".into(),
+    }
+}

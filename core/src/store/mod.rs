@@ -1,0 +1,200 @@
+//! Rendezvous key-value stores: unique-id exchange, connection setup, warmup agreement.
+//!
+//! [`MemoryStore`] serves ranks that are threads of one process; [`TcpStore`] serves ranks
+//! that are processes, against a [`TcpStoreServer`] hosted by rank 0 or the launcher.
+
+mod tcp;
+
+pub use tcp::{TcpStore, TcpStoreOptions, TcpStoreServer, DEFAULT_MAX_FRAME};
+
+use crate::error::{Error, Result};
+use async_trait::async_trait;
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+use tokio::sync::Notify;
+
+/// Outcome of [`Store::compare_set`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CasOutcome {
+    /// Whether the new value was stored.
+    pub swapped: bool,
+    /// The value stored under the key after the call (`None`: absent).
+    pub current: Option<Vec<u8>>,
+}
+
+/// An async key-value store shared by the ranks of a job.
+///
+/// # Cancel safety
+/// Every method is cancel safe: a dropped call either took effect or did not, and leaves
+/// the store usable.
+#[async_trait]
+pub trait Store: Send + Sync + fmt::Debug {
+    /// Store `value` under `key`, replacing any value.
+    async fn set(&self, key: &str, value: &[u8]) -> Result<()>;
+    /// The value under `key`, if any.
+    async fn get(&self, key: &str) -> Result<Option<Vec<u8>>>;
+    /// Wait until `key` exists, then return its value.
+    ///
+    /// # Errors
+    /// [`Error::Timeout`] (rank and group left empty, the caller adds them) at `deadline`.
+    async fn wait(&self, key: &str, deadline: Instant) -> Result<Vec<u8>>;
+    /// Add `delta` to the integer under `key` (absent counts as 0) and return the new value.
+    async fn add(&self, key: &str, delta: i64) -> Result<i64>;
+    /// Store `new` if the current value equals `expected` (`None`: the key is absent).
+    async fn compare_set(&self, key: &str, expected: Option<&[u8]>, new: &[u8]) -> Result<CasOutcome>;
+    /// Remove `key`; whether it existed.
+    async fn delete(&self, key: &str) -> Result<bool>;
+}
+
+/// The shared state behind [`MemoryStore`] and [`TcpStoreServer`].
+#[derive(Debug, Default)]
+pub(crate) struct KvCore {
+    map: Mutex<HashMap<String, Vec<u8>>>,
+    changed: Notify,
+}
+
+fn poisoned() -> Error {
+    Error::store_fatal("store state poisoned by a panic")
+}
+
+pub(crate) fn wait_timeout(key: &str, started: Instant) -> Error {
+    Error::Timeout {
+        op: format!("store wait for '{key}'"),
+        rank: 0,
+        group: String::new(),
+        after: started.elapsed(),
+        detail: "the key was never set".into(),
+    }
+}
+
+impl KvCore {
+    pub(crate) fn set(&self, key: &str, value: &[u8]) -> Result<()> {
+        self.map.lock().map_err(|_| poisoned())?.insert(key.to_string(), value.to_vec());
+        self.changed.notify_waiters();
+        Ok(())
+    }
+    pub(crate) fn get(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        Ok(self.map.lock().map_err(|_| poisoned())?.get(key).cloned())
+    }
+    /// `Ok(None)` at the deadline.
+    pub(crate) async fn wait(&self, key: &str, deadline: Instant) -> Result<Option<Vec<u8>>> {
+        loop {
+            let notified = self.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if let Some(v) = self.get(key)? {
+                return Ok(Some(v));
+            }
+            if tokio::time::timeout_at(deadline.into(), notified).await.is_err() {
+                return self.get(key);
+            }
+        }
+    }
+    pub(crate) fn add(&self, key: &str, delta: i64) -> Result<i64> {
+        let mut m = self.map.lock().map_err(|_| poisoned())?;
+        let cur = match m.get(key) {
+            None => 0,
+            Some(v) => std::str::from_utf8(v)
+                .ok()
+                .and_then(|s| s.parse::<i64>().ok())
+                .ok_or_else(|| Error::store_fatal(format!("add: value under '{key}' is not an integer")))?,
+        };
+        let new = cur.wrapping_add(delta);
+        m.insert(key.to_string(), new.to_string().into_bytes());
+        drop(m);
+        self.changed.notify_waiters();
+        Ok(new)
+    }
+    pub(crate) fn compare_set(&self, key: &str, expected: Option<&[u8]>, new: &[u8]) -> Result<CasOutcome> {
+        let mut m = self.map.lock().map_err(|_| poisoned())?;
+        let cur = m.get(key).map(|v| v.as_slice());
+        if cur == expected {
+            m.insert(key.to_string(), new.to_vec());
+            drop(m);
+            self.changed.notify_waiters();
+            Ok(CasOutcome { swapped: true, current: Some(new.to_vec()) })
+        } else {
+            Ok(CasOutcome { swapped: false, current: cur.map(|v| v.to_vec()) })
+        }
+    }
+    pub(crate) fn delete(&self, key: &str) -> Result<bool> {
+        Ok(self.map.lock().map_err(|_| poisoned())?.remove(key).is_some())
+    }
+}
+
+/// An in-process store, for ranks that are threads of one process.
+#[derive(Debug, Default, Clone)]
+pub struct MemoryStore {
+    core: Arc<KvCore>,
+}
+
+impl MemoryStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+#[async_trait]
+impl Store for MemoryStore {
+    async fn set(&self, key: &str, value: &[u8]) -> Result<()> {
+        self.core.set(key, value)
+    }
+    async fn get(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        self.core.get(key)
+    }
+    async fn wait(&self, key: &str, deadline: Instant) -> Result<Vec<u8>> {
+        let started = Instant::now();
+        self.core.wait(key, deadline).await?.ok_or_else(|| wait_timeout(key, started))
+    }
+    async fn add(&self, key: &str, delta: i64) -> Result<i64> {
+        self.core.add(key, delta)
+    }
+    async fn compare_set(&self, key: &str, expected: Option<&[u8]>, new: &[u8]) -> Result<CasOutcome> {
+        self.core.compare_set(key, expected, new)
+    }
+    async fn delete(&self, key: &str) -> Result<bool> {
+        self.core.delete(key)
+    }
+}
+
+/// A view of another store with every key prefixed by `prefix/`.
+#[derive(Debug, Clone)]
+pub struct PrefixStore {
+    prefix: String,
+    inner: Arc<dyn Store>,
+}
+
+impl PrefixStore {
+    /// Keys become `prefix/key` in `inner`.
+    pub fn new(prefix: impl Into<String>, inner: Arc<dyn Store>) -> Self {
+        PrefixStore { prefix: prefix.into(), inner }
+    }
+    fn k(&self, key: &str) -> String {
+        format!("{}/{key}", self.prefix)
+    }
+}
+
+#[async_trait]
+impl Store for PrefixStore {
+    async fn set(&self, key: &str, value: &[u8]) -> Result<()> {
+        self.inner.set(&self.k(key), value).await
+    }
+    async fn get(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        self.inner.get(&self.k(key)).await
+    }
+    async fn wait(&self, key: &str, deadline: Instant) -> Result<Vec<u8>> {
+        self.inner.wait(&self.k(key), deadline).await
+    }
+    async fn add(&self, key: &str, delta: i64) -> Result<i64> {
+        self.inner.add(&self.k(key), delta).await
+    }
+    async fn compare_set(&self, key: &str, expected: Option<&[u8]>, new: &[u8]) -> Result<CasOutcome> {
+        self.inner.compare_set(&self.k(key), expected, new).await
+    }
+    async fn delete(&self, key: &str) -> Result<bool> {
+        self.inner.delete(&self.k(key)).await
+    }
+}

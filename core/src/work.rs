@@ -1,0 +1,209 @@
+//! `Work`: the handle every data-plane operation returns.
+
+use crate::error::{Error, Result};
+use crate::recorder::{FlightRecorder, OpState};
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// What a backend implements for one enqueued operation.
+pub trait WorkImpl: Send {
+    /// Without blocking: `Ok(true)` once the operation finished and its results are in the
+    /// caller's buffers, `Ok(false)` while it runs, `Err` if it failed.
+    fn poll(&mut self) -> Result<bool>;
+    /// Block up to `timeout`: `Ok(true)` completed, `Ok(false)` still running, `Err` failed.
+    fn wait_for(&mut self, timeout: Duration) -> Result<bool>;
+    /// Block until the backend no longer touches the caller's buffers. Called by `Drop` for
+    /// work that was not waited on; must return promptly once the communicator is aborted.
+    fn drain(&mut self);
+}
+
+/// Identity of one operation, for errors, traces and the flight recorder.
+#[derive(Debug, Clone)]
+pub struct WorkInfo {
+    /// Operation name.
+    pub op: &'static str,
+    /// Sequence number within the group.
+    pub seq: u64,
+    /// Group name.
+    pub group: Arc<str>,
+    /// Rank within the group.
+    pub rank: usize,
+    /// When it was enqueued.
+    pub started: Instant,
+}
+
+/// A handle to an enqueued operation. The buffers it borrows stay borrowed until it is
+/// dropped.
+///
+/// # Blocking
+/// Dropping a `Work` that has not completed blocks until the backend no longer touches the
+/// buffers. After a timeout, call `abort` on the communicator first: the drop then returns
+/// promptly.
+#[must_use = "completion is only known after `wait`"]
+pub struct Work<'a> {
+    imp: Option<Box<dyn WorkImpl + 'a>>,
+    info: WorkInfo,
+    state: Option<std::result::Result<(), String>>,
+    recorder: Option<Arc<FlightRecorder>>,
+}
+
+impl fmt::Debug for Work<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Work").field("info", &self.info).field("state", &self.state).finish()
+    }
+}
+
+impl<'a> Work<'a> {
+    /// Wrap a backend's work. Backends call this; the Communicator fills in `info`.
+    pub fn new(imp: Box<dyn WorkImpl + 'a>) -> Self {
+        Work {
+            imp: Some(imp),
+            info: WorkInfo {
+                op: "",
+                seq: 0,
+                group: Arc::from(""),
+                rank: 0,
+                started: Instant::now(),
+            },
+            state: None,
+            recorder: None,
+        }
+    }
+
+    /// Work that is already complete (e.g. an operation on zero elements).
+    pub fn completed() -> Self {
+        Work { imp: None, info: Work::new_info(), state: Some(Ok(())), recorder: None }
+    }
+
+    fn new_info() -> WorkInfo {
+        WorkInfo { op: "", seq: 0, group: Arc::from(""), rank: 0, started: Instant::now() }
+    }
+
+    pub(crate) fn attach(&mut self, info: WorkInfo, recorder: Option<Arc<FlightRecorder>>) {
+        self.info = info;
+        self.recorder = recorder;
+        if self.state.is_some() {
+            self.finish(Ok(()));
+        }
+    }
+
+    /// Identity of the operation.
+    pub fn info(&self) -> &WorkInfo {
+        &self.info
+    }
+
+    fn finish(&mut self, r: std::result::Result<(), String>) {
+        if let Some(rec) = &self.recorder {
+            let st = match &r {
+                Ok(()) => OpState::Completed,
+                Err(e) => OpState::Failed(e.clone()),
+            };
+            rec.finish(&self.info.group, self.info.seq, st);
+        }
+        self.state = Some(r);
+        self.imp = None;
+    }
+
+    fn settle(&mut self, r: Result<bool>) -> Result<bool> {
+        match r {
+            Ok(true) => {
+                self.finish(Ok(()));
+                Ok(true)
+            }
+            Ok(false) => Ok(false),
+            Err(e) => {
+                self.finish(Err(e.to_string()));
+                Err(e)
+            }
+        }
+    }
+
+    fn repeat_outcome(&self) -> Result<bool> {
+        match &self.state {
+            Some(Ok(())) => Ok(true),
+            Some(Err(msg)) => Err(Error::Aborted {
+                rank: self.info.rank,
+                group: self.info.group.to_string(),
+                detail: format!("{} #{} failed earlier: {msg}", self.info.op, self.info.seq),
+            }),
+            None => Ok(false),
+        }
+    }
+
+    /// Whether the operation finished; `Err` if it failed.
+    ///
+    /// # Errors
+    /// The operation's failure (peer failure, abort, backend error).
+    pub fn is_completed(&mut self) -> Result<bool> {
+        match self.imp.as_mut() {
+            None => self.repeat_outcome(),
+            Some(imp) => {
+                let r = imp.poll();
+                self.settle(r)
+            }
+        }
+    }
+
+    /// Block until the operation finishes or `timeout` passes.
+    ///
+    /// # Errors
+    /// [`Error::Timeout`] when `timeout` passes; the `Work` stays alive so the caller can
+    /// abort the communicator and then drop it. Otherwise the operation's own failure.
+    pub fn wait(&mut self, timeout: Duration) -> Result<()> {
+        let Some(imp) = self.imp.as_mut() else {
+            return self.repeat_outcome().map(|_| ());
+        };
+        let r = imp.wait_for(timeout);
+        if self.settle(r)? {
+            Ok(())
+        } else {
+            Err(self.timeout_error(timeout))
+        }
+    }
+
+    /// Like [`Work::wait`], without blocking the async runtime's thread.
+    ///
+    /// # Errors
+    /// As [`Work::wait`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping the future leaves the `Work` as it was.
+    pub async fn wait_async(&mut self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        let mut pause = Duration::from_micros(20);
+        loop {
+            if self.is_completed()? {
+                return Ok(());
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(self.timeout_error(timeout));
+            }
+            tokio::time::sleep(pause.min(deadline - now)).await;
+            pause = (pause * 2).min(Duration::from_millis(2));
+        }
+    }
+
+    fn timeout_error(&self, after: Duration) -> Error {
+        Error::Timeout {
+            op: format!("{} #{}", self.info.op, self.info.seq),
+            rank: self.info.rank,
+            group: self.info.group.to_string(),
+            after,
+            detail: "the operation is still pending; abort the communicator before dropping it"
+                .into(),
+        }
+    }
+}
+
+impl Drop for Work<'_> {
+    fn drop(&mut self) {
+        if let Some(mut imp) = self.imp.take() {
+            imp.drain();
+            if let Some(rec) = &self.recorder {
+                rec.finish(&self.info.group, self.info.seq, OpState::Dropped);
+            }
+        }
+    }
+}
