@@ -1,1 +1,114 @@
+//! anyccl-conformance: one library of cases that every anyccl backend runs, with the
+//! harness that runs them and the runners that report them. Not a stable API.
+//!
+//! Cases are plain functions written from one rank's view; inputs come from
+//! [`pattern`], so every rank computes its own expected output. The [`registry`] lists
+//! each case with its world sizes and the capabilities it needs; a case a backend cannot
+//! run is reported **ignored with the reason**, never as a pass. Ranks run as threads
+//! (or, for kill tests, as child processes re-executing the test binary), and a deadline
+//! aborts every rank's communicator when a case hangs.
+//!
+//! Each backend's test entry is one line: [`run_libtest`] for `cargo test`, or
+//! [`run_report`] for the `anyccl-conformance` program.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
+pub mod cases;
+pub mod harness;
+pub mod pattern;
+pub mod registry;
+
+pub use harness::{child_main, run, CaseError, CaseResult, Outcome, RankCtx};
+pub use registry::{all_cases, Case, Mode, DEFAULT_WORLDS};
+
+use anyccl_core::Backend;
+use std::io::Write;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Per-case deadline (`ANYCCL_CASE_TIMEOUT_S`, default 60 s).
+pub fn case_timeout() -> Duration {
+    std::env::var("ANYCCL_CASE_TIMEOUT_S")
+        .ok()
+        .and_then(|v| v.parse::<f64>().ok())
+        .map(Duration::from_secs_f64)
+        .unwrap_or(Duration::from_secs(60))
+}
+
+/// The (case, world size) runs for `worlds` (`None`: every case's own list).
+pub fn runs(worlds: Option<&[usize]>) -> Vec<(Case, usize)> {
+    let mut v = Vec::new();
+    for c in all_cases() {
+        for &w in &c.worlds {
+            if worlds.is_none_or(|ws| ws.contains(&w)) {
+                v.push((c.clone(), w));
+            }
+        }
+    }
+    v
+}
+
+/// Run the registry as a libtest-compatible test binary (`cargo test`), one trial per
+/// case and world size, named `backend::group::case[w=N]`.
+pub fn run_libtest(backend: Arc<dyn Backend>) -> ExitCode {
+    if let Some(code) = child_main(&backend, &all_cases()) {
+        return code;
+    }
+    let _ = tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_env("ANYCCL_LOG")).with_writer(std::io::stderr).try_init();
+    let args = libtest_mimic::Arguments::from_args();
+    let timeout = case_timeout();
+    let trials = runs(None)
+        .into_iter()
+        .map(|(case, w)| {
+            let b = backend.clone();
+            libtest_mimic::Trial::ignorable_test(case.test_name(backend.name(), w), move || match run(&b, &case, w, timeout) {
+                Outcome::Passed => Ok(libtest_mimic::Completion::Completed),
+                Outcome::Ignored(why) => Ok(libtest_mimic::Completion::ignored_with(why)),
+                Outcome::Failed(why) => Err(why.into()),
+            })
+        })
+        .collect();
+    libtest_mimic::run(&args, trials).exit_code()
+}
+
+/// Run the registry and print one line per case and world size, then
+/// `N passed, N failed, N ignored`. Exit code 1 when anything failed.
+pub fn run_report(backend: Arc<dyn Backend>, worlds: Option<&[usize]>, filter: Option<&str>) -> ExitCode {
+    if let Some(code) = child_main(&backend, &all_cases()) {
+        return code;
+    }
+    let timeout = case_timeout();
+    let (mut passed, mut failed, mut ignored) = (0, 0, 0);
+    let out = std::io::stdout();
+    for (case, w) in runs(worlds) {
+        let name = case.test_name(backend.name(), w);
+        if filter.is_some_and(|f| !name.contains(f)) {
+            continue;
+        }
+        let t = std::time::Instant::now();
+        let line = match run(&backend, &case, w, timeout) {
+            Outcome::Passed => {
+                passed += 1;
+                format!("{name} ... ok ({:.0?})", t.elapsed())
+            }
+            Outcome::Failed(why) => {
+                failed += 1;
+                format!("{name} ... FAILED: {why}")
+            }
+            Outcome::Ignored(why) => {
+                ignored += 1;
+                format!("{name} ... ignored: {why}")
+            }
+        };
+        let mut o = out.lock();
+        let _ = writeln!(o, "{line}");
+        let _ = o.flush();
+    }
+    println!("{passed} passed, {failed} failed, {ignored} ignored");
+    if failed > 0 {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    }
+}

@@ -142,6 +142,11 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// # Errors
     /// [`crate::Error::Unavailable`] listing everything looked for and where; never panics.
     fn probe(&self) -> Result<BackendInfo>;
+    /// What communicators of this backend support (after a successful probe).
+    ///
+    /// # Errors
+    /// As [`Backend::probe`].
+    fn capabilities(&self) -> Result<Capabilities>;
     /// The device layer for local rank `local_rank`.
     ///
     /// # Errors

@@ -1,0 +1,258 @@
+//! Collective algorithms over the mesh. All of them are deterministic: every rank of an
+//! all_reduce gets bit-identical results, and the same sizes always take the same path.
+
+use crate::reduce::{finish_avg, reduce_into};
+use crate::transport::{Kind, Mesh};
+use anyccl_core::{DType, ReduceOp, Result};
+
+pub(crate) const OP_ALL_REDUCE: u8 = 1;
+pub(crate) const OP_REDUCE: u8 = 2;
+pub(crate) const OP_BROADCAST: u8 = 3;
+pub(crate) const OP_ALL_GATHER: u8 = 4;
+pub(crate) const OP_REDUCE_SCATTER: u8 = 5;
+pub(crate) const OP_ALL_TO_ALL: u8 = 6;
+pub(crate) const OP_BARRIER: u8 = 7;
+
+/// Size thresholds that pick algorithms; `ANYCCL_CPU_*` overrides.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Tuning {
+    /// all_reduce at or below this many bytes exchanges whole buffers in one round
+    /// (latency-bound); above it, ring reduce-scatter + all-gather (bandwidth-bound).
+    pub all_reduce_direct_max: usize,
+}
+
+impl Tuning {
+    pub(crate) fn from_env() -> Self {
+        let direct = std::env::var("ANYCCL_CPU_ALLREDUCE_DIRECT_MAX")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(64 << 10);
+        Tuning { all_reduce_direct_max: direct }
+    }
+}
+
+/// One collective's view of the mesh: its op code and sequence number.
+pub(crate) struct Coll<'m> {
+    pub mesh: &'m Mesh,
+    pub op: u8,
+    pub seq: u64,
+}
+
+impl Coll<'_> {
+    fn rank(&self) -> usize {
+        self.mesh.rank
+    }
+    fn size(&self) -> usize {
+        self.mesh.size
+    }
+    fn send(&self, peer: usize, data: &[u8]) -> Result<()> {
+        self.mesh.send(peer, Kind::Coll, self.op, self.seq, data)
+    }
+    fn recv(&self, peer: usize, bytes: usize) -> Result<Vec<u8>> {
+        self.mesh.recv_coll(peer, self.op, self.seq, Some(bytes))
+    }
+}
+
+/// Balanced element ranges `(offset, len)` of `count` elements over `n` chunks.
+pub(crate) fn chunks(count: usize, n: usize) -> Vec<(usize, usize)> {
+    let (q, r) = (count / n, count % n);
+    let mut off = 0;
+    (0..n)
+        .map(|i| {
+            let len = q + usize::from(i < r);
+            let c = (off, len);
+            off += len;
+            c
+        })
+        .collect()
+}
+
+fn byte_range(c: (usize, usize), esize: usize) -> std::ops::Range<usize> {
+    c.0 * esize..(c.0 + c.1) * esize
+}
+
+pub(crate) fn all_reduce(cx: &Coll<'_>, data: &mut [u8], dtype: DType, op: ReduceOp, tune: &Tuning) -> Result<()> {
+    let n = cx.size();
+    if n > 1 {
+        let count = data.len() / dtype.size();
+        if data.len() <= tune.all_reduce_direct_max || count < n {
+            direct_all_reduce(cx, data, dtype, op)?;
+        } else {
+            let ch = chunks(count, n);
+            ring_reduce_scatter(cx, data, dtype, op, &ch)?;
+            ring_all_gather(cx, data, dtype.size(), &ch)?;
+        }
+    }
+    if op == ReduceOp::Avg {
+        finish_avg(data, dtype, n);
+    }
+    Ok(())
+}
+
+/// Every rank sends its whole buffer to every other and folds all of them in rank order.
+fn direct_all_reduce(cx: &Coll<'_>, data: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
+    let (n, me) = (cx.size(), cx.rank());
+    for k in 1..n {
+        cx.send((me + k) % n, data)?;
+    }
+    let mut bufs: Vec<Option<Vec<u8>>> = (0..n).map(|_| None).collect();
+    for k in 1..n {
+        let from = (me + n - k) % n;
+        bufs[from] = Some(cx.recv(from, data.len())?);
+    }
+    let mine = data.to_vec();
+    let get = |r: usize| -> &[u8] { bufs[r].as_deref().unwrap_or(&mine) };
+    data.copy_from_slice(get(0));
+    for r in 1..n {
+        reduce_into(data, get(r), dtype, op);
+    }
+    Ok(())
+}
+
+/// Ring reduce-scatter in place: afterwards chunk `rank` of `data` is fully reduced.
+fn ring_reduce_scatter(cx: &Coll<'_>, data: &mut [u8], dtype: DType, op: ReduceOp, ch: &[(usize, usize)]) -> Result<()> {
+    let (n, me, es) = (cx.size(), cx.rank(), dtype.size());
+    let (right, left) = ((me + 1) % n, (me + n - 1) % n);
+    for s in 0..n - 1 {
+        let send_c = ch[(me + 2 * n - s - 1) % n];
+        let recv_c = ch[(me + 2 * n - s - 2) % n];
+        cx.send(right, &data[byte_range(send_c, es)])?;
+        let incoming = cx.recv(left, recv_c.1 * es)?;
+        reduce_into(&mut data[byte_range(recv_c, es)], &incoming, dtype, op);
+    }
+    Ok(())
+}
+
+/// Ring all-gather in place: chunk `rank` is this rank's; afterwards every chunk is filled.
+fn ring_all_gather(cx: &Coll<'_>, data: &mut [u8], es: usize, ch: &[(usize, usize)]) -> Result<()> {
+    let (n, me) = (cx.size(), cx.rank());
+    let (right, left) = ((me + 1) % n, (me + n - 1) % n);
+    for s in 0..n - 1 {
+        let send_c = ch[(me + n - s) % n];
+        let recv_c = ch[(me + 2 * n - s - 1) % n];
+        cx.send(right, &data[byte_range(send_c, es)])?;
+        let incoming = cx.recv(left, recv_c.1 * es)?;
+        data[byte_range(recv_c, es)].copy_from_slice(&incoming);
+    }
+    Ok(())
+}
+
+/// Reduce to `root`: every other rank sends to the root, which folds in rank order.
+pub(crate) fn reduce(cx: &Coll<'_>, data: &mut [u8], dtype: DType, op: ReduceOp, root: usize) -> Result<()> {
+    let (n, me) = (cx.size(), cx.rank());
+    if me != root {
+        return cx.send(root, data);
+    }
+    let mine = data.to_vec();
+    for r in 0..n {
+        let other = if r == me { mine.clone() } else { cx.recv(r, data.len())? };
+        if r == 0 {
+            data.copy_from_slice(&other);
+        } else {
+            reduce_into(data, &other, dtype, op);
+        }
+    }
+    if op == ReduceOp::Avg {
+        finish_avg(data, dtype, n);
+    }
+    Ok(())
+}
+
+/// Binomial-tree broadcast from `root`.
+pub(crate) fn broadcast(cx: &Coll<'_>, data: &mut [u8], root: usize) -> Result<()> {
+    let (n, me) = (cx.size(), cx.rank());
+    let v = (me + n - root) % n;
+    let real = |vr: usize| (vr + root) % n;
+    let mut mask = 1;
+    while mask < n {
+        if v >= mask && v < 2 * mask {
+            let got = cx.recv(real(v - mask), data.len())?;
+            data.copy_from_slice(&got);
+        } else if v < mask && v + mask < n {
+            cx.send(real(v + mask), data)?;
+        }
+        mask <<= 1;
+    }
+    Ok(())
+}
+
+/// Ring all-gather of equal chunks: `out` holds `size` chunks, chunk `rank` already filled.
+pub(crate) fn all_gather(cx: &Coll<'_>, out: &mut [u8], chunk_bytes: usize) -> Result<()> {
+    let n = cx.size();
+    if n == 1 || chunk_bytes == 0 {
+        return Ok(());
+    }
+    let ch: Vec<(usize, usize)> = (0..n).map(|i| (i * chunk_bytes, chunk_bytes)).collect();
+    ring_all_gather(cx, out, 1, &ch)
+}
+
+/// Ring reduce-scatter of equal chunks: returns this rank's reduced chunk.
+pub(crate) fn reduce_scatter(cx: &Coll<'_>, data: &mut [u8], dtype: DType, op: ReduceOp) -> Result<Vec<u8>> {
+    let (n, me) = (cx.size(), cx.rank());
+    let count = data.len() / dtype.size() / n;
+    let ch: Vec<(usize, usize)> = (0..n).map(|i| (i * count, count)).collect();
+    if n > 1 && count > 0 {
+        ring_reduce_scatter(cx, data, dtype, op, &ch)?;
+    }
+    let mut mine = data[byte_range(ch[me], dtype.size())].to_vec();
+    if op == ReduceOp::Avg {
+        finish_avg(&mut mine, dtype, n);
+    }
+    Ok(mine)
+}
+
+/// Pairwise exchange: segment `j` of `send` to rank `j`, segment `i` of `recv` from rank `i`.
+pub(crate) fn all_to_all(cx: &Coll<'_>, send: &[u8], send_bytes: &[usize], recv: &mut [u8], recv_bytes: &[usize]) -> Result<()> {
+    let (n, me) = (cx.size(), cx.rank());
+    let offsets = |v: &[usize]| -> Vec<usize> {
+        v.iter().scan(0, |acc, &x| {
+            let o = *acc;
+            *acc += x;
+            Some(o)
+        })
+        .collect()
+    };
+    let (so, ro) = (offsets(send_bytes), offsets(recv_bytes));
+    for k in 1..n {
+        let to = (me + k) % n;
+        cx.send(to, &send[so[to]..so[to] + send_bytes[to]])?;
+    }
+    recv[ro[me]..ro[me] + recv_bytes[me]].copy_from_slice(&send[so[me]..so[me] + send_bytes[me]]);
+    for k in 1..n {
+        let from = (me + n - k) % n;
+        let got = cx.recv(from, recv_bytes[from])?;
+        recv[ro[from]..ro[from] + recv_bytes[from]].copy_from_slice(&got);
+    }
+    Ok(())
+}
+
+/// Dissemination barrier: ceil(log2 n) rounds of empty messages.
+pub(crate) fn barrier(cx: &Coll<'_>) -> Result<()> {
+    let (n, me) = (cx.size(), cx.rank());
+    let mut k = 1;
+    while k < n {
+        cx.send((me + k) % n, &[])?;
+        cx.recv((me + n - k) % n, 0)?;
+        k <<= 1;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::chunks;
+
+    #[test]
+    fn chunks_cover_everything_once() {
+        for count in [0, 1, 5, 7, 64, 1001] {
+            for n in 1..9 {
+                let c = chunks(count, n);
+                assert_eq!(c.len(), n);
+                assert_eq!(c.iter().map(|x| x.1).sum::<usize>(), count);
+                for w in c.windows(2) {
+                    assert_eq!(w[0].0 + w[0].1, w[1].0);
+                }
+            }
+        }
+    }
+}

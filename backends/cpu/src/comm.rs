@@ -1,0 +1,488 @@
+//! `CpuComm`: the CPU backend's communicator. Operations run in issue order on one worker
+//! thread per communicator; inputs are copied at enqueue and results are copied into the
+//! caller's buffers when completion is observed, so the worker never touches borrowed
+//! memory and dropping an unfinished `Work` never blocks.
+
+use crate::algo::{self, Coll, Tuning};
+use crate::transport::{Dead, Kind, Mesh};
+use anyccl_core::{
+    async_trait, AllToAllSplits, Buf, BufMut, Capabilities, Collective, CommInfo, DType, Device, DeviceKind, Error,
+    P2POp, ReduceOp, Result, Store, Work, WorkImpl,
+};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+/// What a job leaves for each of its target buffers (`None`: leave it unchanged).
+type Output = Vec<Option<Vec<u8>>>;
+type JobFn = Box<dyn FnOnce(&mut Engine) -> Result<Output> + Send>;
+
+struct Job {
+    run: JobFn,
+    done: Arc<Completion>,
+}
+
+#[derive(Default)]
+struct Completion {
+    slot: Mutex<Option<Result<Output>>>,
+    cv: Condvar,
+}
+
+impl Completion {
+    fn set(&self, r: Result<Output>) {
+        *self.slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+        self.cv.notify_all();
+    }
+}
+
+/// State owned by the worker thread.
+struct Engine {
+    mesh: Arc<Mesh>,
+    seq: u64,
+    tune: Tuning,
+}
+
+impl Engine {
+    fn coll(&mut self, op: u8) -> Coll<'_> {
+        let seq = self.seq;
+        self.seq += 1;
+        Coll { mesh: &self.mesh, op, seq }
+    }
+}
+
+struct CpuWork<'a> {
+    done: Arc<Completion>,
+    targets: Vec<BufMut<'a>>,
+}
+
+impl CpuWork<'_> {
+    fn deliver(&mut self, r: Result<Output>) -> Result<bool> {
+        let outs = r?;
+        for (t, o) in self.targets.iter_mut().zip(outs) {
+            if let (Some(o), Some(dst)) = (o, t.as_host_bytes_mut()) {
+                dst.copy_from_slice(&o);
+            }
+        }
+        Ok(true)
+    }
+}
+
+impl WorkImpl for CpuWork<'_> {
+    fn poll(&mut self) -> Result<bool> {
+        let r = self.done.slot.lock().unwrap_or_else(|p| p.into_inner()).take();
+        match r {
+            None => Ok(false),
+            Some(r) => self.deliver(r),
+        }
+    }
+
+    fn wait_for(&mut self, timeout: Duration) -> Result<bool> {
+        let deadline = Instant::now() + timeout;
+        let mut g = self.done.slot.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if let Some(r) = g.take() {
+                drop(g);
+                return self.deliver(r);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(false);
+            }
+            g = self.done.cv.wait_timeout(g, deadline - now).unwrap_or_else(|p| p.into_inner()).0;
+        }
+    }
+
+    fn drain(&mut self) {
+        // The worker only ever touches its own copies; nothing to wait for.
+    }
+}
+
+/// The CPU backend's communicator.
+#[derive(Debug)]
+pub struct CpuComm {
+    info: CommInfo,
+    caps: Capabilities,
+    mesh: Arc<Mesh>,
+    tx: Mutex<Option<mpsc::Sender<Job>>>,
+    worker: Mutex<Option<std::thread::JoinHandle<()>>>,
+    store: Arc<dyn Store>,
+    ns: String,
+    splits: AtomicU64,
+}
+
+impl std::fmt::Debug for Job {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Job")
+    }
+}
+
+/// What the CPU backend supports.
+pub fn cpu_capabilities() -> Capabilities {
+    Capabilities {
+        device_kind: DeviceKind::Cpu,
+        dtypes: DType::ALL.to_vec(),
+        reduce_ops: ReduceOp::ALL.to_vec(),
+        all_to_all: true,
+        all_to_all_v: true,
+        p2p_group: true,
+        abort_in_flight: true,
+        split: true,
+        lazy_connect: false,
+        memory_stats: false,
+        warmup_small_bytes: 4 << 10,
+        warmup_large_bytes: 4 << 20,
+        max_world_size: 4096,
+    }
+}
+
+fn not_host(op: &'static str, rank: usize, group: &str) -> Error {
+    Error::InvalidArgument { op, arg: "buf", rank, group: group.into(), msg: "the cpu backend needs host buffers".into() }
+}
+
+impl CpuComm {
+    pub(crate) async fn connect(
+        store: Arc<dyn Store>,
+        namespace: &str,
+        label: &str,
+        rank: usize,
+        size: usize,
+        deadline: Instant,
+    ) -> Result<Arc<CpuComm>> {
+        // A generation per (namespace, rank): reconnecting under the same name never reads
+        // a previous generation's addresses.
+        let gen = store.add(&format!("{namespace}/cpu-gen/{rank}"), 1).await?;
+        let ns = format!("{namespace}/cpu{gen}");
+        let mesh = Arc::new(Mesh::connect(store.as_ref(), &ns, label, rank, size, deadline).await?);
+        CpuComm::start(mesh, store, ns)
+    }
+
+    fn start(mesh: Arc<Mesh>, store: Arc<dyn Store>, ns: String) -> Result<Arc<CpuComm>> {
+        let (tx, rx) = mpsc::channel::<Job>();
+        let mut engine = Engine { mesh: mesh.clone(), seq: 0, tune: Tuning::from_env() };
+        let worker = std::thread::Builder::new()
+            .name(format!("anyccl-cpu-{}", mesh.rank))
+            .spawn(move || {
+                while let Ok(job) = rx.recv() {
+                    let r = match engine.mesh.mailbox.dead() {
+                        Some(d) => Err(engine.mesh.dead_err(d)),
+                        None => {
+                            let r = (job.run)(&mut engine);
+                            if let Err(e) = &r {
+                                // A failed collective leaves peers mid-protocol: fail the whole
+                                // communicator so every rank hears of it at once.
+                                if !matches!(e, Error::Aborted { .. }) {
+                                    let peer = if let Error::PeerFailed { peer, .. } = e { *peer } else { None };
+                                    engine.mesh.kill(Dead { aborted: false, peer, detail: format!("failed earlier: {e}") });
+                                }
+                            }
+                            r
+                        }
+                    };
+                    job.done.set(r);
+                }
+            })
+            .map_err(|e| Error::Unavailable { backend: "cpu", reason: format!("cannot start worker thread: {e}") })?;
+        let info = CommInfo { backend: "cpu", rank: mesh.rank, size: mesh.size, device: Device::CPU };
+        Ok(Arc::new(CpuComm {
+            info,
+            caps: cpu_capabilities(),
+            mesh,
+            tx: Mutex::new(Some(tx)),
+            worker: Mutex::new(Some(worker)),
+            store,
+            ns,
+            splits: AtomicU64::new(0),
+        }))
+    }
+
+    fn enqueue<'a>(&'a self, targets: Vec<BufMut<'a>>, run: JobFn) -> Result<Work<'a>> {
+        if let Some(d) = self.mesh.mailbox.dead() {
+            return Err(self.mesh.dead_err(d));
+        }
+        let done = Arc::new(Completion::default());
+        let tx = self.tx.lock().unwrap_or_else(|p| p.into_inner());
+        let sent = tx.as_ref().map(|t| t.send(Job { run, done: done.clone() }));
+        drop(tx);
+        if !matches!(sent, Some(Ok(()))) {
+            return Err(Error::Aborted { rank: self.info.rank, group: self.mesh.label.clone(), detail: "communicator shut down".into() });
+        }
+        Ok(Work::new(Box::new(CpuWork { done, targets })))
+    }
+
+    fn host(&self, op: &'static str, b: &Buf<'_>) -> Result<Vec<u8>> {
+        b.as_host_bytes().map(|s| s.to_vec()).ok_or_else(|| not_host(op, self.info.rank, &self.mesh.label))
+    }
+
+    fn host_mut(&self, op: &'static str, b: &mut BufMut<'_>) -> Result<Vec<u8>> {
+        b.as_host_bytes_mut().map(|s| s.to_vec()).ok_or_else(|| not_host(op, self.info.rank, &self.mesh.label))
+    }
+
+    fn stop_worker(&self) {
+        self.tx.lock().unwrap_or_else(|p| p.into_inner()).take();
+    }
+
+    fn join_worker(&self) {
+        let h = self.worker.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(h) = h {
+            let _ = h.join();
+        }
+    }
+}
+
+impl Drop for CpuComm {
+    fn drop(&mut self) {
+        self.mesh.kill(Dead { aborted: true, peer: None, detail: "communicator dropped".into() });
+        self.stop_worker();
+        self.join_worker();
+        self.mesh.join_readers();
+    }
+}
+
+#[async_trait]
+impl Collective for CpuComm {
+    fn info(&self) -> &CommInfo {
+        &self.info
+    }
+    fn capabilities(&self) -> &Capabilities {
+        &self.caps
+    }
+
+    fn all_reduce<'a>(&'a self, send: Option<Buf<'a>>, mut recv: BufMut<'a>, op: ReduceOp) -> Result<Work<'a>> {
+        let mut data = match &send {
+            Some(s) => self.host("all_reduce", s)?,
+            None => self.host_mut("all_reduce", &mut recv)?,
+        };
+        let dtype = recv.dtype();
+        self.enqueue(
+            vec![recv],
+            Box::new(move |e| {
+                let tune = e.tune;
+                algo::all_reduce(&e.coll(algo::OP_ALL_REDUCE), &mut data, dtype, op, &tune)?;
+                Ok(vec![Some(data)])
+            }),
+        )
+    }
+
+    fn reduce<'a>(&'a self, send: Option<Buf<'a>>, mut recv: BufMut<'a>, op: ReduceOp, root: usize) -> Result<Work<'a>> {
+        let mut data = match &send {
+            Some(s) => self.host("reduce", s)?,
+            None => self.host_mut("reduce", &mut recv)?,
+        };
+        let (dtype, me) = (recv.dtype(), self.info.rank);
+        self.enqueue(
+            vec![recv],
+            Box::new(move |e| {
+                algo::reduce(&e.coll(algo::OP_REDUCE), &mut data, dtype, op, root)?;
+                Ok(vec![(me == root).then_some(data)])
+            }),
+        )
+    }
+
+    fn broadcast<'a>(&'a self, send: Option<Buf<'a>>, mut recv: BufMut<'a>, root: usize) -> Result<Work<'a>> {
+        let mut data = if self.info.rank == root {
+            match &send {
+                Some(s) => self.host("broadcast", s)?,
+                None => self.host_mut("broadcast", &mut recv)?,
+            }
+        } else {
+            vec![0u8; recv.bytes()]
+        };
+        self.enqueue(
+            vec![recv],
+            Box::new(move |e| {
+                algo::broadcast(&e.coll(algo::OP_BROADCAST), &mut data, root)?;
+                Ok(vec![Some(data)])
+            }),
+        )
+    }
+
+    fn all_gather<'a>(&'a self, send: Option<Buf<'a>>, mut recv: BufMut<'a>) -> Result<Work<'a>> {
+        let (n, me) = (self.info.size, self.info.rank);
+        let chunk = recv.bytes() / n;
+        let mut out = self.host_mut("all_gather", &mut recv)?;
+        if let Some(s) = &send {
+            out[me * chunk..(me + 1) * chunk].copy_from_slice(&self.host("all_gather", s)?);
+        }
+        self.enqueue(
+            vec![recv],
+            Box::new(move |e| {
+                algo::all_gather(&e.coll(algo::OP_ALL_GATHER), &mut out, chunk)?;
+                Ok(vec![Some(out)])
+            }),
+        )
+    }
+
+    fn reduce_scatter<'a>(&'a self, send: Option<Buf<'a>>, mut recv: BufMut<'a>, op: ReduceOp) -> Result<Work<'a>> {
+        let in_place = send.is_none();
+        let mut data = match &send {
+            Some(s) => self.host("reduce_scatter", s)?,
+            None => self.host_mut("reduce_scatter", &mut recv)?,
+        };
+        let original = if in_place { data.clone() } else { Vec::new() };
+        let (dtype, me) = (recv.dtype(), self.info.rank);
+        self.enqueue(
+            vec![recv],
+            Box::new(move |e| {
+                let mine = algo::reduce_scatter(&e.coll(algo::OP_REDUCE_SCATTER), &mut data, dtype, op)?;
+                if in_place {
+                    let mut full = original;
+                    let c = mine.len();
+                    full[me * c..(me + 1) * c].copy_from_slice(&mine);
+                    Ok(vec![Some(full)])
+                } else {
+                    Ok(vec![Some(mine)])
+                }
+            }),
+        )
+    }
+
+    fn all_to_all<'a>(&'a self, send: Buf<'a>, recv: BufMut<'a>, splits: Option<&AllToAllSplits>) -> Result<Work<'a>> {
+        let n = self.info.size;
+        let es = send.dtype().size();
+        let (sb, rb): (Vec<usize>, Vec<usize>) = match splits {
+            Some(sp) => (
+                sp.send_counts.iter().map(|c| c * es).collect(),
+                sp.recv_counts.iter().map(|c| c * es).collect(),
+            ),
+            None => (vec![send.bytes() / n; n], vec![recv.bytes() / n; n]),
+        };
+        let data = self.host("all_to_all", &send)?;
+        let rbytes = recv.bytes();
+        self.enqueue(
+            vec![recv],
+            Box::new(move |e| {
+                let mut out = vec![0u8; rbytes];
+                algo::all_to_all(&e.coll(algo::OP_ALL_TO_ALL), &data, &sb, &mut out, &rb)?;
+                Ok(vec![Some(out)])
+            }),
+        )
+    }
+
+    fn send<'a>(&'a self, buf: Buf<'a>, peer: usize) -> Result<Work<'a>> {
+        let data = self.host("send", &buf)?;
+        self.enqueue(
+            vec![],
+            Box::new(move |e| {
+                e.mesh.send(peer, Kind::P2p, 0, 0, &data)?;
+                Ok(vec![])
+            }),
+        )
+    }
+
+    fn recv<'a>(&'a self, buf: BufMut<'a>, peer: usize) -> Result<Work<'a>> {
+        let bytes = buf.bytes();
+        self.enqueue(vec![buf], Box::new(move |e| Ok(vec![Some(e.mesh.recv_p2p(peer, bytes)?)])))
+    }
+
+    fn p2p_group<'a>(&'a self, ops: Vec<P2POp<'a>>) -> Result<Work<'a>> {
+        let mut sends = Vec::new();
+        let mut recvs = Vec::new();
+        let mut targets = Vec::new();
+        for o in ops {
+            match o {
+                P2POp::Send(b, p) => sends.push((p, self.host("p2p_group", &b)?)),
+                P2POp::Recv(b, p) => {
+                    recvs.push((p, b.bytes()));
+                    targets.push(b);
+                }
+            }
+        }
+        self.enqueue(
+            targets,
+            Box::new(move |e| {
+                for (p, d) in &sends {
+                    e.mesh.send(*p, Kind::P2p, 0, 0, d)?;
+                }
+                recvs.into_iter().map(|(p, n)| e.mesh.recv_p2p(p, n).map(Some)).collect()
+            }),
+        )
+    }
+
+    fn barrier(&self) -> Result<Work<'_>> {
+        self.enqueue(
+            vec![],
+            Box::new(|e| {
+                algo::barrier(&e.coll(algo::OP_BARRIER))?;
+                Ok(vec![])
+            }),
+        )
+    }
+
+    async fn health(&self, _deadline: Instant) -> Result<()> {
+        match self.mesh.mailbox.dead() {
+            None => Ok(()),
+            Some(d) => Err(self.mesh.dead_err(d)),
+        }
+    }
+
+    async fn abort(&self, _deadline: Instant) -> Result<()> {
+        self.mesh.kill(Dead { aborted: true, peer: None, detail: "aborted by the caller".into() });
+        Ok(())
+    }
+
+    async fn split(&self, color: Option<u32>, key: u32, name: &str, deadline: Instant) -> Result<Option<Arc<dyn Collective>>> {
+        let k = self.splits.fetch_add(1, Ordering::Relaxed);
+        let base = format!("{}/split{k}", self.ns);
+        let me = self.info.rank;
+        let mine = match color {
+            Some(c) => format!("{c} {key}"),
+            None => "-".to_string(),
+        };
+        self.store.set(&format!("{base}/{me}"), mine.as_bytes()).await?;
+        let Some(color) = color else { return Ok(None) };
+        let mut members = Vec::new();
+        for r in 0..self.info.size {
+            let v = match self.store.wait(&format!("{base}/{r}"), deadline).await {
+                Ok(v) => v,
+                Err(Error::Timeout { after, .. }) => {
+                    return Err(Error::Timeout {
+                        op: "split".into(),
+                        rank: me,
+                        group: self.mesh.label.clone(),
+                        after,
+                        detail: format!("rank {r} never entered the split"),
+                    })
+                }
+                Err(e) => return Err(e),
+            };
+            let v = String::from_utf8_lossy(&v).to_string();
+            let mut it = v.split(' ');
+            if let (Some(c), Some(kk)) = (it.next().and_then(|x| x.parse::<u32>().ok()), it.next().and_then(|x| x.parse::<u32>().ok())) {
+                if c == color {
+                    members.push((kk, r));
+                }
+            }
+        }
+        members.sort();
+        let rank = members.iter().position(|&(_, r)| r == me).unwrap_or(0);
+        let ns = format!("{base}/c{color}");
+        let mesh = Arc::new(Mesh::connect(self.store.as_ref(), &ns, name, rank, members.len(), deadline).await?);
+        let c: Arc<dyn Collective> = CpuComm::start(mesh, self.store.clone(), ns)?;
+        Ok(Some(c))
+    }
+
+    async fn shutdown(&self, deadline: Instant) -> Result<()> {
+        self.stop_worker();
+        loop {
+            let finished = self.worker.lock().unwrap_or_else(|p| p.into_inner()).as_ref().is_none_or(|h| h.is_finished());
+            if finished {
+                break;
+            }
+            if Instant::now() >= deadline {
+                self.mesh.kill(Dead { aborted: true, peer: None, detail: "shutdown deadline passed".into() });
+                return Err(Error::Timeout {
+                    op: "shutdown".into(),
+                    rank: self.info.rank,
+                    group: self.mesh.label.clone(),
+                    after: Duration::ZERO,
+                    detail: "pending operations did not finish; the communicator was aborted".into(),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        self.join_worker();
+        self.mesh.close();
+        Ok(())
+    }
+}

@@ -1,0 +1,447 @@
+//! Full-mesh TCP between the ranks of one communicator.
+//!
+//! Each peer connection has a reader thread that drains incoming messages into a
+//! [`Mailbox`], so a sender never waits for the receiver to post a matching receive and no
+//! ordering of sends can deadlock. Messages carry a kind (collective or point-to-point), an
+//! op code and a collective sequence number, so a rank that issued a different collective
+//! than its peers gets an error naming both instead of silently mixing data.
+
+use anyccl_core::{Error, Result, Store};
+use std::collections::VecDeque;
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+const MAGIC: u64 = 0x616e_7963_636c_4350; // "anycclCP"
+const HEADER: usize = 24;
+
+/// Message kinds on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum Kind {
+    Coll = 0,
+    P2p = 1,
+    Bye = 2,
+}
+
+/// Op codes carried by collective messages.
+pub(crate) fn op_name(code: u8) -> &'static str {
+    match code {
+        1 => "all_reduce",
+        2 => "reduce",
+        3 => "broadcast",
+        4 => "all_gather",
+        5 => "reduce_scatter",
+        6 => "all_to_all",
+        7 => "barrier",
+        _ => "unknown",
+    }
+}
+
+struct CollMsg {
+    op: u8,
+    seq: u64,
+    data: Vec<u8>,
+}
+
+#[derive(Default)]
+struct Inbox {
+    coll: VecDeque<CollMsg>,
+    p2p: VecDeque<Vec<u8>>,
+    closed: Option<String>,
+}
+
+#[derive(Default)]
+struct State {
+    inbox: Vec<Inbox>,
+    /// Set once the communicator is aborted or has failed: every wait returns this.
+    dead: Option<Dead>,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct Dead {
+    pub aborted: bool,
+    pub peer: Option<usize>,
+    pub detail: String,
+}
+
+/// Where reader threads deliver messages and the engine waits for them.
+pub(crate) struct Mailbox {
+    state: Mutex<State>,
+    cv: Condvar,
+}
+
+impl Mailbox {
+    fn new(n: usize) -> Self {
+        let mut st = State::default();
+        st.inbox.resize_with(n, Inbox::default);
+        Mailbox { state: Mutex::new(st), cv: Condvar::new() }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A poisoned mailbox only means a reader panicked mid-push; the data is still
+        // consistent (each push is one VecDeque operation), so keep going.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn push_coll(&self, from: usize, m: CollMsg) {
+        self.lock().inbox[from].coll.push_back(m);
+        self.cv.notify_all();
+    }
+
+    fn push_p2p(&self, from: usize, data: Vec<u8>) {
+        self.lock().inbox[from].p2p.push_back(data);
+        self.cv.notify_all();
+    }
+
+    fn close(&self, from: usize, why: String) {
+        let mut st = self.lock();
+        if st.inbox[from].closed.is_none() {
+            st.inbox[from].closed = Some(why);
+        }
+        drop(st);
+        self.cv.notify_all();
+    }
+
+    /// Mark the whole communicator dead (first reason wins).
+    pub(crate) fn kill(&self, dead: Dead) {
+        let mut st = self.lock();
+        if st.dead.is_none() {
+            st.dead = Some(dead);
+        }
+        drop(st);
+        self.cv.notify_all();
+    }
+
+    pub(crate) fn dead(&self) -> Option<Dead> {
+        self.lock().dead.clone()
+    }
+
+    /// Wait for the next message from `from` selected by `take`.
+    fn wait_for<T>(
+        &self,
+        from: usize,
+        mut take: impl FnMut(&mut Inbox) -> Option<T>,
+    ) -> std::result::Result<T, Dead> {
+        let mut st = self.lock();
+        loop {
+            if let Some(d) = &st.dead {
+                return Err(d.clone());
+            }
+            if let Some(v) = take(&mut st.inbox[from]) {
+                return Ok(v);
+            }
+            if let Some(why) = &st.inbox[from].closed {
+                return Err(Dead { aborted: false, peer: Some(from), detail: why.clone() });
+            }
+            st = self.cv.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+}
+
+/// The connections of one rank to every other rank.
+pub(crate) struct Mesh {
+    pub rank: usize,
+    pub size: usize,
+    pub label: String,
+    writers: Vec<Option<Mutex<TcpStream>>>,
+    /// Clones of every socket, to shut them down while a writer is blocked.
+    ctl: Vec<Option<TcpStream>>,
+    pub mailbox: Arc<Mailbox>,
+    readers: Mutex<Vec<std::thread::JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for Mesh {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Mesh(rank {} of {}, '{}')", self.rank, self.size, self.label)
+    }
+}
+
+fn fnv(s: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in s.as_bytes() {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x100_0000_01b3);
+    }
+    h
+}
+
+fn hello(ns: &str, rank: usize, size: usize) -> [u8; 24] {
+    let mut b = [0u8; 24];
+    b[..8].copy_from_slice(&MAGIC.to_le_bytes());
+    b[8..16].copy_from_slice(&fnv(ns).to_le_bytes());
+    b[16..20].copy_from_slice(&(rank as u32).to_le_bytes());
+    b[20..24].copy_from_slice(&(size as u32).to_le_bytes());
+    b
+}
+
+fn timeout(label: &str, rank: usize, what: &str, missing: &[usize], started: Instant) -> Error {
+    Error::Timeout {
+        op: "connect".into(),
+        rank,
+        group: label.to_string(),
+        after: started.elapsed(),
+        detail: format!("{what}: ranks {missing:?} never arrived"),
+    }
+}
+
+impl Mesh {
+    /// Build the mesh: publish this rank's listening address under `ns`, connect to lower
+    /// ranks, accept higher ranks. Every rank of the communicator calls this.
+    pub(crate) async fn connect(
+        store: &dyn Store,
+        ns: &str,
+        label: &str,
+        rank: usize,
+        size: usize,
+        deadline: Instant,
+    ) -> Result<Mesh> {
+        let started = Instant::now();
+        let host = std::env::var("ANYCCL_CPU_HOST").unwrap_or_else(|_| "127.0.0.1".into());
+        let listener = tokio::net::TcpListener::bind((host.as_str(), 0)).await.map_err(|e| {
+            Error::Unavailable { backend: "cpu", reason: format!("cannot listen on {host}: {e} (set ANYCCL_CPU_HOST)") }
+        })?;
+        let me = listener.local_addr().map_err(|e| Error::Unavailable { backend: "cpu", reason: e.to_string() })?;
+        store.set(&format!("{ns}/addr/{rank}"), me.to_string().as_bytes()).await?;
+
+        let mut streams: Vec<Option<TcpStream>> = (0..size).map(|_| None).collect();
+        // Connect to every lower rank.
+        for peer in 0..rank {
+            let key = format!("{ns}/addr/{peer}");
+            let addr = match store.wait(&key, deadline).await {
+                Ok(a) => a,
+                Err(Error::Timeout { .. }) => {
+                    let missing: Vec<usize> = (peer..rank).collect();
+                    return Err(timeout(label, rank, "waiting for addresses", &missing, started));
+                }
+                Err(e) => return Err(e),
+            };
+            let addr: SocketAddr = String::from_utf8_lossy(&addr).parse().map_err(|_| {
+                Error::store_fatal(format!("malformed address under '{key}'"))
+            })?;
+            let mut s = loop {
+                match tokio::time::timeout_at(deadline.into(), tokio::net::TcpStream::connect(addr)).await {
+                    Err(_) => return Err(timeout(label, rank, "connecting", &[peer], started)),
+                    Ok(Ok(s)) => break s,
+                    Ok(Err(e)) if Instant::now() < deadline => {
+                        tracing::debug!("connect to rank {peer} at {addr}: {e}; retrying");
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    Ok(Err(e)) => {
+                        return Err(Error::PeerFailed { rank, group: label.into(), peer: Some(peer), detail: format!("cannot connect to {addr}: {e}") })
+                    }
+                }
+            };
+            use tokio::io::AsyncWriteExt;
+            s.write_all(&hello(ns, rank, size)).await.map_err(|e| Error::PeerFailed {
+                rank,
+                group: label.into(),
+                peer: Some(peer),
+                detail: format!("hello to {addr} failed: {e}"),
+            })?;
+            streams[peer] = Some(into_std(s, rank, label)?);
+        }
+        // Accept every higher rank.
+        let mut pending: Vec<usize> = (rank + 1..size).collect();
+        while !pending.is_empty() {
+            let (mut s, from) = match tokio::time::timeout_at(deadline.into(), listener.accept()).await {
+                Err(_) => return Err(timeout(label, rank, "accepting connections", &pending, started)),
+                Ok(Err(e)) => {
+                    tracing::warn!("accept failed: {e}");
+                    continue;
+                }
+                Ok(Ok(x)) => x,
+            };
+            use tokio::io::AsyncReadExt;
+            let mut h = [0u8; 24];
+            let got = tokio::time::timeout(Duration::from_secs(10), s.read_exact(&mut h)).await;
+            if !matches!(got, Ok(Ok(_))) {
+                tracing::warn!("connection from {from} sent no hello; dropped");
+                continue;
+            }
+            let magic = u64::from_le_bytes(h[..8].try_into().unwrap_or_default());
+            let nsh = u64::from_le_bytes(h[8..16].try_into().unwrap_or_default());
+            let peer = u32::from_le_bytes(h[16..20].try_into().unwrap_or_default()) as usize;
+            let psize = u32::from_le_bytes(h[20..24].try_into().unwrap_or_default()) as usize;
+            if magic != MAGIC || nsh != fnv(ns) || psize != size || !pending.contains(&peer) {
+                tracing::warn!("connection from {from} is not an expected peer of '{label}'; dropped");
+                continue;
+            }
+            pending.retain(|&p| p != peer);
+            streams[peer] = Some(into_std(s, rank, label)?);
+        }
+
+        let mailbox = Arc::new(Mailbox::new(size));
+        let mut writers = Vec::with_capacity(size);
+        let mut ctl = Vec::with_capacity(size);
+        let mut readers = Vec::new();
+        for (peer, s) in streams.into_iter().enumerate() {
+            match s {
+                None => {
+                    writers.push(None);
+                    ctl.push(None);
+                }
+                Some(s) => {
+                    let clone = || s.try_clone().map_err(|e| Error::Unavailable { backend: "cpu", reason: format!("socket clone: {e}") });
+                    let r = clone()?;
+                    ctl.push(Some(clone()?));
+                    let mb = mailbox.clone();
+                    let h = std::thread::Builder::new()
+                        .name(format!("anyccl-cpu-rx{rank}<{peer}"))
+                        .spawn(move || read_loop(r, peer, mb))
+                        .map_err(|e| Error::Unavailable { backend: "cpu", reason: format!("cannot start reader thread: {e}") })?;
+                    readers.push(h);
+                    writers.push(Some(Mutex::new(s)));
+                }
+            }
+        }
+        Ok(Mesh { rank, size, label: label.into(), writers, ctl, mailbox, readers: Mutex::new(readers) })
+    }
+
+    fn peer_err(&self, peer: usize, detail: String) -> Error {
+        Error::PeerFailed { rank: self.rank, group: self.label.clone(), peer: Some(peer), detail }
+    }
+
+    pub(crate) fn dead_err(&self, d: Dead) -> Error {
+        if d.aborted {
+            Error::Aborted { rank: self.rank, group: self.label.clone(), detail: d.detail }
+        } else {
+            Error::PeerFailed { rank: self.rank, group: self.label.clone(), peer: d.peer, detail: d.detail }
+        }
+    }
+
+    /// Send one message to `peer` (to itself: straight into the mailbox).
+    pub(crate) fn send(&self, peer: usize, kind: Kind, op: u8, seq: u64, data: &[u8]) -> Result<()> {
+        if let Some(d) = self.mailbox.dead() {
+            return Err(self.dead_err(d));
+        }
+        if peer == self.rank {
+            match kind {
+                Kind::P2p => self.mailbox.push_p2p(peer, data.to_vec()),
+                Kind::Coll => self.mailbox.push_coll(peer, CollMsg { op, seq, data: data.to_vec() }),
+                Kind::Bye => {}
+            }
+            return Ok(());
+        }
+        let Some(w) = &self.writers[peer] else {
+            return Err(self.peer_err(peer, "no connection".into()));
+        };
+        let mut h = [0u8; HEADER];
+        h[0] = kind as u8;
+        h[1] = op;
+        h[8..16].copy_from_slice(&seq.to_le_bytes());
+        h[16..24].copy_from_slice(&(data.len() as u64).to_le_bytes());
+        let mut s = w.lock().unwrap_or_else(|p| p.into_inner());
+        let r = s.write_all(&h).and_then(|_| s.write_all(data));
+        drop(s);
+        r.map_err(|e| match self.mailbox.dead() {
+            Some(d) => self.dead_err(d),
+            None => self.peer_err(peer, format!("send failed: {e}")),
+        })
+    }
+
+    /// Receive the next collective message from `peer`, which must be `op` number `seq`
+    /// of `expect` bytes (when given).
+    pub(crate) fn recv_coll(&self, peer: usize, op: u8, seq: u64, expect: Option<usize>) -> Result<Vec<u8>> {
+        let m = self.mailbox.wait_for(peer, |ib| ib.coll.pop_front()).map_err(|d| self.dead_err(d))?;
+        if m.op != op || m.seq != seq {
+            return Err(Error::PeerFailed {
+                rank: self.rank,
+                group: self.label.clone(),
+                peer: Some(peer),
+                detail: format!(
+                    "collective mismatch: this rank runs {} #{seq}, rank {peer} sent {} #{}",
+                    op_name(op),
+                    op_name(m.op),
+                    m.seq
+                ),
+            });
+        }
+        if let Some(n) = expect {
+            if m.data.len() != n {
+                return Err(self.peer_err(peer, format!("{} #{seq}: rank {peer} sent {} bytes, this rank expected {n} (counts differ across ranks)", op_name(op), m.data.len())));
+            }
+        }
+        Ok(m.data)
+    }
+
+    /// Receive the next point-to-point message from `peer`, of exactly `expect` bytes.
+    pub(crate) fn recv_p2p(&self, peer: usize, expect: usize) -> Result<Vec<u8>> {
+        let d = self.mailbox.wait_for(peer, |ib| ib.p2p.pop_front()).map_err(|d| self.dead_err(d))?;
+        if d.len() != expect {
+            return Err(self.peer_err(peer, format!("recv: rank {peer} sent {} bytes, this rank posted {expect}", d.len())));
+        }
+        Ok(d)
+    }
+
+    /// Mark the mesh dead and shut every socket, so local waits and every peer's reader
+    /// see it at once.
+    pub(crate) fn kill(&self, dead: Dead) {
+        self.mailbox.kill(dead);
+        for s in self.ctl.iter().flatten() {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+    }
+
+    /// Say goodbye to every peer and close.
+    pub(crate) fn close(&self) {
+        for (peer, w) in self.writers.iter().enumerate() {
+            if let Some(w) = w {
+                if let Ok(mut s) = w.try_lock() {
+                    let mut h = [0u8; HEADER];
+                    h[0] = Kind::Bye as u8;
+                    let _ = s.write_all(&h);
+                } else {
+                    tracing::debug!("rank {} could not say goodbye to {peer}: writer busy", self.rank);
+                }
+            }
+        }
+        self.kill(Dead { aborted: true, peer: None, detail: "communicator shut down".into() });
+    }
+
+    pub(crate) fn join_readers(&self) {
+        let hs: Vec<_> = self.readers.lock().map(|mut v| v.drain(..).collect()).unwrap_or_default();
+        for h in hs {
+            let _ = h.join();
+        }
+    }
+}
+
+fn into_std(s: tokio::net::TcpStream, rank: usize, label: &str) -> Result<TcpStream> {
+    let s = s.into_std().map_err(|e| Error::Unavailable { backend: "cpu", reason: format!("socket: {e}") })?;
+    s.set_nonblocking(false)
+        .and_then(|_| s.set_nodelay(true))
+        .map_err(|e| Error::PeerFailed { rank, group: label.into(), peer: None, detail: format!("socket setup: {e}") })?;
+    Ok(s)
+}
+
+fn read_loop(mut s: TcpStream, peer: usize, mb: Arc<Mailbox>) {
+    let why = loop {
+        let mut h = [0u8; HEADER];
+        if let Err(e) = s.read_exact(&mut h) {
+            break if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                format!("rank {peer} closed its connection (process exited or communicator failed)")
+            } else {
+                format!("connection to rank {peer} failed: {e}")
+            };
+        }
+        let len = u64::from_le_bytes(h[16..24].try_into().unwrap_or_default()) as usize;
+        let seq = u64::from_le_bytes(h[8..16].try_into().unwrap_or_default());
+        let mut data = Vec::new();
+        if data.try_reserve_exact(len).is_err() {
+            break format!("rank {peer} announced a {len}-byte message that cannot be allocated");
+        }
+        data.resize(len, 0);
+        if let Err(e) = s.read_exact(&mut data) {
+            break format!("connection to rank {peer} failed mid-message: {e}");
+        }
+        match h[0] {
+            0 => mb.push_coll(peer, CollMsg { op: h[1], seq, data }),
+            1 => mb.push_p2p(peer, data),
+            2 => break format!("rank {peer} shut down its communicator"),
+            k => break format!("rank {peer} sent an unknown message kind {k}"),
+        }
+    };
+    mb.close(peer, why);
+}

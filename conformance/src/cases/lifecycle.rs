@@ -1,0 +1,138 @@
+//! Failures: a rank that never arrives, abort from another thread, a peer that closes, a
+//! collective mismatch, a killed process; plus health and shutdown.
+
+use crate::ensure;
+use crate::harness::{CaseError, CaseResult, RankCtx};
+use crate::pattern::values;
+use crate::registry::Case;
+use anyccl_core::{DType, Error, ReduceOp};
+use std::time::{Duration, Instant};
+
+/// The last rank never issues the all_reduce: the others get `Timeout` from `wait`, naming
+/// the op and the group; then everyone aborts.
+fn never_arrives(cx: &RankCtx) -> CaseResult {
+    let absent = cx.size - 1;
+    if cx.rank == absent {
+        for r in 0..absent {
+            cx.await_signal(&format!("timed-out-{r}"))?;
+        }
+        cx.block_on(cx.comm.abort())?;
+        return Ok(());
+    }
+    let mut b = cx.upload(DType::F32, &values(cx.rank, 64, None, 0))?;
+    let mut w = cx.comm.all_reduce(None, b.view_mut(), ReduceOp::Sum)?;
+    let t = Instant::now();
+    let r = w.wait(Duration::from_millis(500));
+    let took = t.elapsed();
+    match r {
+        Err(Error::Timeout { op, group, .. }) => {
+            ensure!(op.contains("all_reduce") && group == "world", "timeout names op '{op}' and group '{group}'");
+        }
+        other => return Err(CaseError(format!("expected Timeout, got {other:?}"))),
+    }
+    ensure!(took < Duration::from_secs(3), "wait(500 ms) returned after {took:?}");
+    cx.signal(&format!("timed-out-{}", cx.rank))?;
+    cx.block_on(cx.comm.abort())?;
+    drop(w);
+    Ok(())
+}
+
+/// Rank 0 waits on an all_reduce nobody else joins; another thread aborts the
+/// communicator; the wait ends promptly with `Aborted`.
+fn abort_unblocks(cx: &RankCtx) -> CaseResult {
+    if cx.rank != 0 {
+        cx.await_signal("aborted")?;
+        return Ok(());
+    }
+    let mut b = cx.upload(DType::F32, &values(0, 1024, None, 0))?;
+    let mut w = cx.comm.all_reduce(None, b.view_mut(), ReduceOp::Sum)?;
+    let t = Instant::now();
+    let r = std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(200));
+            let _ = cx.comm.abort_blocking();
+        });
+        w.wait(Duration::from_secs(30))
+    });
+    let took = t.elapsed();
+    cx.signal("aborted")?;
+    ensure!(matches!(r, Err(Error::Aborted { .. })), "expected Aborted, got {r:?}");
+    ensure!(took < Duration::from_secs(5), "abort took {took:?} to unblock the wait");
+    let h = cx.block_on(cx.comm.health());
+    ensure!(matches!(h, Err(Error::Aborted { .. })), "health after abort: {h:?}");
+    let again = cx.comm.barrier().map(|_| ());
+    ensure!(matches!(again, Err(Error::Aborted { .. })), "enqueue after abort: {again:?}");
+    Ok(())
+}
+
+/// The last rank closes its communicator while the others are in an all_reduce: every
+/// other rank gets `PeerFailed` within the deadline.
+fn peer_closes(cx: &RankCtx) -> CaseResult {
+    let victim = cx.size - 1;
+    if cx.rank == victim {
+        cx.await_signal("issued")?;
+        cx.block_on(cx.comm.abort())?;
+        return Ok(());
+    }
+    // Large enough that every rank talks to its neighbours on a ring.
+    let mut b = cx.upload(DType::F32, &values(cx.rank, 1 << 18, None, 0))?;
+    let mut w = cx.comm.all_reduce(None, b.view_mut(), ReduceOp::Sum)?;
+    if cx.rank == 0 {
+        cx.signal("issued")?;
+    }
+    let t = Instant::now();
+    let r = w.wait(Duration::from_secs(20));
+    ensure!(matches!(r, Err(Error::PeerFailed { .. })), "expected PeerFailed, got {r:?}");
+    ensure!(t.elapsed() < Duration::from_secs(10), "peer failure took {:?} to surface", t.elapsed());
+    Ok(())
+}
+
+/// Rank 0 issues an all_gather while the others issue an all_reduce: every rank gets an
+/// error, none hangs and none returns mixed data as a success.
+fn mismatch(cx: &RankCtx) -> CaseResult {
+    let mut b = cx.upload(DType::F32, &values(cx.rank, 4 * cx.size, None, 0))?;
+    let mut w = if cx.rank == 0 {
+        cx.comm.all_gather(None, b.view_mut())?
+    } else {
+        cx.comm.all_reduce(None, b.view_mut(), ReduceOp::Sum)?
+    };
+    match w.wait(Duration::from_secs(20)) {
+        Err(Error::PeerFailed { .. } | Error::Aborted { .. }) => Ok(()),
+        other => Err(CaseError(format!("expected PeerFailed or Aborted, got {other:?}"))),
+    }
+}
+
+/// Shutdown after work is idempotent; health is fine before it.
+fn shutdown_twice(cx: &RankCtx) -> CaseResult {
+    cx.block_on(cx.comm.health())?;
+    cx.wait(cx.comm.barrier()?)?;
+    cx.block_on(cx.comm.shutdown())?;
+    cx.block_on(cx.comm.shutdown())?;
+    Ok(())
+}
+
+/// Process mode: rank 1 dies without any cleanup in the middle of the job; every survivor
+/// gets `PeerFailed` within the deadline and exits cleanly.
+fn killed_process(cx: &RankCtx) -> CaseResult {
+    let mut b = cx.upload(DType::F32, &values(cx.rank, 4096, None, 0))?;
+    cx.wait(cx.comm.all_reduce(None, b.view_mut(), ReduceOp::Sum)?)?;
+    if cx.rank == 1 {
+        std::process::abort();
+    }
+    let mut w = cx.comm.all_reduce(None, b.view_mut(), ReduceOp::Sum)?;
+    let t = Instant::now();
+    let r = w.wait(Duration::from_secs(20));
+    ensure!(matches!(r, Err(Error::PeerFailed { .. })), "expected PeerFailed, got {r:?}");
+    ensure!(t.elapsed() < Duration::from_secs(10), "death of rank 1 took {:?} to surface", t.elapsed());
+    Ok(())
+}
+
+/// Register the lifecycle cases.
+pub fn register(v: &mut Vec<Case>) {
+    v.push(Case::new("lifecycle", "rank_never_arrives_timeout", &[2, 3, 5], never_arrives));
+    v.push(Case::new("lifecycle", "abort_unblocks_wait", &[2, 3], abort_unblocks).needs(|c, _| (!c.abort_in_flight).then(|| "backend cannot abort in-flight operations".into())));
+    v.push(Case::new("lifecycle", "peer_closes_peer_failed", &[2, 3, 4, 8], peer_closes));
+    v.push(Case::new("lifecycle", "collective_mismatch_errors", &[2, 3], mismatch));
+    v.push(Case::new("lifecycle", "shutdown_twice", &[1, 2, 3], shutdown_twice));
+    v.push(Case::new("lifecycle", "killed_process_peer_failed", &[2, 3, 4], killed_process).processes(Some(1)));
+}
