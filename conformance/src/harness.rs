@@ -177,14 +177,23 @@ fn run_threads(backend: &Arc<dyn Backend>, case: &Case, w: usize, timeout: Durat
     let (tx, rx) = mpsc::channel::<(usize, Result<(), String>)>();
     let deadline = Instant::now() + timeout;
     for rank in 0..w {
-        let (store, comms, tx, backend, run) = (store.clone(), comms.clone(), tx.clone(), backend.clone(), case.run.clone());
+        let (store, comms, tx, backend, run) =
+            (store.clone(), comms.clone(), tx.clone(), backend.clone(), case.run.clone());
         let spawned = std::thread::Builder::new().name(format!("case-rank{rank}")).spawn(move || {
             let r = catch_unwind(AssertUnwindSafe(|| -> Result<(), String> {
-                let ctx = connect_rank(backend, store, rank, w, timeout, |c| {
-                    if let Ok(mut v) = comms.lock() {
-                        v.push(c.clone());
-                    }
-                }, None)?;
+                let ctx = connect_rank(
+                    backend,
+                    store,
+                    rank,
+                    w,
+                    timeout,
+                    |c| {
+                        if let Ok(mut v) = comms.lock() {
+                            v.push(c.clone());
+                        }
+                    },
+                    None,
+                )?;
                 run(&ctx).map_err(|e| e.0)
             }));
             let r = r.unwrap_or_else(|p| Err(format!("panicked: {}", panic_text(p))));
@@ -292,6 +301,7 @@ fn run_processes(case: &Case, w: usize, dies: Option<usize>, timeout: Duration) 
     let mut children = Vec::new();
     for rank in 0..w {
         let child = Command::new(&exe)
+            .args(std::env::args_os().skip(1))
             .env(CHILD_ENV, case.full_name())
             .env("RANK", rank.to_string())
             .env("WORLD_SIZE", w.to_string())
@@ -347,7 +357,8 @@ fn run_processes(case: &Case, w: usize, dies: Option<usize>, timeout: Duration) 
                 fails.push(format!("rank {r} was meant to die but exited cleanly"));
             }
         } else if !ok && status[r].is_some() {
-            let tail: String = err.lines().rev().take(5).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join(" | ");
+            let tail: String =
+                err.lines().rev().take(5).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join(" | ");
             fails.push(format!("rank {r} exited with {s:?}: {tail}"));
         }
     }

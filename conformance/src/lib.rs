@@ -55,17 +55,22 @@ pub fn run_libtest(backend: Arc<dyn Backend>) -> ExitCode {
     if let Some(code) = child_main(&backend, &all_cases()) {
         return code;
     }
-    let _ = tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_env("ANYCCL_LOG")).with_writer(std::io::stderr).try_init();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_env("ANYCCL_LOG"))
+        .with_writer(std::io::stderr)
+        .try_init();
     let args = libtest_mimic::Arguments::from_args();
     let timeout = case_timeout();
     let trials = runs(None)
         .into_iter()
         .map(|(case, w)| {
             let b = backend.clone();
-            libtest_mimic::Trial::ignorable_test(case.test_name(backend.name(), w), move || match run(&b, &case, w, timeout) {
-                Outcome::Passed => Ok(libtest_mimic::Completion::Completed),
-                Outcome::Ignored(why) => Ok(libtest_mimic::Completion::ignored_with(why)),
-                Outcome::Failed(why) => Err(why.into()),
+            libtest_mimic::Trial::ignorable_test(case.test_name(backend.name(), w), move || {
+                match run(&b, &case, w, timeout) {
+                    Outcome::Passed => Ok(libtest_mimic::Completion::Completed),
+                    Outcome::Ignored(why) => Ok(libtest_mimic::Completion::ignored_with(why)),
+                    Outcome::Failed(why) => Err(why.into()),
+                }
             })
         })
         .collect();

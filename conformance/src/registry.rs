@@ -47,7 +47,12 @@ impl std::fmt::Debug for Case {
 
 impl Case {
     /// A thread-mode case with no needs.
-    pub fn new(group: &'static str, name: impl Into<String>, worlds: &[usize], run: impl Fn(&RankCtx) -> CaseResult + Send + Sync + 'static) -> Self {
+    pub fn new(
+        group: &'static str,
+        name: impl Into<String>,
+        worlds: &[usize],
+        run: impl Fn(&RankCtx) -> CaseResult + Send + Sync + 'static,
+    ) -> Self {
         Case {
             group,
             name: name.into(),

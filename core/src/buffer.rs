@@ -86,13 +86,7 @@ impl fmt::Debug for BufMut<'_> {
 impl<'a> Buf<'a> {
     /// A view of a host slice.
     pub fn host<T: Element>(data: &'a [T]) -> Self {
-        Buf {
-            ptr: data.as_ptr().cast(),
-            count: data.len(),
-            dtype: T::DTYPE,
-            device: Device::CPU,
-            _life: PhantomData,
-        }
+        Buf { ptr: data.as_ptr().cast(), count: data.len(), dtype: T::DTYPE, device: Device::CPU, _life: PhantomData }
     }
 
     /// A view of host bytes reinterpreted as `dtype` (`bytes.len()` must be a multiple of its size).
@@ -100,14 +94,8 @@ impl<'a> Buf<'a> {
     /// # Panics
     /// If the length is not a multiple of the dtype size (a programming error).
     pub fn host_bytes(bytes: &'a [u8], dtype: DType) -> Self {
-        assert!(bytes.len() % dtype.size() == 0, "byte length not a multiple of {dtype}");
-        Buf {
-            ptr: bytes.as_ptr(),
-            count: bytes.len() / dtype.size(),
-            dtype,
-            device: Device::CPU,
-            _life: PhantomData,
-        }
+        assert!(bytes.len().is_multiple_of(dtype.size()), "byte length not a multiple of {dtype}");
+        Buf { ptr: bytes.as_ptr(), count: bytes.len() / dtype.size(), dtype, device: Device::CPU, _life: PhantomData }
     }
 
     /// A view from a raw pointer.
@@ -187,7 +175,7 @@ impl<'a> BufMut<'a> {
     /// # Panics
     /// If the length is not a multiple of the dtype size (a programming error).
     pub fn host_bytes(bytes: &'a mut [u8], dtype: DType) -> Self {
-        assert!(bytes.len() % dtype.size() == 0, "byte length not a multiple of {dtype}");
+        assert!(bytes.len().is_multiple_of(dtype.size()), "byte length not a multiple of {dtype}");
         BufMut {
             ptr: bytes.as_mut_ptr(),
             count: bytes.len() / dtype.size(),
@@ -230,13 +218,7 @@ impl<'a> BufMut<'a> {
 
     /// A read-only view of the same memory, borrowed from this one.
     pub fn as_buf(&self) -> Buf<'_> {
-        Buf {
-            ptr: self.ptr,
-            count: self.count,
-            dtype: self.dtype,
-            device: self.device,
-            _life: PhantomData,
-        }
+        Buf { ptr: self.ptr, count: self.count, dtype: self.dtype, device: self.device, _life: PhantomData }
     }
 
     /// The bytes, when the view is host memory.

@@ -99,7 +99,13 @@ pub trait Collective: Send + Sync + fmt::Debug + 'static {
     /// Collective over every rank of this communicator: ranks passing the same `color`
     /// form a new communicator named `name`, ordered by `key` (ties by rank); `None` joins
     /// none. Every rank must call it, in the same order relative to other splits.
-    async fn split(&self, color: Option<u32>, key: u32, name: &str, deadline: Instant) -> Result<Option<Arc<dyn Collective>>>;
+    async fn split(
+        &self,
+        color: Option<u32>,
+        key: u32,
+        name: &str,
+        deadline: Instant,
+    ) -> Result<Option<Arc<dyn Collective>>>;
     /// Flush and release the communicator; idempotent.
     async fn shutdown(&self, deadline: Instant) -> Result<()>;
 }

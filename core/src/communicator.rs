@@ -2,8 +2,8 @@
 //! group, traces them and records them in the flight recorder.
 
 use crate::buffer::{overlaps, Buf, BufMut};
-use crate::collective::{AllToAllSplits, Backend, Collective, CommInfo, ConnectOptions, P2POp};
 use crate::capability::Capabilities;
+use crate::collective::{AllToAllSplits, Backend, Collective, CommInfo, ConnectOptions, P2POp};
 use crate::config::CommConfig;
 use crate::dtype::{DType, Element, ReduceOp};
 use crate::error::{Error, Result};
@@ -144,14 +144,22 @@ impl Communicator {
 
     fn check_dtype(&self, op: &'static str, arg: &'static str, dtype: DType) -> Result<()> {
         if !self.capabilities().supports_dtype(dtype) {
-            return Err(self.invalid(op, arg, format!("dtype {dtype} is not supported by the {} backend", self.info().backend)));
+            return Err(self.invalid(
+                op,
+                arg,
+                format!("dtype {dtype} is not supported by the {} backend", self.info().backend),
+            ));
         }
         Ok(())
     }
 
     fn check_reduce_op(&self, op: &'static str, rop: ReduceOp) -> Result<()> {
         if !self.capabilities().supports_reduce_op(rop) {
-            return Err(self.invalid(op, "op", format!("reduce op {rop} is not supported by the {} backend", self.info().backend)));
+            return Err(self.invalid(
+                op,
+                "op",
+                format!("reduce op {rop} is not supported by the {} backend", self.info().backend),
+            ));
         }
         Ok(())
     }
@@ -166,7 +174,11 @@ impl Communicator {
 
     fn check_rank(&self, op: &'static str, arg: &'static str, r: usize) -> Result<()> {
         if r >= self.size() {
-            return Err(self.invalid(op, arg, format!("{arg} {r} is out of range for a group of {} ranks", self.size())));
+            return Err(self.invalid(
+                op,
+                arg,
+                format!("{arg} {r} is out of range for a group of {} ranks", self.size()),
+            ));
         }
         Ok(())
     }
@@ -177,10 +189,18 @@ impl Communicator {
         if let Some(s) = send {
             self.check_device(op, "send", s.device())?;
             if s.dtype() != recv.dtype() {
-                return Err(self.invalid(op, "send", format!("send dtype {} differs from recv dtype {}", s.dtype(), recv.dtype())));
+                return Err(self.invalid(
+                    op,
+                    "send",
+                    format!("send dtype {} differs from recv dtype {}", s.dtype(), recv.dtype()),
+                ));
             }
             if overlaps(s.ptr() as usize, s.bytes(), recv.ptr() as usize, recv.bytes()) {
-                return Err(self.invalid(op, "send", "send and recv buffers overlap; pass send = None for an in-place operation"));
+                return Err(self.invalid(
+                    op,
+                    "send",
+                    "send and recv buffers overlap; pass send = None for an in-place operation",
+                ));
             }
         }
         Ok(())
@@ -240,7 +260,11 @@ impl Communicator {
         self.check_reduce_op(OP, op)?;
         if let Some(s) = &send {
             if s.count() != recv.count() {
-                return Err(self.invalid(OP, "recv", format!("send has {} elements, recv {}; they must match", s.count(), recv.count())));
+                return Err(self.invalid(
+                    OP,
+                    "recv",
+                    format!("send has {} elements, recv {}; they must match", s.count(), recv.count()),
+                ));
             }
         }
         let call = Call { op: OP, dtype: Some(recv.dtype()), count: recv.count(), bytes: recv.bytes(), peer: None };
@@ -251,17 +275,28 @@ impl Communicator {
     ///
     /// # Errors
     /// As [`Communicator::all_reduce`], plus `root` out of range.
-    pub fn reduce<'a>(&'a self, send: Option<Buf<'a>>, recv: BufMut<'a>, op: ReduceOp, root: usize) -> Result<Work<'a>> {
+    pub fn reduce<'a>(
+        &'a self,
+        send: Option<Buf<'a>>,
+        recv: BufMut<'a>,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<Work<'a>> {
         const OP: &str = "reduce";
         self.check_rank(OP, "root", root)?;
         self.check_pair(OP, &send, &recv)?;
         self.check_reduce_op(OP, op)?;
         if let Some(s) = &send {
             if s.count() != recv.count() {
-                return Err(self.invalid(OP, "recv", format!("send has {} elements, recv {}; they must match", s.count(), recv.count())));
+                return Err(self.invalid(
+                    OP,
+                    "recv",
+                    format!("send has {} elements, recv {}; they must match", s.count(), recv.count()),
+                ));
             }
         }
-        let call = Call { op: OP, dtype: Some(recv.dtype()), count: recv.count(), bytes: recv.bytes(), peer: Some(root) };
+        let call =
+            Call { op: OP, dtype: Some(recv.dtype()), count: recv.count(), bytes: recv.bytes(), peer: Some(root) };
         self.issue(call, |c| c.reduce(send, recv, op, root))
     }
 
@@ -275,10 +310,15 @@ impl Communicator {
         self.check_pair(OP, &send, &recv)?;
         if let Some(s) = &send {
             if s.count() != recv.count() {
-                return Err(self.invalid(OP, "recv", format!("send has {} elements, recv {}; they must match", s.count(), recv.count())));
+                return Err(self.invalid(
+                    OP,
+                    "recv",
+                    format!("send has {} elements, recv {}; they must match", s.count(), recv.count()),
+                ));
             }
         }
-        let call = Call { op: OP, dtype: Some(recv.dtype()), count: recv.count(), bytes: recv.bytes(), peer: Some(root) };
+        let call =
+            Call { op: OP, dtype: Some(recv.dtype()), count: recv.count(), bytes: recv.bytes(), peer: Some(root) };
         self.issue(call, |c| c.broadcast(send, recv, root))
     }
 
@@ -293,10 +333,23 @@ impl Communicator {
         let n = self.size();
         match &send {
             Some(s) if s.count() * n != recv.count() => {
-                return Err(self.invalid(OP, "recv", format!("recv has {} elements; it must hold {} = group size {n} x send count {}", recv.count(), s.count() * n, s.count())));
+                return Err(self.invalid(
+                    OP,
+                    "recv",
+                    format!(
+                        "recv has {} elements; it must hold {} = group size {n} x send count {}",
+                        recv.count(),
+                        s.count() * n,
+                        s.count()
+                    ),
+                ));
             }
-            None if recv.count() % n != 0 => {
-                return Err(self.invalid(OP, "recv", format!("in-place recv of {} elements is not divisible by the group size {n}", recv.count())));
+            None if !recv.count().is_multiple_of(n) => {
+                return Err(self.invalid(
+                    OP,
+                    "recv",
+                    format!("in-place recv of {} elements is not divisible by the group size {n}", recv.count()),
+                ));
             }
             _ => {}
         }
@@ -317,10 +370,23 @@ impl Communicator {
         let n = self.size();
         match &send {
             Some(s) if s.count() != recv.count() * n => {
-                return Err(self.invalid(OP, "send", format!("send has {} elements; it must hold group size {n} x recv count {} = {}", s.count(), recv.count(), recv.count() * n)));
+                return Err(self.invalid(
+                    OP,
+                    "send",
+                    format!(
+                        "send has {} elements; it must hold group size {n} x recv count {} = {}",
+                        s.count(),
+                        recv.count(),
+                        recv.count() * n
+                    ),
+                ));
             }
-            None if recv.count() % n != 0 => {
-                return Err(self.invalid(OP, "recv", format!("in-place buffer of {} elements is not divisible by the group size {n}", recv.count())));
+            None if !recv.count().is_multiple_of(n) => {
+                return Err(self.invalid(
+                    OP,
+                    "recv",
+                    format!("in-place buffer of {} elements is not divisible by the group size {n}", recv.count()),
+                ));
             }
             _ => {}
         }
@@ -334,7 +400,12 @@ impl Communicator {
     ///
     /// # Errors
     /// `InvalidArgument` for counts that do not divide or do not add up.
-    pub fn all_to_all<'a>(&'a self, send: Buf<'a>, recv: BufMut<'a>, splits: Option<&AllToAllSplits>) -> Result<Work<'a>> {
+    pub fn all_to_all<'a>(
+        &'a self,
+        send: Buf<'a>,
+        recv: BufMut<'a>,
+        splits: Option<&AllToAllSplits>,
+    ) -> Result<Work<'a>> {
         const OP: &str = "all_to_all";
         let s = Some(send);
         self.check_pair(OP, &s, &recv)?;
@@ -342,10 +413,22 @@ impl Communicator {
         match splits {
             None => {
                 if send.count() != recv.count() {
-                    return Err(self.invalid(OP, "recv", format!("send has {} elements, recv {}; equal splits need equal counts", send.count(), recv.count())));
+                    return Err(self.invalid(
+                        OP,
+                        "recv",
+                        format!(
+                            "send has {} elements, recv {}; equal splits need equal counts",
+                            send.count(),
+                            recv.count()
+                        ),
+                    ));
                 }
-                if send.count() % n != 0 {
-                    return Err(self.invalid(OP, "send", format!("{} elements do not split equally over {n} ranks", send.count())));
+                if !send.count().is_multiple_of(n) {
+                    return Err(self.invalid(
+                        OP,
+                        "send",
+                        format!("{} elements do not split equally over {n} ranks", send.count()),
+                    ));
                 }
                 if !self.capabilities().all_to_all {
                     return Err(self.invalid(OP, "send", "the backend has no all_to_all"));
@@ -356,14 +439,30 @@ impl Communicator {
                     return Err(self.invalid(OP, "splits", "the backend has no all_to_all with explicit splits"));
                 }
                 if sp.send_counts.len() != n || sp.recv_counts.len() != n {
-                    return Err(self.invalid(OP, "splits", format!("splits list {} send and {} recv counts; the group has {n} ranks", sp.send_counts.len(), sp.recv_counts.len())));
+                    return Err(self.invalid(
+                        OP,
+                        "splits",
+                        format!(
+                            "splits list {} send and {} recv counts; the group has {n} ranks",
+                            sp.send_counts.len(),
+                            sp.recv_counts.len()
+                        ),
+                    ));
                 }
                 let (ss, rs): (usize, usize) = (sp.send_counts.iter().sum(), sp.recv_counts.iter().sum());
                 if ss != send.count() {
-                    return Err(self.invalid(OP, "splits", format!("send counts add up to {ss}, send holds {}", send.count())));
+                    return Err(self.invalid(
+                        OP,
+                        "splits",
+                        format!("send counts add up to {ss}, send holds {}", send.count()),
+                    ));
                 }
                 if rs != recv.count() {
-                    return Err(self.invalid(OP, "splits", format!("recv counts add up to {rs}, recv holds {}", recv.count())));
+                    return Err(self.invalid(
+                        OP,
+                        "splits",
+                        format!("recv counts add up to {rs}, recv holds {}", recv.count()),
+                    ));
                 }
             }
         }
@@ -400,7 +499,11 @@ impl Communicator {
     fn check_p2p_peer(&self, op: &'static str, peer: usize, allow_self: bool) -> Result<()> {
         self.check_rank(op, "peer", peer)?;
         if !allow_self && peer == self.rank() {
-            return Err(self.invalid(op, "peer", format!("peer {peer} is this rank; an unbatched send or recv to itself can never complete")));
+            return Err(self.invalid(
+                op,
+                "peer",
+                format!("peer {peer} is this rank; an unbatched send or recv to itself can never complete"),
+            ));
         }
         Ok(())
     }

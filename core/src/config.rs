@@ -25,9 +25,7 @@ pub struct LaunchEnv {
 }
 
 fn var(names: &[&str]) -> Option<(String, String)> {
-    names
-        .iter()
-        .find_map(|n| std::env::var(n).ok().filter(|v| !v.is_empty()).map(|v| (n.to_string(), v)))
+    names.iter().find_map(|n| std::env::var(n).ok().filter(|v| !v.is_empty()).map(|v| (n.to_string(), v)))
 }
 
 fn parse_num(names: &[&str]) -> Result<Option<usize>> {
@@ -53,11 +51,28 @@ impl LaunchEnv {
     /// # Errors
     /// `InvalidArgument` naming the variable when one is malformed or inconsistent.
     pub fn from_env() -> Result<Self> {
-        let rank = parse_num(&["ANYCCL_RANK", "RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"])?.unwrap_or(0);
-        let world_size = parse_num(&["ANYCCL_WORLD_SIZE", "WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"])?.unwrap_or(1);
-        let local_rank = parse_num(&["ANYCCL_LOCAL_RANK", "LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"])?.unwrap_or(rank);
-        let local_world_size = parse_num(&["ANYCCL_LOCAL_WORLD_SIZE", "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE"])?.unwrap_or(world_size);
-        let master_addr = var(&["ANYCCL_MASTER_ADDR", "MASTER_ADDR"]).map(|x| x.1).unwrap_or_else(|| "127.0.0.1".into());
+        let rank =
+            parse_num(&["ANYCCL_RANK", "RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"])?.unwrap_or(0);
+        let world_size =
+            parse_num(&["ANYCCL_WORLD_SIZE", "WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"])?
+                .unwrap_or(1);
+        let local_rank = parse_num(&[
+            "ANYCCL_LOCAL_RANK",
+            "LOCAL_RANK",
+            "SLURM_LOCALID",
+            "OMPI_COMM_WORLD_LOCAL_RANK",
+            "MPI_LOCALRANKID",
+        ])?
+        .unwrap_or(rank);
+        let local_world_size = parse_num(&[
+            "ANYCCL_LOCAL_WORLD_SIZE",
+            "LOCAL_WORLD_SIZE",
+            "OMPI_COMM_WORLD_LOCAL_SIZE",
+            "SLURM_NTASKS_PER_NODE",
+        ])?
+        .unwrap_or(world_size);
+        let master_addr =
+            var(&["ANYCCL_MASTER_ADDR", "MASTER_ADDR"]).map(|x| x.1).unwrap_or_else(|| "127.0.0.1".into());
         let master_port = match var(&["ANYCCL_MASTER_PORT", "MASTER_PORT"]) {
             None => 29500,
             Some((n, v)) => v.parse::<u16>().map_err(|_| Error::InvalidArgument {
@@ -135,15 +150,18 @@ impl Default for CommConfig {
 fn secs(name: &str) -> Result<Option<Duration>> {
     match std::env::var(name) {
         Err(_) => Ok(None),
-        Ok(v) => v.parse::<f64>().ok().filter(|s| *s > 0.0 && s.is_finite()).map(|s| Some(Duration::from_secs_f64(s))).ok_or_else(|| {
-            Error::InvalidArgument {
+        Ok(v) => v
+            .parse::<f64>()
+            .ok()
+            .filter(|s| *s > 0.0 && s.is_finite())
+            .map(|s| Some(Duration::from_secs_f64(s)))
+            .ok_or_else(|| Error::InvalidArgument {
                 op: "CommConfig::from_env",
                 arg: "environment",
                 rank: 0,
                 group: String::new(),
                 msg: format!("{name}={v:?} is not a positive number of seconds"),
-            }
-        }),
+            }),
     }
 }
 

@@ -116,8 +116,7 @@ pub enum ReduceOp {
 
 impl ReduceOp {
     /// Every reduce op.
-    pub const ALL: [ReduceOp; 5] =
-        [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Min, ReduceOp::Max, ReduceOp::Avg];
+    pub const ALL: [ReduceOp; 5] = [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Min, ReduceOp::Max, ReduceOp::Avg];
 
     /// Lower-case name.
     pub const fn name(self) -> &'static str {

@@ -132,12 +132,8 @@ impl Error {
     /// What the caller should do next.
     pub fn recovery(&self) -> Recovery {
         match self {
-            Error::Unavailable { .. } | Error::InvalidArgument { .. } | Error::Unsupported { .. } => {
-                Recovery::Fatal
-            }
-            Error::Timeout { .. } | Error::PeerFailed { .. } | Error::Aborted { .. } => {
-                Recovery::Rebuild
-            }
+            Error::Unavailable { .. } | Error::InvalidArgument { .. } | Error::Unsupported { .. } => Recovery::Fatal,
+            Error::Timeout { .. } | Error::PeerFailed { .. } | Error::Aborted { .. } => Recovery::Rebuild,
             Error::Backend { recovery, .. } | Error::Store { recovery, .. } => *recovery,
         }
     }

@@ -111,9 +111,6 @@ impl GroupRegistry {
     }
     /// Groups of `owner` whose role is one of `roles`.
     pub fn filter(&self, owner: &str, roles: &[Role]) -> Vec<GroupSpec> {
-        self.all()
-            .into_iter()
-            .filter(|g| g.owner == owner && roles.contains(&g.role))
-            .collect()
+        self.all().into_iter().filter(|g| g.owner == owner && roles.contains(&g.role)).collect()
     }
 }

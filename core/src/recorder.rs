@@ -89,7 +89,8 @@ impl FlightRecorder {
 
     /// A human-readable table of the recorded operations, oldest first.
     pub fn dump(&self) -> String {
-        let mut s = String::from("group            rank   seq  op              dtype  bytes        peer  state      elapsed\n");
+        let mut s =
+            String::from("group            rank   seq  op              dtype  bytes        peer  state      elapsed\n");
         for r in self.snapshot() {
             let state = match &r.state {
                 OpState::Pending => "PENDING".to_string(),

@@ -59,13 +59,7 @@ impl<'a> Work<'a> {
     pub fn new(imp: Box<dyn WorkImpl + 'a>) -> Self {
         Work {
             imp: Some(imp),
-            info: WorkInfo {
-                op: "",
-                seq: 0,
-                group: Arc::from(""),
-                rank: 0,
-                started: Instant::now(),
-            },
+            info: WorkInfo { op: "", seq: 0, group: Arc::from(""), rank: 0, started: Instant::now() },
             state: None,
             recorder: None,
         }
@@ -191,8 +185,7 @@ impl<'a> Work<'a> {
             rank: self.info.rank,
             group: self.info.group.to_string(),
             after,
-            detail: "the operation is still pending; abort the communicator before dropping it"
-                .into(),
+            detail: "the operation is still pending; abort the communicator before dropping it".into(),
         }
     }
 }

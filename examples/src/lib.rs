@@ -1,1 +1,44 @@
+//! anyccl-examples: the programs around the library: the `anyccl-run` launcher, the
+//! demos, the conformance runner and the benchmark tool. This file holds what they share:
+//! picking a backend and starting a rank from the launcher's variables.
+#![forbid(unsafe_code)]
 
+use anyccl_core::{Backend, Error, LaunchEnv, Result, Store, TcpStoreServer};
+use std::sync::Arc;
+
+/// The backends this build knows, by name.
+pub fn backend_by_name(name: &str) -> Result<Arc<dyn Backend>> {
+    match name {
+        "cpu" => Ok(Arc::new(anyccl_cpu::Cpu)),
+        other => Err(Error::InvalidArgument {
+            op: "backend_by_name",
+            arg: "--backend",
+            rank: 0,
+            group: String::new(),
+            msg: format!("unknown backend '{other}' (known: cpu)"),
+        }),
+    }
+}
+
+/// `ANYCCL_BACKEND` or `requested`, or else the first backend whose probe succeeds,
+/// preferring accelerators.
+pub fn pick_backend(requested: Option<&str>) -> Result<Arc<dyn Backend>> {
+    if let Some(name) = requested.map(str::to_string).or_else(|| std::env::var("ANYCCL_BACKEND").ok()) {
+        let b = backend_by_name(&name)?;
+        b.probe()?;
+        return Ok(b);
+    }
+    backend_by_name("cpu")
+}
+
+/// A rank's start: launcher variables, the job store (hosted here on rank 0 unless the
+/// launcher hosts it), and a tracing subscriber filtered by `ANYCCL_LOG`.
+pub async fn start_rank() -> Result<(LaunchEnv, Arc<dyn Store>, Option<TcpStoreServer>)> {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("ANYCCL_LOG").unwrap_or_else(|_| "warn".into()))
+        .with_writer(std::io::stderr)
+        .try_init();
+    let env = LaunchEnv::from_env()?;
+    let (store, server) = env.connect_store().await?;
+    Ok((env, store, server))
+}

@@ -23,10 +23,8 @@ pub(crate) struct Tuning {
 
 impl Tuning {
     pub(crate) fn from_env() -> Self {
-        let direct = std::env::var("ANYCCL_CPU_ALLREDUCE_DIRECT_MAX")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(64 << 10);
+        let direct =
+            std::env::var("ANYCCL_CPU_ALLREDUCE_DIRECT_MAX").ok().and_then(|v| v.parse().ok()).unwrap_or(64 << 10);
         Tuning { all_reduce_direct_max: direct }
     }
 }
@@ -110,7 +108,13 @@ fn direct_all_reduce(cx: &Coll<'_>, data: &mut [u8], dtype: DType, op: ReduceOp)
 }
 
 /// Ring reduce-scatter in place: afterwards chunk `rank` of `data` is fully reduced.
-fn ring_reduce_scatter(cx: &Coll<'_>, data: &mut [u8], dtype: DType, op: ReduceOp, ch: &[(usize, usize)]) -> Result<()> {
+fn ring_reduce_scatter(
+    cx: &Coll<'_>,
+    data: &mut [u8],
+    dtype: DType,
+    op: ReduceOp,
+    ch: &[(usize, usize)],
+) -> Result<()> {
     let (n, me, es) = (cx.size(), cx.rank(), dtype.size());
     let (right, left) = ((me + 1) % n, (me + n - 1) % n);
     for s in 0..n - 1 {
@@ -202,15 +206,22 @@ pub(crate) fn reduce_scatter(cx: &Coll<'_>, data: &mut [u8], dtype: DType, op: R
 }
 
 /// Pairwise exchange: segment `j` of `send` to rank `j`, segment `i` of `recv` from rank `i`.
-pub(crate) fn all_to_all(cx: &Coll<'_>, send: &[u8], send_bytes: &[usize], recv: &mut [u8], recv_bytes: &[usize]) -> Result<()> {
+pub(crate) fn all_to_all(
+    cx: &Coll<'_>,
+    send: &[u8],
+    send_bytes: &[usize],
+    recv: &mut [u8],
+    recv_bytes: &[usize],
+) -> Result<()> {
     let (n, me) = (cx.size(), cx.rank());
     let offsets = |v: &[usize]| -> Vec<usize> {
-        v.iter().scan(0, |acc, &x| {
-            let o = *acc;
-            *acc += x;
-            Some(o)
-        })
-        .collect()
+        v.iter()
+            .scan(0, |acc, &x| {
+                let o = *acc;
+                *acc += x;
+                Some(o)
+            })
+            .collect()
     };
     let (so, ro) = (offsets(send_bytes), offsets(recv_bytes));
     for k in 1..n {

@@ -137,7 +137,13 @@ pub fn cpu_capabilities() -> Capabilities {
 }
 
 fn not_host(op: &'static str, rank: usize, group: &str) -> Error {
-    Error::InvalidArgument { op, arg: "buf", rank, group: group.into(), msg: "the cpu backend needs host buffers".into() }
+    Error::InvalidArgument {
+        op,
+        arg: "buf",
+        rank,
+        group: group.into(),
+        msg: "the cpu backend needs host buffers".into(),
+    }
 }
 
 impl CpuComm {
@@ -173,7 +179,11 @@ impl CpuComm {
                                 // communicator so every rank hears of it at once.
                                 if !matches!(e, Error::Aborted { .. }) {
                                     let peer = if let Error::PeerFailed { peer, .. } = e { *peer } else { None };
-                                    engine.mesh.kill(Dead { aborted: false, peer, detail: format!("failed earlier: {e}") });
+                                    engine.mesh.kill(Dead {
+                                        aborted: false,
+                                        peer,
+                                        detail: format!("failed earlier: {e}"),
+                                    });
                                 }
                             }
                             r
@@ -205,7 +215,11 @@ impl CpuComm {
         let sent = tx.as_ref().map(|t| t.send(Job { run, done: done.clone() }));
         drop(tx);
         if !matches!(sent, Some(Ok(()))) {
-            return Err(Error::Aborted { rank: self.info.rank, group: self.mesh.label.clone(), detail: "communicator shut down".into() });
+            return Err(Error::Aborted {
+                rank: self.info.rank,
+                group: self.mesh.label.clone(),
+                detail: "communicator shut down".into(),
+            });
         }
         Ok(Work::new(Box::new(CpuWork { done, targets })))
     }
@@ -264,7 +278,13 @@ impl Collective for CpuComm {
         )
     }
 
-    fn reduce<'a>(&'a self, send: Option<Buf<'a>>, mut recv: BufMut<'a>, op: ReduceOp, root: usize) -> Result<Work<'a>> {
+    fn reduce<'a>(
+        &'a self,
+        send: Option<Buf<'a>>,
+        mut recv: BufMut<'a>,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<Work<'a>> {
         let mut data = match &send {
             Some(s) => self.host("reduce", s)?,
             None => self.host_mut("reduce", &mut recv)?,
@@ -341,10 +361,9 @@ impl Collective for CpuComm {
         let n = self.info.size;
         let es = send.dtype().size();
         let (sb, rb): (Vec<usize>, Vec<usize>) = match splits {
-            Some(sp) => (
-                sp.send_counts.iter().map(|c| c * es).collect(),
-                sp.recv_counts.iter().map(|c| c * es).collect(),
-            ),
+            Some(sp) => {
+                (sp.send_counts.iter().map(|c| c * es).collect(), sp.recv_counts.iter().map(|c| c * es).collect())
+            }
             None => (vec![send.bytes() / n; n], vec![recv.bytes() / n; n]),
         };
         let data = self.host("all_to_all", &send)?;
@@ -421,7 +440,13 @@ impl Collective for CpuComm {
         Ok(())
     }
 
-    async fn split(&self, color: Option<u32>, key: u32, name: &str, deadline: Instant) -> Result<Option<Arc<dyn Collective>>> {
+    async fn split(
+        &self,
+        color: Option<u32>,
+        key: u32,
+        name: &str,
+        deadline: Instant,
+    ) -> Result<Option<Arc<dyn Collective>>> {
         let k = self.splits.fetch_add(1, Ordering::Relaxed);
         let base = format!("{}/split{k}", self.ns);
         let me = self.info.rank;
@@ -448,7 +473,9 @@ impl Collective for CpuComm {
             };
             let v = String::from_utf8_lossy(&v).to_string();
             let mut it = v.split(' ');
-            if let (Some(c), Some(kk)) = (it.next().and_then(|x| x.parse::<u32>().ok()), it.next().and_then(|x| x.parse::<u32>().ok())) {
+            if let (Some(c), Some(kk)) =
+                (it.next().and_then(|x| x.parse::<u32>().ok()), it.next().and_then(|x| x.parse::<u32>().ok()))
+            {
                 if c == color {
                     members.push((kk, r));
                 }
@@ -465,7 +492,8 @@ impl Collective for CpuComm {
     async fn shutdown(&self, deadline: Instant) -> Result<()> {
         self.stop_worker();
         loop {
-            let finished = self.worker.lock().unwrap_or_else(|p| p.into_inner()).as_ref().is_none_or(|h| h.is_finished());
+            let finished =
+                self.worker.lock().unwrap_or_else(|p| p.into_inner()).as_ref().is_none_or(|h| h.is_finished());
             if finished {
                 break;
             }

@@ -27,7 +27,9 @@ mod transport;
 
 pub use comm::{cpu_capabilities, CpuComm};
 
-use anyccl_core::{async_trait, Backend, BackendInfo, Capabilities, Collective, ConnectOptions, HostPlatform, Platform, Result};
+use anyccl_core::{
+    async_trait, Backend, BackendInfo, Capabilities, Collective, ConnectOptions, HostPlatform, Platform, Result,
+};
 use std::sync::Arc;
 use std::time::Instant;
 

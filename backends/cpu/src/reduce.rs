@@ -113,9 +113,9 @@ mod tests {
     fn sums_unaligned_f32() {
         let a: Vec<f32> = vec![1.0, 2.0, 3.0];
         let b: Vec<f32> = vec![10.0, 20.0, 30.0];
-        let mut abytes = vec![0u8; 13];
+        let mut abytes = [0u8; 13];
         abytes[1..].copy_from_slice(bytemuck::cast_slice(&a));
-        let mut bbytes = vec![0u8; 13];
+        let mut bbytes = [0u8; 13];
         bbytes[1..].copy_from_slice(bytemuck::cast_slice(&b));
         reduce_into(&mut abytes[1..], &bbytes[1..], DType::F32, ReduceOp::Sum);
         let r: Vec<f32> = bytemuck::pod_collect_to_vec(&abytes[1..]);

@@ -119,11 +119,7 @@ impl Mailbox {
     }
 
     /// Wait for the next message from `from` selected by `take`.
-    fn wait_for<T>(
-        &self,
-        from: usize,
-        mut take: impl FnMut(&mut Inbox) -> Option<T>,
-    ) -> std::result::Result<T, Dead> {
+    fn wait_for<T>(&self, from: usize, mut take: impl FnMut(&mut Inbox) -> Option<T>) -> std::result::Result<T, Dead> {
         let mut st = self.lock();
         loop {
             if let Some(d) = &st.dead {
@@ -199,14 +195,17 @@ impl Mesh {
     ) -> Result<Mesh> {
         let started = Instant::now();
         let host = std::env::var("ANYCCL_CPU_HOST").unwrap_or_else(|_| "127.0.0.1".into());
-        let listener = tokio::net::TcpListener::bind((host.as_str(), 0)).await.map_err(|e| {
-            Error::Unavailable { backend: "cpu", reason: format!("cannot listen on {host}: {e} (set ANYCCL_CPU_HOST)") }
+        let listener = tokio::net::TcpListener::bind((host.as_str(), 0)).await.map_err(|e| Error::Unavailable {
+            backend: "cpu",
+            reason: format!("cannot listen on {host}: {e} (set ANYCCL_CPU_HOST)"),
         })?;
         let me = listener.local_addr().map_err(|e| Error::Unavailable { backend: "cpu", reason: e.to_string() })?;
         store.set(&format!("{ns}/addr/{rank}"), me.to_string().as_bytes()).await?;
 
         let mut streams: Vec<Option<TcpStream>> = (0..size).map(|_| None).collect();
         // Connect to every lower rank.
+        // `peer` is a rank: it names store keys and errors, not only a slot of `streams`.
+        #[allow(clippy::needless_range_loop)]
         for peer in 0..rank {
             let key = format!("{ns}/addr/{peer}");
             let addr = match store.wait(&key, deadline).await {
@@ -217,9 +216,9 @@ impl Mesh {
                 }
                 Err(e) => return Err(e),
             };
-            let addr: SocketAddr = String::from_utf8_lossy(&addr).parse().map_err(|_| {
-                Error::store_fatal(format!("malformed address under '{key}'"))
-            })?;
+            let addr: SocketAddr = String::from_utf8_lossy(&addr)
+                .parse()
+                .map_err(|_| Error::store_fatal(format!("malformed address under '{key}'")))?;
             let mut s = loop {
                 match tokio::time::timeout_at(deadline.into(), tokio::net::TcpStream::connect(addr)).await {
                     Err(_) => return Err(timeout(label, rank, "connecting", &[peer], started)),
@@ -229,7 +228,12 @@ impl Mesh {
                         tokio::time::sleep(Duration::from_millis(20)).await;
                     }
                     Ok(Err(e)) => {
-                        return Err(Error::PeerFailed { rank, group: label.into(), peer: Some(peer), detail: format!("cannot connect to {addr}: {e}") })
+                        return Err(Error::PeerFailed {
+                            rank,
+                            group: label.into(),
+                            peer: Some(peer),
+                            detail: format!("cannot connect to {addr}: {e}"),
+                        })
                     }
                 }
             };
@@ -283,14 +287,20 @@ impl Mesh {
                     ctl.push(None);
                 }
                 Some(s) => {
-                    let clone = || s.try_clone().map_err(|e| Error::Unavailable { backend: "cpu", reason: format!("socket clone: {e}") });
+                    let clone = || {
+                        s.try_clone()
+                            .map_err(|e| Error::Unavailable { backend: "cpu", reason: format!("socket clone: {e}") })
+                    };
                     let r = clone()?;
                     ctl.push(Some(clone()?));
                     let mb = mailbox.clone();
                     let h = std::thread::Builder::new()
                         .name(format!("anyccl-cpu-rx{rank}<{peer}"))
                         .spawn(move || read_loop(r, peer, mb))
-                        .map_err(|e| Error::Unavailable { backend: "cpu", reason: format!("cannot start reader thread: {e}") })?;
+                        .map_err(|e| Error::Unavailable {
+                            backend: "cpu",
+                            reason: format!("cannot start reader thread: {e}"),
+                        })?;
                     readers.push(h);
                     writers.push(Some(Mutex::new(s)));
                 }
@@ -360,7 +370,14 @@ impl Mesh {
         }
         if let Some(n) = expect {
             if m.data.len() != n {
-                return Err(self.peer_err(peer, format!("{} #{seq}: rank {peer} sent {} bytes, this rank expected {n} (counts differ across ranks)", op_name(op), m.data.len())));
+                return Err(self.peer_err(
+                    peer,
+                    format!(
+                        "{} #{seq}: rank {peer} sent {} bytes, this rank expected {n} (counts differ across ranks)",
+                        op_name(op),
+                        m.data.len()
+                    ),
+                ));
             }
         }
         Ok(m.data)
@@ -370,7 +387,9 @@ impl Mesh {
     pub(crate) fn recv_p2p(&self, peer: usize, expect: usize) -> Result<Vec<u8>> {
         let d = self.mailbox.wait_for(peer, |ib| ib.p2p.pop_front()).map_err(|d| self.dead_err(d))?;
         if d.len() != expect {
-            return Err(self.peer_err(peer, format!("recv: rank {peer} sent {} bytes, this rank posted {expect}", d.len())));
+            return Err(
+                self.peer_err(peer, format!("recv: rank {peer} sent {} bytes, this rank posted {expect}", d.len()))
+            );
         }
         Ok(d)
     }
@@ -410,9 +429,12 @@ impl Mesh {
 
 fn into_std(s: tokio::net::TcpStream, rank: usize, label: &str) -> Result<TcpStream> {
     let s = s.into_std().map_err(|e| Error::Unavailable { backend: "cpu", reason: format!("socket: {e}") })?;
-    s.set_nonblocking(false)
-        .and_then(|_| s.set_nodelay(true))
-        .map_err(|e| Error::PeerFailed { rank, group: label.into(), peer: None, detail: format!("socket setup: {e}") })?;
+    s.set_nonblocking(false).and_then(|_| s.set_nodelay(true)).map_err(|e| Error::PeerFailed {
+        rank,
+        group: label.into(),
+        peer: None,
+        detail: format!("socket setup: {e}"),
+    })?;
     Ok(s)
 }
 

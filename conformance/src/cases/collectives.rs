@@ -18,7 +18,13 @@ fn all_reduce(cx: &RankCtx, dtype: DType, op: ReduceOp, sizes: &[usize]) -> Case
         let mut recv = cx.zeros(dtype, count)?;
         cx.wait(cx.comm.all_reduce(Some(send.view()), recv.view_mut(), op)?)?;
         check(&format!("out-of-place, {count} elements"), &cx.download(recv.as_ref())?, &want, dtype, Some(op))?;
-        check(&format!("send buffer after the op, {count} elements"), &cx.download(send.as_ref())?, &input.iter().map(|v| crate::pattern::round_trip(*v, dtype)).collect::<Vec<_>>(), dtype, None)?;
+        check(
+            &format!("send buffer after the op, {count} elements"),
+            &cx.download(send.as_ref())?,
+            &input.iter().map(|v| crate::pattern::round_trip(*v, dtype)).collect::<Vec<_>>(),
+            dtype,
+            None,
+        )?;
         let mut buf = cx.upload(dtype, &input)?;
         cx.wait(cx.comm.all_reduce(None, buf.view_mut(), op)?)?;
         check(&format!("in place, {count} elements"), &cx.download(buf.as_ref())?, &want, dtype, Some(op))?;
@@ -73,7 +79,8 @@ fn broadcast(cx: &RankCtx, dtype: DType, in_place: bool) -> CaseResult {
 fn all_gather(cx: &RankCtx, dtype: DType, in_place: bool, sizes: &[usize]) -> CaseResult {
     let n = cx.size;
     for (salt, &c) in sizes.iter().enumerate() {
-        let want: Vec<f64> = (0..n).flat_map(|r| values(r, c, None, salt)).map(|v| crate::pattern::round_trip(v, dtype)).collect();
+        let want: Vec<f64> =
+            (0..n).flat_map(|r| values(r, c, None, salt)).map(|v| crate::pattern::round_trip(v, dtype)).collect();
         let mine = values(cx.rank, c, None, salt);
         let got = if in_place {
             let mut init = vec![0.0; n * c];
@@ -146,7 +153,10 @@ fn barrier(cx: &RankCtx) -> CaseResult {
         let t = Instant::now();
         cx.wait(cx.comm.barrier()?)?;
         let took = t.elapsed();
-        ensure!(cx.rank == 0 || cx.size == 1 || took >= Duration::from_millis(60), "round {round}: barrier returned after {took:?}, before rank 0 (delayed 100 ms) entered");
+        ensure!(
+            cx.rank == 0 || cx.size == 1 || took >= Duration::from_millis(60),
+            "round {round}: barrier returned after {took:?}, before rank 0 (delayed 100 ms) entered"
+        );
     }
     Ok(())
 }
@@ -155,35 +165,79 @@ fn barrier(cx: &RankCtx) -> CaseResult {
 pub fn register(v: &mut Vec<Case>) {
     for &op in &ReduceOp::ALL {
         for &d in &DType::ALL {
-            v.push(Case::new("all_reduce", format!("{}_{}", op, d), DEFAULT_WORLDS, move |cx| all_reduce(cx, d, op, SIZES)).needs(move |c, _| need_op(c, d, op)));
+            v.push(
+                Case::new("all_reduce", format!("{}_{}", op, d), DEFAULT_WORLDS, move |cx| {
+                    all_reduce(cx, d, op, SIZES)
+                })
+                .needs(move |c, _| need_op(c, d, op)),
+            );
         }
     }
     for d in [DType::F32, DType::BF16] {
-        v.push(Case::new("all_reduce", format!("sum_{d}_4mib"), &[2, 3, 4], move |cx| all_reduce(cx, d, ReduceOp::Sum, &[four_mib(d)])).needs(move |c, _| need_op(c, d, ReduceOp::Sum)));
+        v.push(
+            Case::new("all_reduce", format!("sum_{d}_4mib"), &[2, 3, 4], move |cx| {
+                all_reduce(cx, d, ReduceOp::Sum, &[four_mib(d)])
+            })
+            .needs(move |c, _| need_op(c, d, ReduceOp::Sum)),
+        );
     }
     for &op in &ReduceOp::ALL {
         for d in [DType::F32, DType::BF16, DType::I32, DType::U8] {
-            v.push(Case::new("reduce", format!("{op}_{d}"), DEFAULT_WORLDS, move |cx| reduce(cx, d, op)).needs(move |c, _| need_op(c, d, op)));
+            v.push(
+                Case::new("reduce", format!("{op}_{d}"), DEFAULT_WORLDS, move |cx| reduce(cx, d, op))
+                    .needs(move |c, _| need_op(c, d, op)),
+            );
         }
     }
     for &d in &DType::ALL {
-        v.push(Case::new("broadcast", format!("{d}"), DEFAULT_WORLDS, move |cx| broadcast(cx, d, false)).needs(move |c, _| need_dtype(c, d)));
-        v.push(Case::new("all_gather", format!("{d}"), DEFAULT_WORLDS, move |cx| all_gather(cx, d, false, SIZES)).needs(move |c, _| need_dtype(c, d)));
-        v.push(Case::new("reduce_scatter", format!("sum_{d}"), DEFAULT_WORLDS, move |cx| reduce_scatter(cx, d, ReduceOp::Sum, false, SIZES)).needs(move |c, _| need_op(c, d, ReduceOp::Sum)));
-        v.push(Case::new("all_to_all", format!("equal_{d}"), DEFAULT_WORLDS, move |cx| all_to_all(cx, d, false)).needs(move |c, _| need_dtype(c, d).or_else(|| (!c.all_to_all).then(|| "no all_to_all".into()))));
+        v.push(
+            Case::new("broadcast", format!("{d}"), DEFAULT_WORLDS, move |cx| broadcast(cx, d, false))
+                .needs(move |c, _| need_dtype(c, d)),
+        );
+        v.push(
+            Case::new("all_gather", format!("{d}"), DEFAULT_WORLDS, move |cx| all_gather(cx, d, false, SIZES))
+                .needs(move |c, _| need_dtype(c, d)),
+        );
+        v.push(
+            Case::new("reduce_scatter", format!("sum_{d}"), DEFAULT_WORLDS, move |cx| {
+                reduce_scatter(cx, d, ReduceOp::Sum, false, SIZES)
+            })
+            .needs(move |c, _| need_op(c, d, ReduceOp::Sum)),
+        );
+        v.push(
+            Case::new("all_to_all", format!("equal_{d}"), DEFAULT_WORLDS, move |cx| all_to_all(cx, d, false))
+                .needs(move |c, _| need_dtype(c, d).or_else(|| (!c.all_to_all).then(|| "no all_to_all".into()))),
+        );
     }
     v.push(Case::new("broadcast", "in_place_f32", DEFAULT_WORLDS, |cx| broadcast(cx, DType::F32, true)));
     v.push(Case::new("all_gather", "in_place_f32", DEFAULT_WORLDS, |cx| all_gather(cx, DType::F32, true, SIZES)));
-    v.push(Case::new("all_gather", "f32_4mib", &[2, 3, 4], |cx| all_gather(cx, DType::F32, false, &[four_mib(DType::F32) / cx.size])));
+    v.push(Case::new("all_gather", "f32_4mib", &[2, 3, 4], |cx| {
+        all_gather(cx, DType::F32, false, &[four_mib(DType::F32) / cx.size])
+    }));
     for &op in &[ReduceOp::Prod, ReduceOp::Min, ReduceOp::Max, ReduceOp::Avg] {
         for d in [DType::F32, DType::BF16, DType::I64] {
-            v.push(Case::new("reduce_scatter", format!("{op}_{d}"), DEFAULT_WORLDS, move |cx| reduce_scatter(cx, d, op, false, SIZES)).needs(move |c, _| need_op(c, d, op)));
+            v.push(
+                Case::new("reduce_scatter", format!("{op}_{d}"), DEFAULT_WORLDS, move |cx| {
+                    reduce_scatter(cx, d, op, false, SIZES)
+                })
+                .needs(move |c, _| need_op(c, d, op)),
+            );
         }
     }
-    v.push(Case::new("reduce_scatter", "in_place_f32", DEFAULT_WORLDS, |cx| reduce_scatter(cx, DType::F32, ReduceOp::Sum, true, SIZES)));
-    v.push(Case::new("reduce_scatter", "f32_4mib", &[2, 3, 4], |cx| reduce_scatter(cx, DType::F32, ReduceOp::Sum, false, &[four_mib(DType::F32) / cx.size])));
+    v.push(Case::new("reduce_scatter", "in_place_f32", DEFAULT_WORLDS, |cx| {
+        reduce_scatter(cx, DType::F32, ReduceOp::Sum, true, SIZES)
+    }));
+    v.push(Case::new("reduce_scatter", "f32_4mib", &[2, 3, 4], |cx| {
+        reduce_scatter(cx, DType::F32, ReduceOp::Sum, false, &[four_mib(DType::F32) / cx.size])
+    }));
     for d in [DType::F32, DType::BF16, DType::I8] {
-        v.push(Case::new("all_to_all", format!("splits_{d}"), DEFAULT_WORLDS, move |cx| all_to_all(cx, d, true)).needs(move |c, _| need_dtype(c, d).or_else(|| (!c.all_to_all_v).then(|| "no all_to_all with explicit splits".into()))));
+        v.push(
+            Case::new("all_to_all", format!("splits_{d}"), DEFAULT_WORLDS, move |cx| all_to_all(cx, d, true)).needs(
+                move |c, _| {
+                    need_dtype(c, d).or_else(|| (!c.all_to_all_v).then(|| "no all_to_all with explicit splits".into()))
+                },
+            ),
+        );
     }
     v.push(Case::new("barrier", "orders_ranks", DEFAULT_WORLDS, barrier));
 }

@@ -36,7 +36,12 @@ fn counts(cx: &RankCtx) -> CaseResult {
     rejected(cx, |cx| {
         let s = cx.zeros(DType::F32, 4)?;
         let mut r = cx.zeros(DType::F32, 5)?;
-        expect_invalid(cx, "all_reduce 4 -> 5", cx.comm.all_reduce(Some(s.view()), r.view_mut(), ReduceOp::Sum), "recv")?;
+        expect_invalid(
+            cx,
+            "all_reduce 4 -> 5",
+            cx.comm.all_reduce(Some(s.view()), r.view_mut(), ReduceOp::Sum),
+            "recv",
+        )?;
         expect_invalid(cx, "broadcast 4 -> 5", cx.comm.broadcast(Some(s.view()), r.view_mut(), 0), "recv")?;
         let mut big = cx.zeros(DType::F32, 4 * cx.size + 1)?;
         expect_invalid(cx, "all_gather wrong recv", cx.comm.all_gather(Some(s.view()), big.view_mut()), "recv")?;
@@ -57,9 +62,19 @@ fn not_divisible(cx: &RankCtx) -> CaseResult {
         let n = cx.size;
         let s = cx.zeros(DType::BF16, 3 * n + 1)?;
         let mut r = cx.zeros(DType::BF16, 3)?;
-        expect_invalid(cx, "reduce_scatter send not size x recv", cx.comm.reduce_scatter(Some(s.view()), r.view_mut(), ReduceOp::Sum), "send")?;
+        expect_invalid(
+            cx,
+            "reduce_scatter send not size x recv",
+            cx.comm.reduce_scatter(Some(s.view()), r.view_mut(), ReduceOp::Sum),
+            "send",
+        )?;
         let mut ip = cx.zeros(DType::BF16, 3 * n + 1)?;
-        expect_invalid(cx, "reduce_scatter in place not divisible", cx.comm.reduce_scatter(None, ip.view_mut(), ReduceOp::Sum), "recv")?;
+        expect_invalid(
+            cx,
+            "reduce_scatter in place not divisible",
+            cx.comm.reduce_scatter(None, ip.view_mut(), ReduceOp::Sum),
+            "recv",
+        )?;
         expect_invalid(cx, "all_gather in place not divisible", cx.comm.all_gather(None, ip.view_mut()), "recv")?;
         let a = cx.zeros(DType::BF16, 3 * n + 1)?;
         let mut b = cx.zeros(DType::BF16, 3 * n + 1)?;
@@ -88,11 +103,21 @@ fn ranks(cx: &RankCtx) -> CaseResult {
         let s = cx.zeros(DType::F32, 4)?;
         let mut r = cx.zeros(DType::F32, 4)?;
         expect_invalid(cx, "broadcast root = size", cx.comm.broadcast(None, r.view_mut(), n), "root")?;
-        expect_invalid(cx, "reduce root beyond size", cx.comm.reduce(Some(s.view()), r.view_mut(), ReduceOp::Sum, n + 3), "root")?;
+        expect_invalid(
+            cx,
+            "reduce root beyond size",
+            cx.comm.reduce(Some(s.view()), r.view_mut(), ReduceOp::Sum, n + 3),
+            "root",
+        )?;
         expect_invalid(cx, "send peer = size", cx.comm.send(s.view(), n), "peer")?;
         expect_invalid(cx, "recv peer beyond size", cx.comm.recv(r.view_mut(), n + 7), "peer")?;
         expect_invalid(cx, "send to self", cx.comm.send(s.view(), cx.rank), "peer")?;
-        expect_invalid(cx, "p2p_group peer = size", cx.comm.p2p_group(vec![anyccl_core::P2POp::Send(s.view(), n)]), "peer")?;
+        expect_invalid(
+            cx,
+            "p2p_group peer = size",
+            cx.comm.p2p_group(vec![anyccl_core::P2POp::Send(s.view(), n)]),
+            "peer",
+        )?;
         expect_invalid(cx, "empty p2p_group", cx.comm.p2p_group(vec![]), "ops")?;
         Ok(())
     })
@@ -156,12 +181,19 @@ pub fn register(v: &mut Vec<Case>) {
     v.push(Case::new("errors", "count_mismatch", w, counts));
     v.push(Case::new("errors", "dtype_mismatch", w, dtypes));
     v.push(Case::new("errors", "not_divisible", &[2, 3, 4, 5, 8], not_divisible));
-    v.push(Case::new("errors", "all_to_all_splits", &[2, 3, 4, 5, 8], splits).needs(|c, _| (!c.all_to_all_v).then(|| "no all_to_all with explicit splits".into())));
+    v.push(
+        Case::new("errors", "all_to_all_splits", &[2, 3, 4, 5, 8], splits)
+            .needs(|c, _| (!c.all_to_all_v).then(|| "no all_to_all with explicit splits".into())),
+    );
     v.push(Case::new("errors", "rank_out_of_range", w, ranks));
     v.push(Case::new("errors", "unsupported_dtype_or_op", &[2], unsupported).needs(|c, _| {
-        let all = DType::ALL.iter().all(|d| c.supports_dtype(*d)) && ReduceOp::ALL.iter().all(|o| c.supports_reduce_op(*o));
+        let all =
+            DType::ALL.iter().all(|d| c.supports_dtype(*d)) && ReduceOp::ALL.iter().all(|o| c.supports_reduce_op(*o));
         all.then(|| "backend supports every dtype and reduce op; nothing to reject".to_string())
     }));
     v.push(Case::new("errors", "bad_group_spec", &[1, 2, 3], bad_specs));
-    v.push(Case::new("errors", "group_spec_mismatch", &[2], spec_mismatch).needs(|c, _| (!c.split).then(|| "backend cannot split".into())));
+    v.push(
+        Case::new("errors", "group_spec_mismatch", &[2], spec_mismatch)
+            .needs(|c, _| (!c.split).then(|| "backend cannot split".into())),
+    );
 }

@@ -13,7 +13,8 @@ fn sum_over(ranks: &[usize], count: usize, salt: usize) -> Vec<f64> {
 fn halves(cx: &RankCtx) -> CaseResult {
     let (n, me) = (cx.size, cx.rank);
     let h = n / 2;
-    let (name, ranks): (&str, Vec<usize>) = if me < h { ("lower", (0..h).collect()) } else { ("upper", (h..n).collect()) };
+    let (name, ranks): (&str, Vec<usize>) =
+        if me < h { ("lower", (0..h).collect()) } else { ("upper", (h..n).collect()) };
     let sub = cx
         .block_on(cx.comm.split(Some(GroupSpec::new(name, ranks.clone(), "conformance", Role::Data))))?
         .ok_or("member got no communicator")?;
@@ -32,7 +33,9 @@ fn two_at_once(cx: &RankCtx) -> CaseResult {
     let (n, me) = (cx.size, cx.rank);
     let ranks: Vec<usize> = (0..n).filter(|r| r % 2 == me % 2).collect();
     let name = if me % 2 == 0 { "even" } else { "odd" };
-    let sub = cx.block_on(cx.comm.split(Some(GroupSpec::new(name, ranks.clone(), "conformance", Role::Tensor))))?.ok_or("no communicator")?;
+    let sub = cx
+        .block_on(cx.comm.split(Some(GroupSpec::new(name, ranks.clone(), "conformance", Role::Tensor))))?
+        .ok_or("no communicator")?;
     let count = 2053;
     for round in 0..3 {
         let mut a = cx.upload(DType::F64, &values(me, count, None, round))?;
@@ -41,7 +44,13 @@ fn two_at_once(cx: &RankCtx) -> CaseResult {
         let wb = sub.all_reduce(None, b.view_mut(), ReduceOp::Sum)?;
         cx.wait(wb)?;
         cx.wait(wa)?;
-        check("world", &cx.download(a.as_ref())?, &sum_over(&(0..n).collect::<Vec<_>>(), count, round), DType::F64, None)?;
+        check(
+            "world",
+            &cx.download(a.as_ref())?,
+            &sum_over(&(0..n).collect::<Vec<_>>(), count, round),
+            DType::F64,
+            None,
+        )?;
         check("group", &cx.download(b.as_ref())?, &sum_over(&ranks, count, round + 10), DType::F64, None)?;
     }
     Ok(())
@@ -60,7 +69,13 @@ fn non_members(cx: &RankCtx) -> CaseResult {
     }
     let mut w = cx.upload(DType::I32, &values(me, 9, None, 1))?;
     cx.wait(cx.comm.all_reduce(None, w.view_mut(), ReduceOp::Sum)?)?;
-    check("world after split", &cx.download(w.as_ref())?, &sum_over(&(0..cx.size).collect::<Vec<_>>(), 9, 1), DType::I32, None)?;
+    check(
+        "world after split",
+        &cx.download(w.as_ref())?,
+        &sum_over(&(0..cx.size).collect::<Vec<_>>(), 9, 1),
+        DType::I32,
+        None,
+    )?;
     Ok(())
 }
 
@@ -68,10 +83,19 @@ fn non_members(cx: &RankCtx) -> CaseResult {
 fn nested(cx: &RankCtx) -> CaseResult {
     let (n, me) = (cx.size, cx.rank);
     let dp: Vec<usize> = if me < n / 2 { (0..n / 2).collect() } else { (n / 2..n).collect() };
-    let dpc = cx.block_on(cx.comm.split(Some(GroupSpec::new(format!("dp{}", dp[0]), dp.clone(), "conformance", Role::Data))))?.ok_or("no dp communicator")?;
+    let dpc = cx
+        .block_on(cx.comm.split(Some(GroupSpec::new(format!("dp{}", dp[0]), dp.clone(), "conformance", Role::Data))))?
+        .ok_or("no dp communicator")?;
     let r = dpc.rank();
     let pair: Vec<usize> = vec![r & !1, (r & !1) + 1].into_iter().filter(|&x| x < dpc.size()).collect();
-    let inner = cx.block_on(dpc.split(Some(GroupSpec::new(format!("pair{}-{}", dp[0], pair[0]), pair.clone(), "conformance", Role::Tensor))))?.ok_or("no inner communicator")?;
+    let inner = cx
+        .block_on(dpc.split(Some(GroupSpec::new(
+            format!("pair{}-{}", dp[0], pair[0]),
+            pair.clone(),
+            "conformance",
+            Role::Tensor,
+        ))))?
+        .ok_or("no inner communicator")?;
     let mut b = cx.upload(DType::F32, &[me as f64])?;
     cx.wait(inner.all_reduce(None, b.view_mut(), ReduceOp::Sum)?)?;
     let want: f64 = pair.iter().map(|&x| dp[x] as f64).sum();

@@ -130,7 +130,10 @@ fn killed_process(cx: &RankCtx) -> CaseResult {
 /// Register the lifecycle cases.
 pub fn register(v: &mut Vec<Case>) {
     v.push(Case::new("lifecycle", "rank_never_arrives_timeout", &[2, 3, 5], never_arrives));
-    v.push(Case::new("lifecycle", "abort_unblocks_wait", &[2, 3], abort_unblocks).needs(|c, _| (!c.abort_in_flight).then(|| "backend cannot abort in-flight operations".into())));
+    v.push(
+        Case::new("lifecycle", "abort_unblocks_wait", &[2, 3], abort_unblocks)
+            .needs(|c, _| (!c.abort_in_flight).then(|| "backend cannot abort in-flight operations".into())),
+    );
     v.push(Case::new("lifecycle", "peer_closes_peer_failed", &[2, 3, 4, 8], peer_closes));
     v.push(Case::new("lifecycle", "collective_mismatch_errors", &[2, 3], mismatch));
     v.push(Case::new("lifecycle", "shutdown_twice", &[1, 2, 3], shutdown_twice));

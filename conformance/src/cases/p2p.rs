@@ -25,7 +25,13 @@ fn ring(cx: &RankCtx) -> CaseResult {
             cx.wait(cx.comm.recv(recv.view_mut(), prev)?)?;
             cx.wait(cx.comm.send(send.view(), next)?)?;
         }
-        check(&format!("message {k} from rank {prev}"), &cx.download(recv.as_ref())?, &msg(prev, me, k, count), DType::F32, None)?;
+        check(
+            &format!("message {k} from rank {prev}"),
+            &cx.download(recv.as_ref())?,
+            &msg(prev, me, k, count),
+            DType::F32,
+            None,
+        )?;
     }
     Ok(())
 }
@@ -39,7 +45,7 @@ fn ordering(cx: &RankCtx) -> CaseResult {
     }
     let sizes = [3usize, 0, 1, 513, 2];
     for (k, &c) in sizes.iter().enumerate() {
-        if me % 2 == 0 {
+        if me.is_multiple_of(2) {
             let send = cx.upload(DType::I32, &msg(me, peer, k, c))?;
             cx.wait(cx.comm.send(send.view(), peer)?)?;
         } else {
@@ -97,10 +103,22 @@ fn pipeline_both_directions(cx: &RankCtx) -> CaseResult {
         cx.wait(cx.comm.p2p_group(ops)?)?;
         let rt = |v: Vec<f64>| v.into_iter().map(|x| round_trip(x, DType::BF16)).collect::<Vec<_>>();
         if me > 0 {
-            check(&format!("step {step} activations from {}", me - 1), &cx.download(from_prev.as_ref())?, &rt(msg(me - 1, me, step, count)), DType::BF16, None)?;
+            check(
+                &format!("step {step} activations from {}", me - 1),
+                &cx.download(from_prev.as_ref())?,
+                &rt(msg(me - 1, me, step, count)),
+                DType::BF16,
+                None,
+            )?;
         }
         if me + 1 < n {
-            check(&format!("step {step} gradients from {}", me + 1), &cx.download(from_next.as_ref())?, &rt(msg(me + 1, me, step, count)), DType::BF16, None)?;
+            check(
+                &format!("step {step} gradients from {}", me + 1),
+                &cx.download(from_next.as_ref())?,
+                &rt(msg(me + 1, me, step, count)),
+                DType::BF16,
+                None,
+            )?;
         }
     }
     Ok(())
@@ -112,7 +130,10 @@ pub fn register(v: &mut Vec<Case>) {
     v.push(Case::new("p2p", "ring_unbatched", &[2, 3, 4, 5, 8], ring));
     v.push(Case::new("p2p", "pair_ordering", &[2, 3, 4, 8], ordering));
     for d in [DType::F32, DType::BF16, DType::U8, DType::F64] {
-        v.push(Case::new("p2p", format!("batched_all_pairs_{d}"), &[1, 2, 3, 4, 5, 8], move |cx| batched_all_pairs(cx, d)).needs(no_batch));
+        v.push(
+            Case::new("p2p", format!("batched_all_pairs_{d}"), &[1, 2, 3, 4, 5, 8], move |cx| batched_all_pairs(cx, d))
+                .needs(no_batch),
+        );
     }
     v.push(Case::new("p2p", "pipeline_both_directions", &[2, 3, 4, 5, 8], pipeline_both_directions).needs(no_batch));
 }

@@ -151,9 +151,7 @@ impl Request {
             Request::Get { key } => Enc::default().u8(3).bytes(key.as_bytes()),
             Request::Wait { key, timeout_ms } => Enc::default().u8(4).bytes(key.as_bytes()).u64(*timeout_ms),
             Request::Add { key, delta } => Enc::default().u8(5).bytes(key.as_bytes()).u64(*delta as u64),
-            Request::Cas { key, expected, new } => {
-                Enc::default().u8(6).bytes(key.as_bytes()).opt(expected).bytes(new)
-            }
+            Request::Cas { key, expected, new } => Enc::default().u8(6).bytes(key.as_bytes()).opt(expected).bytes(new),
             Request::Delete { key } => Enc::default().u8(7).bytes(key.as_bytes()),
         }
         .0
@@ -348,7 +346,9 @@ async fn serve_conn(mut s: TcpStream, core: &KvCore, opts: &TcpStoreOptions) -> 
         let req = Request::decode(&frame).ok_or("malformed request")?;
         let resp = match req {
             Request::Hello { .. } => Response::Err("hello sent twice".into()),
-            Request::Set { key, value } => core.set(&key, &value).map(|_| Response::Ok).unwrap_or_else(|e| Response::Err(e.to_string())),
+            Request::Set { key, value } => {
+                core.set(&key, &value).map(|_| Response::Ok).unwrap_or_else(|e| Response::Err(e.to_string()))
+            }
             Request::Get { key } => match core.get(&key) {
                 Ok(Some(v)) => Response::Found(v),
                 Ok(None) => Response::NotFound,
@@ -362,12 +362,16 @@ async fn serve_conn(mut s: TcpStream, core: &KvCore, opts: &TcpStoreOptions) -> 
                     Err(e) => Response::Err(e.to_string()),
                 }
             }
-            Request::Add { key, delta } => core.add(&key, delta).map(Response::Int).unwrap_or_else(|e| Response::Err(e.to_string())),
+            Request::Add { key, delta } => {
+                core.add(&key, delta).map(Response::Int).unwrap_or_else(|e| Response::Err(e.to_string()))
+            }
             Request::Cas { key, expected, new } => match core.compare_set(&key, expected.as_deref(), &new) {
                 Ok(o) => Response::Cas { swapped: o.swapped, current: o.current },
                 Err(e) => Response::Err(e.to_string()),
             },
-            Request::Delete { key } => core.delete(&key).map(Response::Bool).unwrap_or_else(|e| Response::Err(e.to_string())),
+            Request::Delete { key } => {
+                core.delete(&key).map(Response::Bool).unwrap_or_else(|e| Response::Err(e.to_string()))
+            }
         };
         write_frame(&mut s, &resp.encode()).await.map_err(|e| e.to_string())?;
     }

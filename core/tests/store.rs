@@ -1,0 +1,161 @@
+//! TCP store: concurrency, authentication and frame limits, against a real server on
+//! loopback.
+
+use anyccl_core::{Error, MemoryStore, Store, TcpStore, TcpStoreOptions, TcpStoreServer};
+use std::io::{Read, Write};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn server(token: Option<&str>) -> TcpStoreServer {
+    let opts = TcpStoreOptions { token: token.map(str::to_string), ..Default::default() };
+    TcpStoreServer::start(([127, 0, 0, 1], 0).into(), opts).expect("start server")
+}
+
+fn client_opts(token: Option<&str>) -> TcpStoreOptions {
+    TcpStoreOptions { token: token.map(str::to_string), connect_timeout: Duration::from_secs(5), ..Default::default() }
+}
+
+async fn mixed_ops(st: Arc<dyn Store>, id: usize, ops: usize) -> anyccl_core::Result<()> {
+    for i in 0..ops {
+        let key = format!("c{id}/k{}", i % 97);
+        match i % 6 {
+            0 => st.set(&key, format!("{i}").as_bytes()).await?,
+            1 => {
+                let v = st.get(&format!("c{id}/k{}", (i - 1) % 97)).await?;
+                assert_eq!(v, Some(format!("{}", i - 1).into_bytes()), "client {id} op {i}");
+            }
+            2 => {
+                st.add("shared/counter", 1).await?;
+            }
+            3 => {
+                let cur = st.get(&key).await?;
+                let out = st.compare_set(&key, cur.as_deref(), b"cas").await?;
+                assert!(out.swapped, "client {id} op {i}: cas on own key failed");
+            }
+            4 => {
+                let v = st.wait(&format!("c{id}/k{}", (i - 1) % 97), Instant::now() + Duration::from_secs(5)).await?;
+                assert_eq!(v, b"cas");
+            }
+            _ => {
+                st.delete(&format!("c{id}/k{}", (i - 2) % 97)).await?;
+            }
+        }
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tcp_store_four_clients_ten_thousand_mixed_ops_each() {
+    let srv = server(Some("s3cret"));
+    let addr = srv.local_addr().to_string();
+    let t = Instant::now();
+    let mut tasks = Vec::new();
+    for id in 0..4 {
+        let st: Arc<dyn Store> =
+            Arc::new(TcpStore::connect(addr.clone(), client_opts(Some("s3cret"))).await.expect("connect"));
+        tasks.push(tokio::spawn(mixed_ops(st, id, 10_000)));
+    }
+    for t in tasks {
+        t.await.expect("task").expect("ops");
+    }
+    let st = TcpStore::connect(addr, client_opts(Some("s3cret"))).await.expect("connect");
+    let n = st.add("shared/counter", 0).await.expect("read counter");
+    let per_client = (0..10_000).filter(|i| i % 6 == 2).count() as i64;
+    assert_eq!(n, 4 * per_client);
+    println!("40000 mixed operations from 4 clients in {:?}", t.elapsed());
+}
+
+#[tokio::test]
+async fn tcp_store_refuses_a_wrong_token() {
+    let srv = server(Some("right"));
+    let addr = srv.local_addr().to_string();
+    match TcpStore::connect(addr.clone(), client_opts(Some("wrong"))).await {
+        Err(Error::Store { msg, .. }) => assert!(msg.contains("authentication failed"), "{msg}"),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    match TcpStore::connect(addr.clone(), client_opts(None)).await {
+        Err(Error::Store { msg, .. }) => assert!(msg.contains("authentication failed"), "{msg}"),
+        other => panic!("expected a refusal without a token, got {other:?}"),
+    }
+    TcpStore::connect(addr, client_opts(Some("right"))).await.expect("the right token is accepted");
+}
+
+/// A frame header announcing 1 GiB is refused at once: the server closes the connection
+/// instead of waiting for (or allocating) the gigabyte, and keeps serving others.
+#[tokio::test]
+async fn tcp_store_refuses_a_one_gib_frame_header() {
+    let srv = server(None);
+    let addr = srv.local_addr();
+    let t = Instant::now();
+    let verdict = tokio::task::spawn_blocking(move || {
+        let mut s = std::net::TcpStream::connect(addr).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+        s.write_all(&(1u32 << 30).to_be_bytes()).expect("header");
+        let _ = s.write_all(&[1, 0, 0, 0, 1]);
+        let mut buf = [0u8; 16];
+        s.read(&mut buf)
+    })
+    .await
+    .expect("join");
+    match verdict {
+        Ok(0) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+        other => panic!("expected the server to close the connection, got {other:?}"),
+    }
+    assert!(t.elapsed() < Duration::from_secs(3), "refusal took {:?}", t.elapsed());
+    let st = TcpStore::connect(addr.to_string(), client_opts(None)).await.expect("server still serves");
+    st.set("k", b"v").await.expect("set after a bad client");
+}
+
+/// Garbage after a valid hello closes that connection only.
+#[tokio::test]
+async fn tcp_store_survives_malformed_frames() {
+    let srv = server(None);
+    let addr = srv.local_addr();
+    tokio::task::spawn_blocking(move || {
+        let mut s = std::net::TcpStream::connect(addr).expect("connect");
+        // hello: op 1, version 1, empty token
+        let hello = [1u8, 0, 0, 0, 1, 0, 0, 0, 0];
+        s.write_all(&(hello.len() as u32).to_be_bytes()).expect("len");
+        s.write_all(&hello).expect("hello");
+        let mut ok = [0u8; 5];
+        s.read_exact(&mut ok).expect("hello answer");
+        s.write_all(&3u32.to_be_bytes()).expect("len");
+        s.write_all(&[99, 1, 2]).expect("garbage");
+        let mut buf = [0u8; 8];
+        s.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+        assert!(matches!(s.read(&mut buf), Ok(0) | Err(_)), "connection should be closed");
+    })
+    .await
+    .expect("join");
+    let st = TcpStore::connect(addr.to_string(), client_opts(None)).await.expect("server still serves");
+    st.set("k", b"v").await.expect("set");
+    assert_eq!(st.get("k").await.expect("get"), Some(b"v".to_vec()));
+}
+
+#[tokio::test]
+async fn store_wait_times_out_and_wakes() {
+    for st in [Arc::new(MemoryStore::new()) as Arc<dyn Store>, {
+        let srv = Box::leak(Box::new(server(None)));
+        Arc::new(TcpStore::connect(srv.local_addr().to_string(), client_opts(None)).await.expect("connect"))
+    }] {
+        let t = Instant::now();
+        let r = st.wait("never", Instant::now() + Duration::from_millis(200)).await;
+        assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
+        assert!(t.elapsed() >= Duration::from_millis(190) && t.elapsed() < Duration::from_secs(3));
+        let st2 = st.clone();
+        let setter = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            st2.set("later", b"x").await
+        });
+        let v = st.wait("later", Instant::now() + Duration::from_secs(5)).await.expect("wake");
+        assert_eq!(v, b"x");
+        setter.await.expect("join").expect("set");
+        assert!(st.delete("later").await.expect("delete"));
+        assert!(!st.delete("later").await.expect("delete again"));
+        let cas = st.compare_set("c", None, b"1").await.expect("cas");
+        assert!(cas.swapped);
+        let cas = st.compare_set("c", None, b"2").await.expect("cas");
+        assert!(!cas.swapped && cas.current == Some(b"1".to_vec()));
+    }
+}

@@ -1,0 +1,55 @@
+//! Communicator validation that needs raw buffer views: overlapping send/recv buffers and
+//! buffers on the wrong device are rejected before any communication.
+
+use anyccl_core::{
+    Backend, Buf, BufMut, CommConfig, Communicator, DType, Device, DeviceKind, Error, GroupSpec, MemoryStore, ReduceOp,
+};
+use std::sync::Arc;
+
+fn world() -> Communicator {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    rt.block_on(Communicator::connect(
+        &anyccl_cpu::Cpu as &dyn Backend,
+        GroupSpec::world(1, "test"),
+        0,
+        Arc::new(MemoryStore::new()),
+        Device::CPU,
+        CommConfig::default(),
+    ))
+    .expect("connect")
+}
+
+fn assert_invalid(r: anyccl_core::Result<anyccl_core::Work<'_>>, arg: &str, needle: &str) {
+    match r {
+        Err(Error::InvalidArgument { arg: a, rank, group, msg, .. }) => {
+            assert_eq!(a, arg, "{msg}");
+            assert_eq!((rank, group.as_str()), (0, "world"));
+            assert!(msg.contains(needle), "message '{msg}' lacks '{needle}'");
+        }
+        other => panic!("expected InvalidArgument, got {other:?}"),
+    }
+}
+
+#[test]
+fn overlapping_send_and_recv_are_rejected() {
+    let comm = world();
+    let mut data = vec![0f32; 64];
+    let p = data.as_mut_ptr().cast::<u8>();
+    // SAFETY: both views point into `data`, which outlives them; the communicator rejects
+    // the call before reading or writing either view.
+    let (send, recv) = unsafe {
+        (Buf::from_raw(p.add(16 * 4), 32, DType::F32, Device::CPU), BufMut::from_raw(p, 32, DType::F32, Device::CPU))
+    };
+    assert_invalid(comm.all_reduce(Some(send), recv, ReduceOp::Sum), "send", "overlap");
+    assert_eq!(comm.issued(), 0);
+}
+
+#[test]
+fn buffers_on_another_device_are_rejected() {
+    let comm = world();
+    let gpu = Device { kind: DeviceKind::Cuda, ordinal: 0 };
+    // SAFETY: the pointer is never dereferenced: the call is rejected on the device check.
+    let recv = unsafe { BufMut::from_raw(std::ptr::null_mut(), 8, DType::F32, gpu) };
+    assert_invalid(comm.all_reduce(None, recv, ReduceOp::Sum), "recv", "cuda:0");
+    assert_eq!(comm.issued(), 0);
+}
