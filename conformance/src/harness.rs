@@ -160,6 +160,12 @@ pub fn run(backend: &Arc<dyn Backend>, case: &Case, w: usize, timeout: Duration)
     match backend.capabilities() {
         Err(e) => return Outcome::Ignored(e.to_string()),
         Ok(caps) => {
+            if w > caps.max_local_ranks {
+                return Outcome::Ignored(format!(
+                    "needs {w} ranks on this host; the backend supports {}",
+                    caps.max_local_ranks
+                ));
+            }
             if let Some(why) = (case.needs)(&caps, w) {
                 return Outcome::Ignored(why);
             }

@@ -110,7 +110,7 @@ pub fn run_report(backend: Arc<dyn Backend>, worlds: Option<&[usize]>, filter: O
         let _ = writeln!(o, "{line}");
         let _ = o.flush();
     }
-    println!("{passed} passed, {failed} failed, {ignored} ignored");
+    let _ = writeln!(out.lock(), "{passed} passed, {failed} failed, {ignored} ignored");
     if failed > 0 {
         ExitCode::from(1)
     } else {

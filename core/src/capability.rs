@@ -33,6 +33,8 @@ pub struct Capabilities {
     pub warmup_large_bytes: usize,
     /// Largest group size supported.
     pub max_world_size: usize,
+    /// Most ranks that can share one host (one per device for GPU backends).
+    pub max_local_ranks: usize,
 }
 
 impl Capabilities {

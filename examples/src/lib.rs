@@ -10,15 +10,19 @@ use std::sync::Arc;
 pub fn backend_by_name(name: &str) -> Result<Arc<dyn Backend>> {
     match name {
         "cpu" => Ok(Arc::new(anyccl_cpu::Cpu)),
+        "nccl" => Ok(Arc::new(anyccl_nccl::Nccl)),
         other => Err(Error::InvalidArgument {
             op: "backend_by_name",
             arg: "--backend",
             rank: 0,
             group: String::new(),
-            msg: format!("unknown backend '{other}' (known: cpu)"),
+            msg: format!("unknown backend '{other}' (known: cpu, nccl)"),
         }),
     }
 }
+
+/// Accelerator backends tried, in order, before falling back to the CPU.
+const ACCELERATORS: &[&str] = &["nccl"];
 
 /// `ANYCCL_BACKEND` or `requested`, or else the first backend whose probe succeeds,
 /// preferring accelerators.
@@ -27,6 +31,16 @@ pub fn pick_backend(requested: Option<&str>) -> Result<Arc<dyn Backend>> {
         let b = backend_by_name(&name)?;
         b.probe()?;
         return Ok(b);
+    }
+    for name in ACCELERATORS {
+        let b = backend_by_name(name)?;
+        match b.probe() {
+            Ok(info) => {
+                tracing::info!("using the {name} backend: {} device(s), {}", info.devices, info.version);
+                return Ok(b);
+            }
+            Err(e) => tracing::info!("not using {name}: {e}"),
+        }
     }
     backend_by_name("cpu")
 }

@@ -133,6 +133,7 @@ pub fn cpu_capabilities() -> Capabilities {
         warmup_small_bytes: 4 << 10,
         warmup_large_bytes: 4 << 20,
         max_world_size: 4096,
+        max_local_ranks: 4096,
     }
 }
 

@@ -1,0 +1,871 @@
+//! `NcclComm`: our own RAII communicator on NCCL's C API.
+//!
+//! Communicators are created non-blocking (`blocking = 0`) so that initialisation, splits
+//! and connection setup can be bounded by a deadline and aborted. Every call on the handle
+//! is serialised by a mutex (NCCL communicators are not thread-safe); polling loops release
+//! it between polls so that `abort` from another thread gets through promptly. `Drop`
+//! aborts a communicator that was not shut down and never panics.
+
+use crate::cuda::{Cuda, CudaMemory, Event, Stream};
+use crate::result::{check, error};
+use crate::sys::{self, ncclComm_t, ncclUniqueId, NcclLib};
+use anyccl_core::{
+    async_trait, AllToAllSplits, Buf, BufMut, Capabilities, Collective, CommInfo, DType, DeviceMemory, Error, P2POp,
+    ReduceOp, Result, Store, Work, WorkImpl,
+};
+use std::ffi::{c_int, c_void, CString};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+fn dtype(d: DType) -> c_int {
+    match d {
+        DType::I8 => 0,
+        DType::U8 => 1,
+        DType::I32 => 2,
+        DType::U32 => 3,
+        DType::I64 => 4,
+        DType::U64 => 5,
+        DType::F16 => 6,
+        DType::F32 => 7,
+        DType::F64 => 8,
+        DType::BF16 => 9,
+    }
+}
+
+fn redop(o: ReduceOp) -> c_int {
+    match o {
+        ReduceOp::Sum => 0,
+        ReduceOp::Prod => 1,
+        ReduceOp::Max => 2,
+        ReduceOp::Min => 3,
+        ReduceOp::Avg => 4,
+    }
+}
+
+/// What the NCCL backend supports with the loaded library.
+pub fn nccl_capabilities(lib: &NcclLib, devices: usize) -> Capabilities {
+    Capabilities {
+        device_kind: anyccl_core::DeviceKind::Cuda,
+        dtypes: DType::ALL.to_vec(),
+        reduce_ops: ReduceOp::ALL.to_vec(),
+        all_to_all: true,
+        all_to_all_v: true,
+        p2p_group: true,
+        abort_in_flight: true,
+        split: lib.CommSplit.is_some(),
+        lazy_connect: true,
+        memory_stats: lib.CommMemStats.is_some(),
+        warmup_small_bytes: 8 << 10,
+        warmup_large_bytes: 32 << 20,
+        max_world_size: usize::MAX,
+        max_local_ranks: devices,
+    }
+}
+
+/// A communicator pointer that may cross an `.await`.
+#[derive(Clone, Copy)]
+struct CommPtr(ncclComm_t);
+// SAFETY: the pointer is only dereferenced by NCCL, from one task at a time (a new
+// communicator belongs to the task creating it until it is wrapped).
+unsafe impl Send for CommPtr {}
+
+/// Heap storage for a `ncclComm_t*` out-parameter that NCCL may write asynchronously.
+struct OutSlot(Option<Box<ncclComm_t>>);
+// SAFETY: the slot is only read by the task that owns it.
+unsafe impl Send for OutSlot {}
+
+impl OutSlot {
+    fn new() -> Self {
+        OutSlot(Some(Box::new(std::ptr::null_mut())))
+    }
+    fn ptr(&self) -> *mut ncclComm_t {
+        self.0.as_ref().map(|b| &**b as *const ncclComm_t as *mut ncclComm_t).unwrap_or(std::ptr::null_mut())
+    }
+    fn get(&self) -> ncclComm_t {
+        // SAFETY: reads our own heap cell; NCCL writes it with a plain pointer store.
+        self.0.as_ref().map(|b| unsafe { std::ptr::read_volatile(&**b) }).unwrap_or(std::ptr::null_mut())
+    }
+    /// Give up on a job that may still write the slot: never free it.
+    fn leak(mut self) {
+        if let Some(b) = self.0.take() {
+            Box::leak(b);
+        }
+    }
+}
+
+/// The handle, usable from any thread under the mutex.
+struct Handle(Option<ncclComm_t>);
+// SAFETY: NCCL communicator handles may be used from any thread as long as calls on one
+// communicator are not concurrent; every use goes through the mutex holding this.
+unsafe impl Send for Handle {}
+
+/// The NCCL backend's communicator.
+pub struct NcclComm {
+    info: CommInfo,
+    caps: Capabilities,
+    lib: &'static NcclLib,
+    cuda: Arc<Cuda>,
+    stream: Stream,
+    handle: Mutex<Handle>,
+    aborted: AtomicBool,
+    failure: Mutex<Option<String>>,
+    label: String,
+    store: Arc<dyn Store>,
+    ns: String,
+    splits: AtomicU64,
+    scratch: CudaMemory,
+    op_timeout: Duration,
+    /// The event slot of an operation NCCL is still launching (`ncclInProgress`, e.g. while
+    /// it connects for a first call). No other NCCL call may be made until it clears.
+    pending: Mutex<Option<Arc<OnceSlot>>>,
+    in_progress_returns: AtomicU64,
+}
+
+/// Filled with the operation's event once NCCL has put it on the stream.
+type OnceSlot = std::sync::OnceLock<std::result::Result<Event, String>>;
+
+impl std::fmt::Debug for NcclComm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "NcclComm(rank {} of {}, '{}', {})", self.info.rank, self.info.size, self.label, self.info.device)
+    }
+}
+
+/// How long enqueue may wait for NCCL to finish a connection in progress
+/// (`ANYCCL_NCCL_ENQUEUE_TIMEOUT_S`, default 300 s).
+fn enqueue_timeout() -> Duration {
+    std::env::var("ANYCCL_NCCL_ENQUEUE_TIMEOUT_S")
+        .ok()
+        .and_then(|v| v.parse::<f64>().ok())
+        .map(Duration::from_secs_f64)
+        .unwrap_or(Duration::from_secs(300))
+}
+
+/// Poll `comm`'s async state until it leaves `ncclInProgress`.
+///
+/// # Safety
+/// `comm` must be a live communicator not used concurrently.
+unsafe fn async_state(lib: &NcclLib, comm: ncclComm_t) -> c_int {
+    let mut st: c_int = sys::SUCCESS;
+    // SAFETY: per the caller.
+    let code = unsafe { (lib.CommGetAsyncError)(comm, &mut st) };
+    if code != sys::SUCCESS {
+        code
+    } else {
+        st
+    }
+}
+
+impl NcclComm {
+    /// Create the communicator of `rank` among `size` over the store; every rank calls it.
+    pub(crate) async fn connect(
+        lib: &'static NcclLib,
+        cuda: Arc<Cuda>,
+        store: Arc<dyn Store>,
+        namespace: &str,
+        rank: usize,
+        size: usize,
+        deadline: Instant,
+    ) -> Result<Arc<NcclComm>> {
+        let gen = store.add(&format!("{namespace}/nccl-gen/{rank}"), 1).await?;
+        let ns = format!("{namespace}/nccl{gen}");
+        let key = format!("{ns}/unique-id");
+        let mut id = ncclUniqueId { internal: [0; 128] };
+        if rank == 0 {
+            // SAFETY: `id` is a valid out-parameter.
+            let code = unsafe { (lib.GetUniqueId)(&mut id) };
+            check(lib, "ncclGetUniqueId", code, None, rank, namespace)?;
+            let bytes: Vec<u8> = id.internal.iter().map(|&c| c as u8).collect();
+            store.set(&key, &bytes).await?;
+        } else {
+            let bytes = match store.wait(&key, deadline).await {
+                Ok(b) => b,
+                Err(Error::Timeout { after, .. }) => {
+                    return Err(Error::Timeout {
+                        op: "connect".into(),
+                        rank,
+                        group: namespace.into(),
+                        after,
+                        detail: "rank 0 never published the NCCL unique id".into(),
+                    })
+                }
+                Err(e) => return Err(e),
+            };
+            if bytes.len() != 128 {
+                return Err(Error::store_fatal(format!(
+                    "NCCL unique id under '{key}' has {} bytes, not 128",
+                    bytes.len()
+                )));
+            }
+            for (d, s) in id.internal.iter_mut().zip(bytes) {
+                *d = s as _;
+            }
+        }
+        cuda.bind()?;
+        // NCCL keeps the address of the out-parameter in its asynchronous init job and may
+        // write through it until the communicator is ready: it must outlive the job.
+        let slot = OutSlot::new();
+        {
+            let name = CString::new(namespace.replace('\0', "")).unwrap_or_default();
+            let mut cfg = sys::config(Some(&name));
+            // SAFETY: the slot is heap memory that outlives the job; the config (and the name)
+            // are copied by NCCL before it returns; the device is current.
+            let code = unsafe { (lib.CommInitRankConfig)(slot.ptr(), size as c_int, id, rank as c_int, &mut cfg) };
+            if code != sys::SUCCESS && code != sys::IN_PROGRESS {
+                return Err(error(lib, "ncclCommInitRankConfig", code, None, rank, namespace));
+            }
+        }
+        let comm = CommPtr(slot.get());
+        wait_init(lib, comm, "ncclCommInitRankConfig", rank, namespace, deadline).await.inspect_err(|_| slot.leak())?;
+        NcclComm::wrap(lib, cuda, comm.0, rank, size, namespace, store, ns)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn wrap(
+        lib: &'static NcclLib,
+        cuda: Arc<Cuda>,
+        comm: ncclComm_t,
+        rank: usize,
+        size: usize,
+        label: &str,
+        store: Arc<dyn Store>,
+        ns: String,
+    ) -> Result<Arc<NcclComm>> {
+        let stream = Stream::new(&cuda)?;
+        let scratch = CudaMemory::zeroed(&cuda, DType::F32, 1)?;
+        let devices = crate::cuda::probe().unwrap_or(1);
+        Ok(Arc::new(NcclComm {
+            info: CommInfo { backend: "nccl", rank, size, device: cuda.device() },
+            caps: nccl_capabilities(lib, devices),
+            lib,
+            cuda,
+            stream,
+            handle: Mutex::new(Handle(Some(comm))),
+            aborted: AtomicBool::new(false),
+            failure: Mutex::new(None),
+            label: label.to_string(),
+            store,
+            ns,
+            splits: AtomicU64::new(0),
+            scratch,
+            pending: Mutex::new(None),
+            in_progress_returns: AtomicU64::new(0),
+            op_timeout: anyccl_core::CommConfig::from_env().map(|c| c.op_timeout).unwrap_or(Duration::from_secs(600)),
+        }))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Handle> {
+        self.handle.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn dead(&self) -> Option<Error> {
+        if self.aborted.load(Ordering::Acquire) {
+            let why =
+                self.failure.lock().ok().and_then(|f| f.clone()).unwrap_or_else(|| "aborted by the caller".into());
+            return Some(Error::Aborted { rank: self.info.rank, group: self.label.clone(), detail: why });
+        }
+        None
+    }
+
+    /// Record a failure and abort, so every later call fails fast.
+    fn fail(&self, why: &Error) {
+        if let Ok(mut f) = self.failure.lock() {
+            f.get_or_insert_with(|| format!("failed earlier: {why}"));
+        }
+        self.abort_now();
+    }
+
+    fn abort_now(&self) {
+        self.aborted.store(true, Ordering::Release);
+        let mut h = self.lock();
+        if let Some(c) = h.0.take() {
+            let _ = self.cuda.bind();
+            // SAFETY: `c` is live and, under the lock, not in use by another call.
+            let code = unsafe { (self.lib.CommAbort)(c) };
+            if code != sys::SUCCESS {
+                tracing::warn!("ncclCommAbort on '{}' rank {}: code {code}", self.label, self.info.rank);
+            }
+        }
+    }
+
+    /// The async error of the communicator, if it has one (`Ok(true)`: still in progress).
+    fn poll_async(&self, op: &str) -> Result<bool> {
+        if let Some(e) = self.dead() {
+            return Err(e);
+        }
+        let h = self.lock();
+        let Some(c) = h.0 else { return Err(self.dead().unwrap_or_else(|| self.aborted_err())) };
+        // SAFETY: live handle under the lock.
+        let st = unsafe { async_state(self.lib, c) };
+        match st {
+            sys::SUCCESS => Ok(false),
+            sys::IN_PROGRESS => Ok(true),
+            code => {
+                let e = error(self.lib, op, code, Some(c), self.info.rank, &self.label);
+                drop(h);
+                self.fail(&e);
+                Err(e)
+            }
+        }
+    }
+
+    fn aborted_err(&self) -> Error {
+        Error::Aborted { rank: self.info.rank, group: self.label.clone(), detail: "communicator released".into() }
+    }
+
+    /// If an operation is still being launched, see whether NCCL is done with it and, if
+    /// so, record its event. `Ok(true)` while it is still in progress.
+    fn resolve_pending(&self, op: &str) -> Result<bool> {
+        let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(slot) = p.as_ref() else { return Ok(false) };
+        match self.poll_async(op) {
+            Ok(true) => Ok(true),
+            Ok(false) => {
+                let _ = slot.set(Event::record(&self.stream).map_err(|e| e.to_string()));
+                *p = None;
+                Ok(false)
+            }
+            Err(e) => {
+                let _ = slot.set(Err(e.to_string()));
+                *p = None;
+                Err(e)
+            }
+        }
+    }
+
+    /// Wait until no operation is being launched (a previous first call still connecting).
+    fn settle(&self, op: &str) -> Result<()> {
+        let deadline = Instant::now() + enqueue_timeout();
+        let mut spins = 0u32;
+        while self.resolve_pending(op)? {
+            if Instant::now() > deadline {
+                let e = Error::Timeout {
+                    op: op.into(),
+                    rank: self.info.rank,
+                    group: self.label.clone(),
+                    after: enqueue_timeout(),
+                    detail: "an earlier operation never finished connecting; communicator aborted".into(),
+                };
+                self.fail(&e);
+                return Err(e);
+            }
+            backoff(&mut spins);
+        }
+        Ok(())
+    }
+
+    /// Enqueue NCCL calls on the stream and return a `Work` for them. Never waits for peers:
+    /// when NCCL answers `ncclInProgress` (it is connecting), the `Work` starts as launching.
+    fn launch<'a>(
+        &'a self,
+        op: &'static str,
+        calls: impl FnOnce(&NcclLib, ncclComm_t, sys::Stream) -> c_int,
+    ) -> Result<Work<'a>> {
+        if let Some(e) = self.dead() {
+            return Err(e);
+        }
+        self.cuda.bind()?;
+        self.settle(op)?;
+        let h = self.lock();
+        let Some(c) = h.0 else { return Err(self.dead().unwrap_or_else(|| self.aborted_err())) };
+        let code = calls(self.lib, c, self.stream.raw);
+        if code != sys::SUCCESS && code != sys::IN_PROGRESS {
+            let e = error(self.lib, op, code, Some(c), self.info.rank, &self.label);
+            drop(h);
+            self.fail(&e);
+            return Err(e);
+        }
+        drop(h);
+        if code == sys::IN_PROGRESS {
+            self.in_progress_returns.fetch_add(1, Ordering::Relaxed);
+            let slot: Arc<OnceSlot> = Arc::default();
+            *self.pending.lock().unwrap_or_else(|e| e.into_inner()) = Some(slot.clone());
+            return Ok(Work::new(Box::new(NcclWork { comm: self, state: WorkState::Launching(slot) })));
+        }
+        let event = Event::record(&self.stream)?;
+        Ok(Work::new(Box::new(NcclWork { comm: self, state: WorkState::Running(event) })))
+    }
+
+    fn ptr(b: &Buf<'_>) -> *const c_void {
+        b.ptr() as *const c_void
+    }
+    fn ptr_mut(b: &BufMut<'_>) -> *mut c_void {
+        b.ptr() as *mut c_void
+    }
+
+    /// Bytes of device memory this communicator holds, when the library can tell.
+    pub fn mem_stats(&self) -> Option<u64> {
+        let f = self.lib.CommMemStats?;
+        let h = self.lock();
+        let c = h.0?;
+        let mut v = 0u64;
+        // SAFETY: live handle under the lock; `v` is a valid out-parameter.
+        let code = unsafe { f(c, sys::STAT_GPU_MEM_TOTAL, &mut v) };
+        (code == sys::SUCCESS).then_some(v)
+    }
+}
+
+async fn wait_init(lib: &NcclLib, comm: CommPtr, op: &str, rank: usize, group: &str, deadline: Instant) -> Result<()> {
+    let started = Instant::now();
+    loop {
+        let comm = comm.0;
+        // SAFETY: `comm` is the new communicator, used by this task only until it is wrapped.
+        let st = unsafe { async_state(lib, comm) };
+        match st {
+            sys::SUCCESS => return Ok(()),
+            sys::IN_PROGRESS => {}
+            code => {
+                let e = error(lib, op, code, Some(comm), rank, group);
+                // SAFETY: the half-built communicator is not used again.
+                unsafe { (lib.CommAbort)(comm) };
+                return Err(e);
+            }
+        }
+        if Instant::now() >= deadline {
+            // SAFETY: as above.
+            unsafe { (lib.CommAbort)(comm) };
+            return Err(Error::Timeout {
+                op: op.to_string(),
+                rank,
+                group: group.to_string(),
+                after: started.elapsed(),
+                detail: "not every rank joined; the half-built communicator was aborted".into(),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+impl Drop for NcclComm {
+    fn drop(&mut self) {
+        tracing::info!(
+            "'{}' rank {}: {} launches answered ncclInProgress",
+            self.label,
+            self.info.rank,
+            self.in_progress_returns.load(Ordering::Relaxed)
+        );
+        if self.lock().0.is_some() {
+            tracing::debug!("dropping '{}' rank {} without shutdown: aborting", self.label, self.info.rank);
+            self.abort_now();
+        }
+    }
+}
+
+/// Spin briefly, then yield, then sleep: completion is usually microseconds away.
+fn backoff(spins: &mut u32) {
+    *spins += 1;
+    if *spins < 2000 {
+        std::hint::spin_loop();
+    } else if *spins < 20_000 {
+        std::thread::yield_now();
+    } else {
+        std::thread::sleep(Duration::from_micros(50));
+    }
+}
+
+enum WorkState {
+    /// NCCL has not finished putting the operation on the stream.
+    Launching(Arc<OnceSlot>),
+    /// On the stream; done when the event is.
+    Running(Event),
+}
+
+struct NcclWork<'a> {
+    comm: &'a NcclComm,
+    state: WorkState,
+}
+
+impl NcclWork<'_> {
+    fn step(&mut self) -> Result<bool> {
+        if let WorkState::Launching(slot) = &self.state {
+            if slot.get().is_none() {
+                self.comm.resolve_pending("wait")?;
+            }
+            match Arc::clone(slot).get() {
+                None => return Ok(false),
+                Some(Err(msg)) => {
+                    return Err(Error::Aborted {
+                        rank: self.comm.info.rank,
+                        group: self.comm.label.clone(),
+                        detail: msg.clone(),
+                    })
+                }
+                Some(Ok(_)) => {}
+            }
+            // Take the event out of the shared slot.
+            let slot = match std::mem::replace(&mut self.state, WorkState::Launching(Arc::default())) {
+                WorkState::Launching(s) => s,
+                WorkState::Running(_) => unreachable!("checked above"),
+            };
+            match Arc::try_unwrap(slot).ok().and_then(|s| s.into_inner()) {
+                Some(Ok(ev)) => self.state = WorkState::Running(ev),
+                _ => {
+                    // The slot is still shared (the communicator dropped its copy under us):
+                    // fall back to an event recorded now, which can only complete later.
+                    self.state = WorkState::Running(Event::record(&self.comm.stream)?);
+                }
+            }
+        }
+        match &self.state {
+            WorkState::Running(ev) => ev.done(),
+            WorkState::Launching(_) => Ok(false),
+        }
+    }
+}
+
+impl WorkImpl for NcclWork<'_> {
+    fn poll(&mut self) -> Result<bool> {
+        if self.step()? {
+            return Ok(true);
+        }
+        self.comm.poll_async("wait")?;
+        Ok(false)
+    }
+
+    fn wait_for(&mut self, timeout: Duration) -> Result<bool> {
+        let deadline = Instant::now() + timeout;
+        let mut spins = 0u32;
+        loop {
+            if self.step()? {
+                return Ok(true);
+            }
+            if spins % 256 == 255 {
+                self.comm.poll_async("wait")?;
+            }
+            if Instant::now() >= deadline {
+                self.comm.poll_async("wait")?;
+                return Ok(false);
+            }
+            backoff(&mut spins);
+        }
+    }
+
+    fn drain(&mut self) {
+        // The kernels may still read or write the caller's buffers: wait for them. A hung
+        // operation is aborted after the communicator's op timeout so this never blocks forever.
+        let started = Instant::now();
+        let mut spins = 0u32;
+        loop {
+            match self.step() {
+                Ok(true) | Err(_) => return,
+                Ok(false) => {}
+            }
+            if self.comm.poll_async("drop").is_err() && started.elapsed() > Duration::from_secs(10) {
+                tracing::error!("operation on '{}' still running 10 s after its communicator failed", self.comm.label);
+                return;
+            }
+            if started.elapsed() > self.comm.op_timeout && !self.comm.aborted.load(Ordering::Acquire) {
+                tracing::error!(
+                    "dropped operation on '{}' did not finish in {:?}: aborting",
+                    self.comm.label,
+                    self.comm.op_timeout
+                );
+                self.comm.abort_now();
+            }
+            backoff(&mut spins);
+        }
+    }
+}
+
+fn group(lib: &NcclLib, body: impl FnOnce() -> c_int) -> c_int {
+    // SAFETY: group calls only delimit the calls made in `body`.
+    let s = unsafe { (lib.GroupStart)() };
+    if s != sys::SUCCESS {
+        return s;
+    }
+    let inner = body();
+    // SAFETY: closes the group opened above, whatever `body` returned.
+    let end = unsafe { (lib.GroupEnd)() };
+    if inner != sys::SUCCESS {
+        inner
+    } else {
+        end
+    }
+}
+
+#[async_trait]
+impl Collective for NcclComm {
+    fn info(&self) -> &CommInfo {
+        &self.info
+    }
+    fn capabilities(&self) -> &Capabilities {
+        &self.caps
+    }
+
+    // SAFETY (for every data-plane call below): buffer views were validated by the
+    // Communicator to live on this communicator's device with the given counts, and stay
+    // borrowed by the returned Work until the stream has finished with them (Work's drop
+    // waits for the event).
+
+    fn all_reduce<'a>(&'a self, send: Option<Buf<'a>>, recv: BufMut<'a>, op: ReduceOp) -> Result<Work<'a>> {
+        let (r, n) = (Self::ptr_mut(&recv), recv.count());
+        let s = send.map(|b| Self::ptr(&b)).unwrap_or(r);
+        let (d, o) = (dtype(recv.dtype()), redop(op));
+        // SAFETY: see above.
+        self.launch("all_reduce", |l, c, st| unsafe { (l.AllReduce)(s, r, n, d, o, c, st) })
+    }
+
+    fn reduce<'a>(&'a self, send: Option<Buf<'a>>, recv: BufMut<'a>, op: ReduceOp, root: usize) -> Result<Work<'a>> {
+        let (r, n) = (Self::ptr_mut(&recv), recv.count());
+        let s = send.map(|b| Self::ptr(&b)).unwrap_or(r);
+        let (d, o) = (dtype(recv.dtype()), redop(op));
+        // SAFETY: see above.
+        self.launch("reduce", |l, c, st| unsafe { (l.Reduce)(s, r, n, d, o, root as c_int, c, st) })
+    }
+
+    fn broadcast<'a>(&'a self, send: Option<Buf<'a>>, recv: BufMut<'a>, root: usize) -> Result<Work<'a>> {
+        let (r, n) = (Self::ptr_mut(&recv), recv.count());
+        let s = send.map(|b| Self::ptr(&b)).unwrap_or(r);
+        let d = dtype(recv.dtype());
+        // SAFETY: see above.
+        self.launch("broadcast", |l, c, st| unsafe { (l.Broadcast)(s, r, n, d, root as c_int, c, st) })
+    }
+
+    fn all_gather<'a>(&'a self, send: Option<Buf<'a>>, recv: BufMut<'a>) -> Result<Work<'a>> {
+        let r = Self::ptr_mut(&recv);
+        let per = recv.count() / self.info.size;
+        let es = recv.dtype().size();
+        let s = send
+            .map(|b| Self::ptr(&b))
+            .unwrap_or((r as *const u8).wrapping_add(self.info.rank * per * es) as *const c_void);
+        let d = dtype(recv.dtype());
+        // SAFETY: see above; in place, the input is this rank's chunk of `recv`.
+        self.launch("all_gather", |l, c, st| unsafe { (l.AllGather)(s, r, per, d, c, st) })
+    }
+
+    fn reduce_scatter<'a>(&'a self, send: Option<Buf<'a>>, recv: BufMut<'a>, op: ReduceOp) -> Result<Work<'a>> {
+        let es = recv.dtype().size();
+        let (d, o) = (dtype(recv.dtype()), redop(op));
+        let base = Self::ptr_mut(&recv);
+        let (s, r, per) = match send {
+            Some(b) => (Self::ptr(&b), base, recv.count()),
+            None => {
+                let per = recv.count() / self.info.size;
+                (base as *const c_void, (base as *mut u8).wrapping_add(self.info.rank * per * es) as *mut c_void, per)
+            }
+        };
+        // SAFETY: see above; in place, the output is this rank's chunk of the input.
+        self.launch("reduce_scatter", |l, c, st| unsafe { (l.ReduceScatter)(s, r, per, d, o, c, st) })
+    }
+
+    fn all_to_all<'a>(&'a self, send: Buf<'a>, recv: BufMut<'a>, splits: Option<&AllToAllSplits>) -> Result<Work<'a>> {
+        let n = self.info.size;
+        let es = send.dtype().size();
+        let d = dtype(send.dtype());
+        let (s, r) = (Self::ptr(&send), Self::ptr_mut(&recv));
+        if splits.is_none() {
+            if let Some(a2a) = self.lib.AlltoAll {
+                let per = send.count() / n;
+                // SAFETY: see above.
+                return self.launch("all_to_all", |_, c, st| unsafe { a2a(s, r, per, d, c, st) });
+            }
+        }
+        let (sc, rc): (Vec<usize>, Vec<usize>) = match splits {
+            Some(sp) => (sp.send_counts.clone(), sp.recv_counts.clone()),
+            None => (vec![send.count() / n; n], vec![recv.count() / n; n]),
+        };
+        self.launch("all_to_all", |l, c, st| {
+            group(l, || {
+                let (mut so, mut ro) = (0usize, 0usize);
+                for j in 0..n {
+                    // SAFETY: see above; offsets stay within the validated counts.
+                    let a = unsafe {
+                        (l.Send)((s as *const u8).wrapping_add(so * es) as *const c_void, sc[j], d, j as c_int, c, st)
+                    };
+                    // SAFETY: as above.
+                    let b = unsafe {
+                        (l.Recv)((r as *mut u8).wrapping_add(ro * es) as *mut c_void, rc[j], d, j as c_int, c, st)
+                    };
+                    if a != sys::SUCCESS && a != sys::IN_PROGRESS {
+                        return a;
+                    }
+                    if b != sys::SUCCESS && b != sys::IN_PROGRESS {
+                        return b;
+                    }
+                    so += sc[j];
+                    ro += rc[j];
+                }
+                sys::SUCCESS
+            })
+        })
+    }
+
+    fn send<'a>(&'a self, buf: Buf<'a>, peer: usize) -> Result<Work<'a>> {
+        let (p, n, d) = (Self::ptr(&buf), buf.count(), dtype(buf.dtype()));
+        // SAFETY: see above.
+        self.launch("send", |l, c, st| unsafe { (l.Send)(p, n, d, peer as c_int, c, st) })
+    }
+
+    fn recv<'a>(&'a self, buf: BufMut<'a>, peer: usize) -> Result<Work<'a>> {
+        let (p, n, d) = (Self::ptr_mut(&buf), buf.count(), dtype(buf.dtype()));
+        // SAFETY: see above.
+        self.launch("recv", |l, c, st| unsafe { (l.Recv)(p, n, d, peer as c_int, c, st) })
+    }
+
+    fn p2p_group<'a>(&'a self, ops: Vec<P2POp<'a>>) -> Result<Work<'a>> {
+        self.launch("p2p_group", |l, c, st| {
+            group(l, || {
+                for o in &ops {
+                    let code = match o {
+                        // SAFETY: see above.
+                        P2POp::Send(b, p) => unsafe {
+                            (l.Send)(Self::ptr(b), b.count(), dtype(b.dtype()), *p as c_int, c, st)
+                        },
+                        // SAFETY: see above.
+                        P2POp::Recv(b, p) => unsafe {
+                            (l.Recv)(Self::ptr_mut(b), b.count(), dtype(b.dtype()), *p as c_int, c, st)
+                        },
+                    };
+                    if code != sys::SUCCESS && code != sys::IN_PROGRESS {
+                        return code;
+                    }
+                }
+                sys::SUCCESS
+            })
+        })
+    }
+
+    fn barrier(&self) -> Result<Work<'_>> {
+        let p = self.scratch.view().ptr() as *mut c_void;
+        // SAFETY: the scratch element lives as long as the communicator.
+        self.launch("barrier", |l, c, st| unsafe { (l.AllReduce)(p, p, 1, 7, 0, c, st) })
+    }
+
+    async fn health(&self, _deadline: Instant) -> Result<()> {
+        self.poll_async("health").map(|_| ())
+    }
+
+    async fn abort(&self, _deadline: Instant) -> Result<()> {
+        self.abort_now();
+        Ok(())
+    }
+
+    async fn split(
+        &self,
+        color: Option<u32>,
+        key: u32,
+        name: &str,
+        deadline: Instant,
+    ) -> Result<Option<Arc<dyn Collective>>> {
+        let Some(split) = self.lib.CommSplit else {
+            return Err(Error::Unsupported {
+                backend: "nccl",
+                op: "split",
+                what: "ncclCommSplit is missing from the loaded NCCL".into(),
+            });
+        };
+        if let Some(e) = self.dead() {
+            return Err(e);
+        }
+        self.cuda.bind()?;
+        let k = self.splits.fetch_add(1, Ordering::Relaxed);
+        let col = color.map(|c| c as c_int).unwrap_or(sys::SPLIT_NOCOLOR);
+        // NCCL writes the child handle asynchronously, through the pointer it was given.
+        let slot = OutSlot::new();
+        {
+            let cname = CString::new(name.replace('\0', "")).unwrap_or_default();
+            let mut cfg = sys::config(Some(&cname));
+            let h = self.lock();
+            let Some(c) = h.0 else { return Err(self.aborted_err()) };
+            // SAFETY: live parent under the lock; the slot outlives the job; the config is
+            // copied by NCCL before it returns.
+            let code = unsafe { split(c, col, key as c_int, slot.ptr(), &mut cfg) };
+            if code != sys::SUCCESS && code != sys::IN_PROGRESS {
+                return Err(error(self.lib, "ncclCommSplit", code, Some(c), self.info.rank, &self.label));
+            }
+        }
+        loop {
+            match self.poll_async("ncclCommSplit") {
+                Ok(false) => break,
+                Ok(true) => {}
+                Err(e) => {
+                    slot.leak();
+                    return Err(e);
+                }
+            }
+            if Instant::now() > deadline {
+                let e = Error::Timeout {
+                    op: "split".into(),
+                    rank: self.info.rank,
+                    group: self.label.clone(),
+                    after: Duration::ZERO,
+                    detail: "ncclCommSplit did not complete".into(),
+                };
+                self.fail(&e);
+                slot.leak();
+                return Err(e);
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let child = CommPtr(slot.get());
+        if child.0.is_null() {
+            return Ok(None);
+        }
+        wait_init(self.lib, child, "ncclCommSplit", self.info.rank, name, deadline).await?;
+        drop(slot);
+        let child = child.0;
+        let (mut n, mut r): (c_int, c_int) = (0, 0);
+        // SAFETY: `child` is a live communicator used only here until wrapped.
+        let sz = unsafe { comm_count_rank(self.lib, child, &mut n, &mut r) };
+        if !sz {
+            return Err(Error::Backend {
+                backend: "nccl",
+                op: "ncclCommCount".into(),
+                code: -1,
+                text: "cannot read the new communicator's size".into(),
+                recovery: anyccl_core::Recovery::Rebuild,
+            });
+        }
+        let ns = format!("{}/split{k}/c{col}", self.ns);
+        let c: Arc<dyn Collective> =
+            NcclComm::wrap(self.lib, self.cuda.clone(), child, r as usize, n as usize, name, self.store.clone(), ns)?;
+        Ok(Some(c))
+    }
+
+    async fn shutdown(&self, deadline: Instant) -> Result<()> {
+        let Some(c) = self.lock().0 else { return Ok(()) };
+        self.cuda.bind()?;
+        self.stream.synchronize()?;
+        {
+            let _h = self.lock();
+            // SAFETY: live handle under the lock.
+            let code = unsafe { (self.lib.CommFinalize)(c) };
+            if code != sys::SUCCESS && code != sys::IN_PROGRESS {
+                let e = error(self.lib, "ncclCommFinalize", code, Some(c), self.info.rank, &self.label);
+                drop(_h);
+                self.fail(&e);
+                return Err(e);
+            }
+        }
+        while self.poll_async("ncclCommFinalize")? {
+            if Instant::now() > deadline {
+                let e = Error::Timeout {
+                    op: "shutdown".into(),
+                    rank: self.info.rank,
+                    group: self.label.clone(),
+                    after: Duration::ZERO,
+                    detail: "ncclCommFinalize did not complete; aborted".into(),
+                };
+                self.fail(&e);
+                return Err(e);
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let mut h = self.lock();
+        if let Some(c) = h.0.take() {
+            // SAFETY: finalized handle, destroyed once under the lock.
+            let code = unsafe { (self.lib.CommDestroy)(c) };
+            check(self.lib, "ncclCommDestroy", code, None, self.info.rank, &self.label)?;
+        }
+        Ok(())
+    }
+}
+
+/// `ncclCommCount` and `ncclCommUserRank` through the loaded library.
+///
+/// # Safety
+/// `comm` must be live and not used concurrently.
+unsafe fn comm_count_rank(lib: &NcclLib, comm: ncclComm_t, n: &mut c_int, r: &mut c_int) -> bool {
+    // SAFETY: per the caller.
+    unsafe { (lib.CommCount)(comm, n) == sys::SUCCESS && (lib.CommUserRank)(comm, r) == sys::SUCCESS }
+}

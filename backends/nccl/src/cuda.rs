@@ -1,0 +1,344 @@
+//! The CUDA side: primary contexts, streams, events and device memory through cudarc's
+//! driver `result` layer, plus the `Platform` implementation.
+
+use crate::result::cuda as cuda_err;
+use anyccl_core::{Buf, BufMut, DType, Device, DeviceKind, DeviceMemory, Error, MemInfo, Platform, Result};
+use cudarc::driver::{result as cu, sys};
+use std::sync::{Arc, OnceLock};
+
+/// Whether libcuda loads and the driver initialises; the number of devices.
+///
+/// # Errors
+/// A description of what is missing.
+pub fn probe() -> std::result::Result<usize, String> {
+    static PROBE: OnceLock<std::result::Result<usize, String>> = OnceLock::new();
+    PROBE
+        .get_or_init(|| {
+            // SAFETY: only tries to dlopen libcuda; no CUDA call is made when it is absent.
+            if !unsafe { sys::is_culib_present() } {
+                return Err("libcuda.so (the NVIDIA driver) not found".into());
+            }
+            cu::init().map_err(|e| format!("cuInit failed: {e:?}"))?;
+            let n = cu::device::get_count().map_err(|e| format!("cuDeviceGetCount failed: {e:?}"))?;
+            if n <= 0 {
+                return Err("no CUDA device".into());
+            }
+            Ok(n as usize)
+        })
+        .clone()
+}
+
+/// A device's primary context, retained for our lifetime.
+#[derive(Debug)]
+pub struct Cuda {
+    dev: sys::CUdevice,
+    ctx: sys::CUcontext,
+    /// Ordinal.
+    pub ordinal: i32,
+}
+
+// SAFETY: a CUcontext handle may be made current on any thread; we never share mutable state
+// through it.
+unsafe impl Send for Cuda {}
+// SAFETY: as above.
+unsafe impl Sync for Cuda {}
+
+impl Cuda {
+    /// Retain device `ordinal`'s primary context.
+    ///
+    /// # Errors
+    /// `Unavailable` without a driver; `Backend` on a driver error.
+    pub fn new(ordinal: i32) -> Result<Arc<Cuda>> {
+        probe().map_err(|reason| Error::Unavailable { backend: "nccl", reason })?;
+        let dev = cu::device::get(ordinal).map_err(|e| cuda_err("cuDeviceGet", e))?;
+        // SAFETY: `dev` is a valid device handle; the context is released in Drop.
+        let ctx = unsafe { cu::primary_ctx::retain(dev) }.map_err(|e| cuda_err("cuDevicePrimaryCtxRetain", e))?;
+        let c = Cuda { dev, ctx, ordinal };
+        c.bind()?;
+        Ok(Arc::new(c))
+    }
+
+    /// Make this device current on the calling thread (cheap; call before any CUDA or NCCL call).
+    ///
+    /// # Errors
+    /// `Backend` on a driver error.
+    pub fn bind(&self) -> Result<()> {
+        // SAFETY: `ctx` is retained for our lifetime.
+        unsafe { cu::ctx::set_current(self.ctx) }.map_err(|e| cuda_err("cuCtxSetCurrent", e))
+    }
+
+    /// The anyccl device.
+    pub fn device(&self) -> Device {
+        Device { kind: DeviceKind::Cuda, ordinal: self.ordinal }
+    }
+}
+
+impl Drop for Cuda {
+    fn drop(&mut self) {
+        // SAFETY: balances the retain in `new`.
+        if let Err(e) = unsafe { cu::primary_ctx::release(self.dev) } {
+            tracing::warn!("cuDevicePrimaryCtxRelease: {e:?}");
+        }
+    }
+}
+
+/// A non-blocking stream.
+#[derive(Debug)]
+pub struct Stream {
+    pub(crate) raw: sys::CUstream,
+    cuda: Arc<Cuda>,
+}
+
+// SAFETY: stream handles are usable from any thread with the context current.
+unsafe impl Send for Stream {}
+// SAFETY: as above.
+unsafe impl Sync for Stream {}
+
+impl Stream {
+    /// A new non-blocking stream on `cuda`.
+    ///
+    /// # Errors
+    /// `Backend` on a driver error.
+    pub fn new(cuda: &Arc<Cuda>) -> Result<Stream> {
+        cuda.bind()?;
+        let raw = cu::stream::create(cu::stream::StreamKind::NonBlocking).map_err(|e| cuda_err("cuStreamCreate", e))?;
+        Ok(Stream { raw, cuda: cuda.clone() })
+    }
+
+    /// Wait for all work on the stream.
+    ///
+    /// # Errors
+    /// `Backend` on a driver error.
+    pub fn synchronize(&self) -> Result<()> {
+        self.cuda.bind()?;
+        // SAFETY: `raw` is a live stream.
+        unsafe { cu::stream::synchronize(self.raw) }.map_err(|e| cuda_err("cuStreamSynchronize", e))
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        let _ = self.cuda.bind();
+        // SAFETY: `raw` was created by us and is destroyed once.
+        if let Err(e) = unsafe { cu::stream::destroy(self.raw) } {
+            tracing::warn!("cuStreamDestroy: {e:?}");
+        }
+    }
+}
+
+/// An event recorded on a stream, to poll completion.
+#[derive(Debug)]
+pub struct Event {
+    raw: sys::CUevent,
+    cuda: Arc<Cuda>,
+}
+
+// SAFETY: event handles are usable from any thread with the context current.
+unsafe impl Send for Event {}
+// SAFETY: `&Event` only allows querying, which CUDA permits concurrently.
+unsafe impl Sync for Event {}
+
+impl Event {
+    /// Record a new event at the current end of `stream`.
+    ///
+    /// # Errors
+    /// `Backend` on a driver error.
+    pub fn record(stream: &Stream) -> Result<Event> {
+        let raw =
+            cu::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING).map_err(|e| cuda_err("cuEventCreate", e))?;
+        let ev = Event { raw, cuda: stream.cuda.clone() };
+        // SAFETY: both handles are live.
+        unsafe { cu::event::record(ev.raw, stream.raw) }.map_err(|e| cuda_err("cuEventRecord", e))?;
+        Ok(ev)
+    }
+
+    /// Whether the work before the event has finished.
+    ///
+    /// # Errors
+    /// `Backend` when the device reports an error.
+    pub fn done(&self) -> Result<bool> {
+        self.cuda.bind()?;
+        // SAFETY: `raw` is a live event.
+        match unsafe { cu::event::query(self.raw) } {
+            Ok(()) => Ok(true),
+            Err(e) if e.0 == sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            Err(e) => Err(cuda_err("cuEventQuery", e)),
+        }
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        let _ = self.cuda.bind();
+        // SAFETY: created by us, destroyed once.
+        let _ = unsafe { cu::event::destroy(self.raw) };
+    }
+}
+
+/// Device memory, freed on drop.
+#[derive(Debug)]
+pub struct CudaMemory {
+    ptr: sys::CUdeviceptr,
+    dtype: DType,
+    count: usize,
+    cuda: Arc<Cuda>,
+}
+
+// SAFETY: the allocation is plain device memory, addressable from any thread.
+unsafe impl Send for CudaMemory {}
+// SAFETY: shared references only expose the address.
+unsafe impl Sync for CudaMemory {}
+
+impl CudaMemory {
+    /// `count` zeroed elements of `dtype` on `cuda`.
+    ///
+    /// # Errors
+    /// `Backend` (e.g. out of memory).
+    pub fn zeroed(cuda: &Arc<Cuda>, dtype: DType, count: usize) -> Result<CudaMemory> {
+        cuda.bind()?;
+        let bytes = count * dtype.size();
+        let ptr = if bytes == 0 {
+            0
+        } else {
+            // SAFETY: a plain allocation of `bytes` bytes, freed in Drop.
+            let p = unsafe { cu::malloc_sync(bytes) }.map_err(|e| cuda_err("cuMemAlloc", e))?;
+            // SAFETY: `p` points to `bytes` bytes just allocated.
+            unsafe { cu::memset_d8_sync(p, 0, bytes) }.map_err(|e| cuda_err("cuMemsetD8", e))?;
+            p
+        };
+        Ok(CudaMemory { ptr, dtype, count, cuda: cuda.clone() })
+    }
+
+    fn bytes(&self) -> usize {
+        self.count * self.dtype.size()
+    }
+}
+
+impl Drop for CudaMemory {
+    fn drop(&mut self) {
+        if self.ptr != 0 {
+            let _ = self.cuda.bind();
+            // SAFETY: allocated by cuMemAlloc in `zeroed`, freed once.
+            if let Err(e) = unsafe { cu::free_sync(self.ptr) } {
+                tracing::warn!("cuMemFree: {e:?}");
+            }
+        }
+    }
+}
+
+impl DeviceMemory for CudaMemory {
+    fn dtype(&self) -> DType {
+        self.dtype
+    }
+    fn count(&self) -> usize {
+        self.count
+    }
+    fn view(&self) -> Buf<'_> {
+        // SAFETY: the allocation holds `count` elements and outlives the borrow of self.
+        unsafe { Buf::from_raw(self.ptr as *const u8, self.count, self.dtype, self.cuda.device()) }
+    }
+    fn view_mut(&mut self) -> BufMut<'_> {
+        // SAFETY: as above, and `&mut self` makes the view exclusive.
+        unsafe { BufMut::from_raw(self.ptr as *mut u8, self.count, self.dtype, self.cuda.device()) }
+    }
+}
+
+/// The CUDA device layer of one rank.
+#[derive(Debug)]
+pub struct CudaPlatform {
+    cuda: Arc<Cuda>,
+}
+
+impl CudaPlatform {
+    /// The platform of device `ordinal`.
+    ///
+    /// # Errors
+    /// As [`Cuda::new`].
+    pub fn new(ordinal: i32) -> Result<Self> {
+        Ok(CudaPlatform { cuda: Cuda::new(ordinal)? })
+    }
+    /// The device's context.
+    pub fn cuda(&self) -> &Arc<Cuda> {
+        &self.cuda
+    }
+}
+
+fn device_ptr(op: &'static str, b: &Buf<'_>, cuda: &Cuda) -> Result<sys::CUdeviceptr> {
+    if b.device() != cuda.device() {
+        return Err(Error::InvalidArgument {
+            op,
+            arg: "buffer",
+            rank: 0,
+            group: String::new(),
+            msg: format!("buffer on {}, platform is {}", b.device(), cuda.device()),
+        });
+    }
+    Ok(b.ptr() as sys::CUdeviceptr)
+}
+
+impl Platform for CudaPlatform {
+    fn kind(&self) -> DeviceKind {
+        DeviceKind::Cuda
+    }
+    fn device(&self) -> Device {
+        self.cuda.device()
+    }
+    fn alloc(&self, dtype: DType, count: usize) -> Result<Box<dyn DeviceMemory>> {
+        Ok(Box::new(CudaMemory::zeroed(&self.cuda, dtype, count)?))
+    }
+    fn copy_from_host(&self, dst: &mut dyn DeviceMemory, src: &[u8]) -> Result<()> {
+        let v = dst.view();
+        let want = v.bytes();
+        if want != src.len() {
+            return Err(Error::InvalidArgument {
+                op: "copy_from_host",
+                arg: "src",
+                rank: 0,
+                group: String::new(),
+                msg: format!("device buffer holds {want} bytes, host {}", src.len()),
+            });
+        }
+        if want == 0 {
+            return Ok(());
+        }
+        let p = device_ptr("copy_from_host", &v, &self.cuda)?;
+        self.cuda.bind()?;
+        // SAFETY: `p` addresses `want` device bytes owned by `dst`, `src` has as many.
+        unsafe { cu::memcpy_htod_sync(p, src) }.map_err(|e| cuda_err("cuMemcpyHtoD", e))
+    }
+    fn copy_to_host(&self, src: &dyn DeviceMemory, dst: &mut [u8]) -> Result<()> {
+        let v = src.view();
+        if v.bytes() != dst.len() {
+            return Err(Error::InvalidArgument {
+                op: "copy_to_host",
+                arg: "dst",
+                rank: 0,
+                group: String::new(),
+                msg: format!("device buffer holds {} bytes, host {}", v.bytes(), dst.len()),
+            });
+        }
+        if dst.is_empty() {
+            return Ok(());
+        }
+        let p = device_ptr("copy_to_host", &v, &self.cuda)?;
+        self.cuda.bind()?;
+        // SAFETY: `p` addresses `dst.len()` device bytes owned by `src`.
+        unsafe { cu::memcpy_dtoh_sync(dst, p) }.map_err(|e| cuda_err("cuMemcpyDtoH", e))
+    }
+    fn synchronize(&self) -> Result<()> {
+        self.cuda.bind()?;
+        cu::ctx::synchronize().map_err(|e| cuda_err("cuCtxSynchronize", e))
+    }
+    fn mem_info(&self) -> Result<MemInfo> {
+        self.cuda.bind()?;
+        let (free, total) = cu::mem_get_info().map_err(|e| cuda_err("cuMemGetInfo", e))?;
+        Ok(MemInfo { free: free as u64, total: total as u64 })
+    }
+}
+
+impl CudaMemory {
+    #[allow(dead_code)]
+    fn debug_bytes(&self) -> usize {
+        self.bytes()
+    }
+}

@@ -1,0 +1,480 @@
+//! `anyccl-bench <op> [--backend B] [-b MIN] [-e MAX] [-f FACTOR] [-n ITERS] [-w WARMUP]
+//! [-d DTYPE] [-o OP] [-c 0|1] [--json]`: nccl-tests-style rows (size, count, type, redop,
+//! root, then time, algbw, busbw and #wrong out of place and in place) plus two columns no
+//! peer prints: the first (cold) call's time and the device memory it took. Runs under
+//! `anyccl-run` (one rank per process) or alone.
+#![forbid(unsafe_code)]
+
+use anyccl_conformance::pattern;
+use anyccl_core::{CommConfig, Communicator, DType, DeviceMemory, GroupSpec, P2POp, Platform, ReduceOp, Result, Work};
+use clap::Parser;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[derive(Parser, Debug)]
+#[command(name = "anyccl-bench")]
+struct Args {
+    /// all_reduce, all_gather, reduce_scatter, broadcast, reduce, all_to_all, sendrecv.
+    op: String,
+    /// Backend (default: ANYCCL_BACKEND, else nccl when it loads, else cpu).
+    #[arg(long)]
+    backend: Option<String>,
+    /// Smallest size (bytes; K, M, G suffixes).
+    #[arg(short = 'b', long = "minbytes", default_value = "8")]
+    min: String,
+    /// Largest size.
+    #[arg(short = 'e', long = "maxbytes", default_value = "128M")]
+    max: String,
+    /// Size factor between rows.
+    #[arg(short = 'f', long = "stepfactor", default_value_t = 2)]
+    factor: usize,
+    /// Timed iterations per row.
+    #[arg(short = 'n', long = "iters", default_value_t = 20)]
+    iters: usize,
+    /// Warmup iterations per row.
+    #[arg(short = 'w', long = "warmup_iters", default_value_t = 5)]
+    warmup: usize,
+    /// Element type.
+    #[arg(short = 'd', long = "datatype", default_value = "float")]
+    dtype: String,
+    /// Reduce op.
+    #[arg(short = 'o', long = "op", default_value = "sum")]
+    redop: String,
+    /// Root for broadcast and reduce.
+    #[arg(short = 'r', long = "root", default_value_t = 0)]
+    root: usize,
+    /// Check results (count wrong elements).
+    #[arg(short = 'c', long = "check", default_value_t = 1)]
+    check: u8,
+    /// Print rows as JSON lines instead.
+    #[arg(long)]
+    json: bool,
+}
+
+fn parse_size(s: &str) -> std::result::Result<usize, String> {
+    let s = s.trim();
+    let (num, mul) = match s.chars().last() {
+        Some('K' | 'k') => (&s[..s.len() - 1], 1 << 10),
+        Some('M' | 'm') => (&s[..s.len() - 1], 1 << 20),
+        Some('G' | 'g') => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    num.parse::<usize>().map(|n| n * mul).map_err(|_| format!("bad size '{s}'"))
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Op {
+    AllReduce,
+    AllGather,
+    ReduceScatter,
+    Broadcast,
+    Reduce,
+    AllToAll,
+    SendRecv,
+}
+
+impl Op {
+    fn parse(s: &str) -> Option<Op> {
+        Some(match s.trim_end_matches("_perf") {
+            "all_reduce" | "allreduce" => Op::AllReduce,
+            "all_gather" | "allgather" => Op::AllGather,
+            "reduce_scatter" | "reducescatter" => Op::ReduceScatter,
+            "broadcast" => Op::Broadcast,
+            "reduce" => Op::Reduce,
+            "all_to_all" | "alltoall" => Op::AllToAll,
+            "sendrecv" => Op::SendRecv,
+            _ => return None,
+        })
+    }
+    /// nccl-tests' bus bandwidth factor.
+    fn bus_factor(self, n: usize) -> f64 {
+        let n = n as f64;
+        match self {
+            Op::AllReduce => 2.0 * (n - 1.0) / n,
+            Op::AllGather | Op::ReduceScatter | Op::AllToAll => (n - 1.0) / n,
+            Op::Broadcast | Op::Reduce | Op::SendRecv => 1.0,
+        }
+    }
+    fn reduces(self) -> bool {
+        matches!(self, Op::AllReduce | Op::ReduceScatter | Op::Reduce)
+    }
+    fn rooted(self) -> bool {
+        matches!(self, Op::Broadcast | Op::Reduce)
+    }
+}
+
+/// Buffers of one row: element counts of the send and receive buffers.
+fn counts(op: Op, bytes: usize, es: usize, n: usize) -> (usize, usize) {
+    let total = (bytes / es / n.max(1)) * n.max(1);
+    match op {
+        Op::AllGather => (total / n, total),
+        Op::ReduceScatter => (total, total / n),
+        _ => (total, total),
+    }
+}
+
+struct Bufs {
+    send: Box<dyn DeviceMemory>,
+    recvs: Vec<Box<dyn DeviceMemory>>,
+    /// The encoded input of an in-place call (the receive buffer's size).
+    in_place_input: Vec<u8>,
+}
+
+fn issue<'a>(
+    comm: &'a Communicator,
+    op: Op,
+    send: Option<&'a dyn DeviceMemory>,
+    recv: &'a mut dyn DeviceMemory,
+    rop: ReduceOp,
+    root: usize,
+) -> Result<Work<'a>> {
+    let (me, n) = (comm.rank(), comm.size());
+    let s = send.map(|s| s.view());
+    match op {
+        Op::AllReduce => comm.all_reduce(s, recv.view_mut(), rop),
+        Op::AllGather => comm.all_gather(s, recv.view_mut()),
+        Op::ReduceScatter => comm.reduce_scatter(s, recv.view_mut(), rop),
+        Op::Broadcast => comm.broadcast(s, recv.view_mut(), root),
+        Op::Reduce => comm.reduce(s, recv.view_mut(), rop, root),
+        Op::AllToAll => match s {
+            Some(s) => comm.all_to_all(s, recv.view_mut(), None),
+            None => Err(anyccl_core::Error::Unsupported {
+                backend: comm.info().backend,
+                op: "all_to_all",
+                what: "in place".into(),
+            }),
+        },
+        Op::SendRecv => {
+            let (to, from) = ((me + 1) % n, (me + n - 1) % n);
+            match s {
+                Some(s) => comm.p2p_group(vec![P2POp::Send(s, to), P2POp::Recv(recv.view_mut(), from)]),
+                None => Err(anyccl_core::Error::Unsupported {
+                    backend: comm.info().backend,
+                    op: "sendrecv",
+                    what: "in place".into(),
+                }),
+            }
+        }
+    }
+}
+
+/// Expected output element `i` on `me` for inputs `pattern::value(rank, i)`.
+fn expected(
+    op: Op,
+    dtype: DType,
+    rop: ReduceOp,
+    n: usize,
+    me: usize,
+    root: usize,
+    recv_count: usize,
+    i: usize,
+) -> Option<f64> {
+    let v = |r: usize, k: usize| pattern::round_trip(pattern::value(r, k, Some(rop), 0), dtype);
+    Some(match op {
+        Op::AllReduce => pattern::reduced(n, i, dtype, rop, 0),
+        Op::Reduce => {
+            if me != root {
+                return None;
+            }
+            pattern::reduced(n, i, dtype, rop, 0)
+        }
+        Op::Broadcast => v(root, i),
+        Op::AllGather => {
+            let per = recv_count / n;
+            v(i / per, i % per)
+        }
+        Op::ReduceScatter => pattern::reduced(n, me * recv_count + i, dtype, rop, 0),
+        Op::AllToAll => {
+            let per = recv_count / n;
+            v(i / per, me * per + i % per)
+        }
+        Op::SendRecv => v((me + n - 1) % n, i),
+    })
+}
+
+fn wrong(
+    platform: &dyn Platform,
+    op: Op,
+    dtype: DType,
+    rop: ReduceOp,
+    comm: &Communicator,
+    root: usize,
+    recv: &dyn DeviceMemory,
+) -> Result<usize> {
+    let mut bytes = vec![0u8; recv.count() * dtype.size()];
+    platform.copy_to_host(recv, &mut bytes)?;
+    let got = pattern::decode(&bytes, dtype);
+    let (n, me) = (comm.size(), comm.rank());
+    let mut bad = 0;
+    for (i, g) in got.iter().enumerate() {
+        if let Some(w) = expected(op, dtype, rop, n, me, root, recv.count(), i) {
+            let tol = if rop == ReduceOp::Avg && dtype.is_float() { 1e-2 * w.abs().max(1.0) } else { 0.0 };
+            if (g - w).abs() > tol {
+                bad += 1;
+            }
+        }
+    }
+    Ok(bad)
+}
+
+/// A barrier through the store, so that meeting costs no collective (which would connect
+/// transports before the cold call is measured).
+struct StoreBarrier<'a> {
+    store: &'a dyn anyccl_core::Store,
+    n: usize,
+    calls: usize,
+}
+
+impl StoreBarrier<'_> {
+    async fn wait(&mut self, what: &str) -> Result<()> {
+        self.calls += 1;
+        let key = format!("bench/barrier/{what}/{}", self.calls);
+        let arrived = self.store.add(&key, 1).await?;
+        if arrived as usize == self.n {
+            self.store.set(&format!("{key}/done"), b"1").await?;
+        }
+        self.store.wait(&format!("{key}/done"), Instant::now() + Duration::from_secs(600)).await?;
+        Ok(())
+    }
+}
+
+/// This rank's input pattern for `count` elements, encoded once per row.
+fn input(rank: usize, count: usize, dtype: DType, rop: ReduceOp) -> Vec<u8> {
+    pattern::encode(&pattern::values(rank, count, Some(rop), 0), dtype)
+}
+
+struct Row {
+    bytes: usize,
+    count: usize,
+    oop: (f64, usize),
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(args).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("anyccl-bench: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn bad_arg(arg: &'static str, msg: String) -> anyccl_core::Error {
+    anyccl_core::Error::InvalidArgument { op: "anyccl-bench", arg, rank: 0, group: String::new(), msg }
+}
+
+async fn run(args: Args) -> Result<()> {
+    let op = Op::parse(&args.op).ok_or_else(|| bad_arg("op", format!("unknown op '{}'", args.op)))?;
+    let dtype = DType::parse(&args.dtype).ok_or_else(|| bad_arg("-d", format!("unknown type '{}'", args.dtype)))?;
+    let rop = ReduceOp::parse(&args.redop).ok_or_else(|| bad_arg("-o", format!("unknown op '{}'", args.redop)))?;
+    let min = parse_size(&args.min).map_err(|m| bad_arg("-b", m))?;
+    let max = parse_size(&args.max).map_err(|m| bad_arg("-e", m))?;
+    if args.factor < 2 {
+        return Err(bad_arg("-f", "the step factor must be at least 2".into()));
+    }
+    let (env, store, _server) = anyccl_examples::start_rank().await?;
+    let backend = anyccl_examples::pick_backend(args.backend.as_deref())?;
+    let platform: Arc<dyn Platform> = backend.platform(env.local_rank)?;
+    let comm = Communicator::connect(
+        backend.as_ref(),
+        GroupSpec::world(env.world_size, "anyccl-bench"),
+        env.rank,
+        store.clone(),
+        platform.device(),
+        CommConfig::from_env()?,
+    )
+    .await?;
+    let (n, me) = (comm.size(), comm.rank());
+    let root = args.root;
+    if op.rooted() && root >= n {
+        return Err(bad_arg("-r", format!("root {root} is out of range for {n} ranks")));
+    }
+    let timeout = comm.config().op_timeout;
+    let print = me == 0;
+    if print && !args.json {
+        let info = backend.probe()?;
+        println!(
+            "# anyccl-bench {} on {} ranks, backend {} {}, device {}",
+            args.op,
+            n,
+            info.name,
+            info.version,
+            platform.device()
+        );
+        println!("#  nThread 1 nGpus 1 minBytes {min} maxBytes {max} step: {}(factor) warmup iters: {} iters: {} validation: {}", args.factor, args.warmup, args.iters, args.check);
+        println!("#");
+        println!("#                                                              out-of-place                       in-place                    cold first call");
+        println!("#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong     time   devmem");
+        println!("#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)            (us)    (MiB)");
+    }
+    let mut rows = Vec::new();
+    let mut bytes = min.max(dtype.size() * n);
+    let mut sum_bus = 0.0;
+    let mut wrong_total = 0;
+    while bytes <= max {
+        let (sc, rc) = counts(op, bytes, dtype.size(), n);
+        let size_b = rc.max(sc) * dtype.size();
+        // Enough receive buffers to enqueue a run back to back without waiting, within 4 GiB.
+        let depth = (4usize << 30).checked_div(rc.max(1) * dtype.size()).unwrap_or(1).clamp(1, args.iters.max(1));
+        let in_place_input = if matches!(op, Op::AllReduce | Op::Broadcast | Op::Reduce) {
+            input(me, rc, dtype, rop)
+        } else {
+            Vec::new()
+        };
+        let mut b = Bufs { send: platform.alloc(dtype, sc)?, recvs: Vec::new(), in_place_input };
+        platform.copy_from_host(b.send.as_mut(), &input(me, sc, dtype, rop))?;
+        for _ in 0..depth {
+            b.recvs.push(platform.alloc(dtype, rc)?);
+        }
+        // Cold: the first call of this size on this communicator, with its memory. The
+        // ranks meet through the store, so no collective runs before it.
+        let mut sync = StoreBarrier { store: store.as_ref(), n, calls: 0 };
+        sync.wait(&format!("cold{bytes}")).await?;
+        platform.synchronize()?;
+        let before = platform.mem_info()?.free;
+        let t = Instant::now();
+        issue(&comm, op, Some(b.send.as_ref()), b.recvs[0].as_mut(), rop, root)?.wait(timeout)?;
+        let cold_us = t.elapsed().as_secs_f64() * 1e6;
+        let after = platform.mem_info()?.free;
+        let cold_mib = before.saturating_sub(after) as f64 / (1 << 20) as f64;
+        let oop =
+            timed(&comm, &platform, op, &mut b, rop, root, args.warmup, args.iters, timeout, false, &mut sync).await?;
+        let oop_wrong = if args.check != 0 {
+            wrong(platform.as_ref(), op, dtype, rop, &comm, root, b.recvs[0].as_ref())?
+        } else {
+            0
+        };
+        // In place where input and output have the same shape (nccl-tests also times
+        // all_gather and reduce_scatter in place; not yet here).
+        let ip = if !matches!(op, Op::AllReduce | Op::Broadcast | Op::Reduce) {
+            None
+        } else {
+            let t = timed(&comm, &platform, op, &mut b, rop, root, args.warmup, args.iters, timeout, true, &mut sync)
+                .await?;
+            let w = if args.check != 0 {
+                wrong(platform.as_ref(), op, dtype, rop, &comm, root, b.recvs[0].as_ref())?
+            } else {
+                0
+            };
+            Some((t, w))
+        };
+        wrong_total += oop_wrong + ip.map(|x| x.1).unwrap_or(0);
+        let row = Row { bytes: size_b, count: size_b / dtype.size(), oop: (oop, oop_wrong) };
+        let algbw = |us: f64| row.bytes as f64 / us / 1e3;
+        sum_bus += algbw(oop) * op.bus_factor(n);
+        if print {
+            let cols = |(us, w): (f64, usize)| {
+                format!("{us:8.2} {:7.2} {:7.2} {w:6}", algbw(us), algbw(us) * op.bus_factor(n))
+            };
+            let redop = if op.reduces() { rop.name() } else { "none" };
+            let rt = if op.rooted() { root.to_string() } else { "-1".into() };
+            if args.json {
+                println!(
+                    "{}",
+                    serde_json::json!({"op": args.op, "ranks": n, "size": row.bytes, "count": row.count, "type": dtype.name(), "redop": redop, "root": rt,
+                        "oop_us": oop, "oop_algbw": algbw(oop), "oop_busbw": algbw(oop) * op.bus_factor(n), "oop_wrong": oop_wrong,
+                        "ip_us": ip.map(|x| x.0), "ip_busbw": ip.map(|x| algbw(x.0) * op.bus_factor(n)), "ip_wrong": ip.map(|x| x.1),
+                        "cold_us": cold_us, "cold_devmem_mib": cold_mib})
+                );
+            } else {
+                let ipc =
+                    ip.map(cols).unwrap_or_else(|| format!("{:>8} {:>7} {:>7} {:>6}", "N/A", "N/A", "N/A", "N/A"));
+                println!(
+                    "{:12} {:13} {:>9} {:>7} {:>7} {} {} {:8.1} {:8.1}",
+                    row.bytes,
+                    row.count,
+                    dtype.name(),
+                    redop,
+                    rt,
+                    cols(row.oop),
+                    ipc,
+                    cold_us,
+                    cold_mib
+                );
+            }
+        }
+        rows.push(row);
+        drop(b);
+        bytes = bytes.saturating_mul(args.factor);
+    }
+    if print && !args.json {
+        println!("# Out of bounds values : {wrong_total} {}", if wrong_total == 0 { "OK" } else { "FAILED" });
+        println!("# Avg bus bandwidth    : {:.4}", sum_bus / rows.len().max(1) as f64);
+        println!("#");
+    }
+    comm.shutdown().await?;
+    if wrong_total > 0 {
+        return Err(bad_arg("-c", format!("{wrong_total} wrong elements")));
+    }
+    Ok(())
+}
+
+/// Average time per operation (us) over `iters` calls issued back to back, `depth` at a
+/// time on distinct receive buffers, after `warmup` untimed calls.
+#[allow(clippy::too_many_arguments)]
+async fn timed(
+    comm: &Communicator,
+    platform: &Arc<dyn Platform>,
+    op: Op,
+    b: &mut Bufs,
+    rop: ReduceOp,
+    root: usize,
+    warmup: usize,
+    iters: usize,
+    timeout: Duration,
+    in_place: bool,
+    sync: &mut StoreBarrier<'_>,
+) -> Result<f64> {
+    let run = |count: usize, b: &mut Bufs| -> Result<()> {
+        let mut left = count;
+        while left > 0 {
+            let k = left.min(b.recvs.len());
+            if in_place {
+                for r in b.recvs.iter_mut().take(k) {
+                    platform.copy_from_host(r.as_mut(), &b.in_place_input)?;
+                }
+            }
+            let send = (!in_place).then_some(b.send.as_ref());
+            let mut works = Vec::with_capacity(k);
+            for r in b.recvs.iter_mut().take(k) {
+                works.push(issue(comm, op, send, r.as_mut(), rop, root)?);
+            }
+            for mut w in works {
+                w.wait(timeout)?;
+            }
+            left -= k;
+        }
+        Ok(())
+    };
+    run(warmup, b)?;
+    sync.wait("timed").await?;
+    if in_place {
+        // Refilling in-place inputs is not part of the operation: time the calls only.
+        let mut total = Duration::ZERO;
+        let mut left = iters;
+        while left > 0 {
+            let k = left.min(b.recvs.len());
+            for r in b.recvs.iter_mut().take(k) {
+                platform.copy_from_host(r.as_mut(), &b.in_place_input)?;
+            }
+            sync.wait("in-place").await?;
+            let t = Instant::now();
+            let mut works = Vec::with_capacity(k);
+            for r in b.recvs.iter_mut().take(k) {
+                works.push(issue(comm, op, None, r.as_mut(), rop, root)?);
+            }
+            for mut w in works {
+                w.wait(timeout)?;
+            }
+            total += t.elapsed();
+            left -= k;
+        }
+        return Ok(total.as_secs_f64() * 1e6 / iters.max(1) as f64);
+    }
+    let t = Instant::now();
+    run(iters, b)?;
+    Ok(t.elapsed().as_secs_f64() * 1e6 / iters.max(1) as f64)
+}
