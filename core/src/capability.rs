@@ -33,6 +33,11 @@ pub struct Capabilities {
     pub warmup_large_bytes: usize,
     /// Largest group size supported.
     pub max_world_size: usize,
+    /// A peer's death or abort ends the other ranks' waits with `PeerFailed` (otherwise
+    /// they end at their deadline with `Timeout`).
+    pub detects_peer_failure: bool,
+    /// Ranks issuing different collectives get an error instead of undefined results.
+    pub detects_mismatch: bool,
     /// Most ranks that can share one host (one per device for GPU backends).
     pub max_local_ranks: usize,
 }

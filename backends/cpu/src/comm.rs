@@ -134,6 +134,8 @@ pub fn cpu_capabilities() -> Capabilities {
         warmup_large_bytes: 4 << 20,
         max_world_size: 4096,
         max_local_ranks: 4096,
+        detects_peer_failure: true,
+        detects_mismatch: true,
     }
 }
 

@@ -60,6 +60,10 @@ pub fn nccl_capabilities(lib: &NcclLib, devices: usize) -> Capabilities {
         warmup_large_bytes: 32 << 20,
         max_world_size: usize::MAX,
         max_local_ranks: devices,
+        // NCCL reports neither: a dead peer leaves kernels waiting, a mismatched collective
+        // runs with whatever arrives (NVIDIA/nccl#279).
+        detects_peer_failure: false,
+        detects_mismatch: false,
     }
 }
 
@@ -101,13 +105,30 @@ struct Handle(Option<ncclComm_t>);
 unsafe impl Send for Handle {}
 
 /// The NCCL backend's communicator.
+///
+/// Two NCCL communicators back it: a non-blocking *control* communicator (init and splits,
+/// bounded by deadlines) and a blocking *data* communicator split from it with shared
+/// resources, so a warm operation launches synchronously (a non-blocking communicator hands
+/// every launch to an asynchronous path, costing tens of microseconds each). A first call
+/// that blocks while NCCL connects to a peer is bounded by a watchdog that aborts the
+/// communicator. `ANYCCL_NCCL_BLOCKING=0` runs the data plane on the control communicator.
 pub struct NcclComm {
     info: CommInfo,
     caps: Capabilities,
     lib: &'static NcclLib,
     cuda: Arc<Cuda>,
     stream: Stream,
+    /// The data communicator.
     handle: Mutex<Handle>,
+    /// The control communicator, when the data one is separate.
+    ctrl: Mutex<Handle>,
+    /// Copies of both handles for the watchdog, which aborts without taking the locks.
+    raw: [std::sync::atomic::AtomicPtr<cudarc::nccl::sys::ncclComm>; 2],
+    /// Set by whoever frees the NCCL communicators first (abort, shutdown or watchdog).
+    freed: AtomicBool,
+    /// Nanoseconds since `epoch` at which a blocking NCCL call began; 0 when none runs.
+    in_call_since: AtomicU64,
+    epoch: Instant,
     aborted: AtomicBool,
     failure: Mutex<Option<String>>,
     label: String,
@@ -216,14 +237,63 @@ impl NcclComm {
             }
         }
         let comm = CommPtr(slot.get());
-        wait_init(lib, comm, "ncclCommInitRankConfig", rank, namespace, deadline).await.inspect_err(|_| slot.leak())?;
-        NcclComm::wrap(lib, cuda, comm.0, rank, size, namespace, store, ns)
+        if let Err(e) = wait_init(lib, comm, "ncclCommInitRankConfig", rank, namespace, deadline).await {
+            slot.leak();
+            return Err(e);
+        }
+        drop(slot);
+        let (ctrl, data) = NcclComm::data_comm(lib, comm, rank, namespace, deadline).await?;
+        NcclComm::wrap(lib, cuda, ctrl.map(|c| c.0), data.0, rank, size, namespace, store, ns)
+    }
+
+    /// Split a blocking data communicator off `ctrl` (every member calls this), unless
+    /// `ANYCCL_NCCL_BLOCKING=0`. Returns (control, data).
+    async fn data_comm(
+        lib: &'static NcclLib,
+        ctrl: CommPtr,
+        rank: usize,
+        label: &str,
+        deadline: Instant,
+    ) -> Result<(Option<CommPtr>, CommPtr)> {
+        let blocking = std::env::var("ANYCCL_NCCL_BLOCKING").map(|v| v != "0").unwrap_or(true);
+        let Some(split) = lib.CommSplit.filter(|_| blocking) else { return Ok((None, ctrl)) };
+        let ctrl_ptr = ctrl;
+        let slot = OutSlot::new();
+        {
+            let mut cfg = sys::config(None);
+            cfg.blocking = 1;
+            cfg.splitShare = 1;
+            // SAFETY: `ctrl` is live and used only by this task until wrapped; the slot
+            // outlives the job; NCCL copies the config before returning.
+            let code = unsafe { split(ctrl_ptr.0, 0, rank as c_int, slot.ptr(), &mut cfg) };
+            if code != sys::SUCCESS && code != sys::IN_PROGRESS {
+                return Err(error(lib, "ncclCommSplit (data)", code, Some(ctrl_ptr.0), rank, label));
+            }
+        }
+        if let Err(e) = wait_init(lib, ctrl_ptr, "ncclCommSplit (data)", rank, label, deadline).await {
+            slot.leak();
+            return Err(e);
+        }
+        let data = CommPtr(slot.get());
+        if data.0.is_null() {
+            return Err(Error::Backend {
+                backend: "nccl",
+                op: "ncclCommSplit (data)".into(),
+                code: -1,
+                text: "NCCL returned no communicator".into(),
+                recovery: anyccl_core::Recovery::Rebuild,
+            });
+        }
+        wait_init(lib, data, "ncclCommSplit (data)", rank, label, deadline).await?;
+        drop(slot);
+        Ok((Some(ctrl_ptr), data))
     }
 
     #[allow(clippy::too_many_arguments)]
     fn wrap(
         lib: &'static NcclLib,
         cuda: Arc<Cuda>,
+        ctrl: Option<ncclComm_t>,
         comm: ncclComm_t,
         rank: usize,
         size: usize,
@@ -234,13 +304,21 @@ impl NcclComm {
         let stream = Stream::new(&cuda)?;
         let scratch = CudaMemory::zeroed(&cuda, DType::F32, 1)?;
         let devices = crate::cuda::probe().unwrap_or(1);
-        Ok(Arc::new(NcclComm {
+        let comm = Arc::new(NcclComm {
             info: CommInfo { backend: "nccl", rank, size, device: cuda.device() },
             caps: nccl_capabilities(lib, devices),
             lib,
             cuda,
             stream,
             handle: Mutex::new(Handle(Some(comm))),
+            ctrl: Mutex::new(Handle(ctrl)),
+            raw: [
+                std::sync::atomic::AtomicPtr::new(comm),
+                std::sync::atomic::AtomicPtr::new(ctrl.unwrap_or(std::ptr::null_mut())),
+            ],
+            freed: AtomicBool::new(false),
+            in_call_since: AtomicU64::new(0),
+            epoch: Instant::now(),
             aborted: AtomicBool::new(false),
             failure: Mutex::new(None),
             label: label.to_string(),
@@ -251,7 +329,59 @@ impl NcclComm {
             pending: Mutex::new(None),
             in_progress_returns: AtomicU64::new(0),
             op_timeout: anyccl_core::CommConfig::from_env().map(|c| c.op_timeout).unwrap_or(Duration::from_secs(600)),
-        }))
+        });
+        NcclComm::start_watchdog(&comm);
+        Ok(comm)
+    }
+
+    /// A thread that aborts the communicator when one NCCL call blocks for longer than the
+    /// enqueue timeout (a first call waiting for a peer that never connects).
+    fn start_watchdog(comm: &Arc<NcclComm>) {
+        let weak = Arc::downgrade(comm);
+        let limit = enqueue_timeout();
+        let spawned = std::thread::Builder::new().name("anyccl-nccl-watchdog".into()).spawn(move || loop {
+            std::thread::sleep(Duration::from_millis(100));
+            let Some(c) = weak.upgrade() else { return };
+            if c.freed.load(Ordering::Acquire) {
+                return;
+            }
+            let since = c.in_call_since.load(Ordering::Acquire);
+            if since != 0 && c.epoch.elapsed().saturating_sub(Duration::from_nanos(since)) > limit {
+                let why =
+                    format!("an NCCL call blocked for more than {limit:?} (a peer never joined); communicator aborted");
+                tracing::error!("'{}' rank {}: {why}", c.label, c.info.rank);
+                if let Ok(mut f) = c.failure.lock() {
+                    f.get_or_insert(why);
+                }
+                c.aborted.store(true, Ordering::Release);
+                c.free_raw();
+                return;
+            }
+        });
+        if let Err(e) = spawned {
+            tracing::warn!("no watchdog for '{}': {e}", comm.label);
+        }
+    }
+
+    /// Abort both NCCL communicators once, without the locks (the watchdog's path, and the
+    /// last step of every other path).
+    fn free_raw(&self) {
+        if self.freed.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let _ = self.cuda.bind();
+        for r in &self.raw {
+            let c = r.swap(std::ptr::null_mut(), Ordering::AcqRel);
+            if !c.is_null() {
+                // SAFETY: `c` is one of our live communicators, freed exactly once (guarded
+                // by `freed`); ncclCommAbort may run while another thread is blocked in a
+                // call on it, which it then unblocks.
+                let code = unsafe { (self.lib.CommAbort)(c) };
+                if code != sys::SUCCESS {
+                    tracing::warn!("ncclCommAbort on '{}' rank {}: code {code}", self.label, self.info.rank);
+                }
+            }
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, Handle> {
@@ -277,15 +407,11 @@ impl NcclComm {
 
     fn abort_now(&self) {
         self.aborted.store(true, Ordering::Release);
-        let mut h = self.lock();
-        if let Some(c) = h.0.take() {
-            let _ = self.cuda.bind();
-            // SAFETY: `c` is live and, under the lock, not in use by another call.
-            let code = unsafe { (self.lib.CommAbort)(c) };
-            if code != sys::SUCCESS {
-                tracing::warn!("ncclCommAbort on '{}' rank {}: code {code}", self.label, self.info.rank);
-            }
-        }
+        // Free first (a blocked call holds the lock and is released by the abort), then
+        // forget the handles.
+        self.free_raw();
+        self.lock().0 = None;
+        self.ctrl.lock().unwrap_or_else(|p| p.into_inner()).0 = None;
     }
 
     /// The async error of the communicator, if it has one (`Ok(true)`: still in progress).
@@ -368,7 +494,12 @@ impl NcclComm {
         self.settle(op)?;
         let h = self.lock();
         let Some(c) = h.0 else { return Err(self.dead().unwrap_or_else(|| self.aborted_err())) };
+        self.in_call_since.store(self.epoch.elapsed().as_nanos().max(1) as u64, Ordering::Release);
         let code = calls(self.lib, c, self.stream.raw);
+        self.in_call_since.store(0, Ordering::Release);
+        if let Some(e) = self.dead() {
+            return Err(e);
+        }
         if code != sys::SUCCESS && code != sys::IN_PROGRESS {
             let e = error(self.lib, op, code, Some(c), self.info.rank, &self.label);
             drop(h);
@@ -438,13 +569,14 @@ async fn wait_init(lib: &NcclLib, comm: CommPtr, op: &str, rank: usize, group: &
 
 impl Drop for NcclComm {
     fn drop(&mut self) {
+        self.in_call_since.store(0, Ordering::Release);
         tracing::info!(
             "'{}' rank {}: {} launches answered ncclInProgress",
             self.label,
             self.info.rank,
             self.in_progress_returns.load(Ordering::Relaxed)
         );
-        if self.lock().0.is_some() {
+        if !self.freed.load(Ordering::Acquire) {
             tracing::debug!("dropping '{}' rank {} without shutdown: aborting", self.label, self.info.rank);
             self.abort_now();
         }
@@ -765,9 +897,10 @@ impl Collective for NcclComm {
         {
             let cname = CString::new(name.replace('\0', "")).unwrap_or_default();
             let mut cfg = sys::config(Some(&cname));
-            let h = self.lock();
-            let Some(c) = h.0 else { return Err(self.aborted_err()) };
-            // SAFETY: live parent under the lock; the slot outlives the job; the config is
+            let hd = self.lock();
+            let hc = self.ctrl.lock().unwrap_or_else(|p| p.into_inner());
+            let Some(c) = hc.0.or(hd.0) else { return Err(self.aborted_err()) };
+            // SAFETY: live parent under the locks; the slot outlives the job; the config is
             // copied by NCCL before it returns.
             let code = unsafe { split(c, col, key as c_int, slot.ptr(), &mut cfg) };
             if code != sys::SUCCESS && code != sys::IN_PROGRESS {
@@ -817,8 +950,18 @@ impl Collective for NcclComm {
             });
         }
         let ns = format!("{}/split{k}/c{col}", self.ns);
-        let c: Arc<dyn Collective> =
-            NcclComm::wrap(self.lib, self.cuda.clone(), child, r as usize, n as usize, name, self.store.clone(), ns)?;
+        let (ctrl, data) = NcclComm::data_comm(self.lib, CommPtr(child), r as usize, name, deadline).await?;
+        let c: Arc<dyn Collective> = NcclComm::wrap(
+            self.lib,
+            self.cuda.clone(),
+            ctrl.map(|c| c.0),
+            data.0,
+            r as usize,
+            n as usize,
+            name,
+            self.store.clone(),
+            ns,
+        )?;
         Ok(Some(c))
     }
 
@@ -851,11 +994,26 @@ impl Collective for NcclComm {
             }
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
-        let mut h = self.lock();
-        if let Some(c) = h.0.take() {
-            // SAFETY: finalized handle, destroyed once under the lock.
+        // From here on the handles are ours to destroy: keep the watchdog and abort away.
+        if self.freed.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        let data = self.lock().0.take();
+        let ctrl = self.ctrl.lock().unwrap_or_else(|p| p.into_inner()).0.take();
+        for r in &self.raw {
+            r.store(std::ptr::null_mut(), Ordering::Release);
+        }
+        if let Some(c) = data {
+            // SAFETY: finalized handle, destroyed once (guarded by `freed`).
             let code = unsafe { (self.lib.CommDestroy)(c) };
             check(self.lib, "ncclCommDestroy", code, None, self.info.rank, &self.label)?;
+        }
+        if let Some(c) = ctrl {
+            // The control communicator ran nothing since init: abort frees it without a
+            // collective finalize (which would need every rank again).
+            // SAFETY: live handle, freed once.
+            let code = unsafe { (self.lib.CommAbort)(c) };
+            check(self.lib, "ncclCommAbort (control)", code, None, self.info.rank, &self.label)?;
         }
         Ok(())
     }
