@@ -14,6 +14,7 @@
 #![warn(missing_docs)]
 
 pub mod cases;
+pub mod fault;
 pub mod harness;
 pub mod pattern;
 pub mod registry;

@@ -97,5 +97,6 @@ pub fn all_cases() -> Vec<Case> {
     crate::cases::groups::register(&mut v);
     crate::cases::errors::register(&mut v);
     crate::cases::lifecycle::register(&mut v);
+    crate::cases::warmup::register(&mut v);
     v
 }

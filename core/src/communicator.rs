@@ -24,6 +24,23 @@ pub struct Communicator {
     seq: AtomicU64,
     recorder: Arc<FlightRecorder>,
     config: CommConfig,
+    recording: std::sync::Mutex<Option<std::collections::BTreeSet<OpSignature>>>,
+}
+
+/// The shape of one operation, as recorded for a warmup plan: distinct signatures of a real
+/// step are what a later recovery must connect.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+pub struct OpSignature {
+    /// Operation name (`all_reduce`, `send`, ...).
+    pub op: String,
+    /// Element type.
+    pub dtype: Option<DType>,
+    /// Size class: `floor(log2(bytes))` (0 for empty buffers).
+    pub size_class: u32,
+    /// Largest byte count seen in this class.
+    pub bytes: usize,
+    /// Peer (point-to-point) or root (rooted collectives).
+    pub peer: Option<usize>,
 }
 
 /// Facts about one call, gathered by validation.
@@ -72,7 +89,20 @@ impl Communicator {
             seq: AtomicU64::new(0),
             recorder,
             config,
+            recording: std::sync::Mutex::new(None),
         })
+    }
+
+    /// Start recording the distinct operation signatures issued on this communicator.
+    pub fn start_recording(&self) {
+        if let Ok(mut r) = self.recording.lock() {
+            *r = Some(Default::default());
+        }
+    }
+
+    /// Stop recording and return what was recorded (empty when not recording).
+    pub fn take_recording(&self) -> Vec<OpSignature> {
+        self.recording.lock().ok().and_then(|mut r| r.take()).map(|s| s.into_iter().collect()).unwrap_or_default()
     }
 
     /// Connect a new communicator for `spec` through `backend`; `rank` is this process's
@@ -221,6 +251,35 @@ impl Communicator {
         );
         let _g = span.enter();
         let started = Instant::now();
+        if let Ok(mut rec) = self.recording.lock() {
+            if let Some(set) = rec.as_mut() {
+                let class = if call.bytes == 0 { 0 } else { usize::BITS - 1 - call.bytes.leading_zeros() };
+                let sig = OpSignature {
+                    op: call.op.to_string(),
+                    dtype: call.dtype,
+                    size_class: class,
+                    bytes: call.bytes,
+                    peer: call.peer,
+                };
+                // Keep one entry per (op, dtype, class, peer), with the largest size seen.
+                let same = set
+                    .iter()
+                    .find(|s| {
+                        s.op == sig.op && s.dtype == sig.dtype && s.size_class == sig.size_class && s.peer == sig.peer
+                    })
+                    .cloned();
+                match same {
+                    Some(old) if old.bytes >= sig.bytes => {}
+                    Some(old) => {
+                        set.remove(&old);
+                        set.insert(sig);
+                    }
+                    None => {
+                        set.insert(sig);
+                    }
+                }
+            }
+        }
         self.recorder.push(OpRecord {
             group: self.name.clone(),
             rank: info.rank,
@@ -533,7 +592,8 @@ impl Communicator {
             bytes += b;
             dtype.get_or_insert(d);
         }
-        let peer = (ops.len() == 1).then(|| ops[0].peer());
+        let first = ops[0].peer();
+        let peer = ops.iter().all(|o| o.peer() == first).then_some(first);
         let call = Call { op: OP, dtype, count: ops.len(), bytes, peer };
         self.issue(call, |c| c.p2p_group(ops))
     }

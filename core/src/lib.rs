@@ -44,7 +44,7 @@ mod work;
 pub use buffer::{overlaps, Buf, BufMut, Device, DeviceKind};
 pub use capability::Capabilities;
 pub use collective::{AllToAllSplits, Backend, BackendInfo, Collective, CommInfo, ConnectOptions, P2POp};
-pub use communicator::Communicator;
+pub use communicator::{Communicator, OpSignature};
 pub use config::{CommConfig, LaunchEnv};
 pub use dtype::{DType, Element, ReduceOp};
 pub use error::{Error, Recovery, Result};

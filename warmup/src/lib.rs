@@ -1,1 +1,42 @@
+//! anyccl-warmup: connect every transport a train step will use, before the step, while
+//! device memory is still free, written once against the public `Communicator` API.
+//!
+//! # Design choices (each closes a known way for a warmup to hang, crash or lie)
+//! - **Named groups only.** The caller lists the groups ([`Target`]s); nothing sweeps a
+//!   registry. Cross-engine groups (e.g. weight sync with inference workers, whose other
+//!   members never join) are excluded unless a target explicitly allows it.
+//! - **Plans from roles, valid for every size.** Data and tensor groups get all_reduce and
+//!   reduce_scatter/all_gather with per-rank counts (so any group size divides), pipelines
+//!   get point-to-point in both directions, unbatched and batched, expert groups all_to_all.
+//!   Sizes come from the backend's capabilities (a small and a large probe), overridable.
+//!   Plans are data (JSON) with a fingerprint, and can be recorded from a real step.
+//! - **Agreement before device work.** Members publish their group's plan under
+//!   `(job, generation)`; a difference or a missing member is an error on every rank.
+//! - **Deadlock-free order.** Groups run in name order, pairs in sorted order, the lower
+//!   rank of a pair sending first: a global order, so waits cannot form a cycle.
+//! - **All or nothing.** Every rank publishes its outcome; if any failed or did not report,
+//!   every rank aborts the plan's communicators and returns an error. There is no "fall
+//!   back to lazy": a communicator that failed mid-collective is not trusted again.
+//! - **Idempotent generations.** A second call with the same generation returns the
+//!   recorded outcome and issues no collective, so an outer retry can never re-enter a
+//!   collective alone.
+//! - **Opt-in, bounded, measured.** Off unless enabled (`ANYCCL_WARMUP=1`); skipped on CPU
+//!   platforms unless forced; a memory pre-check refuses to start below a recorded need; a
+//!   watchdog aborts everything at the deadline; the report gives time and device memory
+//!   per group and step.
+//!
+//! Call it where memory is light: after a colocated inference engine has released its
+//! memory, before loading the checkpoint and running the first step.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
+mod plan;
+mod report;
+mod run;
+
+pub use plan::{
+    merge, pipeline_pairs, plan_for, plan_from_recording, role_kinds, GroupPlan, Kind, Sizes, Step, Target,
+    TargetOptions,
+};
+pub use report::{Report, StepReport};
+pub use run::{warmup, warmup_plans, Session, WarmupConfig};

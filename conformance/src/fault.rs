@@ -1,0 +1,176 @@
+//! Fault injection: a `Collective` wrapper that fails or hangs a chosen operation and counts
+//! what is issued through it, so timeout, abort and warmup-failure cases run without GPUs.
+
+use anyccl_core::{
+    async_trait, AllToAllSplits, Buf, BufMut, Capabilities, Collective, CommInfo, Error, P2POp, Recovery, ReduceOp,
+    Result, Work, WorkImpl,
+};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// What to inject.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// Nothing: only count.
+    None,
+    /// Data-plane operation number `k` (from 0) fails at enqueue.
+    FailAt(u64),
+    /// Data-plane operation number `k` never completes (until the communicator is aborted).
+    HangAt(u64),
+}
+
+/// A `Collective` that forwards to `inner`, counting and injecting faults.
+#[derive(Debug)]
+pub struct Faulty {
+    inner: Arc<dyn Collective>,
+    fault: Fault,
+    issued: AtomicU64,
+    aborted: Arc<AtomicBool>,
+}
+
+impl Faulty {
+    /// Wrap `inner`.
+    pub fn new(inner: Arc<dyn Collective>, fault: Fault) -> Arc<Faulty> {
+        Arc::new(Faulty { inner, fault, issued: AtomicU64::new(0), aborted: Arc::new(AtomicBool::new(false)) })
+    }
+    /// Data-plane operations issued through the wrapper (including failed ones).
+    pub fn issued(&self) -> u64 {
+        self.issued.load(Ordering::Relaxed)
+    }
+    fn gate<'a>(&'a self, op: &'static str) -> Result<Option<Work<'a>>> {
+        let k = self.issued.fetch_add(1, Ordering::Relaxed);
+        match self.fault {
+            Fault::FailAt(f) if f == k => Err(Error::Backend {
+                backend: "fault",
+                op: op.into(),
+                code: -99,
+                text: format!("injected failure of operation #{k}"),
+                recovery: Recovery::Rebuild,
+            }),
+            Fault::HangAt(h) if h == k => {
+                Ok(Some(Work::new(Box::new(Hang { aborted: self.aborted.clone(), rank: self.inner.info().rank }))))
+            }
+            _ => Ok(None),
+        }
+    }
+}
+
+struct Hang {
+    aborted: Arc<AtomicBool>,
+    rank: usize,
+}
+
+impl WorkImpl for Hang {
+    fn poll(&mut self) -> Result<bool> {
+        if self.aborted.load(Ordering::Acquire) {
+            return Err(Error::Aborted {
+                rank: self.rank,
+                group: String::new(),
+                detail: "aborted while hung (injected)".into(),
+            });
+        }
+        Ok(false)
+    }
+    fn wait_for(&mut self, timeout: Duration) -> Result<bool> {
+        let end = Instant::now() + timeout;
+        while Instant::now() < end {
+            if self.poll()? {
+                return Ok(true);
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        self.poll()
+    }
+    fn drain(&mut self) {}
+}
+
+#[deny(clippy::missing_trait_methods)]
+#[async_trait]
+impl Collective for Faulty {
+    fn info(&self) -> &CommInfo {
+        self.inner.info()
+    }
+    fn capabilities(&self) -> &Capabilities {
+        self.inner.capabilities()
+    }
+    fn all_reduce<'a>(&'a self, send: Option<Buf<'a>>, recv: BufMut<'a>, op: ReduceOp) -> Result<Work<'a>> {
+        match self.gate("all_reduce")? {
+            Some(w) => Ok(w),
+            None => self.inner.all_reduce(send, recv, op),
+        }
+    }
+    fn reduce<'a>(&'a self, send: Option<Buf<'a>>, recv: BufMut<'a>, op: ReduceOp, root: usize) -> Result<Work<'a>> {
+        match self.gate("reduce")? {
+            Some(w) => Ok(w),
+            None => self.inner.reduce(send, recv, op, root),
+        }
+    }
+    fn broadcast<'a>(&'a self, send: Option<Buf<'a>>, recv: BufMut<'a>, root: usize) -> Result<Work<'a>> {
+        match self.gate("broadcast")? {
+            Some(w) => Ok(w),
+            None => self.inner.broadcast(send, recv, root),
+        }
+    }
+    fn all_gather<'a>(&'a self, send: Option<Buf<'a>>, recv: BufMut<'a>) -> Result<Work<'a>> {
+        match self.gate("all_gather")? {
+            Some(w) => Ok(w),
+            None => self.inner.all_gather(send, recv),
+        }
+    }
+    fn reduce_scatter<'a>(&'a self, send: Option<Buf<'a>>, recv: BufMut<'a>, op: ReduceOp) -> Result<Work<'a>> {
+        match self.gate("reduce_scatter")? {
+            Some(w) => Ok(w),
+            None => self.inner.reduce_scatter(send, recv, op),
+        }
+    }
+    fn all_to_all<'a>(&'a self, send: Buf<'a>, recv: BufMut<'a>, splits: Option<&AllToAllSplits>) -> Result<Work<'a>> {
+        match self.gate("all_to_all")? {
+            Some(w) => Ok(w),
+            None => self.inner.all_to_all(send, recv, splits),
+        }
+    }
+    fn send<'a>(&'a self, buf: Buf<'a>, peer: usize) -> Result<Work<'a>> {
+        match self.gate("send")? {
+            Some(w) => Ok(w),
+            None => self.inner.send(buf, peer),
+        }
+    }
+    fn recv<'a>(&'a self, buf: BufMut<'a>, peer: usize) -> Result<Work<'a>> {
+        match self.gate("recv")? {
+            Some(w) => Ok(w),
+            None => self.inner.recv(buf, peer),
+        }
+    }
+    fn p2p_group<'a>(&'a self, ops: Vec<P2POp<'a>>) -> Result<Work<'a>> {
+        match self.gate("p2p_group")? {
+            Some(w) => Ok(w),
+            None => self.inner.p2p_group(ops),
+        }
+    }
+    fn barrier(&self) -> Result<Work<'_>> {
+        match self.gate("barrier")? {
+            Some(w) => Ok(w),
+            None => self.inner.barrier(),
+        }
+    }
+    async fn health(&self, deadline: Instant) -> Result<()> {
+        self.inner.health(deadline).await
+    }
+    async fn abort(&self, deadline: Instant) -> Result<()> {
+        self.aborted.store(true, Ordering::Release);
+        self.inner.abort(deadline).await
+    }
+    async fn split(
+        &self,
+        color: Option<u32>,
+        key: u32,
+        name: &str,
+        deadline: Instant,
+    ) -> Result<Option<Arc<dyn Collective>>> {
+        self.inner.split(color, key, name, deadline).await
+    }
+    async fn shutdown(&self, deadline: Instant) -> Result<()> {
+        self.inner.shutdown(deadline).await
+    }
+}

@@ -1,0 +1,261 @@
+//! Warmup plans: what to run on each group, as data with a fingerprint.
+//!
+//! A group's plan is *group-global*: every member holds the same steps (point-to-point steps
+//! list every pair), and each member runs the parts that involve it. That is what lets the
+//! members agree on a fingerprint and run the same order.
+
+use anyccl_core::{Capabilities, Communicator, DType, OpSignature, Role};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+/// A collective kind a plan can warm.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum Kind {
+    /// all_reduce.
+    AllReduce,
+    /// reduce_scatter (then all_gather: the sharded-optimizer pair).
+    ReduceScatter,
+    /// all_gather.
+    AllGather,
+    /// broadcast from group rank 0.
+    Broadcast,
+    /// all_to_all with equal splits (token dispatch).
+    AllToAll,
+    /// Unbatched send/recv between the pairs, lower rank sending first.
+    SendRecv,
+    /// One batched send+recv per pair.
+    SendRecvBatched,
+}
+
+/// One step of a group's plan.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Step {
+    /// What to run.
+    pub kind: Kind,
+    /// Element type.
+    pub dtype: DType,
+    /// Elements of this rank's input (for reduce_scatter: of each output chunk).
+    pub count: usize,
+    /// Point-to-point pairs `(a, b)` in group ranks, `a < b`, in the order they run.
+    pub pairs: Vec<(usize, usize)>,
+}
+
+/// The plan for one group.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupPlan {
+    /// Group name.
+    pub group: String,
+    /// Role.
+    pub role: Role,
+    /// Owner.
+    pub owner: String,
+    /// Number of members.
+    pub size: usize,
+    /// Steps, in the order every member runs them.
+    pub steps: Vec<Step>,
+    /// Whether members' steps are merged (recorded plans, where each rank saw only its own
+    /// peers) instead of required to be identical.
+    pub merge: bool,
+}
+
+impl GroupPlan {
+    /// SHA-256 of the canonical JSON, hex.
+    pub fn fingerprint(&self) -> String {
+        let json = serde_json::to_vec(self).unwrap_or_default();
+        Sha256::digest(&json).iter().map(|b| format!("{b:02x}")).collect()
+    }
+}
+
+/// Per-group choices the caller can make; defaults come from the role.
+#[derive(Debug, Clone, Default)]
+pub struct TargetOptions {
+    /// Collective kinds to warm instead of the role's defaults.
+    pub kinds: Option<Vec<Kind>>,
+    /// Point-to-point pairs (group ranks) instead of the role's default (pipeline
+    /// neighbours `(i, i+1)`).
+    pub pairs: Option<Vec<(usize, usize)>>,
+    /// Warm a cross-engine group. Only when every member outside this job takes part in a
+    /// coordinated warmup of its own; never by default.
+    pub allow_cross_engine: bool,
+}
+
+/// A group to warm: its communicator and options.
+#[derive(Debug, Clone)]
+pub struct Target<'a> {
+    /// The group's communicator.
+    pub comm: &'a Communicator,
+    /// Options.
+    pub options: TargetOptions,
+}
+
+impl<'a> Target<'a> {
+    /// A target with the role's defaults.
+    pub fn new(comm: &'a Communicator) -> Self {
+        Target { comm, options: TargetOptions::default() }
+    }
+    /// With options.
+    pub fn with(comm: &'a Communicator, options: TargetOptions) -> Self {
+        Target { comm, options }
+    }
+}
+
+/// Sizes and dtype used for plans built from roles.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sizes {
+    /// Small probe, bytes per rank (`None`: the backend's capability).
+    pub small_bytes: Option<usize>,
+    /// Large probe, bytes per rank (`None`: the backend's capability).
+    pub large_bytes: Option<usize>,
+    /// Element type of the probes.
+    pub dtype: DType,
+}
+
+impl Default for Sizes {
+    fn default() -> Self {
+        Sizes { small_bytes: None, large_bytes: None, dtype: DType::BF16 }
+    }
+}
+
+/// The collective kinds a role's train-step use needs connected.
+pub fn role_kinds(role: &Role) -> Vec<Kind> {
+    match role {
+        Role::Data | Role::DataContext => vec![Kind::AllReduce, Kind::ReduceScatter, Kind::AllGather],
+        Role::Tensor | Role::Context => vec![Kind::AllReduce, Kind::ReduceScatter, Kind::AllGather],
+        Role::Pipeline => vec![Kind::SendRecv, Kind::SendRecvBatched, Kind::Broadcast],
+        Role::Expert => vec![Kind::AllToAll, Kind::AllReduce],
+        Role::World | Role::Custom(_) => vec![Kind::AllReduce],
+        Role::CrossEngine => vec![],
+    }
+}
+
+/// Adjacent pipeline stages `(i, i+1)`.
+pub fn pipeline_pairs(n: usize) -> Vec<(usize, usize)> {
+    (0..n.saturating_sub(1)).map(|i| (i, i + 1)).collect()
+}
+
+fn elems(bytes: usize, dtype: DType) -> usize {
+    (bytes / dtype.size()).max(1)
+}
+
+/// The plan of one group from its role (or the caller's kinds and pairs). `None` when the
+/// group is excluded: a cross-engine group without `allow_cross_engine`, or a group of one
+/// rank (nothing to connect).
+pub fn plan_for(t: &Target<'_>, caps: &Capabilities, sizes: &Sizes) -> Option<GroupPlan> {
+    let spec = t.comm.spec();
+    if spec.role == Role::CrossEngine && !t.options.allow_cross_engine {
+        return None;
+    }
+    let n = t.comm.size();
+    if n < 2 {
+        return None;
+    }
+    let kinds = t.options.kinds.clone().unwrap_or_else(|| role_kinds(&spec.role));
+    let small = elems(sizes.small_bytes.unwrap_or(caps.warmup_small_bytes), sizes.dtype);
+    let large = elems(sizes.large_bytes.unwrap_or(caps.warmup_large_bytes), sizes.dtype);
+    let mut pairs = t.options.pairs.clone().unwrap_or_else(|| pipeline_pairs(n));
+    pairs = pairs.into_iter().map(|(a, b)| (a.min(b), a.max(b))).filter(|(a, b)| a != b && *b < n).collect();
+    pairs.sort();
+    pairs.dedup();
+    let mut steps = Vec::new();
+    for k in kinds {
+        if k == Kind::AllToAll && !caps.all_to_all {
+            continue;
+        }
+        if k == Kind::SendRecvBatched && !caps.p2p_group {
+            continue;
+        }
+        for count in [small, large] {
+            let p = if matches!(k, Kind::SendRecv | Kind::SendRecvBatched) { pairs.clone() } else { Vec::new() };
+            if p.is_empty() && matches!(k, Kind::SendRecv | Kind::SendRecvBatched) {
+                continue;
+            }
+            // all_to_all sends count/n to each peer: round up to a multiple of n.
+            let count = if k == Kind::AllToAll { count.div_ceil(n) * n } else { count };
+            steps.push(Step { kind: k, dtype: sizes.dtype, count, pairs: p });
+        }
+    }
+    Some(GroupPlan {
+        group: spec.name.clone(),
+        role: spec.role.clone(),
+        owner: spec.owner.clone(),
+        size: n,
+        steps,
+        merge: false,
+    })
+}
+
+/// A plan replaying what a real step issued on this group (from
+/// [`Communicator::take_recording`]). Members merge their recordings during agreement,
+/// since each saw only its own peers.
+pub fn plan_from_recording(
+    comm: &Communicator,
+    recording: &[OpSignature],
+    allow_cross_engine: bool,
+) -> Option<GroupPlan> {
+    let spec = comm.spec();
+    if spec.role == Role::CrossEngine && !allow_cross_engine {
+        return None;
+    }
+    let (n, me) = (comm.size(), comm.rank());
+    if n < 2 {
+        return None;
+    }
+    let mut steps = Vec::new();
+    for s in recording {
+        let dtype = s.dtype.unwrap_or(DType::U8);
+        let count = (s.bytes / dtype.size()).max(1);
+        let kind = match s.op.as_str() {
+            "all_reduce" | "barrier" | "reduce" => Kind::AllReduce,
+            "reduce_scatter" => Kind::ReduceScatter,
+            "all_gather" => Kind::AllGather,
+            "broadcast" => Kind::Broadcast,
+            "all_to_all" => Kind::AllToAll,
+            "send" | "recv" => Kind::SendRecv,
+            "p2p_group" => Kind::SendRecvBatched,
+            _ => continue,
+        };
+        let (count, pairs) = match kind {
+            // Recorded sizes are this rank's whole buffers: per-rank inputs are smaller.
+            Kind::ReduceScatter => (count.div_ceil(n).max(1), vec![]),
+            Kind::AllGather => (count.div_ceil(n).max(1), vec![]),
+            Kind::AllToAll => (count.div_ceil(n) * n, vec![]),
+            Kind::SendRecv | Kind::SendRecvBatched => match s.peer {
+                Some(p) if p != me && p < n => (count, vec![(me.min(p), me.max(p))]),
+                _ => continue,
+            },
+            _ => (count, vec![]),
+        };
+        steps.push(Step { kind, dtype, count, pairs });
+    }
+    steps.sort();
+    steps.dedup();
+    Some(GroupPlan {
+        group: spec.name.clone(),
+        role: spec.role.clone(),
+        owner: spec.owner.clone(),
+        size: n,
+        steps,
+        merge: true,
+    })
+}
+
+/// Merge members' recorded plans: the union of their steps, point-to-point pairs of the
+/// same (kind, dtype, count) joined.
+pub fn merge(plans: &[GroupPlan]) -> Option<GroupPlan> {
+    let first = plans.first()?.clone();
+    let mut steps: Vec<Step> = plans.iter().flat_map(|p| p.steps.iter().cloned()).collect();
+    steps.sort();
+    let mut merged: Vec<Step> = Vec::new();
+    for s in steps {
+        match merged.last_mut() {
+            Some(l) if l.kind == s.kind && l.dtype == s.dtype && l.count == s.count && !s.pairs.is_empty() => {
+                l.pairs.extend(s.pairs);
+                l.pairs.sort();
+                l.pairs.dedup();
+            }
+            Some(l) if *l == s => {}
+            _ => merged.push(s),
+        }
+    }
+    Some(GroupPlan { steps: merged, merge: false, ..first })
+}

@@ -1,0 +1,106 @@
+//! The warmup report: per group and step, the op, bytes, time and device-memory delta.
+
+use serde::{Deserialize, Serialize};
+use std::fmt::Write as _;
+
+/// One step on one group.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepReport {
+    /// Group name.
+    pub group: String,
+    /// Group role.
+    pub role: String,
+    /// Operation.
+    pub op: String,
+    /// Bytes of this rank's input.
+    pub bytes: usize,
+    /// Wall time of the step, microseconds.
+    pub time_us: f64,
+    /// Device memory the step left allocated (free before minus free after, with the step's
+    /// own buffers already released): what connecting took.
+    pub mem_delta: i64,
+}
+
+/// What a warmup did on this rank.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Report {
+    /// Job name.
+    pub job: String,
+    /// Generation.
+    pub generation: u64,
+    /// This rank (in the job).
+    pub rank: usize,
+    /// Why nothing ran, when it was skipped.
+    pub skipped: Option<String>,
+    /// True when this is the recorded outcome of an earlier call of the same generation.
+    pub replayed: bool,
+    /// Groups excluded from the plan, with the reason.
+    pub excluded: Vec<(String, String)>,
+    /// Steps run.
+    pub steps: Vec<StepReport>,
+}
+
+impl Report {
+    pub(crate) fn new(job: &str, generation: u64, rank: usize) -> Self {
+        Report { job: job.into(), generation, rank, skipped: None, replayed: false, excluded: vec![], steps: vec![] }
+    }
+
+    /// Total time of all steps, microseconds.
+    pub fn total_time_us(&self) -> f64 {
+        self.steps.iter().map(|s| s.time_us).sum()
+    }
+
+    /// Total device memory the steps left allocated, bytes.
+    pub fn total_mem(&self) -> i64 {
+        self.steps.iter().map(|s| s.mem_delta).sum()
+    }
+
+    /// A human-readable table.
+    pub fn table(&self) -> String {
+        let mut s = String::new();
+        let _ = writeln!(s, "warmup of job '{}' generation {} on rank {}", self.job, self.generation, self.rank);
+        if let Some(why) = &self.skipped {
+            let _ = writeln!(s, "  skipped: {why}");
+            return s;
+        }
+        if self.replayed {
+            let _ = writeln!(s, "  (recorded outcome of an earlier call; no collective issued)");
+        }
+        for (g, why) in &self.excluded {
+            let _ = writeln!(s, "  excluded group '{g}': {why}");
+        }
+        let _ = writeln!(
+            s,
+            "  {:<16} {:<13} {:<18} {:>12} {:>11} {:>12}",
+            "group", "role", "op", "bytes", "time (ms)", "memory (MiB)"
+        );
+        for st in &self.steps {
+            let _ = writeln!(
+                s,
+                "  {:<16} {:<13} {:<18} {:>12} {:>11.2} {:>12.1}",
+                st.group,
+                st.role,
+                st.op,
+                st.bytes,
+                st.time_us / 1e3,
+                st.mem_delta as f64 / (1 << 20) as f64
+            );
+        }
+        let _ = writeln!(
+            s,
+            "  {:<16} {:<13} {:<18} {:>12} {:>11.2} {:>12.1}",
+            "total",
+            "",
+            "",
+            "",
+            self.total_time_us() / 1e3,
+            self.total_mem() as f64 / (1 << 20) as f64
+        );
+        s
+    }
+
+    /// The report as JSON.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).unwrap_or_default()
+    }
+}

@@ -1,0 +1,524 @@
+//! Running a warmup: claim the generation, check memory, agree on the plan, run it under a
+//! deadline, then agree on the outcome: all ranks succeed or all fail.
+
+use crate::plan::{merge, plan_for, GroupPlan, Kind, Sizes, Step, Target};
+use crate::report::{Report, StepReport};
+use anyccl_core::{Collective, Communicator, DeviceKind, Error, P2POp, Platform, ReduceOp, Result, Store, Work};
+use serde::{Deserialize, Serialize};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Warmup settings, with `ANYCCL_WARMUP*` overrides.
+#[derive(Debug, Clone)]
+pub struct WarmupConfig {
+    /// Run at all (`ANYCCL_WARMUP=1|0`; default off: the caller opts in).
+    pub enabled: bool,
+    /// Run even on a CPU platform, where transports are connected at init (tests).
+    pub force: bool,
+    /// Deadline for the whole warmup, agreement to outcome (`ANYCCL_WARMUP_TIMEOUT_S`, 300).
+    pub timeout: Duration,
+    /// Probe sizes and dtype.
+    pub sizes: Sizes,
+    /// Device memory a recorded report says the plan needs; the warmup refuses to start
+    /// below this plus `memory_margin`.
+    pub memory_need: Option<u64>,
+    /// Head room over `memory_need` (`ANYCCL_WARMUP_MARGIN_MIB`, default 256 MiB).
+    pub memory_margin: u64,
+}
+
+impl Default for WarmupConfig {
+    fn default() -> Self {
+        WarmupConfig {
+            enabled: false,
+            force: false,
+            timeout: Duration::from_secs(300),
+            sizes: Sizes::default(),
+            memory_need: None,
+            memory_margin: 256 << 20,
+        }
+    }
+}
+
+impl WarmupConfig {
+    /// `default` with the environment's overrides.
+    pub fn from_env(default: WarmupConfig) -> Self {
+        let mut c = default;
+        if let Ok(v) = std::env::var("ANYCCL_WARMUP") {
+            c.enabled = matches!(v.as_str(), "1" | "true" | "on" | "yes");
+        }
+        if let Some(s) = std::env::var("ANYCCL_WARMUP_TIMEOUT_S").ok().and_then(|v| v.parse::<f64>().ok()) {
+            c.timeout = Duration::from_secs_f64(s);
+        }
+        if let Some(m) = std::env::var("ANYCCL_WARMUP_MARGIN_MIB").ok().and_then(|v| v.parse::<u64>().ok()) {
+            c.memory_margin = m << 20;
+        }
+        c
+    }
+}
+
+/// Where this warmup runs: the job's store, its name and generation, this rank.
+#[derive(Debug, Clone, Copy)]
+pub struct Session<'a> {
+    /// The job's store.
+    pub store: &'a dyn Store,
+    /// Job name (keys are `warmup/{job}/{generation}/...`).
+    pub job: &'a str,
+    /// Generation: a new one per recovery. Repeating a generation replays its outcome.
+    pub generation: u64,
+    /// This rank in the job.
+    pub rank: usize,
+    /// Ranks in the job; every one of them calls the warmup.
+    pub world_size: usize,
+    /// This rank's device.
+    pub platform: &'a dyn Platform,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+enum Final {
+    Ok(Report),
+    Err { kind: String, msg: String },
+}
+
+impl Session<'_> {
+    fn key(&self, rest: &str) -> String {
+        format!("warmup/{}/{}/{rest}", self.job, self.generation)
+    }
+}
+
+fn err(op: &'static str, rank: usize, group: &str, msg: String) -> Error {
+    Error::InvalidArgument { op, arg: "plan", rank, group: group.into(), msg }
+}
+
+/// Warm `targets` (the groups the caller names; never a registry sweep).
+///
+/// Every rank of the job calls this with the same generation. Groups whose role is
+/// cross-engine are excluded unless their target allows it; groups of one rank are
+/// excluded (nothing to connect).
+///
+/// # Errors
+/// On any rank's failure, every rank returns an error and aborts the communicators of the
+/// plan: `InvalidArgument` for plans that differ or a memory refusal, `Timeout` for ranks
+/// that did not arrive or finish in time, `PeerFailed` naming the ranks that failed.
+///
+/// # Cancel safety
+/// Not cancel safe: dropping the future part-way leaves the generation claimed; a later
+/// call with the same generation waits for the recorded outcome and times out.
+pub async fn warmup(s: &Session<'_>, targets: &[Target<'_>], cfg: &WarmupConfig) -> Result<Report> {
+    let mut report = Report::new(s.job, s.generation, s.rank);
+    let mut plans = Vec::new();
+    for t in targets {
+        let caps = t.comm.capabilities().clone();
+        match plan_for(t, &caps, &cfg.sizes) {
+            Some(p) => plans.push((t.comm, p)),
+            None => {
+                let why = if t.comm.size() < 2 {
+                    "a group of one rank has nothing to connect"
+                } else {
+                    "cross-engine group: its other members are not part of this warmup"
+                };
+                report.excluded.push((t.comm.spec().name.clone(), why.into()));
+            }
+        }
+    }
+    run_plans(s, plans, cfg, report).await
+}
+
+/// Warm explicit plans (e.g. recorded ones), one per communicator.
+///
+/// # Errors
+/// As [`warmup`].
+pub async fn warmup_plans(
+    s: &Session<'_>,
+    plans: Vec<(&Communicator, GroupPlan)>,
+    cfg: &WarmupConfig,
+) -> Result<Report> {
+    run_plans(s, plans, cfg, Report::new(s.job, s.generation, s.rank)).await
+}
+
+async fn run_plans(
+    s: &Session<'_>,
+    mut plans: Vec<(&Communicator, GroupPlan)>,
+    cfg: &WarmupConfig,
+    mut report: Report,
+) -> Result<Report> {
+    if !cfg.enabled {
+        report.skipped = Some("warmup is off (set ANYCCL_WARMUP=1 or enable it in the config)".into());
+        return Ok(report);
+    }
+    if s.platform.kind() == DeviceKind::Cpu && !cfg.force {
+        tracing::info!("warmup skipped: the CPU platform connects every transport at init");
+        report.skipped = Some("CPU platform: transports are connected at init".into());
+        return Ok(report);
+    }
+    let deadline = Instant::now() + cfg.timeout;
+
+    // 1. One run per (job, generation, rank): a retried call replays the outcome.
+    let final_key = s.key(&format!("final/{}", s.rank));
+    if let Some(f) = s.store.get(&final_key).await? {
+        return replay(&f);
+    }
+    let claim = s.store.compare_set(&s.key(&format!("claim/{}", s.rank)), None, b"running").await?;
+    if !claim.swapped {
+        tracing::warn!(
+            "warmup generation {} already running or done on rank {}: waiting for its outcome",
+            s.generation,
+            s.rank
+        );
+        let f = s.store.wait(&final_key, deadline).await?;
+        return replay(&f);
+    }
+
+    plans.sort_by(|a, b| a.1.group.cmp(&b.1.group));
+    let comms: Vec<Arc<dyn Collective>> = plans.iter().map(|(c, _)| c.collective().clone()).collect();
+    let result = run_claimed(s, &mut plans, cfg, &mut report, deadline, &comms).await;
+    let fin = match &result {
+        Ok(()) => Final::Ok(report.clone()),
+        Err(e) => Final::Err { kind: e.kind().into(), msg: e.to_string() },
+    };
+    let _ = s.store.set(&final_key, serde_json::to_string(&fin).unwrap_or_default().as_bytes()).await;
+    result.map(|_| report)
+}
+
+fn replay(f: &[u8]) -> Result<Report> {
+    match serde_json::from_slice::<Final>(f) {
+        Ok(Final::Ok(mut r)) => {
+            r.replayed = true;
+            Ok(r)
+        }
+        Ok(Final::Err { kind, msg }) => Err(Error::Aborted {
+            rank: 0,
+            group: String::new(),
+            detail: format!("this warmup generation already failed ({kind}): {msg}"),
+        }),
+        Err(e) => Err(Error::store_fatal(format!("unreadable recorded warmup outcome: {e}"))),
+    }
+}
+
+fn abort_all(comms: &[Arc<dyn Collective>]) {
+    for c in comms {
+        let _ = futures_block_on(c.abort(Instant::now() + Duration::from_secs(10)));
+    }
+}
+
+fn futures_block_on<F: std::future::Future>(f: F) -> F::Output {
+    // Abort needs no async runtime on any backend, so it runs from the watchdog thread too.
+    futures::executor::block_on(f)
+}
+
+async fn run_claimed(
+    s: &Session<'_>,
+    plans: &mut [(&Communicator, GroupPlan)],
+    cfg: &WarmupConfig,
+    report: &mut Report,
+    deadline: Instant,
+    comms: &[Arc<dyn Collective>],
+) -> Result<()> {
+    // 2. Memory pre-check, before anything touches the device.
+    let refusal = match cfg.memory_need {
+        Some(need) => {
+            let free = s.platform.mem_info()?.free;
+            (free < need + cfg.memory_margin).then(|| {
+                format!(
+                    "rank {} refuses: {} MiB free, the plan needs {} MiB + {} MiB margin",
+                    s.rank,
+                    free >> 20,
+                    need >> 20,
+                    cfg.memory_margin >> 20
+                )
+            })
+        }
+        None => None,
+    };
+
+    // 3. Agreement, group by group, before any device work.
+    let agreed = agree(s, plans, refusal.as_deref(), deadline).await;
+
+    // 4. Execution under a watchdog that aborts everything at the deadline.
+    let exec = match agreed {
+        Err(e) => Err(e),
+        Ok(()) => {
+            let stop = Arc::new(AtomicBool::new(false));
+            let watchdog = {
+                let (stop, comms) = (stop.clone(), comms.to_vec());
+                std::thread::Builder::new()
+                    .name("anyccl-warmup-watchdog".into())
+                    .spawn(move || {
+                        // A grace second lets every wait report Timeout itself; the watchdog
+                        // is for calls that block inside the backend (a first connect).
+                        while !stop.load(Ordering::Acquire) {
+                            if Instant::now() >= deadline + Duration::from_secs(1) {
+                                tracing::error!("warmup deadline passed: aborting its communicators");
+                                abort_all(&comms);
+                                return;
+                            }
+                            std::thread::sleep(Duration::from_millis(20));
+                        }
+                    })
+                    .ok()
+            };
+            let r = execute(s, plans, report, deadline).await;
+            stop.store(true, Ordering::Release);
+            if let Some(w) = watchdog {
+                let _ = w.join();
+            }
+            r
+        }
+    };
+    if let Err(e) = &exec {
+        let v = format!("{}|rank {}: {e}", e.kind(), s.rank);
+        let _ = s.store.compare_set(&s.key("failed"), None, v.as_bytes()).await;
+    }
+
+    // 5. Outcome: all or nothing.
+    let mine = match &exec {
+        Ok(()) => "ok".to_string(),
+        Err(e) => format!("failed: {e}"),
+    };
+    s.store.set(&s.key(&format!("outcome/{}", s.rank)), mine.as_bytes()).await?;
+    let mut failed = Vec::new();
+    let mut missing = Vec::new();
+    let outcome_deadline = deadline.max(Instant::now()) + Duration::from_secs(2);
+    for r in 0..s.world_size {
+        match s.store.wait(&s.key(&format!("outcome/{r}")), outcome_deadline).await {
+            Ok(v) if v == b"ok" => {}
+            Ok(v) => failed.push(format!("rank {r} {}", String::from_utf8_lossy(&v))),
+            Err(Error::Timeout { .. }) => missing.push(r),
+            Err(e) => return Err(e),
+        }
+    }
+    if exec.is_ok() && failed.is_empty() && missing.is_empty() {
+        return Ok(());
+    }
+    abort_all(comms);
+    exec?;
+    if !failed.is_empty() {
+        return Err(Error::PeerFailed {
+            rank: s.rank,
+            group: format!("warmup {}", s.job),
+            peer: None,
+            detail: format!("warmup failed elsewhere, communicators aborted: {}", failed.join("; ")),
+        });
+    }
+    Err(Error::Timeout {
+        op: "warmup outcome".into(),
+        rank: s.rank,
+        group: format!("warmup {}", s.job),
+        after: Duration::ZERO,
+        detail: format!("ranks {missing:?} never reported; communicators aborted"),
+    })
+}
+
+async fn agree(
+    s: &Session<'_>,
+    plans: &mut [(&Communicator, GroupPlan)],
+    refusal: Option<&str>,
+    deadline: Instant,
+) -> Result<()> {
+    for (comm, plan) in plans.iter() {
+        let me = comm.rank();
+        let value = match refusal {
+            Some(r) => format!("REFUSED {r}"),
+            None => serde_json::to_string(plan).unwrap_or_default(),
+        };
+        s.store.set(&s.key(&format!("plan/{}/{me}", plan.group)), value.as_bytes()).await?;
+    }
+    if let Some(r) = refusal {
+        return Err(err("warmup", s.rank, "", r.to_string()));
+    }
+    for (comm, plan) in plans.iter_mut() {
+        let (me, n) = (comm.rank(), comm.size());
+        let mut theirs: Vec<Option<GroupPlan>> = vec![None; n];
+        let mut missing = Vec::new();
+        let mut refused = Vec::new();
+        for (r, slot) in theirs.iter_mut().enumerate() {
+            match s.store.wait(&s.key(&format!("plan/{}/{r}", plan.group)), deadline).await {
+                Ok(v) if v.starts_with(b"REFUSED ") => refused.push(String::from_utf8_lossy(&v[8..]).to_string()),
+                Ok(v) => *slot = serde_json::from_slice(&v).ok(),
+                Err(Error::Timeout { .. }) => missing.push(r),
+                Err(e) => return Err(e),
+            }
+        }
+        if !refused.is_empty() {
+            return Err(err("warmup", me, &plan.group, format!("group members refused: {}", refused.join("; "))));
+        }
+        if !missing.is_empty() {
+            return Err(Error::Timeout {
+                op: "warmup agreement".into(),
+                rank: me,
+                group: plan.group.clone(),
+                after: Duration::ZERO,
+                detail: format!("group ranks {missing:?} never published their plan"),
+            });
+        }
+        let all: Vec<GroupPlan> = theirs.into_iter().flatten().collect();
+        if plan.merge {
+            if let Some(m) = merge(&all) {
+                *plan = m;
+            }
+        } else {
+            let fp = plan.fingerprint();
+            let differ: Vec<usize> =
+                all.iter().enumerate().filter(|(_, p)| p.fingerprint() != fp).map(|(r, _)| r).collect();
+            if !differ.is_empty() || all.len() != n {
+                return Err(err(
+                    "warmup",
+                    me,
+                    &plan.group,
+                    format!("the plan of group ranks {differ:?} differs from this rank's (fingerprint {})", &fp[..12]),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Wait for `w` in short slices, giving up when another rank reports failure or the
+/// deadline passes.
+async fn settle(
+    s: &Session<'_>,
+    mut w: Work<'_>,
+    what: &str,
+    group: &str,
+    rank: usize,
+    deadline: Instant,
+) -> Result<()> {
+    loop {
+        match w.wait(Duration::from_millis(20)) {
+            Ok(()) => return Ok(()),
+            Err(Error::Timeout { .. }) => {}
+            Err(e) if Instant::now() >= deadline => {
+                return Err(Error::Timeout {
+                    op: format!("warmup {what}"),
+                    rank,
+                    group: group.into(),
+                    after: Duration::ZERO,
+                    detail: format!("the warmup deadline passed; communicators aborted ({e})"),
+                })
+            }
+            Err(e) => return Err(e),
+        }
+        if Instant::now() >= deadline {
+            return Err(Error::Timeout {
+                op: format!("warmup {what}"),
+                rank,
+                group: group.into(),
+                after: Duration::ZERO,
+                detail: "the warmup deadline passed; communicators aborted".into(),
+            });
+        }
+        if let Some(f) = s.store.get(&s.key("failed")).await? {
+            let f = String::from_utf8_lossy(&f).to_string();
+            let (kind, what) = f.split_once('|').unwrap_or(("", &f));
+            let detail = format!("warmup failed on {what}");
+            // A rank that timed out means the warmup as a whole ran out of time.
+            if kind == "Timeout" {
+                return Err(Error::Timeout {
+                    op: format!("warmup {what}"),
+                    rank,
+                    group: group.into(),
+                    after: Duration::ZERO,
+                    detail,
+                });
+            }
+            return Err(Error::PeerFailed { rank, group: group.into(), peer: None, detail });
+        }
+    }
+}
+
+fn op_name(k: Kind) -> &'static str {
+    match k {
+        Kind::AllReduce => "all_reduce",
+        Kind::ReduceScatter => "reduce_scatter",
+        Kind::AllGather => "all_gather",
+        Kind::Broadcast => "broadcast",
+        Kind::AllToAll => "all_to_all",
+        Kind::SendRecv => "send/recv",
+        Kind::SendRecvBatched => "send/recv batched",
+    }
+}
+
+async fn execute(
+    s: &Session<'_>,
+    plans: &[(&Communicator, GroupPlan)],
+    report: &mut Report,
+    deadline: Instant,
+) -> Result<()> {
+    for (comm, plan) in plans {
+        for step in &plan.steps {
+            let before = s.platform.mem_info()?.free as i64;
+            let t = Instant::now();
+            run_step(s, comm, plan, step, deadline).await?;
+            let time_us = t.elapsed().as_secs_f64() * 1e6;
+            let after = s.platform.mem_info()?.free as i64;
+            report.steps.push(StepReport {
+                group: plan.group.clone(),
+                role: plan.role.to_string(),
+                op: op_name(step.kind).into(),
+                bytes: step.count * step.dtype.size(),
+                time_us,
+                mem_delta: before - after,
+            });
+        }
+    }
+    Ok(())
+}
+
+async fn run_step(
+    s: &Session<'_>,
+    comm: &Communicator,
+    plan: &GroupPlan,
+    step: &Step,
+    deadline: Instant,
+) -> Result<()> {
+    let (n, me, p) = (comm.size(), comm.rank(), s.platform);
+    let (g, c, d) = (plan.group.as_str(), step.count, step.dtype);
+    let what = op_name(step.kind);
+    match step.kind {
+        Kind::AllReduce => {
+            let mut b = p.alloc(d, c)?;
+            settle(s, comm.all_reduce(None, b.view_mut(), ReduceOp::Sum)?, what, g, me, deadline).await?;
+        }
+        Kind::Broadcast => {
+            let mut b = p.alloc(d, c)?;
+            settle(s, comm.broadcast(None, b.view_mut(), 0)?, what, g, me, deadline).await?;
+        }
+        Kind::ReduceScatter => {
+            let src = p.alloc(d, c * n)?;
+            let mut dst = p.alloc(d, c)?;
+            settle(s, comm.reduce_scatter(Some(src.view()), dst.view_mut(), ReduceOp::Sum)?, what, g, me, deadline)
+                .await?;
+        }
+        Kind::AllGather => {
+            let src = p.alloc(d, c)?;
+            let mut dst = p.alloc(d, c * n)?;
+            settle(s, comm.all_gather(Some(src.view()), dst.view_mut())?, what, g, me, deadline).await?;
+        }
+        Kind::AllToAll => {
+            let src = p.alloc(d, c)?;
+            let mut dst = p.alloc(d, c)?;
+            settle(s, comm.all_to_all(src.view(), dst.view_mut(), None)?, what, g, me, deadline).await?;
+        }
+        Kind::SendRecv | Kind::SendRecvBatched => {
+            let src = p.alloc(d, c)?;
+            let mut dst = p.alloc(d, c)?;
+            // Pairs run in the plan's (sorted) order on every member: a global order on
+            // pairs, so no cycle of waits can form. In a pair the lower rank sends first.
+            for &(a, b) in step.pairs.iter().filter(|(a, b)| *a == me || *b == me) {
+                let other = if a == me { b } else { a };
+                if step.kind == Kind::SendRecvBatched {
+                    let ops = vec![P2POp::Send(src.view(), other), P2POp::Recv(dst.view_mut(), other)];
+                    settle(s, comm.p2p_group(ops)?, what, g, me, deadline).await?;
+                } else if me == a {
+                    settle(s, comm.send(src.view(), other)?, what, g, me, deadline).await?;
+                    settle(s, comm.recv(dst.view_mut(), other)?, what, g, me, deadline).await?;
+                } else {
+                    settle(s, comm.recv(dst.view_mut(), other)?, what, g, me, deadline).await?;
+                    settle(s, comm.send(src.view(), other)?, what, g, me, deadline).await?;
+                }
+            }
+        }
+    }
+    p.synchronize()?;
+    Ok(())
+}
