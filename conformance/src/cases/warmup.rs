@@ -6,9 +6,7 @@ use crate::ensure;
 use crate::fault::{Fault, Faulty};
 use crate::harness::{CaseError, CaseResult, RankCtx};
 use anyccl_core::{Communicator, Error, GroupRegistry, GroupSpec, Role};
-use anyccl_warmup::{
-    plan_from_recording, warmup, warmup_plans, Kind, Report, Session, Sizes, Target, TargetOptions, WarmupConfig,
-};
+use anyccl_warmup::{plan_from_recording, warmup, warmup_plans, Report, Session, Sizes, Target, WarmupConfig};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
