@@ -36,6 +36,10 @@ pub struct Capabilities {
     /// A peer's death or abort ends the other ranks' waits with `PeerFailed` (otherwise
     /// they end at their deadline with `Timeout`).
     pub detects_peer_failure: bool,
+    /// The first operation that needs a new connection may block inside the enqueue call
+    /// until the peers connect (bounded by the op timeout, then `Timeout`); later ones never
+    /// wait for peers.
+    pub first_call_may_block: bool,
     /// Ranks issuing different collectives get an error instead of undefined results.
     pub detects_mismatch: bool,
     /// Most ranks that can share one host (one per device for GPU backends).

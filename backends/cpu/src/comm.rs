@@ -135,6 +135,7 @@ pub fn cpu_capabilities() -> Capabilities {
         max_world_size: 4096,
         max_local_ranks: 4096,
         detects_peer_failure: true,
+        first_call_may_block: false,
         detects_mismatch: true,
     }
 }

@@ -63,6 +63,7 @@ pub fn nccl_capabilities(lib: &NcclLib, devices: usize) -> Capabilities {
         // NCCL reports neither: a dead peer leaves kernels waiting, a mismatched collective
         // runs with whatever arrives (NVIDIA/nccl#279).
         detects_peer_failure: false,
+        first_call_may_block: blocking_data_plane(),
         detects_mismatch: false,
     }
 }
@@ -126,6 +127,8 @@ pub struct NcclComm {
     raw: [std::sync::atomic::AtomicPtr<cudarc::nccl::sys::ncclComm>; 2],
     /// Set by whoever frees the NCCL communicators first (abort, shutdown or watchdog).
     freed: AtomicBool,
+    /// Set when the watchdog aborted a call that blocked past the enqueue timeout.
+    timed_out: AtomicBool,
     /// Nanoseconds since `epoch` at which a blocking NCCL call began; 0 when none runs.
     in_call_since: AtomicU64,
     epoch: Instant,
@@ -152,14 +155,21 @@ impl std::fmt::Debug for NcclComm {
     }
 }
 
-/// How long enqueue may wait for NCCL to finish a connection in progress
-/// (`ANYCCL_NCCL_ENQUEUE_TIMEOUT_S`, default 300 s).
+/// How long one enqueue may wait for NCCL to connect to its peers before the communicator
+/// is aborted (`ANYCCL_NCCL_ENQUEUE_TIMEOUT_S`, else the op timeout `ANYCCL_TIMEOUT_S`).
 fn enqueue_timeout() -> Duration {
     std::env::var("ANYCCL_NCCL_ENQUEUE_TIMEOUT_S")
         .ok()
         .and_then(|v| v.parse::<f64>().ok())
         .map(Duration::from_secs_f64)
-        .unwrap_or(Duration::from_secs(300))
+        .unwrap_or_else(|| {
+            anyccl_core::CommConfig::from_env().map(|c| c.op_timeout).unwrap_or(Duration::from_secs(600))
+        })
+}
+
+/// Whether the data plane runs on a blocking communicator (`ANYCCL_NCCL_BLOCKING`, default on).
+fn blocking_data_plane() -> bool {
+    std::env::var("ANYCCL_NCCL_BLOCKING").map(|v| v != "0").unwrap_or(true)
 }
 
 /// Poll `comm`'s async state until it leaves `ncclInProgress`.
@@ -255,8 +265,7 @@ impl NcclComm {
         label: &str,
         deadline: Instant,
     ) -> Result<(Option<CommPtr>, CommPtr)> {
-        let blocking = std::env::var("ANYCCL_NCCL_BLOCKING").map(|v| v != "0").unwrap_or(true);
-        let Some(split) = lib.CommSplit.filter(|_| blocking) else { return Ok((None, ctrl)) };
+        let Some(split) = lib.CommSplit.filter(|_| blocking_data_plane()) else { return Ok((None, ctrl)) };
         let ctrl_ptr = ctrl;
         let slot = OutSlot::new();
         {
@@ -317,6 +326,7 @@ impl NcclComm {
                 std::sync::atomic::AtomicPtr::new(ctrl.unwrap_or(std::ptr::null_mut())),
             ],
             freed: AtomicBool::new(false),
+            timed_out: AtomicBool::new(false),
             in_call_since: AtomicU64::new(0),
             epoch: Instant::now(),
             aborted: AtomicBool::new(false),
@@ -353,6 +363,7 @@ impl NcclComm {
                 if let Ok(mut f) = c.failure.lock() {
                     f.get_or_insert(why);
                 }
+                c.timed_out.store(true, Ordering::Release);
                 c.aborted.store(true, Ordering::Release);
                 c.free_raw();
                 return;
@@ -495,8 +506,18 @@ impl NcclComm {
         let h = self.lock();
         let Some(c) = h.0 else { return Err(self.dead().unwrap_or_else(|| self.aborted_err())) };
         self.in_call_since.store(self.epoch.elapsed().as_nanos().max(1) as u64, Ordering::Release);
+        let started = Instant::now();
         let code = calls(self.lib, c, self.stream.raw);
         self.in_call_since.store(0, Ordering::Release);
+        if self.timed_out.load(Ordering::Acquire) {
+            return Err(Error::Timeout {
+                op: op.to_string(),
+                rank: self.info.rank,
+                group: self.label.clone(),
+                after: started.elapsed(),
+                detail: "NCCL was still connecting to the peers (one never joined); communicator aborted".into(),
+            });
+        }
         if let Some(e) = self.dead() {
             return Err(e);
         }

@@ -1,0 +1,154 @@
+//! `anyccl-warmup-check [--no-warmup]`: build a data group, a pipeline group and an expert
+//! (token-dispatch) group over all ranks, warm them (unless `--no-warmup`), then run one step
+//! with the same collectives and print the device memory that step took. With the warmup it
+//! should be (close to) nothing; without, it is what NCCL's lazy connects allocate.
+#![forbid(unsafe_code)]
+
+use anyccl_core::{CommConfig, Communicator, DType, GroupSpec, P2POp, Platform, ReduceOp, Result, Role, Work};
+use anyccl_warmup::{warmup, Session, Target, WarmupConfig};
+use clap::Parser;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+#[derive(Parser, Debug)]
+struct Args {
+    /// Skip the warmup (to see what the step costs cold).
+    #[arg(long)]
+    no_warmup: bool,
+    /// Backend (default: the best available).
+    #[arg(long)]
+    backend: Option<String>,
+    /// Print the warmup report as JSON too.
+    #[arg(long)]
+    json: bool,
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(&args).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("anyccl-warmup-check: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+async fn meet(store: &dyn anyccl_core::Store, key: &str, n: usize) -> Result<()> {
+    if store.add(key, 1).await? as usize == n {
+        store.set(&format!("{key}/done"), b"1").await?;
+    }
+    store.wait(&format!("{key}/done"), Instant::now() + Duration::from_secs(300)).await?;
+    Ok(())
+}
+
+fn done(mut w: Work<'_>) -> Result<()> {
+    w.wait(Duration::from_secs(120))
+}
+
+async fn run(args: &Args) -> Result<()> {
+    let (env, store, _server) = anyccl_examples::start_rank().await?;
+    let backend = anyccl_examples::pick_backend(args.backend.as_deref())?;
+    let platform = backend.platform(env.local_rank)?;
+    let (n, me) = (env.world_size, env.rank);
+    let owner = "warmup-check";
+    let world = Communicator::connect(
+        backend.as_ref(),
+        GroupSpec::world(n, owner),
+        me,
+        store.clone(),
+        platform.device(),
+        CommConfig::from_env()?,
+    )
+    .await?;
+    let all: Vec<usize> = (0..n).collect();
+    let dp = world.split(Some(GroupSpec::new("dp", all.clone(), owner, Role::Data))).await?.ok_or_else(no_group)?;
+    let pp = world.split(Some(GroupSpec::new("pp", all.clone(), owner, Role::Pipeline))).await?.ok_or_else(no_group)?;
+    let ep = world.split(Some(GroupSpec::new("ep", all, owner, Role::Expert))).await?.ok_or_else(no_group)?;
+    let caps = dp.capabilities().clone();
+    let (small, large) = (caps.warmup_small_bytes / 2, caps.warmup_large_bytes / 2); // bf16 elements
+
+    if !args.no_warmup {
+        let session = Session {
+            store: store.as_ref(),
+            job: owner,
+            generation: 1,
+            rank: me,
+            world_size: n,
+            platform: platform.as_ref(),
+        };
+        let cfg = WarmupConfig { enabled: true, force: true, ..WarmupConfig::from_env(WarmupConfig::default()) };
+        let report = warmup(&session, &[Target::new(&dp), Target::new(&pp), Target::new(&ep)], &cfg).await?;
+        if me == 0 {
+            print!("{}", report.table());
+            if args.json {
+                println!("{}", report.to_json());
+            }
+        }
+    }
+
+    // The step: the same collectives a train step issues on these groups. Buffers first,
+    // so the measurement sees only what the communication itself allocates.
+    let p: &dyn Platform = platform.as_ref();
+    let mut bufs = Vec::new();
+    for c in [small, large] {
+        let rounded = c.div_ceil(n) * n;
+        bufs.push((
+            c,
+            p.alloc(DType::BF16, c)?,
+            p.alloc(DType::BF16, c * n)?,
+            p.alloc(DType::BF16, c)?,
+            p.alloc(DType::BF16, rounded)?,
+            p.alloc(DType::BF16, rounded)?,
+        ));
+    }
+    p.synchronize()?;
+    meet(store.as_ref(), "warmup-check/step", n).await?;
+    let before = p.mem_info()?.free;
+    let t = Instant::now();
+    for (c, a, big, b, x, y) in bufs.iter_mut() {
+        let c = *c;
+        done(dp.all_reduce(None, a.view_mut(), ReduceOp::Sum)?)?;
+        done(dp.reduce_scatter(Some(big.view()), b.view_mut(), ReduceOp::Sum)?)?;
+        done(dp.all_gather(Some(b.view()), big.view_mut())?)?;
+        let _ = c;
+        for (lo, hi) in (0..n.saturating_sub(1)).map(|i| (i, i + 1)) {
+            if me == lo {
+                done(pp.send(a.view(), hi)?)?;
+                done(pp.recv(b.view_mut(), hi)?)?;
+                done(pp.p2p_group(vec![P2POp::Send(a.view(), hi), P2POp::Recv(b.view_mut(), hi)])?)?;
+            } else if me == hi {
+                done(pp.recv(b.view_mut(), lo)?)?;
+                done(pp.send(a.view(), lo)?)?;
+                done(pp.p2p_group(vec![P2POp::Send(a.view(), lo), P2POp::Recv(b.view_mut(), lo)])?)?;
+            }
+        }
+        done(ep.all_to_all(x.view(), y.view_mut(), None)?)?;
+    }
+    p.synchronize()?;
+    let took = t.elapsed();
+    let after = p.mem_info()?.free;
+    let mib = (before as f64 - after as f64) / (1 << 20) as f64;
+    println!(
+        "rank {me}: step ({}, {} ranks, {}) took {mib:.1} MiB of device memory in {took:.2?}",
+        if args.no_warmup { "cold, no warmup" } else { "after warmup" },
+        n,
+        world.info().backend
+    );
+    meet(store.as_ref(), "warmup-check/end", n).await?;
+    for c in [&ep, &pp, &dp, &world] {
+        c.shutdown().await?;
+    }
+    Ok(())
+}
+
+fn no_group() -> anyccl_core::Error {
+    anyccl_core::Error::Backend {
+        backend: "split",
+        op: "split".into(),
+        code: -1,
+        text: "member got no group".into(),
+        recovery: anyccl_core::Recovery::Fatal,
+    }
+}
