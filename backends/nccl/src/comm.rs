@@ -446,6 +446,30 @@ impl NcclComm {
         }
     }
 
+    /// Like [`NcclComm::poll_async`], on the control communicator (where splits run).
+    fn poll_ctrl(&self, op: &str) -> Result<bool> {
+        if let Some(e) = self.dead() {
+            return Err(e);
+        }
+        let hc = self.ctrl.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(c) = hc.0 else {
+            drop(hc);
+            return self.poll_async(op);
+        };
+        // SAFETY: live handle under its lock.
+        let st = unsafe { async_state(self.lib, c) };
+        match st {
+            sys::SUCCESS => Ok(false),
+            sys::IN_PROGRESS => Ok(true),
+            code => {
+                let e = error(self.lib, op, code, Some(c), self.info.rank, &self.label);
+                drop(hc);
+                self.fail(&e);
+                Err(e)
+            }
+        }
+    }
+
     fn aborted_err(&self) -> Error {
         Error::Aborted { rank: self.info.rank, group: self.label.clone(), detail: "communicator released".into() }
     }
@@ -929,7 +953,9 @@ impl Collective for NcclComm {
             }
         }
         loop {
-            match self.poll_async("ncclCommSplit") {
+            // Poll the communicator the split ran on: NCCL writes the child into the slot
+            // from that communicator's asynchronous job.
+            match self.poll_ctrl("ncclCommSplit") {
                 Ok(false) => break,
                 Ok(true) => {}
                 Err(e) => {
@@ -987,55 +1013,40 @@ impl Collective for NcclComm {
     }
 
     async fn shutdown(&self, deadline: Instant) -> Result<()> {
-        let Some(c) = self.lock().0 else { return Ok(()) };
-        self.cuda.bind()?;
-        self.stream.synchronize()?;
-        {
-            let _h = self.lock();
-            // SAFETY: live handle under the lock.
-            let code = unsafe { (self.lib.CommFinalize)(c) };
-            if code != sys::SUCCESS && code != sys::IN_PROGRESS {
-                let e = error(self.lib, "ncclCommFinalize", code, Some(c), self.info.rank, &self.label);
-                drop(_h);
-                self.fail(&e);
-                return Err(e);
-            }
-        }
-        while self.poll_async("ncclCommFinalize")? {
-            if Instant::now() > deadline {
-                let e = Error::Timeout {
-                    op: "shutdown".into(),
-                    rank: self.info.rank,
-                    group: self.label.clone(),
-                    after: Duration::ZERO,
-                    detail: "ncclCommFinalize did not complete; aborted".into(),
-                };
-                self.fail(&e);
-                return Err(e);
-            }
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-        // From here on the handles are ours to destroy: keep the watchdog and abort away.
-        if self.freed.swap(true, Ordering::AcqRel) {
+        if self.freed.load(Ordering::Acquire) {
             return Ok(());
         }
-        let data = self.lock().0.take();
-        let ctrl = self.ctrl.lock().unwrap_or_else(|p| p.into_inner()).0.take();
-        for r in &self.raw {
-            r.store(std::ptr::null_mut(), Ordering::Release);
+        // Every enqueued operation completes first (bounded by the deadline) ...
+        {
+            self.cuda.bind()?;
+            let ev = Event::record(&self.stream)?;
+            let mut spins = 0u32;
+            loop {
+                if ev.done()? {
+                    break;
+                }
+                self.poll_async("shutdown")?;
+                if Instant::now() > deadline {
+                    let e = Error::Timeout {
+                        op: "shutdown".into(),
+                        rank: self.info.rank,
+                        group: self.label.clone(),
+                        after: Duration::ZERO,
+                        detail: "operations still running at the deadline; communicator aborted".into(),
+                    };
+                    self.fail(&e);
+                    return Err(e);
+                }
+                backoff(&mut spins);
+            }
         }
-        if let Some(c) = data {
-            // SAFETY: finalized handle, destroyed once (guarded by `freed`).
-            let code = unsafe { (self.lib.CommDestroy)(c) };
-            check(self.lib, "ncclCommDestroy", code, None, self.info.rank, &self.label)?;
-        }
-        if let Some(c) = ctrl {
-            // The control communicator ran nothing since init: abort frees it without a
-            // collective finalize (which would need every rank again).
-            // SAFETY: live handle, freed once.
-            let code = unsafe { (self.lib.CommAbort)(c) };
-            check(self.lib, "ncclCommAbort (control)", code, None, self.info.rank, &self.label)?;
-        }
+        // ... then both NCCL communicators are released locally. ncclCommFinalize is a
+        // collective flush that never returned for a blocking communicator split with shared
+        // resources (H200, NCCL 2.28); with the stream drained there is nothing left to
+        // flush, and ncclCommAbort frees the same resources without waiting on peers.
+        self.free_raw();
+        self.lock().0 = None;
+        self.ctrl.lock().unwrap_or_else(|p| p.into_inner()).0 = None;
         Ok(())
     }
 }

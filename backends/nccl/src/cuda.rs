@@ -104,16 +104,6 @@ impl Stream {
         let raw = cu::stream::create(cu::stream::StreamKind::NonBlocking).map_err(|e| cuda_err("cuStreamCreate", e))?;
         Ok(Stream { raw, cuda: cuda.clone() })
     }
-
-    /// Wait for all work on the stream.
-    ///
-    /// # Errors
-    /// `Backend` on a driver error.
-    pub fn synchronize(&self) -> Result<()> {
-        self.cuda.bind()?;
-        // SAFETY: `raw` is a live stream.
-        unsafe { cu::stream::synchronize(self.raw) }.map_err(|e| cuda_err("cuStreamSynchronize", e))
-    }
 }
 
 impl Drop for Stream {
