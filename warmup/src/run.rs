@@ -374,10 +374,29 @@ async fn agree(
 }
 
 /// Wait for `w` in short slices, giving up when another rank reports failure or the
-/// deadline passes.
+/// deadline passes. Giving up aborts `comm` before the unfinished operation is dropped: its
+/// kernels may wait forever on the failed peer, and the warmup fails as a whole anyway.
 async fn settle(
     s: &Session<'_>,
-    mut w: Work<'_>,
+    comm: &Communicator,
+    w: Work<'_>,
+    what: &str,
+    group: &str,
+    rank: usize,
+    deadline: Instant,
+) -> Result<()> {
+    let mut w = w;
+    let r = wait_slices(s, &mut w, what, group, rank, deadline).await;
+    if r.is_err() && !matches!(w.is_completed(), Ok(true)) {
+        let _ = comm.abort().await;
+    }
+    drop(w);
+    r
+}
+
+async fn wait_slices(
+    s: &Session<'_>,
+    w: &mut Work<'_>,
     what: &str,
     group: &str,
     rank: usize,
@@ -477,27 +496,35 @@ async fn run_step(
     match step.kind {
         Kind::AllReduce => {
             let mut b = p.alloc(d, c)?;
-            settle(s, comm.all_reduce(None, b.view_mut(), ReduceOp::Sum)?, what, g, me, deadline).await?;
+            settle(s, comm, comm.all_reduce(None, b.view_mut(), ReduceOp::Sum)?, what, g, me, deadline).await?;
         }
         Kind::Broadcast => {
             let mut b = p.alloc(d, c)?;
-            settle(s, comm.broadcast(None, b.view_mut(), 0)?, what, g, me, deadline).await?;
+            settle(s, comm, comm.broadcast(None, b.view_mut(), 0)?, what, g, me, deadline).await?;
         }
         Kind::ReduceScatter => {
             let src = p.alloc(d, c * n)?;
             let mut dst = p.alloc(d, c)?;
-            settle(s, comm.reduce_scatter(Some(src.view()), dst.view_mut(), ReduceOp::Sum)?, what, g, me, deadline)
-                .await?;
+            settle(
+                s,
+                comm,
+                comm.reduce_scatter(Some(src.view()), dst.view_mut(), ReduceOp::Sum)?,
+                what,
+                g,
+                me,
+                deadline,
+            )
+            .await?;
         }
         Kind::AllGather => {
             let src = p.alloc(d, c)?;
             let mut dst = p.alloc(d, c * n)?;
-            settle(s, comm.all_gather(Some(src.view()), dst.view_mut())?, what, g, me, deadline).await?;
+            settle(s, comm, comm.all_gather(Some(src.view()), dst.view_mut())?, what, g, me, deadline).await?;
         }
         Kind::AllToAll => {
             let src = p.alloc(d, c)?;
             let mut dst = p.alloc(d, c)?;
-            settle(s, comm.all_to_all(src.view(), dst.view_mut(), None)?, what, g, me, deadline).await?;
+            settle(s, comm, comm.all_to_all(src.view(), dst.view_mut(), None)?, what, g, me, deadline).await?;
         }
         Kind::SendRecv | Kind::SendRecvBatched => {
             let src = p.alloc(d, c)?;
@@ -508,13 +535,13 @@ async fn run_step(
                 let other = if a == me { b } else { a };
                 if step.kind == Kind::SendRecvBatched {
                     let ops = vec![P2POp::Send(src.view(), other), P2POp::Recv(dst.view_mut(), other)];
-                    settle(s, comm.p2p_group(ops)?, what, g, me, deadline).await?;
+                    settle(s, comm, comm.p2p_group(ops)?, what, g, me, deadline).await?;
                 } else if me == a {
-                    settle(s, comm.send(src.view(), other)?, what, g, me, deadline).await?;
-                    settle(s, comm.recv(dst.view_mut(), other)?, what, g, me, deadline).await?;
+                    settle(s, comm, comm.send(src.view(), other)?, what, g, me, deadline).await?;
+                    settle(s, comm, comm.recv(dst.view_mut(), other)?, what, g, me, deadline).await?;
                 } else {
-                    settle(s, comm.recv(dst.view_mut(), other)?, what, g, me, deadline).await?;
-                    settle(s, comm.send(src.view(), other)?, what, g, me, deadline).await?;
+                    settle(s, comm, comm.recv(dst.view_mut(), other)?, what, g, me, deadline).await?;
+                    settle(s, comm, comm.send(src.view(), other)?, what, g, me, deadline).await?;
                 }
             }
         }

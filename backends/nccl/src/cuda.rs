@@ -82,11 +82,21 @@ impl Drop for Cuda {
     }
 }
 
+/// Events kept for reuse, so a launch does not pay for creating one.
+#[derive(Debug, Default)]
+struct EventPool(std::sync::Mutex<Vec<RawEvent>>);
+
+#[derive(Debug)]
+struct RawEvent(sys::CUevent);
+// SAFETY: an event handle is usable from any thread with the context current.
+unsafe impl Send for RawEvent {}
+
 /// A non-blocking stream.
 #[derive(Debug)]
 pub struct Stream {
     pub(crate) raw: sys::CUstream,
     cuda: Arc<Cuda>,
+    events: Arc<EventPool>,
 }
 
 // SAFETY: stream handles are usable from any thread with the context current.
@@ -102,13 +112,18 @@ impl Stream {
     pub fn new(cuda: &Arc<Cuda>) -> Result<Stream> {
         cuda.bind()?;
         let raw = cu::stream::create(cu::stream::StreamKind::NonBlocking).map_err(|e| cuda_err("cuStreamCreate", e))?;
-        Ok(Stream { raw, cuda: cuda.clone() })
+        Ok(Stream { raw, cuda: cuda.clone(), events: Arc::default() })
     }
 }
 
 impl Drop for Stream {
     fn drop(&mut self) {
         let _ = self.cuda.bind();
+        let pooled: Vec<RawEvent> = self.events.0.lock().map(|mut v| v.drain(..).collect()).unwrap_or_default();
+        for e in pooled {
+            // SAFETY: pooled events are ours and no longer recorded anywhere.
+            let _ = unsafe { cu::event::destroy(e.0) };
+        }
         // SAFETY: `raw` was created by us and is destroyed once.
         if let Err(e) = unsafe { cu::stream::destroy(self.raw) } {
             tracing::warn!("cuStreamDestroy: {e:?}");
@@ -116,11 +131,12 @@ impl Drop for Stream {
     }
 }
 
-/// An event recorded on a stream, to poll completion.
+/// An event recorded on a stream, to poll completion. Returned to its stream's pool on drop.
 #[derive(Debug)]
 pub struct Event {
     raw: sys::CUevent,
     cuda: Arc<Cuda>,
+    pool: std::sync::Weak<EventPool>,
 }
 
 // SAFETY: event handles are usable from any thread with the context current.
@@ -134,9 +150,13 @@ impl Event {
     /// # Errors
     /// `Backend` on a driver error.
     pub fn record(stream: &Stream) -> Result<Event> {
-        let raw =
-            cu::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING).map_err(|e| cuda_err("cuEventCreate", e))?;
-        let ev = Event { raw, cuda: stream.cuda.clone() };
+        let pooled = stream.events.0.lock().ok().and_then(|mut v| v.pop());
+        let raw = match pooled {
+            Some(e) => e.0,
+            None => cu::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+                .map_err(|e| cuda_err("cuEventCreate", e))?,
+        };
+        let ev = Event { raw, cuda: stream.cuda.clone(), pool: Arc::downgrade(&stream.events) };
         // SAFETY: both handles are live.
         unsafe { cu::event::record(ev.raw, stream.raw) }.map_err(|e| cuda_err("cuEventRecord", e))?;
         Ok(ev)
@@ -159,8 +179,18 @@ impl Event {
 
 impl Drop for Event {
     fn drop(&mut self) {
+        // Re-recording an event that is still pending is allowed; its next query reflects
+        // the new record only. So a pending event may go back to the pool.
+        if let Some(pool) = self.pool.upgrade() {
+            if let Ok(mut v) = pool.0.lock() {
+                if v.len() < 64 {
+                    v.push(RawEvent(self.raw));
+                    return;
+                }
+            }
+        }
         let _ = self.cuda.bind();
-        // SAFETY: created by us, destroyed once.
+        // SAFETY: created by us, destroyed once (not pooled).
         let _ = unsafe { cu::event::destroy(self.raw) };
     }
 }
