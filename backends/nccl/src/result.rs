@@ -52,6 +52,7 @@ pub fn text(lib: &NcclLib, code: c_int, comm: Option<ncclComm_t>) -> String {
 /// Map a failed NCCL call into anyccl's error.
 pub fn error(lib: &NcclLib, op: &str, code: c_int, comm: Option<ncclComm_t>, rank: usize, group: &str) -> Error {
     let text = text(lib, code, comm);
+    let call = format!("{op} on rank {rank} of group '{group}'");
     match code {
         8 => Error::Timeout {
             op: op.to_string(),
@@ -61,12 +62,8 @@ pub fn error(lib: &NcclLib, op: &str, code: c_int, comm: Option<ncclComm_t>, ran
             detail: text,
         },
         6 => Error::PeerFailed { rank, group: group.to_string(), peer: None, detail: format!("{op}: {text}") },
-        4 | 5 => {
-            Error::Backend { backend: "nccl", op: op.to_string(), code: code as i64, text, recovery: Recovery::Fatal }
-        }
-        _ => {
-            Error::Backend { backend: "nccl", op: op.to_string(), code: code as i64, text, recovery: Recovery::Rebuild }
-        }
+        4 | 5 => Error::Backend { backend: "nccl", op: call, code: code as i64, text, recovery: Recovery::Fatal },
+        _ => Error::Backend { backend: "nccl", op: call, code: code as i64, text, recovery: Recovery::Rebuild },
     }
 }
 
