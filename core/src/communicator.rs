@@ -213,6 +213,18 @@ impl Communicator {
         Ok(())
     }
 
+    /// Out of place, send and recv hold the same number of elements.
+    fn check_same_count(&self, op: &'static str, send: &Option<Buf<'_>>, recv: &BufMut<'_>) -> Result<()> {
+        match send {
+            Some(s) if s.count() != recv.count() => Err(self.invalid(
+                op,
+                "recv",
+                format!("send has {} elements, recv {}; they must match", s.count(), recv.count()),
+            )),
+            _ => Ok(()),
+        }
+    }
+
     fn check_pair(&self, op: &'static str, send: &Option<Buf<'_>>, recv: &BufMut<'_>) -> Result<()> {
         self.check_dtype(op, "recv", recv.dtype())?;
         self.check_device(op, "recv", recv.device())?;
@@ -317,15 +329,7 @@ impl Communicator {
         const OP: &str = "all_reduce";
         self.check_pair(OP, &send, &recv)?;
         self.check_reduce_op(OP, op)?;
-        if let Some(s) = &send {
-            if s.count() != recv.count() {
-                return Err(self.invalid(
-                    OP,
-                    "recv",
-                    format!("send has {} elements, recv {}; they must match", s.count(), recv.count()),
-                ));
-            }
-        }
+        self.check_same_count(OP, &send, &recv)?;
         let call = Call { op: OP, dtype: Some(recv.dtype()), count: recv.count(), bytes: recv.bytes(), peer: None };
         self.issue(call, |c| c.all_reduce(send, recv, op))
     }
@@ -345,15 +349,7 @@ impl Communicator {
         self.check_rank(OP, "root", root)?;
         self.check_pair(OP, &send, &recv)?;
         self.check_reduce_op(OP, op)?;
-        if let Some(s) = &send {
-            if s.count() != recv.count() {
-                return Err(self.invalid(
-                    OP,
-                    "recv",
-                    format!("send has {} elements, recv {}; they must match", s.count(), recv.count()),
-                ));
-            }
-        }
+        self.check_same_count(OP, &send, &recv)?;
         let call =
             Call { op: OP, dtype: Some(recv.dtype()), count: recv.count(), bytes: recv.bytes(), peer: Some(root) };
         self.issue(call, |c| c.reduce(send, recv, op, root))
@@ -367,15 +363,7 @@ impl Communicator {
         const OP: &str = "broadcast";
         self.check_rank(OP, "root", root)?;
         self.check_pair(OP, &send, &recv)?;
-        if let Some(s) = &send {
-            if s.count() != recv.count() {
-                return Err(self.invalid(
-                    OP,
-                    "recv",
-                    format!("send has {} elements, recv {}; they must match", s.count(), recv.count()),
-                ));
-            }
-        }
+        self.check_same_count(OP, &send, &recv)?;
         let call =
             Call { op: OP, dtype: Some(recv.dtype()), count: recv.count(), bytes: recv.bytes(), peer: Some(root) };
         self.issue(call, |c| c.broadcast(send, recv, root))

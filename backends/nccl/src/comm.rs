@@ -425,37 +425,24 @@ impl NcclComm {
         self.ctrl.lock().unwrap_or_else(|p| p.into_inner()).0 = None;
     }
 
-    /// The async error of the communicator, if it has one (`Ok(true)`: still in progress).
+    /// The async error of the data communicator, if it has one (`Ok(true)`: still in progress).
     fn poll_async(&self, op: &str) -> Result<bool> {
-        if let Some(e) = self.dead() {
-            return Err(e);
-        }
-        let h = self.lock();
-        let Some(c) = h.0 else { return Err(self.dead().unwrap_or_else(|| self.aborted_err())) };
-        // SAFETY: live handle under the lock.
-        let st = unsafe { async_state(self.lib, c) };
-        match st {
-            sys::SUCCESS => Ok(false),
-            sys::IN_PROGRESS => Ok(true),
-            code => {
-                let e = error(self.lib, op, code, Some(c), self.info.rank, &self.label);
-                drop(h);
-                self.fail(&e);
-                Err(e)
-            }
-        }
+        self.poll(&self.handle, op)
     }
 
-    /// Like [`NcclComm::poll_async`], on the control communicator (where splits run).
+    /// Like [`NcclComm::poll_async`], on the control communicator (where splits run); the
+    /// data communicator when there is no separate one.
     fn poll_ctrl(&self, op: &str) -> Result<bool> {
+        let has_ctrl = self.ctrl.lock().unwrap_or_else(|p| p.into_inner()).0.is_some();
+        self.poll(if has_ctrl { &self.ctrl } else { &self.handle }, op)
+    }
+
+    fn poll(&self, which: &Mutex<Handle>, op: &str) -> Result<bool> {
         if let Some(e) = self.dead() {
             return Err(e);
         }
-        let hc = self.ctrl.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(c) = hc.0 else {
-            drop(hc);
-            return self.poll_async(op);
-        };
+        let h = which.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(c) = h.0 else { return Err(self.dead().unwrap_or_else(|| self.aborted_err())) };
         // SAFETY: live handle under its lock.
         let st = unsafe { async_state(self.lib, c) };
         match st {
@@ -463,7 +450,7 @@ impl NcclComm {
             sys::IN_PROGRESS => Ok(true),
             code => {
                 let e = error(self.lib, op, code, Some(c), self.info.rank, &self.label);
-                drop(hc);
+                drop(h);
                 self.fail(&e);
                 Err(e)
             }
