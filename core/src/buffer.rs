@@ -147,7 +147,7 @@ impl<'a> Buf<'a> {
     /// # Panics
     /// If the range is out of bounds (a programming error; the Communicator validates first).
     pub fn slice(&self, offset: usize, count: usize) -> Buf<'a> {
-        assert!(offset + count <= self.count, "Buf::slice out of bounds");
+        assert!(offset.checked_add(count).is_some_and(|end| end <= self.count), "Buf::slice out of bounds");
         Buf {
             ptr: self.ptr.wrapping_add(offset * self.dtype.size()),
             count,

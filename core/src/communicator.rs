@@ -496,6 +496,17 @@ impl Communicator {
                         ),
                     ));
                 }
+                let me = self.rank();
+                if sp.send_counts[me] != sp.recv_counts[me] {
+                    return Err(self.invalid(
+                        OP,
+                        "splits",
+                        format!(
+                            "this rank sends {} elements to itself but expects to receive {}",
+                            sp.send_counts[me], sp.recv_counts[me]
+                        ),
+                    ));
+                }
                 let (ss, rs): (usize, usize) = (sp.send_counts.iter().sum(), sp.recv_counts.iter().sum());
                 if ss != send.count() {
                     return Err(self.invalid(

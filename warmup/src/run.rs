@@ -216,9 +216,10 @@ async fn run_claimed(
 ) -> Result<()> {
     // 2. Memory pre-check, before anything touches the device.
     let refusal = match cfg.memory_need {
-        Some(need) => {
-            let free = s.platform.mem_info()?.free;
-            (free < need + cfg.memory_margin).then(|| {
+        Some(need) => match s.platform.mem_info() {
+            Err(e) => Some(format!("rank {} cannot read free device memory: {e}", s.rank)),
+            Ok(m) => (m.free < need + cfg.memory_margin).then(|| {
+                let free = m.free;
                 format!(
                     "rank {} refuses: {} MiB free, the plan needs {} MiB + {} MiB margin",
                     s.rank,
@@ -226,8 +227,8 @@ async fn run_claimed(
                     need >> 20,
                     cfg.memory_margin >> 20
                 )
-            })
-        }
+            }),
+        },
         None => None,
     };
 
@@ -270,42 +271,60 @@ async fn run_claimed(
         let _ = s.store.compare_set(&s.key("failed"), None, v.as_bytes()).await;
     }
 
-    // 5. Outcome: all or nothing.
+    // 5. Outcome: all or nothing. Every rank publishes its outcome and reads everyone's;
+    // the first verdict stored wins and every rank adopts it, so ranks whose deadlines fall
+    // on either side of a slow rank's report still agree.
     let mine = match &exec {
         Ok(()) => "ok".to_string(),
         Err(e) => format!("failed: {e}"),
     };
-    s.store.set(&s.key(&format!("outcome/{}", s.rank)), mine.as_bytes()).await?;
+    let published = s.store.set(&s.key(&format!("outcome/{}", s.rank)), mine.as_bytes()).await;
     let mut failed = Vec::new();
     let mut missing = Vec::new();
-    let outcome_deadline = deadline.max(Instant::now()) + Duration::from_secs(2);
-    for r in 0..s.world_size {
-        match s.store.wait(&s.key(&format!("outcome/{r}")), outcome_deadline).await {
-            Ok(v) if v == b"ok" => {}
-            Ok(v) => failed.push(format!("rank {r} {}", String::from_utf8_lossy(&v))),
-            Err(Error::Timeout { .. }) => missing.push(r),
-            Err(e) => return Err(e),
+    if let Err(e) = published {
+        failed.push(format!("rank {} could not publish its outcome: {e}", s.rank));
+    } else {
+        let outcome_deadline = deadline.max(Instant::now()) + Duration::from_secs(2);
+        for r in 0..s.world_size {
+            match s.store.wait(&s.key(&format!("outcome/{r}")), outcome_deadline).await {
+                Ok(v) if v == b"ok" => {}
+                Ok(v) => failed.push(format!("rank {r} {}", String::from_utf8_lossy(&v))),
+                Err(_) => missing.push(r),
+            }
         }
     }
-    if exec.is_ok() && failed.is_empty() && missing.is_empty() {
+    let local = if exec.is_ok() && failed.is_empty() && missing.is_empty() {
+        "ok".to_string()
+    } else if !failed.is_empty() {
+        format!("failed: {}", failed.join("; "))
+    } else if exec.is_err() {
+        format!("failed: rank {} {mine}", s.rank)
+    } else {
+        format!("timeout: ranks {missing:?} never reported")
+    };
+    let verdict = match s.store.compare_set(&s.key("verdict"), None, local.as_bytes()).await {
+        Ok(o) => o.current.map(|v| String::from_utf8_lossy(&v).to_string()).unwrap_or(local),
+        Err(_) => local,
+    };
+    if verdict == "ok" {
         return Ok(());
     }
     abort_all(comms);
     exec?;
-    if !failed.is_empty() {
-        return Err(Error::PeerFailed {
+    if let Some(t) = verdict.strip_prefix("timeout: ") {
+        return Err(Error::Timeout {
+            op: "warmup outcome".into(),
             rank: s.rank,
             group: format!("warmup {}", s.job),
-            peer: None,
-            detail: format!("warmup failed elsewhere, communicators aborted: {}", failed.join("; ")),
+            after: Duration::ZERO,
+            detail: format!("{t}; communicators aborted"),
         });
     }
-    Err(Error::Timeout {
-        op: "warmup outcome".into(),
+    Err(Error::PeerFailed {
         rank: s.rank,
         group: format!("warmup {}", s.job),
-        after: Duration::ZERO,
-        detail: format!("ranks {missing:?} never reported; communicators aborted"),
+        peer: None,
+        detail: format!("warmup {verdict}; communicators aborted"),
     })
 }
 

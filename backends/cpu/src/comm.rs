@@ -177,7 +177,18 @@ impl CpuComm {
                     let r = match engine.mesh.mailbox.dead() {
                         Some(d) => Err(engine.mesh.dead_err(d)),
                         None => {
-                            let r = (job.run)(&mut engine);
+                            // A panic in an operation must not take the worker (and every
+                            // later Work) with it: it fails the communicator like any error.
+                            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (job.run)(&mut engine)))
+                                .unwrap_or_else(|_| {
+                                    Err(Error::Backend {
+                                        backend: "cpu",
+                                        op: "worker".into(),
+                                        code: -1,
+                                        text: "an operation panicked; communicator failed".into(),
+                                        recovery: anyccl_core::Recovery::Rebuild,
+                                    })
+                                });
                             if let Err(e) = &r {
                                 // A failed collective leaves peers mid-protocol: fail the whole
                                 // communicator so every rank hears of it at once.

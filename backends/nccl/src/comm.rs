@@ -418,11 +418,41 @@ impl NcclComm {
 
     fn abort_now(&self) {
         self.aborted.store(true, Ordering::Release);
-        // Free first (a blocked call holds the lock and is released by the abort), then
-        // forget the handles.
-        self.free_raw();
-        self.lock().0 = None;
-        self.ctrl.lock().unwrap_or_else(|p| p.into_inner()).0 = None;
+        self.release();
+    }
+
+    /// Free both NCCL communicators and forget the handles. Under the handle locks, so no
+    /// other thread is inside a call on them, unless a call is blocked inside NCCL (waiting
+    /// for peers to connect): then the abort must run without the lock to release that call
+    /// (NCCL's documented way to unblock it; best effort).
+    fn release(&self) {
+        loop {
+            match self.handle.try_lock() {
+                Ok(mut h) => {
+                    let mut c = self.ctrl.lock().unwrap_or_else(|p| p.into_inner());
+                    self.free_raw();
+                    h.0 = None;
+                    c.0 = None;
+                    return;
+                }
+                Err(std::sync::TryLockError::Poisoned(p)) => {
+                    let mut h = p.into_inner();
+                    self.free_raw();
+                    h.0 = None;
+                    self.ctrl.lock().unwrap_or_else(|p| p.into_inner()).0 = None;
+                    return;
+                }
+                Err(std::sync::TryLockError::WouldBlock) => {
+                    if self.in_call_since.load(Ordering::Acquire) != 0 {
+                        self.free_raw();
+                        self.lock().0 = None;
+                        self.ctrl.lock().unwrap_or_else(|p| p.into_inner()).0 = None;
+                        return;
+                    }
+                    std::thread::yield_now();
+                }
+            }
+        }
     }
 
     /// The async error of the data communicator, if it has one (`Ok(true)`: still in progress).
@@ -441,9 +471,18 @@ impl NcclComm {
         if let Some(e) = self.dead() {
             return Err(e);
         }
-        let h = which.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(c) = h.0 else { return Err(self.dead().unwrap_or_else(|| self.aborted_err())) };
-        // SAFETY: live handle under its lock.
+        // Another thread may hold the lock inside a call that waits for peers: report "in
+        // progress" rather than wait, so every caller's own deadline still applies.
+        let h = match which.try_lock() {
+            Ok(h) => h,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return Ok(true),
+        };
+        let Some(c) = h.0.filter(|_| !self.freed.load(Ordering::Acquire)) else {
+            return Err(self.dead().unwrap_or_else(|| self.aborted_err()));
+        };
+        // SAFETY: live handle (not freed) under its lock; frees take the lock too, except the
+        // unblocking abort of a call stuck inside NCCL.
         let st = unsafe { async_state(self.lib, c) };
         match st {
             sys::SUCCESS => Ok(false),
@@ -515,7 +554,9 @@ impl NcclComm {
         self.cuda.bind()?;
         self.settle(op)?;
         let h = self.lock();
-        let Some(c) = h.0 else { return Err(self.dead().unwrap_or_else(|| self.aborted_err())) };
+        let Some(c) = h.0.filter(|_| !self.freed.load(Ordering::Acquire)) else {
+            return Err(self.dead().unwrap_or_else(|| self.aborted_err()));
+        };
         self.in_call_since.store(self.epoch.elapsed().as_nanos().max(1) as u64, Ordering::Release);
         let started = Instant::now();
         let code = calls(self.lib, c, self.stream.raw);
@@ -538,14 +579,24 @@ impl NcclComm {
             self.fail(&e);
             return Err(e);
         }
-        drop(h);
         if code == sys::IN_PROGRESS {
             self.in_progress_returns.fetch_add(1, Ordering::Relaxed);
             let slot: Arc<OnceSlot> = Arc::default();
+            // Set while the handle is still locked, so no other launch can slip in between.
             *self.pending.lock().unwrap_or_else(|e| e.into_inner()) = Some(slot.clone());
+            drop(h);
             return Ok(Work::new(Box::new(NcclWork { comm: self, state: WorkState::Launching(slot) })));
         }
-        let event = Event::record(&self.stream)?;
+        drop(h);
+        let event = match Event::record(&self.stream) {
+            Ok(e) => e,
+            Err(e) => {
+                // The operation is on the stream but untracked: stop it rather than let the
+                // caller reuse buffers it may still touch.
+                self.fail(&e);
+                return Err(e);
+            }
+        };
         Ok(Work::new(Box::new(NcclWork { comm: self, state: WorkState::Running(event) })))
     }
 
@@ -560,7 +611,7 @@ impl NcclComm {
     pub fn mem_stats(&self) -> Option<u64> {
         let f = self.lib.CommMemStats?;
         let h = self.lock();
-        let c = h.0?;
+        let c = h.0.filter(|_| !self.freed.load(Ordering::Acquire))?;
         let mut v = 0u64;
         // SAFETY: live handle under the lock; `v` is a valid out-parameter.
         let code = unsafe { f(c, sys::STAT_GPU_MEM_TOTAL, &mut v) };
@@ -1031,9 +1082,7 @@ impl Collective for NcclComm {
         // collective flush that never returned for a blocking communicator split with shared
         // resources (H200, NCCL 2.28); with the stream drained there is nothing left to
         // flush, and ncclCommAbort frees the same resources without waiting on peers.
-        self.free_raw();
-        self.lock().0 = None;
-        self.ctrl.lock().unwrap_or_else(|p| p.into_inner()).0 = None;
+        self.release();
         Ok(())
     }
 }

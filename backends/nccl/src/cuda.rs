@@ -150,6 +150,7 @@ impl Event {
     /// # Errors
     /// `Backend` on a driver error.
     pub fn record(stream: &Stream) -> Result<Event> {
+        stream.cuda.bind()?;
         let pooled = stream.events.0.lock().ok().and_then(|mut v| v.pop());
         let raw = match pooled {
             Some(e) => e.0,

@@ -93,6 +93,17 @@ fn splits(cx: &RankCtx) -> CaseResult {
         let mut wrong = AllToAllSplits { send_counts: vec![1; n], recv_counts: vec![1; n] };
         wrong.send_counts[0] += 1;
         expect_invalid(cx, "splits do not add up", cx.comm.all_to_all(a.view(), b.view_mut(), Some(&wrong)), "splits")?;
+        // Sums match, but this rank would send itself 2 elements and expect 1.
+        let other = (cx.rank + 1) % n;
+        let mut selfish = AllToAllSplits { send_counts: vec![1; n], recv_counts: vec![1; n] };
+        selfish.send_counts[cx.rank] = 2;
+        selfish.send_counts[other] = 0;
+        expect_invalid(
+            cx,
+            "self split mismatch",
+            cx.comm.all_to_all(a.view(), b.view_mut(), Some(&selfish)),
+            "splits",
+        )?;
         Ok(())
     })
 }
