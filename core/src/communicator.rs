@@ -591,6 +591,26 @@ impl Communicator {
             bytes += b;
             dtype.get_or_insert(d);
         }
+        // Sends to and receives from this rank pair up in order with equal sizes; an
+        // unmatched one would wait on itself forever.
+        let me = self.rank();
+        let self_sends: Vec<usize> = ops
+            .iter()
+            .filter_map(|o| match o {
+                P2POp::Send(b, p) if *p == me => Some(b.bytes()),
+                _ => None,
+            })
+            .collect();
+        let self_recvs: Vec<usize> = ops
+            .iter()
+            .filter_map(|o| match o {
+                P2POp::Recv(b, p) if *p == me => Some(b.bytes()),
+                _ => None,
+            })
+            .collect();
+        if self_sends != self_recvs {
+            return Err(self.invalid(OP, "ops", format!("sends to this rank ({self_sends:?} bytes) and receives from it ({self_recvs:?} bytes) do not pair up")));
+        }
         let first = ops[0].peer();
         let peer = ops.iter().all(|o| o.peer() == first).then_some(first);
         let call = Call { op: OP, dtype, count: ops.len(), bytes, peer };

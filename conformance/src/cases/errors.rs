@@ -130,6 +130,12 @@ fn ranks(cx: &RankCtx) -> CaseResult {
             "peer",
         )?;
         expect_invalid(cx, "empty p2p_group", cx.comm.p2p_group(vec![]), "ops")?;
+        expect_invalid(
+            cx,
+            "unmatched receive from self",
+            cx.comm.p2p_group(vec![anyccl_core::P2POp::Recv(r.view_mut(), cx.rank)]),
+            "ops",
+        )?;
         Ok(())
     })
 }
