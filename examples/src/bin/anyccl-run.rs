@@ -57,13 +57,19 @@ fn describe(s: &ExitStatus) -> String {
     }
 }
 
+/// Copy a rank's output, prefixed; report when it ends. An exiting process closes its
+/// standard streams before its sockets, so the end of its output comes before any peer can
+/// notice its death: the earliest end among failed ranks names the rank that failed first,
+/// even when a peer that noticed is reaped before it.
 fn pump(
     rank: usize,
     prefix: bool,
     r: impl std::io::Read + Send + 'static,
     to_err: bool,
+    ended: mpsc::Sender<(usize, Instant)>,
 ) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
+        let _guard = EndGuard(rank, ended);
         for line in BufReader::new(r).lines() {
             let Ok(line) = line else { break };
             let text = if prefix { format!("[rank {rank}] {line}\n") } else { format!("{line}\n") };
@@ -77,6 +83,13 @@ fn pump(
 }
 
 /// Ask every rank still running to stop (SIGTERM), then kill what is left after `grace`.
+struct EndGuard(usize, mpsc::Sender<(usize, Instant)>);
+impl Drop for EndGuard {
+    fn drop(&mut self) {
+        let _ = self.1.send((self.0, Instant::now()));
+    }
+}
+
 fn stop_all(pids: &[i32], done: &mut [bool], rx: &mpsc::Receiver<(usize, Option<ExitStatus>)>, grace: Duration) {
     for (r, &pid) in pids.iter().enumerate() {
         if !done[r] {
@@ -123,6 +136,7 @@ fn main() -> ExitCode {
     };
     let program = resolve(&args.command[0]);
     let (tx, rx) = mpsc::channel::<(usize, Option<ExitStatus>)>();
+    let (ended_tx, ended_rx) = mpsc::channel::<(usize, Instant)>();
     let mut pids = Vec::new();
     let mut pumps = Vec::new();
     for rank in 0..args.n {
@@ -143,10 +157,10 @@ fn main() -> ExitCode {
         match child {
             Ok(mut c) => {
                 if let Some(o) = c.stdout.take() {
-                    pumps.push(pump(rank, !args.no_prefix, o, false));
+                    pumps.push(pump(rank, !args.no_prefix, o, false, ended_tx.clone()));
                 }
                 if let Some(e) = c.stderr.take() {
-                    pumps.push(pump(rank, !args.no_prefix, e, true));
+                    pumps.push(pump(rank, !args.no_prefix, e, true, ended_tx.clone()));
                 }
                 pids.push(c.id() as i32);
                 // One waiter per rank: exits arrive in the order they happen, so the rank
@@ -191,8 +205,51 @@ fn main() -> ExitCode {
                 done[rank] = true;
                 let ok = st.as_ref().is_some_and(|s| s.success());
                 if !ok {
-                    let what = st.as_ref().map(describe).unwrap_or_else(|| "could not be waited for".into());
-                    let f = format!("rank {rank} {what}");
+                    // Other ranks may be failing because of this one, or this one because of
+                    // another reaped later: gather exits for a moment, then name the failed
+                    // rank whose output ended first.
+                    let mut failed = vec![(rank, st)];
+                    let until = Instant::now() + Duration::from_millis(300);
+                    while let Some(left) = until.checked_duration_since(Instant::now()) {
+                        match rx.recv_timeout(left) {
+                            Ok((r, s2)) => {
+                                done[r] = true;
+                                if !s2.as_ref().is_some_and(|s| s.success()) {
+                                    failed.push((r, s2));
+                                }
+                            }
+                            Err(_) => break,
+                        }
+                    }
+                    let mut ended: Vec<Option<Instant>> = vec![None; args.n];
+                    while let Ok((r, t)) = ended_rx.try_recv() {
+                        ended[r] = Some(ended[r].map_or(t, |e| e.min(t)));
+                    }
+                    // The primary: a rank whose way of failing no other rank shares (peers that
+                    // fail because of it tend to fail alike), else the earliest end of output,
+                    // else the order of reaping. Every failed rank is named.
+                    let how: Vec<String> = failed
+                        .iter()
+                        .map(|(_, st)| st.as_ref().map(describe).unwrap_or_else(|| "could not be waited for".into()))
+                        .collect();
+                    let unique: Vec<usize> =
+                        (0..failed.len()).filter(|&i| how.iter().filter(|h| **h == how[i]).count() == 1).collect();
+                    let pick = if unique.len() == 1 && failed.len() > 1 {
+                        unique[0]
+                    } else {
+                        (0..failed.len())
+                            .min_by_key(|&i| (ended[failed[i].0].is_none(), ended[failed[i].0], i))
+                            .unwrap_or(0)
+                    };
+                    let rank = failed[pick].0;
+                    let mut f = format!("rank {rank} {}", how[pick]);
+                    let others: Vec<String> = (0..failed.len())
+                        .filter(|&i| i != pick)
+                        .map(|i| format!("rank {} {}", failed[i].0, how[i]))
+                        .collect();
+                    if !others.is_empty() {
+                        f.push_str(&format!(" (also failed: {})", others.join(", ")));
+                    }
                     let running: Vec<usize> = (0..args.n).filter(|&r| !done[r]).collect();
                     eprintln!("anyccl-run: {f}; stopping ranks {running:?}");
                     stop_all(&pids, &mut done, &rx, grace);
