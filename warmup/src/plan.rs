@@ -59,6 +59,10 @@ pub struct GroupPlan {
 }
 
 impl GroupPlan {
+    fn of(spec: &anyccl_core::GroupSpec, size: usize, steps: Vec<Step>, merge: bool) -> Self {
+        GroupPlan { group: spec.name.clone(), role: spec.role.clone(), owner: spec.owner.clone(), size, steps, merge }
+    }
+
     /// SHA-256 of the canonical JSON, hex.
     pub fn fingerprint(&self) -> String {
         let json = serde_json::to_vec(self).unwrap_or_default();
@@ -174,14 +178,7 @@ pub fn plan_for(t: &Target<'_>, caps: &Capabilities, sizes: &Sizes) -> Option<Gr
             steps.push(Step { kind: k, dtype: sizes.dtype, count, pairs: p });
         }
     }
-    Some(GroupPlan {
-        group: spec.name.clone(),
-        role: spec.role.clone(),
-        owner: spec.owner.clone(),
-        size: n,
-        steps,
-        merge: false,
-    })
+    Some(GroupPlan::of(spec, n, steps, false))
 }
 
 /// A plan replaying what a real step issued on this group (from
@@ -229,14 +226,7 @@ pub fn plan_from_recording(
     }
     steps.sort();
     steps.dedup();
-    Some(GroupPlan {
-        group: spec.name.clone(),
-        role: spec.role.clone(),
-        owner: spec.owner.clone(),
-        size: n,
-        steps,
-        merge: true,
-    })
+    Some(GroupPlan::of(spec, n, steps, true))
 }
 
 /// Merge members' recorded plans: the union of their steps, point-to-point pairs of the
