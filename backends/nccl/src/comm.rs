@@ -140,6 +140,8 @@ pub struct NcclComm {
     splits: AtomicU64,
     scratch: CudaMemory,
     op_timeout: Duration,
+    /// How long one call may block while NCCL connects (read once, at creation).
+    enqueue_timeout: Duration,
     /// The event slot of an operation NCCL is still launching (`ncclInProgress`, e.g. while
     /// it connects for a first call). No other NCCL call may be made until it clears.
     pending: Mutex<Option<Arc<OnceSlot>>>,
@@ -339,6 +341,7 @@ impl NcclComm {
             pending: Mutex::new(None),
             in_progress_returns: AtomicU64::new(0),
             op_timeout: anyccl_core::CommConfig::from_env().map(|c| c.op_timeout).unwrap_or(Duration::from_secs(600)),
+            enqueue_timeout: enqueue_timeout(),
         });
         NcclComm::start_watchdog(&comm);
         Ok(comm)
@@ -348,7 +351,7 @@ impl NcclComm {
     /// enqueue timeout (a first call waiting for a peer that never connects).
     fn start_watchdog(comm: &Arc<NcclComm>) {
         let weak = Arc::downgrade(comm);
-        let limit = enqueue_timeout();
+        let limit = comm.enqueue_timeout;
         let spawned = std::thread::Builder::new().name("anyccl-nccl-watchdog".into()).spawn(move || loop {
             std::thread::sleep(Duration::from_millis(100));
             let Some(c) = weak.upgrade() else { return };
@@ -406,6 +409,19 @@ impl NcclComm {
             return Some(Error::Aborted { rank: self.info.rank, group: self.label.clone(), detail: why });
         }
         None
+    }
+
+    /// A `Timeout` for `op` that also aborts the communicator (it cannot be trusted after).
+    fn timed_out(&self, op: &str, after: Duration, why: &str) -> Error {
+        let e = Error::Timeout {
+            op: op.to_string(),
+            rank: self.info.rank,
+            group: self.label.clone(),
+            after,
+            detail: format!("{why}; communicator aborted"),
+        };
+        self.fail(&e);
+        e
     }
 
     /// Record a failure and abort, so every later call fails fast.
@@ -522,19 +538,11 @@ impl NcclComm {
 
     /// Wait until no operation is being launched (a previous first call still connecting).
     fn settle(&self, op: &str) -> Result<()> {
-        let deadline = Instant::now() + enqueue_timeout();
+        let deadline = Instant::now() + self.enqueue_timeout;
         let mut spins = 0u32;
         while self.resolve_pending(op)? {
             if Instant::now() > deadline {
-                let e = Error::Timeout {
-                    op: op.into(),
-                    rank: self.info.rank,
-                    group: self.label.clone(),
-                    after: enqueue_timeout(),
-                    detail: "an earlier operation never finished connecting; communicator aborted".into(),
-                };
-                self.fail(&e);
-                return Err(e);
+                return Err(self.timed_out(op, self.enqueue_timeout, "an earlier operation never finished connecting"));
             }
             backoff(&mut spins);
         }
@@ -1002,16 +1010,8 @@ impl Collective for NcclComm {
                 }
             }
             if Instant::now() > deadline {
-                let e = Error::Timeout {
-                    op: "split".into(),
-                    rank: self.info.rank,
-                    group: self.label.clone(),
-                    after: Duration::ZERO,
-                    detail: "ncclCommSplit did not complete".into(),
-                };
-                self.fail(&e);
                 slot.leak();
-                return Err(e);
+                return Err(self.timed_out("split", Duration::ZERO, "ncclCommSplit did not complete"));
             }
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
@@ -1065,15 +1065,7 @@ impl Collective for NcclComm {
                 }
                 self.poll_async("shutdown")?;
                 if Instant::now() > deadline {
-                    let e = Error::Timeout {
-                        op: "shutdown".into(),
-                        rank: self.info.rank,
-                        group: self.label.clone(),
-                        after: Duration::ZERO,
-                        detail: "operations still running at the deadline; communicator aborted".into(),
-                    };
-                    self.fail(&e);
-                    return Err(e);
+                    return Err(self.timed_out("shutdown", Duration::ZERO, "operations still running at the deadline"));
                 }
                 backoff(&mut spins);
             }

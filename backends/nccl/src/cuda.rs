@@ -229,10 +229,6 @@ impl CudaMemory {
         };
         Ok(CudaMemory { ptr, dtype, count, cuda: cuda.clone() })
     }
-
-    fn bytes(&self) -> usize {
-        self.count * self.dtype.size()
-    }
 }
 
 impl Drop for CudaMemory {
@@ -354,12 +350,5 @@ impl Platform for CudaPlatform {
         self.cuda.bind()?;
         let (free, total) = cu::mem_get_info().map_err(|e| cuda_err("cuMemGetInfo", e))?;
         Ok(MemInfo { free: free as u64, total: total as u64 })
-    }
-}
-
-impl CudaMemory {
-    #[allow(dead_code)]
-    fn debug_bytes(&self) -> usize {
-        self.bytes()
     }
 }

@@ -56,8 +56,6 @@ pub struct NcclLib {
     pub CommInitRankConfig:
         unsafe extern "C" fn(*mut ncclComm_t, c_int, ncclUniqueId, c_int, *mut ncclConfig_t) -> c_int,
     pub CommSplit: Option<unsafe extern "C" fn(ncclComm_t, c_int, c_int, *mut ncclComm_t, *mut ncclConfig_t) -> c_int>,
-    pub CommFinalize: unsafe extern "C" fn(ncclComm_t) -> c_int,
-    pub CommDestroy: unsafe extern "C" fn(ncclComm_t) -> c_int,
     pub CommAbort: unsafe extern "C" fn(ncclComm_t) -> c_int,
     pub CommGetAsyncError: unsafe extern "C" fn(ncclComm_t, *mut c_int) -> c_int,
     pub CommCount: unsafe extern "C" fn(ncclComm_t, *mut c_int) -> c_int,
@@ -165,8 +163,6 @@ fn load() -> Result<NcclLib, String> {
             GetUniqueId: sym(&lib, "ncclGetUniqueId")?,
             CommInitRankConfig: sym(&lib, "ncclCommInitRankConfig")?,
             CommSplit: opt(&lib, "ncclCommSplit"),
-            CommFinalize: sym(&lib, "ncclCommFinalize")?,
-            CommDestroy: sym(&lib, "ncclCommDestroy")?,
             CommAbort: sym(&lib, "ncclCommAbort")?,
             CommGetAsyncError: sym(&lib, "ncclCommGetAsyncError")?,
             CommCount: sym(&lib, "ncclCommCount")?,
