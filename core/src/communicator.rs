@@ -25,6 +25,8 @@ pub struct Communicator {
     recorder: Arc<FlightRecorder>,
     config: CommConfig,
     recording: std::sync::Mutex<Option<std::collections::BTreeSet<OpSignature>>>,
+    /// Whether `recording` is on: checked on every operation without taking the lock.
+    recording_on: std::sync::atomic::AtomicBool,
 }
 
 /// The shape of one operation, as recorded for a warmup plan: distinct signatures of a real
@@ -90,6 +92,7 @@ impl Communicator {
             recorder,
             config,
             recording: std::sync::Mutex::new(None),
+            recording_on: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -97,11 +100,13 @@ impl Communicator {
     pub fn start_recording(&self) {
         if let Ok(mut r) = self.recording.lock() {
             *r = Some(Default::default());
+            self.recording_on.store(true, Ordering::Release);
         }
     }
 
     /// Stop recording and return what was recorded (empty when not recording).
     pub fn take_recording(&self) -> Vec<OpSignature> {
+        self.recording_on.store(false, Ordering::Release);
         self.recording.lock().ok().and_then(|mut r| r.take()).map(|s| s.into_iter().collect()).unwrap_or_default()
     }
 
@@ -118,7 +123,7 @@ impl Communicator {
         device: crate::buffer::Device,
         config: CommConfig,
     ) -> Result<Self> {
-        validate_spec(&spec, rank, usize::MAX, rank)?;
+        validate_spec(&spec, rank, None)?;
         let opts = ConnectOptions {
             rank,
             size: spec.ranks.len(),
@@ -248,6 +253,35 @@ impl Communicator {
         Ok(())
     }
 
+    /// Add `call`'s signature to the recording, keeping one entry per (op, dtype, size
+    /// class, peer) with the largest size seen.
+    fn record(&self, call: &Call) {
+        let Ok(mut rec) = self.recording.lock() else { return };
+        let Some(set) = rec.as_mut() else { return };
+        let class = if call.bytes == 0 { 0 } else { usize::BITS - 1 - call.bytes.leading_zeros() };
+        let sig = OpSignature {
+            op: call.op.to_string(),
+            dtype: call.dtype,
+            size_class: class,
+            bytes: call.bytes,
+            peer: call.peer,
+        };
+        let same = set
+            .iter()
+            .find(|s| s.op == sig.op && s.dtype == sig.dtype && s.size_class == sig.size_class && s.peer == sig.peer)
+            .cloned();
+        match same {
+            Some(old) if old.bytes >= sig.bytes => {}
+            Some(old) => {
+                set.remove(&old);
+                set.insert(sig);
+            }
+            None => {
+                set.insert(sig);
+            }
+        }
+    }
+
     fn issue<'a>(&'a self, call: Call, f: impl FnOnce(&'a dyn Collective) -> Result<Work<'a>>) -> Result<Work<'a>> {
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
         let info = self.inner.info();
@@ -263,34 +297,8 @@ impl Communicator {
         );
         let _g = span.enter();
         let started = Instant::now();
-        if let Ok(mut rec) = self.recording.lock() {
-            if let Some(set) = rec.as_mut() {
-                let class = if call.bytes == 0 { 0 } else { usize::BITS - 1 - call.bytes.leading_zeros() };
-                let sig = OpSignature {
-                    op: call.op.to_string(),
-                    dtype: call.dtype,
-                    size_class: class,
-                    bytes: call.bytes,
-                    peer: call.peer,
-                };
-                // Keep one entry per (op, dtype, class, peer), with the largest size seen.
-                let same = set
-                    .iter()
-                    .find(|s| {
-                        s.op == sig.op && s.dtype == sig.dtype && s.size_class == sig.size_class && s.peer == sig.peer
-                    })
-                    .cloned();
-                match same {
-                    Some(old) if old.bytes >= sig.bytes => {}
-                    Some(old) => {
-                        set.remove(&old);
-                        set.insert(sig);
-                    }
-                    None => {
-                        set.insert(sig);
-                    }
-                }
-            }
+        if self.recording_on.load(Ordering::Acquire) {
+            self.record(&call);
         }
         self.recorder.push(OpRecord {
             group: self.name.clone(),
@@ -671,7 +679,7 @@ impl Communicator {
         let (color, key) = match &spec {
             None => (None, 0),
             Some(s) => {
-                validate_spec(s, me, self.size(), me).map_err(|e| match e {
+                validate_spec(s, me, Some(self.size())).map_err(|e| match e {
                     Error::InvalidArgument { msg, .. } => self.invalid("split", "spec", msg),
                     e => e,
                 })?;
@@ -772,8 +780,11 @@ impl Communicator {
     }
 }
 
-fn validate_spec(spec: &GroupSpec, me: usize, size: usize, rank: usize) -> Result<()> {
-    let bad = |msg: String| Error::InvalidArgument { op: "group", arg: "spec", rank, group: spec.name.clone(), msg };
+/// Check a spec. Splitting a parent of `parent_size` ranks, `me` is this rank in the parent
+/// and must be a member; connecting (`None`), `me` is this rank's position in the spec.
+fn validate_spec(spec: &GroupSpec, me: usize, parent_size: Option<usize>) -> Result<()> {
+    let bad =
+        |msg: String| Error::InvalidArgument { op: "group", arg: "spec", rank: me, group: spec.name.clone(), msg };
     if spec.name.is_empty() {
         return Err(bad("the group has no name".into()));
     }
@@ -782,18 +793,21 @@ fn validate_spec(spec: &GroupSpec, me: usize, size: usize, rank: usize) -> Resul
     }
     let mut seen = std::collections::HashSet::new();
     for &r in &spec.ranks {
-        if size != usize::MAX && r >= size {
+        if let Some(size) = parent_size.filter(|&n| r >= n) {
             return Err(bad(format!("rank {r} is out of range for a parent of {size} ranks")));
         }
         if !seen.insert(r) {
             return Err(bad(format!("rank {r} is listed twice")));
         }
     }
-    if size != usize::MAX && !spec.ranks.contains(&me) {
-        return Err(bad(format!("this rank ({me}) is not a member of {:?}", spec.ranks)));
-    }
-    if size == usize::MAX && me >= spec.ranks.len() {
-        return Err(bad(format!("rank {me} is out of range for a group of {} ranks", spec.ranks.len())));
+    match parent_size {
+        Some(_) if !spec.ranks.contains(&me) => {
+            Err(bad(format!("this rank ({me}) is not a member of {:?}", spec.ranks)))?;
+        }
+        None if me >= spec.ranks.len() => {
+            Err(bad(format!("rank {me} is out of range for a group of {} ranks", spec.ranks.len())))?;
+        }
+        _ => {}
     }
     Ok(())
 }

@@ -57,12 +57,7 @@ impl fmt::Debug for Work<'_> {
 impl<'a> Work<'a> {
     /// Wrap a backend's work. Backends call this; the Communicator fills in `info`.
     pub fn new(imp: Box<dyn WorkImpl + 'a>) -> Self {
-        Work {
-            imp: Some(imp),
-            info: WorkInfo { op: "", seq: 0, group: Arc::from(""), rank: 0, started: Instant::now() },
-            state: None,
-            recorder: None,
-        }
+        Work { imp: Some(imp), info: Work::new_info(), state: None, recorder: None }
     }
 
     /// Work that is already complete (e.g. an operation on zero elements).

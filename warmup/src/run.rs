@@ -197,13 +197,9 @@ fn replay(f: &[u8]) -> Result<Report> {
 
 fn abort_all(comms: &[Arc<dyn Collective>]) {
     for c in comms {
-        let _ = futures_block_on(c.abort(Instant::now() + Duration::from_secs(10)));
+        // Abort needs no async runtime on any backend, so this runs on the watchdog thread too.
+        let _ = futures::executor::block_on(c.abort(Instant::now() + Duration::from_secs(10)));
     }
-}
-
-fn futures_block_on<F: std::future::Future>(f: F) -> F::Output {
-    // Abort needs no async runtime on any backend, so it runs from the watchdog thread too.
-    futures::executor::block_on(f)
 }
 
 async fn run_claimed(
