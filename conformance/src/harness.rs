@@ -120,6 +120,24 @@ impl RankCtx {
         Ok(())
     }
 
+    /// After a passing body: wait (at most 5 s) until every rank's body has passed, so no
+    /// rank tears its communicator down while a peer's last operation is still finishing
+    /// (NCCL over sockets reports that as a remote error on the peer).
+    fn finish_together(&self, ranks: usize) {
+        let key = "case/finished";
+        let deadline = Instant::now() + Duration::from_secs(5);
+        if self.block_on(self.store.add(key, 1)).is_err() {
+            return;
+        }
+        while Instant::now() < deadline {
+            match self.block_on(self.store.add(key, 0)) {
+                Ok(n) if usize::try_from(n).is_ok_and(|n| n >= ranks) => return,
+                Ok(_) => std::thread::sleep(Duration::from_millis(2)),
+                Err(_) => return,
+            }
+        }
+    }
+
     /// Wait until some rank signalled `key`.
     ///
     /// # Errors
@@ -171,7 +189,10 @@ pub fn run(backend: &Arc<dyn Backend>, case: &Case, w: usize, timeout: Duration)
             }
         }
     }
+    // Variables set per rank (`ANYCCL_RANK_ENV`) can only differ between processes.
+    let per_rank_env = LaunchEnv::rank_env(0).map(|v| !v.is_empty()).unwrap_or(true);
     match case.mode {
+        Mode::Threads if per_rank_env && w > 1 => run_processes(case, w, None, timeout),
         Mode::Threads => run_threads(backend, case, w, timeout),
         Mode::Processes { dies } => run_processes(case, w, dies, timeout),
     }
@@ -200,7 +221,9 @@ fn run_threads(backend: &Arc<dyn Backend>, case: &Case, w: usize, timeout: Durat
                     },
                     None,
                 )?;
-                run(&ctx).map_err(|e| e.0)
+                run(&ctx).map_err(|e| e.0)?;
+                ctx.finish_together(w);
+                Ok(())
             }));
             let r = r.unwrap_or_else(|p| Err(format!("panicked: {}", panic_text(p))));
             let _ = tx.send((rank, r));
@@ -276,7 +299,10 @@ fn connect_rank(
         None => runtime()?,
     };
     let platform = backend.platform(rank).map_err(|e| e.to_string())?;
-    let config = CommConfig { op_timeout: timeout, init_timeout: timeout, ..CommConfig::default() };
+    // Operations get a quarter of the case's time: a backend whose first call blocks while
+    // connecting (NCCL) times such a call out by this, well inside the case's deadline.
+    let op_timeout = (timeout / 4).max(Duration::from_secs(2));
+    let config = CommConfig { op_timeout, init_timeout: timeout, ..CommConfig::default() };
     let comm = rt
         .block_on(Communicator::connect(
             backend.as_ref(),
@@ -304,6 +330,9 @@ fn run_processes(case: &Case, w: usize, dies: Option<usize>, timeout: Duration) 
         Ok(e) => e,
         Err(e) => return Outcome::Failed(format!("cannot find own executable: {e}")),
     };
+    if let Err(e) = LaunchEnv::rank_env(0) {
+        return Outcome::Failed(e.to_string());
+    }
     let mut children = Vec::new();
     for rank in 0..w {
         let child = Command::new(&exe)
@@ -318,6 +347,8 @@ fn run_processes(case: &Case, w: usize, dies: Option<usize>, timeout: Duration) 
             .env("ANYCCL_STORE_EXTERNAL", "1")
             .env("ANYCCL_STORE_TOKEN", &token)
             .env("ANYCCL_CASE_TIMEOUT_MS", timeout.as_millis().to_string())
+            .env("ANYCCL_CASE_DIES", dies.map(|d| d.to_string()).unwrap_or_default())
+            .envs(LaunchEnv::rank_env(rank).unwrap_or_default())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -407,5 +438,9 @@ fn child_run(backend: &Arc<dyn Backend>, cases: &[Case], name: &str) -> Result<(
     let rt = runtime()?;
     let (store, _server) = rt.block_on(env.connect_store()).map_err(|e| e.to_string())?;
     let ctx = connect_rank(backend.clone(), store, env.rank, env.world_size, timeout, |_| {}, Some(rt))?;
-    (case.run)(&ctx).map_err(|e| e.0)
+    (case.run)(&ctx).map_err(|e| e.0)?;
+    // A rank the case kills never reports.
+    let dies = std::env::var("ANYCCL_CASE_DIES").is_ok_and(|v| !v.is_empty());
+    ctx.finish_together(env.world_size - usize::from(dies));
+    Ok(())
 }

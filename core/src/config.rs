@@ -102,6 +102,18 @@ impl LaunchEnv {
         Ok(LaunchEnv { rank, world_size, local_rank, local_world_size, master_addr, master_port })
     }
 
+    /// Variables a launcher sets for one rank only, from `ANYCCL_RANK_ENV`: `NAME=VALUE`
+    /// pairs separated by `;`, with `{rank}` in a value replaced by the rank. Two ranks
+    /// sharing one GPU under NCCL, for example, need different host identities:
+    /// `ANYCCL_RANK_ENV='NCCL_HOSTID=h{rank}'`.
+    ///
+    /// # Errors
+    /// `InvalidArgument` naming the malformed entry.
+    pub fn rank_env(rank: usize) -> Result<Vec<(String, String)>> {
+        let Ok(spec) = std::env::var("ANYCCL_RANK_ENV") else { return Ok(Vec::new()) };
+        parse_rank_env(&spec, rank)
+    }
+
     /// Connect to the job's TCP store. Rank 0 hosts it unless `ANYCCL_STORE_EXTERNAL=1`
     /// (the launcher sets that when it hosts the store). The server binds
     /// `ANYCCL_STORE_BIND` (default loopback); the token comes from `ANYCCL_STORE_TOKEN`.
@@ -124,6 +136,32 @@ impl LaunchEnv {
         let client = TcpStore::connect(addr, opts).await?;
         Ok((Arc::new(client), server))
     }
+}
+
+fn parse_rank_env(spec: &str, rank: usize) -> Result<Vec<(String, String)>> {
+    let mut out = Vec::new();
+    for entry in spec.split(';').map(str::trim).filter(|e| !e.is_empty()) {
+        let valid = |n: &str| {
+            !n.is_empty()
+                && !n.starts_with(|c: char| c.is_ascii_digit())
+                && n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        };
+        match entry.split_once('=') {
+            Some((name, value)) if valid(name.trim()) => {
+                out.push((name.trim().to_string(), value.replace("{rank}", &rank.to_string())))
+            }
+            _ => {
+                return Err(Error::InvalidArgument {
+                    op: "LaunchEnv::rank_env",
+                    arg: "ANYCCL_RANK_ENV",
+                    rank,
+                    group: String::new(),
+                    msg: format!("entry {entry:?} is not NAME=VALUE with NAME a variable name"),
+                })
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// Settings of a communicator, with `ANYCCL_*` overrides.
@@ -188,5 +226,25 @@ impl CommConfig {
             })?;
         }
         Ok(c)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_rank_env;
+
+    #[test]
+    fn rank_env_substitutes_the_rank() {
+        let got = parse_rank_env("NCCL_HOSTID=h{rank}; FOO=a=b ;", 3).unwrap();
+        assert_eq!(got, vec![("NCCL_HOSTID".into(), "h3".into()), ("FOO".into(), "a=b".into())]);
+        assert!(parse_rank_env("", 0).unwrap().is_empty());
+    }
+
+    #[test]
+    fn rank_env_rejects_entries_without_a_name() {
+        for bad in ["novalue", "=x", "1A=x", "A B=x"] {
+            let e = parse_rank_env(bad, 1).unwrap_err().to_string();
+            assert!(e.contains("ANYCCL_RANK_ENV"), "{bad}: {e}");
+        }
     }
 }

@@ -41,6 +41,27 @@ fn launcher_times_out_hung_ranks() {
 }
 
 #[test]
+fn launcher_sets_per_rank_variables() {
+    let out = Command::new(bin("anyccl-run"))
+        .args(["-n", "3", "--timeout", "30", "--", "sh", "-c", "echo value=$ANYCCL_TEST_VAR"])
+        .env("ANYCCL_RANK_ENV", "ANYCCL_TEST_VAR=host-{rank}")
+        .output()
+        .expect("run the launcher");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    for r in 0..3 {
+        assert!(text.contains(&format!("[rank {r}] value=host-{r}")), "rank {r} lacks its value:\n{text}");
+    }
+    let bad = Command::new(bin("anyccl-run"))
+        .args(["-n", "2", "--", "true"])
+        .env("ANYCCL_RANK_ENV", "no-equals-sign")
+        .output()
+        .expect("run the launcher");
+    assert!(!bad.status.success(), "a malformed ANYCCL_RANK_ENV was accepted");
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("ANYCCL_RANK_ENV"), "the error does not name the variable");
+}
+
+#[test]
 fn recovery_demo_matches_the_uninterrupted_run_bit_for_bit() {
     let dir = std::env::temp_dir().join(format!("anyccl-recover-test-{}", std::process::id()));
     let out = Command::new(bin("anyccl-recover"))

@@ -1,10 +1,11 @@
 //! `anyccl-run -n N [--timeout S] -- PROGRAM ARGS`: start N local ranks of PROGRAM with
 //! the conventional variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
 //! MASTER_ADDR, MASTER_PORT), host their store, prefix each output line with the rank,
-//! and when one rank fails, stop the others and exit non-zero naming it.
+//! and when one rank fails, stop the others and exit non-zero naming it. Variables for
+//! one rank only come from `ANYCCL_RANK_ENV` (see `LaunchEnv::rank_env`).
 #![forbid(unsafe_code)]
 
-use anyccl_core::{TcpStoreOptions, TcpStoreServer};
+use anyccl_core::{LaunchEnv, TcpStoreOptions, TcpStoreServer};
 use clap::Parser;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -134,6 +135,11 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // Checked once here: a malformed entry is the same for every rank.
+    if let Err(e) = LaunchEnv::rank_env(0) {
+        eprintln!("anyccl-run: {e}");
+        return ExitCode::from(2);
+    }
     let program = resolve(&args.command[0]);
     let (tx, rx) = mpsc::channel::<(usize, Option<ExitStatus>)>();
     let (ended_tx, ended_rx) = mpsc::channel::<(usize, Instant)>();
@@ -150,6 +156,7 @@ fn main() -> ExitCode {
             .env("MASTER_PORT", server.local_addr().port().to_string())
             .env("ANYCCL_STORE_EXTERNAL", "1")
             .env("ANYCCL_STORE_TOKEN", &token)
+            .envs(LaunchEnv::rank_env(rank).unwrap_or_default())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
