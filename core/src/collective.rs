@@ -125,6 +125,9 @@ pub struct ConnectOptions {
     pub device: Device,
     /// How long connecting may take.
     pub timeout: Duration,
+    /// How long one operation may take (`CommConfig::op_timeout`). A backend whose first
+    /// call blocks while it connects bounds that call by this.
+    pub op_timeout: Duration,
 }
 
 /// What a successful probe found.

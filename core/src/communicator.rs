@@ -131,6 +131,7 @@ impl Communicator {
             namespace: spec.name.clone(),
             device,
             timeout: config.init_timeout,
+            op_timeout: config.op_timeout,
         };
         let inner = backend.connect(opts).await?;
         Communicator::new(inner, spec, config)

@@ -43,6 +43,18 @@ fn redop(o: ReduceOp) -> c_int {
     }
 }
 
+/// Whether the launcher gives every rank its own `NCCL_HOSTID` (`ANYCCL_RANK_ENV`): NCCL
+/// then treats each rank as a host of its own, connects them over the network transport,
+/// and several ranks may share one GPU (a functional test setup, not a fast one).
+fn per_rank_host_ids() -> bool {
+    let id = |r| {
+        anyccl_core::LaunchEnv::rank_env(r)
+            .ok()
+            .and_then(|v| v.into_iter().find(|(n, _)| n == "NCCL_HOSTID").map(|(_, v)| v))
+    };
+    matches!((id(0), id(1)), (Some(a), Some(b)) if a != b)
+}
+
 /// What the NCCL backend supports with the loaded library.
 pub fn nccl_capabilities(lib: &NcclLib, devices: usize) -> Capabilities {
     Capabilities {
@@ -59,7 +71,7 @@ pub fn nccl_capabilities(lib: &NcclLib, devices: usize) -> Capabilities {
         warmup_small_bytes: 8 << 10,
         warmup_large_bytes: 32 << 20,
         max_world_size: usize::MAX,
-        max_local_ranks: devices,
+        max_local_ranks: if per_rank_host_ids() { usize::MAX } else { devices },
         // NCCL reports neither: a dead peer leaves kernels waiting, a mismatched collective
         // runs with whatever arrives (NVIDIA/nccl#279).
         detects_peer_failure: false,
@@ -68,12 +80,40 @@ pub fn nccl_capabilities(lib: &NcclLib, devices: usize) -> Capabilities {
     }
 }
 
-/// A communicator pointer that may cross an `.await`.
-#[derive(Clone, Copy)]
-struct CommPtr(ncclComm_t);
+/// A communicator not yet wrapped in an `NcclComm`: aborted when dropped, so every error
+/// path between its creation and `wrap` frees it.
+struct CommPtr {
+    lib: &'static NcclLib,
+    comm: ncclComm_t,
+}
 // SAFETY: the pointer is only dereferenced by NCCL, from one task at a time (a new
 // communicator belongs to the task creating it until it is wrapped).
 unsafe impl Send for CommPtr {}
+// SAFETY: a shared reference only reads the pointer value; the calls made with it come
+// from the owning task.
+unsafe impl Sync for CommPtr {}
+
+impl CommPtr {
+    fn new(lib: &'static NcclLib, comm: ncclComm_t) -> Self {
+        CommPtr { lib, comm }
+    }
+    fn get(&self) -> ncclComm_t {
+        self.comm
+    }
+    /// Hand the communicator over to its owner: no abort on drop.
+    fn into_raw(mut self) -> ncclComm_t {
+        std::mem::replace(&mut self.comm, std::ptr::null_mut())
+    }
+}
+
+impl Drop for CommPtr {
+    fn drop(&mut self) {
+        if !self.comm.is_null() {
+            // SAFETY: a live communicator that nothing else holds; it is not used again.
+            unsafe { (self.lib.CommAbort)(self.comm) };
+        }
+    }
+}
 
 /// Heap storage for a `ncclComm_t*` out-parameter that NCCL may write asynchronously.
 struct OutSlot(Option<Box<ncclComm_t>>);
@@ -159,14 +199,15 @@ impl std::fmt::Debug for NcclComm {
 
 /// How long one enqueue may wait for NCCL to connect to its peers before the communicator
 /// is aborted (`ANYCCL_NCCL_ENQUEUE_TIMEOUT_S`, else the op timeout `ANYCCL_TIMEOUT_S`).
-fn enqueue_timeout() -> Duration {
+/// How long one NCCL call may block: `ANYCCL_NCCL_ENQUEUE_TIMEOUT_S`, else the
+/// communicator's operation timeout.
+fn enqueue_timeout(op_timeout: Duration) -> Duration {
     std::env::var("ANYCCL_NCCL_ENQUEUE_TIMEOUT_S")
         .ok()
         .and_then(|v| v.parse::<f64>().ok())
+        .filter(|s| *s > 0.0 && s.is_finite())
         .map(Duration::from_secs_f64)
-        .unwrap_or_else(|| {
-            anyccl_core::CommConfig::from_env().map(|c| c.op_timeout).unwrap_or(Duration::from_secs(600))
-        })
+        .unwrap_or(op_timeout)
 }
 
 /// Whether the data plane runs on a blocking communicator (`ANYCCL_NCCL_BLOCKING`, default on).
@@ -190,16 +231,16 @@ unsafe fn async_state(lib: &NcclLib, comm: ncclComm_t) -> c_int {
 }
 
 impl NcclComm {
-    /// Create the communicator of `rank` among `size` over the store; every rank calls it.
+    /// Create the communicator of `opts.rank` among `opts.size` over the store, within
+    /// `opts.timeout`; every rank calls it.
     pub(crate) async fn connect(
         lib: &'static NcclLib,
         cuda: Arc<Cuda>,
-        store: Arc<dyn Store>,
-        namespace: &str,
-        rank: usize,
-        size: usize,
-        deadline: Instant,
+        opts: anyccl_core::ConnectOptions,
     ) -> Result<Arc<NcclComm>> {
+        let deadline = Instant::now() + opts.timeout;
+        let (store, namespace, rank, size, op_timeout) =
+            (opts.store, opts.namespace.as_str(), opts.rank, opts.size, opts.op_timeout);
         let gen = store.add(&format!("{namespace}/nccl-gen/{rank}"), 1).await?;
         let ns = format!("{namespace}/nccl{gen}");
         let key = format!("{ns}/unique-id");
@@ -248,14 +289,14 @@ impl NcclComm {
                 return Err(error(lib, "ncclCommInitRankConfig", code, None, rank, namespace));
             }
         }
-        let comm = CommPtr(slot.get());
-        if let Err(e) = wait_init(lib, comm, "ncclCommInitRankConfig", rank, namespace, deadline).await {
+        let comm = CommPtr::new(lib, slot.get());
+        if let Err(e) = wait_init(lib, &comm, "ncclCommInitRankConfig", rank, namespace, deadline).await {
             slot.leak();
             return Err(e);
         }
         drop(slot);
         let (ctrl, data) = NcclComm::data_comm(lib, comm, rank, namespace, deadline).await?;
-        NcclComm::wrap(lib, cuda, ctrl.map(|c| c.0), data.0, rank, size, namespace, store, ns)
+        NcclComm::wrap(lib, cuda, ctrl, data, rank, size, namespace, store, ns, op_timeout)
     }
 
     /// Split a blocking data communicator off `ctrl` (every member calls this), unless
@@ -268,7 +309,6 @@ impl NcclComm {
         deadline: Instant,
     ) -> Result<(Option<CommPtr>, CommPtr)> {
         let Some(split) = lib.CommSplit.filter(|_| blocking_data_plane()) else { return Ok((None, ctrl)) };
-        let ctrl_ptr = ctrl;
         let slot = OutSlot::new();
         {
             let mut cfg = sys::config(None);
@@ -276,17 +316,18 @@ impl NcclComm {
             cfg.splitShare = 1;
             // SAFETY: `ctrl` is live and used only by this task until wrapped; the slot
             // outlives the job; NCCL copies the config before returning.
-            let code = unsafe { split(ctrl_ptr.0, 0, rank as c_int, slot.ptr(), &mut cfg) };
+            let code = unsafe { split(ctrl.get(), 0, rank as c_int, slot.ptr(), &mut cfg) };
             if code != sys::SUCCESS && code != sys::IN_PROGRESS {
-                return Err(error(lib, "ncclCommSplit (data)", code, Some(ctrl_ptr.0), rank, label));
+                return Err(error(lib, "ncclCommSplit (data)", code, Some(ctrl.get()), rank, label));
             }
         }
-        if let Err(e) = wait_init(lib, ctrl_ptr, "ncclCommSplit (data)", rank, label, deadline).await {
+        if let Err(e) = wait_init(lib, &ctrl, "ncclCommSplit (data)", rank, label, deadline).await {
             slot.leak();
             return Err(e);
         }
-        let data = CommPtr(slot.get());
-        if data.0.is_null() {
+        // Declared after `ctrl`, so on an error below it is aborted before its parent.
+        let data = CommPtr::new(lib, slot.get());
+        if data.get().is_null() {
             return Err(Error::Backend {
                 backend: "nccl",
                 op: "ncclCommSplit (data)".into(),
@@ -295,26 +336,30 @@ impl NcclComm {
                 recovery: anyccl_core::Recovery::Rebuild,
             });
         }
-        wait_init(lib, data, "ncclCommSplit (data)", rank, label, deadline).await?;
+        wait_init(lib, &data, "ncclCommSplit (data)", rank, label, deadline).await?;
         drop(slot);
-        Ok((Some(ctrl_ptr), data))
+        Ok((Some(ctrl), data))
     }
 
     #[allow(clippy::too_many_arguments)]
     fn wrap(
         lib: &'static NcclLib,
         cuda: Arc<Cuda>,
-        ctrl: Option<ncclComm_t>,
-        comm: ncclComm_t,
+        ctrl: Option<CommPtr>,
+        comm: CommPtr,
         rank: usize,
         size: usize,
         label: &str,
         store: Arc<dyn Store>,
         ns: String,
+        op_timeout: Duration,
     ) -> Result<Arc<NcclComm>> {
         let stream = Stream::new(&cuda)?;
         let scratch = CudaMemory::zeroed(&cuda, DType::F32, 1)?;
         let devices = crate::cuda::probe().unwrap_or(1);
+        // From here nothing fails: the communicators belong to the `NcclComm`.
+        let comm = comm.into_raw();
+        let ctrl = ctrl.map(CommPtr::into_raw);
         let comm = Arc::new(NcclComm {
             info: CommInfo { backend: "nccl", rank, size, device: cuda.device() },
             caps: nccl_capabilities(lib, devices),
@@ -340,8 +385,8 @@ impl NcclComm {
             scratch,
             pending: Mutex::new(None),
             in_progress_returns: AtomicU64::new(0),
-            op_timeout: anyccl_core::CommConfig::from_env().map(|c| c.op_timeout).unwrap_or(Duration::from_secs(600)),
-            enqueue_timeout: enqueue_timeout(),
+            op_timeout,
+            enqueue_timeout: enqueue_timeout(op_timeout),
         });
         NcclComm::start_watchdog(&comm);
         Ok(comm)
@@ -368,7 +413,7 @@ impl NcclComm {
                 }
                 c.timed_out.store(true, Ordering::Release);
                 c.aborted.store(true, Ordering::Release);
-                c.free_raw();
+                c.release();
                 return;
             }
         });
@@ -440,7 +485,9 @@ impl NcclComm {
     /// Free both NCCL communicators and forget the handles. Under the handle locks, so no
     /// other thread is inside a call on them, unless a call is blocked inside NCCL (waiting
     /// for peers to connect): then the abort must run without the lock to release that call
-    /// (NCCL's documented way to unblock it; best effort).
+    /// (NCCL's documented way to unblock it; best effort). `ncclCommRevoke` first, then the
+    /// abort once the call returned, was tried on NCCL 2.28.9 and hung: the call never
+    /// returned and the abort after it did not release it either.
     fn release(&self) {
         loop {
             match self.handle.try_lock() {
@@ -460,6 +507,11 @@ impl NcclComm {
                 }
                 Err(std::sync::TryLockError::WouldBlock) => {
                     if self.in_call_since.load(Ordering::Acquire) != 0 {
+                        tracing::warn!(
+                            "'{}' rank {}: aborting beside a call blocked inside NCCL",
+                            self.label,
+                            self.info.rank
+                        );
                         self.free_raw();
                         self.lock().0 = None;
                         self.ctrl.lock().unwrap_or_else(|p| p.into_inner()).0 = None;
@@ -627,25 +679,19 @@ impl NcclComm {
     }
 }
 
-async fn wait_init(lib: &NcclLib, comm: CommPtr, op: &str, rank: usize, group: &str, deadline: Instant) -> Result<()> {
+/// Wait for a new communicator to be ready. On an error the caller's `CommPtr` aborts it.
+async fn wait_init(lib: &NcclLib, comm: &CommPtr, op: &str, rank: usize, group: &str, deadline: Instant) -> Result<()> {
     let started = Instant::now();
     loop {
-        let comm = comm.0;
+        let comm = comm.get();
         // SAFETY: `comm` is the new communicator, used by this task only until it is wrapped.
         let st = unsafe { async_state(lib, comm) };
         match st {
             sys::SUCCESS => return Ok(()),
             sys::IN_PROGRESS => {}
-            code => {
-                let e = error(lib, op, code, Some(comm), rank, group);
-                // SAFETY: the half-built communicator is not used again.
-                unsafe { (lib.CommAbort)(comm) };
-                return Err(e);
-            }
+            code => return Err(error(lib, op, code, Some(comm), rank, group)),
         }
         if Instant::now() >= deadline {
-            // SAFETY: as above.
-            unsafe { (lib.CommAbort)(comm) };
             return Err(Error::Timeout {
                 op: op.to_string(),
                 rank,
@@ -1015,16 +1061,15 @@ impl Collective for NcclComm {
             }
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
-        let child = CommPtr(slot.get());
-        if child.0.is_null() {
+        let child = CommPtr::new(self.lib, slot.get());
+        if child.get().is_null() {
             return Ok(None);
         }
-        wait_init(self.lib, child, "ncclCommSplit", self.info.rank, name, deadline).await?;
+        wait_init(self.lib, &child, "ncclCommSplit", self.info.rank, name, deadline).await?;
         drop(slot);
-        let child = child.0;
         let (mut n, mut r): (c_int, c_int) = (0, 0);
         // SAFETY: `child` is a live communicator used only here until wrapped.
-        let sz = unsafe { comm_count_rank(self.lib, child, &mut n, &mut r) };
+        let sz = unsafe { comm_count_rank(self.lib, child.get(), &mut n, &mut r) };
         if !sz {
             return Err(Error::Backend {
                 backend: "nccl",
@@ -1035,17 +1080,18 @@ impl Collective for NcclComm {
             });
         }
         let ns = format!("{}/split{k}/c{col}", self.ns);
-        let (ctrl, data) = NcclComm::data_comm(self.lib, CommPtr(child), r as usize, name, deadline).await?;
+        let (ctrl, data) = NcclComm::data_comm(self.lib, child, r as usize, name, deadline).await?;
         let c: Arc<dyn Collective> = NcclComm::wrap(
             self.lib,
             self.cuda.clone(),
-            ctrl.map(|c| c.0),
-            data.0,
+            ctrl,
+            data,
             r as usize,
             n as usize,
             name,
             self.store.clone(),
             ns,
+            self.op_timeout,
         )?;
         Ok(Some(c))
     }

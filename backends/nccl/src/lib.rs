@@ -29,7 +29,6 @@ use anyccl_core::{
     async_trait, Backend, BackendInfo, Capabilities, Collective, ConnectOptions, DeviceKind, Error, Platform, Result,
 };
 use std::sync::Arc;
-use std::time::Instant;
 
 /// The NCCL backend.
 #[derive(Debug, Default, Clone, Copy)]
@@ -84,9 +83,7 @@ impl Backend for Nccl {
             });
         }
         let cuda = Cuda::new(opts.device.ordinal)?;
-        let deadline = Instant::now() + opts.timeout;
-        let c: Arc<dyn Collective> =
-            NcclComm::connect(lib, cuda, opts.store, &opts.namespace, opts.rank, opts.size, deadline).await?;
+        let c: Arc<dyn Collective> = NcclComm::connect(lib, cuda, opts).await?;
         Ok(c)
     }
 }
