@@ -265,6 +265,10 @@ async fn run_claimed(
     if let Err(e) = &exec {
         let v = format!("{}|rank {}: {e}", e.kind(), s.rank);
         let _ = s.store.compare_set(&s.key("failed"), None, v.as_bytes()).await;
+        // This rank's failure fails the warmup everywhere, so its communicators go now: peers
+        // blocked inside a first connect to this rank see the connections close and return,
+        // instead of waiting for their own deadline.
+        abort_all(comms);
     }
 
     // 5. Outcome: all or nothing. Every rank publishes its outcome and reads everyone's;
@@ -482,7 +486,22 @@ async fn execute(
         for step in &plan.steps {
             let before = s.platform.mem_info()?.free as i64;
             let t = Instant::now();
-            run_step(s, comm, plan, step, deadline).await?;
+            match run_step(s, comm, plan, step, deadline).await {
+                Ok(()) => {}
+                // A call that blocked inside the backend (a first connect to a peer that
+                // never came) was ended by the watchdog's abort: the deadline, not a failure
+                // of its own.
+                Err(e) if Instant::now() >= deadline && !matches!(e, Error::Timeout { .. }) => {
+                    return Err(Error::Timeout {
+                        op: format!("warmup {}", op_name(step.kind)),
+                        rank: comm.rank(),
+                        group: plan.group.clone(),
+                        after: t.elapsed(),
+                        detail: format!("the warmup deadline passed; communicators aborted ({e})"),
+                    });
+                }
+                Err(e) => return Err(e),
+            }
             let time_us = t.elapsed().as_secs_f64() * 1e6;
             let after = s.platform.mem_info()?.free as i64;
             report.steps.push(StepReport {
