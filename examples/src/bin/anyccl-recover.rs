@@ -133,18 +133,32 @@ fn bad(msg: String) -> Error {
 // ---------------------------------------------------------------- the driver
 
 fn layout(job: &Job) -> Result<(usize, usize)> {
-    let gpus = anyccl_examples::pick_backend(job.backend.as_deref())
-        .ok()
-        .filter(|b| b.capabilities().map(|c| c.device_kind != DeviceKind::Cpu).unwrap_or(false))
-        .and_then(|b| b.probe().ok())
-        .map(|i| i.devices);
-    let pp = job.pp.unwrap_or(2);
-    let dp = job.dp.unwrap_or(match gpus {
-        Some(n) => (n / pp).max(1),
+    // On an accelerator backend: how many ranks this host can run (one per device unless
+    // the backend says otherwise) and the backend's name for messages.
+    let accel = anyccl_examples::pick_backend(job.backend.as_deref()).ok().and_then(|b| {
+        let caps = b.capabilities().ok().filter(|c| c.device_kind != DeviceKind::Cpu)?;
+        let devices = b.probe().ok()?.devices;
+        Some((b.name(), devices.min(caps.max_local_ranks), caps.max_local_ranks))
+    });
+    let pp = job.pp.unwrap_or(match accel {
+        Some((_, n, _)) if n < 2 => 1,
+        _ => 2,
+    });
+    let dp = job.dp.unwrap_or(match accel {
+        Some((_, n, _)) => (n / pp.max(1)).max(1),
         None => 2,
     });
     if dp == 0 || pp == 0 {
         return Err(bad("--dp and --pp must be at least 1".into()));
+    }
+    if let Some((name, _, max)) = accel {
+        if dp * pp > max {
+            return Err(bad(format!(
+                "--dp {dp} x --pp {pp} = {} ranks, but the {name} backend runs at most {max} rank(s) on this host \
+                 (one per device)",
+                dp * pp
+            )));
+        }
     }
     Ok((dp, pp))
 }
