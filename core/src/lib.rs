@@ -51,7 +51,10 @@ pub use error::{Error, Recovery, Result};
 pub use group::{GroupRegistry, GroupSpec, Role};
 pub use platform::{DeviceMemory, HostMemory, HostPlatform, MemInfo, Platform};
 pub use recorder::{FlightRecorder, OpRecord, OpState};
-pub use store::{MemoryStore, PrefixStore, Store, TcpStore, TcpStoreOptions, TcpStoreServer};
+pub use store::{
+    abandon_generation, connect_generation, joined_generation, MemoryStore, PrefixStore, Store, TcpStore,
+    TcpStoreOptions, TcpStoreServer,
+};
 pub use work::{Work, WorkImpl, WorkInfo};
 
 /// Re-exported so backends implement [`Collective`] with the same macro version.

@@ -159,3 +159,29 @@ async fn store_wait_times_out_and_wakes() {
         assert!(!cas.swapped && cas.current == Some(b"1".to_vec()));
     }
 }
+
+#[tokio::test]
+async fn connect_generations_follow_rank_zero() {
+    use anyccl_core::{abandon_generation, connect_generation, joined_generation};
+    let st = MemoryStore::new();
+    let soon = || Instant::now() + Duration::from_millis(200);
+    // A rank that arrives before rank 0 ever started waits, then times out naming itself.
+    let e = connect_generation(&st, "g", 1, "world", soon()).await.unwrap_err();
+    assert!(matches!(e, Error::Timeout { rank: 1, ref group, .. } if group == "world"), "{e:?}");
+    // First connect: both in generation 1.
+    assert_eq!(connect_generation(&st, "g", 0, "world", soon()).await.unwrap(), 1);
+    assert_eq!(connect_generation(&st, "g", 1, "world", soon()).await.unwrap(), 1);
+    joined_generation(&st, "g", 1, 1).await.unwrap();
+    // Rank 0 tries alone and gives up, then tries again: rank 1 skips the abandoned one.
+    assert_eq!(connect_generation(&st, "g", 0, "world", soon()).await.unwrap(), 2);
+    abandon_generation(&st, "g", 0, 2).await.unwrap();
+    let later = tokio::spawn({
+        let st = st.clone();
+        async move { connect_generation(&st, "g", 1, "world", Instant::now() + Duration::from_secs(5)).await }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(connect_generation(&st, "g", 0, "world", soon()).await.unwrap(), 3);
+    assert_eq!(later.await.unwrap().unwrap(), 3);
+    // Rank 1 retrying alone (it never joined 3) still lands on rank 0's newest.
+    assert_eq!(connect_generation(&st, "g", 1, "world", soon()).await.unwrap(), 3);
+}

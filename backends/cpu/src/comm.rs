@@ -159,11 +159,20 @@ impl CpuComm {
         size: usize,
         deadline: Instant,
     ) -> Result<Arc<CpuComm>> {
-        // A generation per (namespace, rank): reconnecting under the same name never reads
-        // a previous generation's addresses.
-        let gen = store.add(&format!("{namespace}/cpu-gen/{rank}"), 1).await?;
-        let ns = format!("{namespace}/cpu{gen}");
-        let mesh = Arc::new(Mesh::connect(store.as_ref(), &ns, label, rank, size, deadline).await?);
+        // A generation per connect, started by rank 0: reconnecting under the same name
+        // never reads a previous generation's addresses, and a rank retrying alone joins
+        // rank 0's next attempt.
+        let base = format!("{namespace}/cpu");
+        let gen = anyccl_core::connect_generation(store.as_ref(), &base, rank, label, deadline).await?;
+        let ns = format!("{base}{gen}");
+        let mesh = match Mesh::connect(store.as_ref(), &ns, label, rank, size, deadline).await {
+            Ok(m) => Arc::new(m),
+            Err(e) => {
+                let _ = anyccl_core::abandon_generation(store.as_ref(), &base, rank, gen).await;
+                return Err(e);
+            }
+        };
+        anyccl_core::joined_generation(store.as_ref(), &base, rank, gen).await?;
         CpuComm::start(mesh, store, ns)
     }
 

@@ -241,62 +241,74 @@ impl NcclComm {
         let deadline = Instant::now() + opts.timeout;
         let (store, namespace, rank, size, op_timeout) =
             (opts.store, opts.namespace.as_str(), opts.rank, opts.size, opts.op_timeout);
-        let gen = store.add(&format!("{namespace}/nccl-gen/{rank}"), 1).await?;
-        let ns = format!("{namespace}/nccl{gen}");
-        let key = format!("{ns}/unique-id");
-        let mut id = ncclUniqueId { internal: [0; 128] };
-        if rank == 0 {
-            // SAFETY: `id` is a valid out-parameter.
-            let code = unsafe { (lib.GetUniqueId)(&mut id) };
-            check(lib, "ncclGetUniqueId", code, None, rank, namespace)?;
-            let bytes: Vec<u8> = id.internal.iter().map(|&c| c as u8).collect();
-            store.set(&key, &bytes).await?;
-        } else {
-            let bytes = match store.wait(&key, deadline).await {
-                Ok(b) => b,
-                Err(Error::Timeout { after, .. }) => {
-                    return Err(Error::Timeout {
-                        op: "connect".into(),
-                        rank,
-                        group: namespace.into(),
-                        after,
-                        detail: "rank 0 never published the NCCL unique id".into(),
-                    })
+        // A generation per connect, started by rank 0 (a rank retrying alone joins rank 0's
+        // next attempt rather than one of its own).
+        let base = format!("{namespace}/nccl");
+        let gen = anyccl_core::connect_generation(store.as_ref(), &base, rank, namespace, deadline).await?;
+        let ns = format!("{base}{gen}");
+        let gen_store = store.clone();
+        let result: Result<Arc<NcclComm>> = async {
+            let key = format!("{ns}/unique-id");
+            let mut id = ncclUniqueId { internal: [0; 128] };
+            if rank == 0 {
+                // SAFETY: `id` is a valid out-parameter.
+                let code = unsafe { (lib.GetUniqueId)(&mut id) };
+                check(lib, "ncclGetUniqueId", code, None, rank, namespace)?;
+                let bytes: Vec<u8> = id.internal.iter().map(|&c| c as u8).collect();
+                store.set(&key, &bytes).await?;
+            } else {
+                let bytes = match store.wait(&key, deadline).await {
+                    Ok(b) => b,
+                    Err(Error::Timeout { after, .. }) => {
+                        return Err(Error::Timeout {
+                            op: "connect".into(),
+                            rank,
+                            group: namespace.into(),
+                            after,
+                            detail: "rank 0 never published the NCCL unique id".into(),
+                        })
+                    }
+                    Err(e) => return Err(e),
+                };
+                if bytes.len() != 128 {
+                    return Err(Error::store_fatal(format!(
+                        "NCCL unique id under '{key}' has {} bytes, not 128",
+                        bytes.len()
+                    )));
                 }
-                Err(e) => return Err(e),
-            };
-            if bytes.len() != 128 {
-                return Err(Error::store_fatal(format!(
-                    "NCCL unique id under '{key}' has {} bytes, not 128",
-                    bytes.len()
-                )));
+                for (d, s) in id.internal.iter_mut().zip(bytes) {
+                    *d = s as _;
+                }
             }
-            for (d, s) in id.internal.iter_mut().zip(bytes) {
-                *d = s as _;
+            cuda.bind()?;
+            // NCCL keeps the address of the out-parameter in its asynchronous init job and may
+            // write through it until the communicator is ready: it must outlive the job.
+            let slot = OutSlot::new();
+            {
+                let name = CString::new(namespace.replace('\0', "")).unwrap_or_default();
+                let mut cfg = sys::config(Some(&name));
+                // SAFETY: the slot is heap memory that outlives the job; the config (and the name)
+                // are copied by NCCL before it returns; the device is current.
+                let code = unsafe { (lib.CommInitRankConfig)(slot.ptr(), size as c_int, id, rank as c_int, &mut cfg) };
+                if code != sys::SUCCESS && code != sys::IN_PROGRESS {
+                    return Err(error(lib, "ncclCommInitRankConfig", code, None, rank, namespace));
+                }
             }
-        }
-        cuda.bind()?;
-        // NCCL keeps the address of the out-parameter in its asynchronous init job and may
-        // write through it until the communicator is ready: it must outlive the job.
-        let slot = OutSlot::new();
-        {
-            let name = CString::new(namespace.replace('\0', "")).unwrap_or_default();
-            let mut cfg = sys::config(Some(&name));
-            // SAFETY: the slot is heap memory that outlives the job; the config (and the name)
-            // are copied by NCCL before it returns; the device is current.
-            let code = unsafe { (lib.CommInitRankConfig)(slot.ptr(), size as c_int, id, rank as c_int, &mut cfg) };
-            if code != sys::SUCCESS && code != sys::IN_PROGRESS {
-                return Err(error(lib, "ncclCommInitRankConfig", code, None, rank, namespace));
+            let comm = CommPtr::new(lib, slot.get());
+            if let Err(e) = wait_init(lib, &comm, "ncclCommInitRankConfig", rank, namespace, deadline).await {
+                slot.leak();
+                return Err(e);
             }
+            drop(slot);
+            let (ctrl, data) = NcclComm::data_comm(lib, comm, rank, namespace, deadline).await?;
+            anyccl_core::joined_generation(store.as_ref(), &base, rank, gen).await?;
+            NcclComm::wrap(lib, cuda, ctrl, data, rank, size, namespace, store, ns, op_timeout)
         }
-        let comm = CommPtr::new(lib, slot.get());
-        if let Err(e) = wait_init(lib, &comm, "ncclCommInitRankConfig", rank, namespace, deadline).await {
-            slot.leak();
-            return Err(e);
+        .await;
+        if result.is_err() {
+            let _ = anyccl_core::abandon_generation(gen_store.as_ref(), &base, rank, gen).await;
         }
-        drop(slot);
-        let (ctrl, data) = NcclComm::data_comm(lib, comm, rank, namespace, deadline).await?;
-        NcclComm::wrap(lib, cuda, ctrl, data, rank, size, namespace, store, ns, op_timeout)
+        result
     }
 
     /// Split a blocking data communicator off `ctrl` (every member calls this), unless

@@ -5,7 +5,7 @@ use crate::ensure;
 use crate::harness::{CaseError, CaseResult, RankCtx};
 use crate::pattern::values;
 use crate::registry::Case;
-use anyccl_core::{DType, Error, ReduceOp};
+use anyccl_core::{CommConfig, Communicator, DType, Error, GroupSpec, ReduceOp, Role};
 use std::time::{Duration, Instant};
 
 /// The last rank never issues the all_reduce: the others get `Timeout` from `wait`, naming
@@ -171,6 +171,42 @@ fn killed_process(cx: &RankCtx) -> CaseResult {
     Ok(())
 }
 
+/// A rank that retries a connect alone must meet the others' next attempt: first the last
+/// rank, then rank 0, tries to connect a new communicator by itself and times out; then
+/// every rank connects it, and it works.
+fn retry_connect_alone(cx: &RankCtx) -> CaseResult {
+    let spec = GroupSpec::new("retry", (0..cx.size).collect(), "conformance", Role::Data);
+    let connect = |limit: Duration| {
+        let config = CommConfig { init_timeout: limit, op_timeout: cx.timeout, ..CommConfig::default() };
+        cx.block_on(Communicator::connect(
+            cx.backend.as_ref(),
+            spec.clone(),
+            cx.rank,
+            cx.store.clone(),
+            cx.platform.device(),
+            config,
+        ))
+    };
+    for (phase, alone) in [("last", cx.size - 1), ("first", 0)] {
+        if cx.rank == alone {
+            let t = Instant::now();
+            let r = connect(Duration::from_millis(1500));
+            ensure!(matches!(r, Err(Error::Timeout { .. })), "rank {alone} alone: expected Timeout, got {:?}", r.err());
+            ensure!(t.elapsed() < Duration::from_secs(10), "rank {alone} alone took {:?}", t.elapsed());
+            cx.signal(&format!("alone-{phase}"))?;
+        } else {
+            cx.await_signal(&format!("alone-{phase}"))?;
+        }
+    }
+    let comm = connect(cx.timeout).map_err(|e| CaseError(format!("connect after the lone attempts: {e}")))?;
+    let mut b = cx.upload(DType::F32, &vec![1.0; 256])?;
+    cx.wait(comm.all_reduce(None, b.view_mut(), ReduceOp::Sum)?)?;
+    let got = cx.download(b.as_ref())?;
+    ensure!(got.iter().all(|&v| v == cx.size as f64), "all_reduce after the retry gave {:?}", &got[..4]);
+    cx.block_on(comm.shutdown())?;
+    Ok(())
+}
+
 /// Register the lifecycle cases.
 pub fn register(v: &mut Vec<Case>) {
     v.push(Case::new("lifecycle", "rank_never_arrives_timeout", &[2, 3, 5], never_arrives));
@@ -183,5 +219,6 @@ pub fn register(v: &mut Vec<Case>) {
         (!c.detects_mismatch).then(|| "the backend does not check that ranks issue the same collective".into())
     }));
     v.push(Case::new("lifecycle", "shutdown_twice", &[1, 2, 3], shutdown_twice));
+    v.push(Case::new("lifecycle", "retry_connect_alone", &[2, 3], retry_connect_alone));
     v.push(Case::new("lifecycle", "killed_process_peer_failed", &[2, 3, 4], killed_process).processes(Some(1)));
 }

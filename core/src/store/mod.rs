@@ -48,6 +48,101 @@ pub trait Store: Send + Sync + fmt::Debug {
     async fn delete(&self, key: &str) -> Result<bool>;
 }
 
+/// The generation of a new connect under `ns`, agreed through the store. Rank 0 starts a
+/// new generation on every call; every other rank joins the newest generation rank 0 has
+/// started since the last one this rank joined (recorded by [`joined_generation`] in the
+/// store, so a restarted process never reuses an old one). A rank that retries alone thus
+/// meets rank 0's next attempt rather than drifting onto a generation no one else uses.
+///
+/// # Errors
+/// `Timeout` naming `rank` and `group` when rank 0 starts no new generation by `deadline`;
+/// store errors.
+pub async fn connect_generation(
+    store: &dyn Store,
+    ns: &str,
+    rank: usize,
+    group: &str,
+    deadline: Instant,
+) -> Result<u64> {
+    let parse = |v: Option<Vec<u8>>, key: &str| -> Result<u64> {
+        match v {
+            None => Ok(0),
+            Some(b) => std::str::from_utf8(&b)
+                .ok()
+                .and_then(|t| t.parse::<u64>().ok())
+                .ok_or_else(|| Error::store_fatal(format!("value under '{key}' is not a generation"))),
+        }
+    };
+    let latest_key = format!("{ns}/gen/latest");
+    if rank == 0 {
+        let gen = u64::try_from(store.add(&format!("{ns}/gen/counter"), 1).await?).unwrap_or(0);
+        store.set(&latest_key, gen.to_string().as_bytes()).await?;
+        store.set(&format!("{ns}/gen/started/{gen}"), b"1").await?;
+        return Ok(gen);
+    }
+    let joined_key = format!("{ns}/gen/joined/{rank}");
+    let joined = parse(store.get(&joined_key).await?, &joined_key)?;
+    let started = Instant::now();
+    match store.wait(&format!("{ns}/gen/started/{}", joined + 1), deadline).await {
+        Ok(_) => {}
+        Err(Error::Timeout { .. }) => {
+            return Err(Error::Timeout {
+                op: "connect".into(),
+                rank,
+                group: group.into(),
+                after: started.elapsed(),
+                detail: format!("rank 0 started no connect after generation {joined}, the last this rank joined"),
+            })
+        }
+        Err(e) => return Err(e),
+    }
+    // The newest generation rank 0 started, unless rank 0 has given it up already: then
+    // the one after it.
+    let mut want = joined + 1;
+    loop {
+        let latest = parse(store.get(&latest_key).await?, &latest_key)?.max(want);
+        if store.get(&format!("{ns}/gen/abandoned/{latest}")).await?.is_none() {
+            return Ok(latest);
+        }
+        want = latest + 1;
+        if let Err(e) = store.wait(&format!("{ns}/gen/started/{want}"), deadline).await {
+            return Err(match e {
+                Error::Timeout { .. } => Error::Timeout {
+                    op: "connect".into(),
+                    rank,
+                    group: group.into(),
+                    after: started.elapsed(),
+                    detail: format!("rank 0 gave up generation {latest} and started no other"),
+                },
+                e => e,
+            });
+        }
+    }
+}
+
+/// Rank 0's connect in generation `gen` of `ns` failed: ranks that arrive later skip it
+/// (see [`connect_generation`]).
+///
+/// # Errors
+/// Store errors.
+pub async fn abandon_generation(store: &dyn Store, ns: &str, rank: usize, gen: u64) -> Result<()> {
+    if rank == 0 {
+        store.set(&format!("{ns}/gen/abandoned/{gen}"), b"1").await?;
+    }
+    Ok(())
+}
+
+/// Record that `rank` connected in generation `gen` of `ns` (see [`connect_generation`]).
+///
+/// # Errors
+/// Store errors.
+pub async fn joined_generation(store: &dyn Store, ns: &str, rank: usize, gen: u64) -> Result<()> {
+    if rank != 0 {
+        store.set(&format!("{ns}/gen/joined/{rank}"), gen.to_string().as_bytes()).await?;
+    }
+    Ok(())
+}
+
 /// The shared state behind [`MemoryStore`] and [`TcpStoreServer`].
 #[derive(Debug, Default)]
 pub(crate) struct KvCore {
