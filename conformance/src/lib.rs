@@ -50,16 +50,33 @@ pub fn runs(worlds: Option<&[usize]>) -> Vec<(Case, usize)> {
     v
 }
 
+/// Log to stderr, filtered by `ANYCCL_LOG` (`warn`, or `anyccl_nccl=debug,info`: a level,
+/// or target=level directives), else at `default` and above. A malformed `ANYCCL_LOG` is
+/// reported and the default used.
+pub fn init_tracing(default: tracing::Level) {
+    use tracing_subscriber::filter::{LevelFilter, Targets};
+    use tracing_subscriber::prelude::*;
+    let fallback = Targets::new().with_default(LevelFilter::from_level(default));
+    let filter = match std::env::var("ANYCCL_LOG") {
+        Err(_) => fallback,
+        Ok(v) => v.parse::<Targets>().unwrap_or_else(|e| {
+            eprintln!("ANYCCL_LOG={v:?} is not a log filter ({e}); logging at {default} and above");
+            fallback
+        }),
+    };
+    let _ = tracing_subscriber::registry()
+        .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+        .with(filter)
+        .try_init();
+}
+
 /// Run the registry as a libtest-compatible test binary (`cargo test`), one trial per
 /// case and world size, named `backend::group::case[w=N]`.
 pub fn run_libtest(backend: Arc<dyn Backend>) -> ExitCode {
     if let Some(code) = child_main(&backend, &all_cases()) {
         return code;
     }
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_env("ANYCCL_LOG"))
-        .with_writer(std::io::stderr)
-        .try_init();
+    init_tracing(tracing::Level::ERROR);
     let args = libtest_mimic::Arguments::from_args();
     let timeout = case_timeout();
     let trials = runs(None)

@@ -48,10 +48,7 @@ pub fn pick_backend(requested: Option<&str>) -> Result<Arc<dyn Backend>> {
 /// A rank's start: launcher variables, the job store (hosted here on rank 0 unless the
 /// launcher hosts it), and a tracing subscriber filtered by `ANYCCL_LOG`.
 pub async fn start_rank() -> Result<(LaunchEnv, Arc<dyn Store>, Option<TcpStoreServer>)> {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("ANYCCL_LOG").unwrap_or_else(|_| "warn".into()))
-        .with_writer(std::io::stderr)
-        .try_init();
+    anyccl_conformance::init_tracing(tracing::Level::WARN);
     let env = LaunchEnv::from_env()?;
     let (store, server) = env.connect_store().await?;
     Ok((env, store, server))
