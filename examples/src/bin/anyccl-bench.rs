@@ -116,9 +116,30 @@ fn counts(op: Op, bytes: usize, es: usize, n: usize) -> (usize, usize) {
 
 struct Bufs {
     send: Box<dyn DeviceMemory>,
+    /// Receive buffers of out-of-place calls, then (re-allocated) the buffers of in-place
+    /// calls: for reduce_scatter those hold the whole input.
     recvs: Vec<Box<dyn DeviceMemory>>,
-    /// The encoded input of an in-place call (the receive buffer's size).
+    /// The encoded input of an in-place call (that buffer's size).
     in_place_input: Vec<u8>,
+}
+
+/// In place, as nccl-tests does it: the receive buffer holds the input (all_reduce,
+/// broadcast, reduce), this rank's chunk of the output holds it (all_gather), or the
+/// buffer is the whole input and the output is this rank's chunk (reduce_scatter).
+/// Returns the in-place buffer's element count and its encoded input; None where the op
+/// has no in-place form (all_to_all, sendrecv).
+fn in_place_layout(op: Op, me: usize, sc: usize, rc: usize, dtype: DType, rop: ReduceOp) -> Option<(usize, Vec<u8>)> {
+    match op {
+        Op::AllReduce | Op::Broadcast | Op::Reduce => Some((rc, input(me, rc, dtype, rop))),
+        Op::AllGather => {
+            let es = dtype.size();
+            let mut buf = vec![0u8; rc * es];
+            buf[me * sc * es..(me + 1) * sc * es].copy_from_slice(&input(me, sc, dtype, rop));
+            Some((rc, buf))
+        }
+        Op::ReduceScatter => Some((sc, input(me, sc, dtype, rop))),
+        Op::AllToAll | Op::SendRecv => None,
+    }
 }
 
 fn issue<'a>(
@@ -194,6 +215,7 @@ fn expected(
     })
 }
 
+#[allow(clippy::too_many_arguments)] // the row's shape and the buffer; as `expected`
 fn wrong(
     platform: &dyn Platform,
     op: Op,
@@ -202,14 +224,21 @@ fn wrong(
     comm: &Communicator,
     root: usize,
     recv: &dyn DeviceMemory,
+    in_place: bool,
 ) -> Result<usize> {
     let mut bytes = vec![0u8; recv.count() * dtype.size()];
     platform.copy_to_host(recv, &mut bytes)?;
-    let got = pattern::decode(&bytes, dtype);
+    let mut got = pattern::decode(&bytes, dtype);
     let (n, me) = (comm.size(), comm.rank());
+    let mut count = recv.count();
+    if in_place && op == Op::ReduceScatter {
+        // The result is this rank's chunk of the whole buffer.
+        count = recv.count() / n;
+        got = got[me * count..(me + 1) * count].to_vec();
+    }
     let mut bad = 0;
     for (i, g) in got.iter().enumerate() {
-        if let Some(w) = expected(op, dtype, rop, n, me, root, recv.count(), i) {
+        if let Some(w) = expected(op, dtype, rop, n, me, root, count, i) {
             let tol = if rop == ReduceOp::Avg && dtype.is_float() { 1e-2 * w.abs().max(1.0) } else { 0.0 };
             if (g - w).abs() > tol {
                 bad += 1;
@@ -320,12 +349,8 @@ async fn run(args: Args) -> Result<()> {
         let size_b = rc.max(sc) * dtype.size();
         // Enough receive buffers to enqueue a run back to back without waiting, within 4 GiB.
         let depth = (4usize << 30).checked_div(rc.max(1) * dtype.size()).unwrap_or(1).clamp(1, args.iters.max(1));
-        let in_place_input = if matches!(op, Op::AllReduce | Op::Broadcast | Op::Reduce) {
-            input(me, rc, dtype, rop)
-        } else {
-            Vec::new()
-        };
-        let mut b = Bufs { send: platform.alloc(dtype, sc)?, recvs: Vec::new(), in_place_input };
+        let layout = in_place_layout(op, me, sc, rc, dtype, rop);
+        let mut b = Bufs { send: platform.alloc(dtype, sc)?, recvs: Vec::new(), in_place_input: Vec::new() };
         platform.copy_from_host(b.send.as_mut(), &input(me, sc, dtype, rop))?;
         for _ in 0..depth {
             b.recvs.push(platform.alloc(dtype, rc)?);
@@ -344,23 +369,31 @@ async fn run(args: Args) -> Result<()> {
         let oop =
             timed(&comm, &platform, op, &mut b, rop, root, args.warmup, args.iters, timeout, false, &mut sync).await?;
         let oop_wrong = if args.check != 0 {
-            wrong(platform.as_ref(), op, dtype, rop, &comm, root, b.recvs[0].as_ref())?
+            wrong(platform.as_ref(), op, dtype, rop, &comm, root, b.recvs[0].as_ref(), false)?
         } else {
             0
         };
-        // In place where input and output have the same shape (nccl-tests also times
-        // all_gather and reduce_scatter in place; not yet here).
-        let ip = if !matches!(op, Op::AllReduce | Op::Broadcast | Op::Reduce) {
-            None
-        } else {
-            let t = timed(&comm, &platform, op, &mut b, rop, root, args.warmup, args.iters, timeout, true, &mut sync)
-                .await?;
-            let w = if args.check != 0 {
-                wrong(platform.as_ref(), op, dtype, rop, &comm, root, b.recvs[0].as_ref())?
-            } else {
-                0
-            };
-            Some((t, w))
+        let ip = match layout {
+            None => None,
+            Some((count, input)) => {
+                // Fresh buffers of the in-place shape, as many as fit the same 4 GiB.
+                b.recvs.clear();
+                let depth =
+                    (4usize << 30).checked_div(count.max(1) * dtype.size()).unwrap_or(1).clamp(1, args.iters.max(1));
+                for _ in 0..depth {
+                    b.recvs.push(platform.alloc(dtype, count)?);
+                }
+                b.in_place_input = input;
+                let t =
+                    timed(&comm, &platform, op, &mut b, rop, root, args.warmup, args.iters, timeout, true, &mut sync)
+                        .await?;
+                let w = if args.check != 0 {
+                    wrong(platform.as_ref(), op, dtype, rop, &comm, root, b.recvs[0].as_ref(), true)?
+                } else {
+                    0
+                };
+                Some((t, w))
+            }
         };
         wrong_total += oop_wrong + ip.map(|x| x.1).unwrap_or(0);
         let row = Row { bytes: size_b, count: size_b / dtype.size(), oop: (oop, oop_wrong) };
