@@ -185,16 +185,22 @@ impl Default for CommConfig {
     }
 }
 
-fn secs(name: &str) -> Result<Option<Duration>> {
+/// A positive, finite number of seconds from the environment variable `name` (`None` when
+/// it is unset).
+///
+/// # Errors
+/// `InvalidArgument` naming the variable when it is set to anything else.
+pub fn env_secs(name: &str) -> Result<Option<Duration>> {
     match std::env::var(name) {
         Err(_) => Ok(None),
         Ok(v) => v
             .parse::<f64>()
             .ok()
-            .filter(|s| *s > 0.0 && s.is_finite())
-            .map(|s| Some(Duration::from_secs_f64(s)))
+            .filter(|s| *s > 0.0)
+            .and_then(|s| Duration::try_from_secs_f64(s).ok())
+            .map(Some)
             .ok_or_else(|| Error::InvalidArgument {
-                op: "CommConfig::from_env",
+                op: "env_secs",
                 arg: "environment",
                 rank: 0,
                 group: String::new(),
@@ -210,10 +216,10 @@ impl CommConfig {
     /// `InvalidArgument` naming a malformed variable.
     pub fn from_env() -> Result<Self> {
         let mut c = CommConfig::default();
-        if let Some(d) = secs("ANYCCL_TIMEOUT_S")? {
+        if let Some(d) = env_secs("ANYCCL_TIMEOUT_S")? {
             c.op_timeout = d;
         }
-        if let Some(d) = secs("ANYCCL_INIT_TIMEOUT_S")? {
+        if let Some(d) = env_secs("ANYCCL_INIT_TIMEOUT_S")? {
             c.init_timeout = d;
         }
         if let Ok(v) = std::env::var("ANYCCL_FLIGHT_RECORDER") {

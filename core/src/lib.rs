@@ -45,15 +45,15 @@ pub use buffer::{overlaps, Buf, BufMut, Device, DeviceKind};
 pub use capability::Capabilities;
 pub use collective::{AllToAllSplits, Backend, BackendInfo, Collective, CommInfo, ConnectOptions, P2POp};
 pub use communicator::{Communicator, OpSignature};
-pub use config::{CommConfig, LaunchEnv};
+pub use config::{env_secs, CommConfig, LaunchEnv};
 pub use dtype::{DType, Element, ReduceOp};
 pub use error::{Error, Recovery, Result};
 pub use group::{GroupRegistry, GroupSpec, Role};
 pub use platform::{DeviceMemory, HostMemory, HostPlatform, MemInfo, Platform};
 pub use recorder::{FlightRecorder, OpRecord, OpState};
 pub use store::{
-    abandon_generation, connect_generation, joined_generation, MemoryStore, PrefixStore, Store, TcpStore,
-    TcpStoreOptions, TcpStoreServer,
+    abandon_generation, connect_generation, joined_generation, store_barrier, MemoryStore, PrefixStore, Store,
+    TcpStore, TcpStoreOptions, TcpStoreServer,
 };
 pub use work::{Work, WorkImpl, WorkInfo};
 

@@ -65,8 +65,12 @@ impl<'a> Work<'a> {
         Work { imp: None, info: Work::new_info(), state: Some(Ok(())), recorder: None }
     }
 
+    /// A placeholder until the communicator attaches the real one: no allocation (this
+    /// runs on every operation).
     fn new_info() -> WorkInfo {
-        WorkInfo { op: "", seq: 0, group: Arc::from(""), rank: 0, started: Instant::now() }
+        static NO_GROUP: std::sync::OnceLock<Arc<str>> = std::sync::OnceLock::new();
+        let group = NO_GROUP.get_or_init(|| Arc::from("")).clone();
+        WorkInfo { op: "", seq: 0, group, rank: 0, started: Instant::now() }
     }
 
     pub(crate) fn attach(&mut self, info: WorkInfo, recorder: Option<Arc<FlightRecorder>>) {

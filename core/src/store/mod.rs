@@ -48,6 +48,20 @@ pub trait Store: Send + Sync + fmt::Debug {
     async fn delete(&self, key: &str) -> Result<bool>;
 }
 
+/// Wait until `n` callers have reached the barrier named `key` (each name once per job),
+/// without any collective: the last to arrive marks it done.
+///
+/// # Errors
+/// `Timeout` at `deadline` (rank and group left empty, the caller adds them); store errors.
+pub async fn store_barrier(store: &dyn Store, key: &str, n: usize, deadline: Instant) -> Result<()> {
+    let done = format!("{key}/done");
+    if usize::try_from(store.add(key, 1).await?).is_ok_and(|a| a == n) {
+        store.set(&done, b"1").await?;
+    }
+    store.wait(&done, deadline).await?;
+    Ok(())
+}
+
 /// The generation of a new connect under `ns`, agreed through the store. Rank 0 starts a
 /// new generation on every call; every other rank joins the newest generation rank 0 has
 /// started since the last one this rank joined (recorded by [`joined_generation`] in the
@@ -64,59 +78,44 @@ pub async fn connect_generation(
     group: &str,
     deadline: Instant,
 ) -> Result<u64> {
-    let parse = |v: Option<Vec<u8>>, key: &str| -> Result<u64> {
-        match v {
-            None => Ok(0),
-            Some(b) => std::str::from_utf8(&b)
-                .ok()
-                .and_then(|t| t.parse::<u64>().ok())
-                .ok_or_else(|| Error::store_fatal(format!("value under '{key}' is not a generation"))),
-        }
-    };
-    let latest_key = format!("{ns}/gen/latest");
+    let counter = format!("{ns}/gen/counter");
     if rank == 0 {
-        let gen = u64::try_from(store.add(&format!("{ns}/gen/counter"), 1).await?).unwrap_or(0);
-        store.set(&latest_key, gen.to_string().as_bytes()).await?;
+        let gen = u64::try_from(store.add(&counter, 1).await?).unwrap_or(0);
         store.set(&format!("{ns}/gen/started/{gen}"), b"1").await?;
         return Ok(gen);
     }
     let joined_key = format!("{ns}/gen/joined/{rank}");
-    let joined = parse(store.get(&joined_key).await?, &joined_key)?;
+    let joined = match store.get(&joined_key).await? {
+        None => 0,
+        Some(b) => std::str::from_utf8(&b)
+            .ok()
+            .and_then(|t| t.parse::<u64>().ok())
+            .ok_or_else(|| Error::store_fatal(format!("value under '{joined_key}' is not a generation")))?,
+    };
     let started = Instant::now();
-    match store.wait(&format!("{ns}/gen/started/{}", joined + 1), deadline).await {
-        Ok(_) => {}
-        Err(Error::Timeout { .. }) => {
-            return Err(Error::Timeout {
-                op: "connect".into(),
-                rank,
-                group: group.into(),
-                after: started.elapsed(),
-                detail: format!("rank 0 started no connect after generation {joined}, the last this rank joined"),
-            })
-        }
-        Err(e) => return Err(e),
-    }
-    // The newest generation rank 0 started, unless rank 0 has given it up already: then
-    // the one after it.
+    let timeout = |detail: String| Error::Timeout {
+        op: "connect".into(),
+        rank,
+        group: group.into(),
+        after: started.elapsed(),
+        detail,
+    };
+    // Wait for a generation after the last joined one; take the newest rank 0 has started,
+    // unless rank 0 has given it up already: then wait for the one after it.
     let mut want = joined + 1;
+    let mut why = format!("rank 0 started no connect after generation {joined}, the last this rank joined");
     loop {
-        let latest = parse(store.get(&latest_key).await?, &latest_key)?.max(want);
+        match store.wait(&format!("{ns}/gen/started/{want}"), deadline).await {
+            Ok(_) => {}
+            Err(Error::Timeout { .. }) => return Err(timeout(why)),
+            Err(e) => return Err(e),
+        }
+        let latest = u64::try_from(store.add(&counter, 0).await?).unwrap_or(0).max(want);
         if store.get(&format!("{ns}/gen/abandoned/{latest}")).await?.is_none() {
             return Ok(latest);
         }
         want = latest + 1;
-        if let Err(e) = store.wait(&format!("{ns}/gen/started/{want}"), deadline).await {
-            return Err(match e {
-                Error::Timeout { .. } => Error::Timeout {
-                    op: "connect".into(),
-                    rank,
-                    group: group.into(),
-                    after: started.elapsed(),
-                    detail: format!("rank 0 gave up generation {latest} and started no other"),
-                },
-                e => e,
-            });
-        }
+        why = format!("rank 0 gave up generation {latest} and started no other");
     }
 }
 
