@@ -124,18 +124,9 @@ impl RankCtx {
     /// rank tears its communicator down while a peer's last operation is still finishing
     /// (NCCL over sockets reports that as a remote error on the peer).
     fn finish_together(&self, ranks: usize) {
-        let key = "case/finished";
         let deadline = Instant::now() + Duration::from_secs(5);
-        if self.block_on(self.store.add(key, 1)).is_err() {
-            return;
-        }
-        while Instant::now() < deadline {
-            match self.block_on(self.store.add(key, 0)) {
-                Ok(n) if usize::try_from(n).is_ok_and(|n| n >= ranks) => return,
-                Ok(_) => std::thread::sleep(Duration::from_millis(2)),
-                Err(_) => return,
-            }
-        }
+        // A rank that never arrives failed: its own error reports the case.
+        let _ = self.block_on(anyccl_core::store_barrier(self.store.as_ref(), "case/finished", ranks, deadline));
     }
 
     /// Wait until some rank signalled `key`.

@@ -30,10 +30,11 @@ use std::time::Duration;
 
 /// Per-case deadline (`ANYCCL_CASE_TIMEOUT_S`, default 60 s).
 pub fn case_timeout() -> Duration {
-    std::env::var("ANYCCL_CASE_TIMEOUT_S")
-        .ok()
-        .and_then(|v| v.parse::<f64>().ok())
-        .map(Duration::from_secs_f64)
+    anyccl_core::env_secs("ANYCCL_CASE_TIMEOUT_S")
+        .unwrap_or_else(|e| {
+            eprintln!("{e}; using 60 s");
+            None
+        })
         .unwrap_or(Duration::from_secs(60))
 }
 

@@ -84,20 +84,34 @@ pub fn reduced(n: usize, i: usize, dtype: DType, op: ReduceOp, salt: usize) -> f
     }
 }
 
+/// Relative tolerance of a result: exact, except averages of floats (backends may scale
+/// before summing).
+pub fn tolerance(dtype: DType, op: Option<ReduceOp>) -> f64 {
+    match (op, dtype) {
+        (Some(ReduceOp::Avg), DType::F16 | DType::BF16) => 1e-2,
+        (Some(ReduceOp::Avg), DType::F32) => 1e-6,
+        (Some(ReduceOp::Avg), DType::F64) => 1e-12,
+        _ => 0.0,
+    }
+}
+
+/// Whether `got` equals `want` within the relative tolerance `tol`.
+pub fn close(got: f64, want: f64, tol: f64) -> bool {
+    if tol == 0.0 {
+        got == want
+    } else {
+        (got - want).abs() <= tol * want.abs().max(1.0)
+    }
+}
+
 /// Compare `got` with `want`; `Err` names the first differing element.
 pub fn check(what: &str, got: &[f64], want: &[f64], dtype: DType, op: Option<ReduceOp>) -> Result<(), String> {
     if got.len() != want.len() {
         return Err(format!("{what}: {} elements, expected {}", got.len(), want.len()));
     }
-    let tol = match (op, dtype) {
-        (Some(ReduceOp::Avg), DType::F16 | DType::BF16) => 1e-2,
-        (Some(ReduceOp::Avg), DType::F32) => 1e-6,
-        (Some(ReduceOp::Avg), DType::F64) => 1e-12,
-        _ => 0.0,
-    };
+    let tol = tolerance(dtype, op);
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        let ok = if tol == 0.0 { g == w } else { (g - w).abs() <= tol * w.abs().max(1.0) };
-        if !ok {
+        if !close(*g, *w, tol) {
             return Err(format!("{what}: element {i} is {g}, expected {w} ({dtype})"));
         }
     }

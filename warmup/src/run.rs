@@ -3,7 +3,7 @@
 
 use crate::plan::{merge, plan_for, GroupPlan, Kind, Sizes, Step, Target};
 use crate::report::{Report, StepReport};
-use anyccl_core::{Collective, Communicator, DeviceKind, Error, P2POp, Platform, ReduceOp, Result, Store, Work};
+use anyccl_core::{Collective, Communicator, Error, P2POp, Platform, ReduceOp, Result, Store, Work};
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 pub struct WarmupConfig {
     /// Run at all (`ANYCCL_WARMUP=1|0`; default off: the caller opts in).
     pub enabled: bool,
-    /// Run even on a CPU platform, where transports are connected at init (tests).
+    /// Run even where the backend connects every transport at init (the CPU backend;
+    /// tests).
     pub force: bool,
     /// Deadline for the whole warmup, agreement to outcome (`ANYCCL_WARMUP_TIMEOUT_S`, 300).
     pub timeout: Duration,
@@ -42,18 +43,24 @@ impl Default for WarmupConfig {
 
 impl WarmupConfig {
     /// `default` with the environment's overrides.
-    pub fn from_env(default: WarmupConfig) -> Self {
+    ///
+    /// # Errors
+    /// `InvalidArgument` naming the variable when one is malformed.
+    pub fn from_env(default: WarmupConfig) -> Result<Self> {
         let mut c = default;
         if let Ok(v) = std::env::var("ANYCCL_WARMUP") {
             c.enabled = matches!(v.as_str(), "1" | "true" | "on" | "yes");
         }
-        if let Some(s) = std::env::var("ANYCCL_WARMUP_TIMEOUT_S").ok().and_then(|v| v.parse::<f64>().ok()) {
-            c.timeout = Duration::from_secs_f64(s);
+        if let Some(t) = anyccl_core::env_secs("ANYCCL_WARMUP_TIMEOUT_S")? {
+            c.timeout = t;
         }
-        if let Some(m) = std::env::var("ANYCCL_WARMUP_MARGIN_MIB").ok().and_then(|v| v.parse::<u64>().ok()) {
+        if let Ok(v) = std::env::var("ANYCCL_WARMUP_MARGIN_MIB") {
+            let m = v.parse::<u64>().ok().filter(|m| m.leading_zeros() >= 20).ok_or_else(|| {
+                err("WarmupConfig::from_env", 0, "", format!("ANYCCL_WARMUP_MARGIN_MIB={v:?} is not a number of MiB"))
+            })?;
             c.memory_margin = m << 20;
         }
-        c
+        Ok(c)
     }
 }
 
@@ -146,9 +153,9 @@ async fn run_plans(
         report.skipped = Some("warmup is off (set ANYCCL_WARMUP=1 or enable it in the config)".into());
         return Ok(report);
     }
-    if s.platform.kind() == DeviceKind::Cpu && !cfg.force {
-        tracing::info!("warmup skipped: the CPU platform connects every transport at init");
-        report.skipped = Some("CPU platform: transports are connected at init".into());
+    if !cfg.force && plans.iter().all(|(c, _)| !c.capabilities().lazy_connect) {
+        tracing::info!("warmup skipped: the backend connects every transport at init");
+        report.skipped = Some("the backend connects every transport at init (no lazy connect)".into());
         return Ok(report);
     }
     let deadline = Instant::now() + cfg.timeout;
@@ -422,46 +429,31 @@ async fn wait_slices(
     deadline: Instant,
 ) -> Result<()> {
     loop {
+        // Any other error, also one after the deadline, goes to `execute`, which reports an
+        // error past the deadline as the Timeout it is.
         match w.wait(Duration::from_millis(20)) {
             Ok(()) => return Ok(()),
             Err(Error::Timeout { .. }) => {}
-            Err(e) if Instant::now() >= deadline => {
-                return Err(Error::Timeout {
-                    op: format!("warmup {what}"),
-                    rank,
-                    group: group.into(),
-                    after: Duration::ZERO,
-                    detail: format!("the warmup deadline passed; communicators aborted ({e})"),
-                })
-            }
             Err(e) => return Err(e),
         }
         if Instant::now() >= deadline {
-            return Err(Error::Timeout {
-                op: format!("warmup {what}"),
-                rank,
-                group: group.into(),
-                after: Duration::ZERO,
-                detail: "the warmup deadline passed; communicators aborted".into(),
-            });
+            return Err(warmup_timeout(what, rank, group, "the warmup deadline passed; communicators aborted".into()));
         }
         if let Some(f) = s.store.get(&s.key("failed")).await? {
             let f = String::from_utf8_lossy(&f).to_string();
-            let (kind, what) = f.split_once('|').unwrap_or(("", &f));
-            let detail = format!("warmup failed on {what}");
+            let (kind, who) = f.split_once('|').unwrap_or(("", &f));
+            let detail = format!("warmup failed on {who}");
             // A rank that timed out means the warmup as a whole ran out of time.
             if kind == "Timeout" {
-                return Err(Error::Timeout {
-                    op: format!("warmup {what}"),
-                    rank,
-                    group: group.into(),
-                    after: Duration::ZERO,
-                    detail,
-                });
+                return Err(warmup_timeout(what, rank, group, detail));
             }
             return Err(Error::PeerFailed { rank, group: group.into(), peer: None, detail });
         }
     }
+}
+
+fn warmup_timeout(what: &str, rank: usize, group: &str, detail: String) -> Error {
+    Error::Timeout { op: format!("warmup {what}"), rank, group: group.into(), after: Duration::ZERO, detail }
 }
 
 fn op_name(k: Kind) -> &'static str {
@@ -488,17 +480,12 @@ async fn execute(
             let t = Instant::now();
             match run_step(s, comm, plan, step, deadline).await {
                 Ok(()) => {}
-                // A call that blocked inside the backend (a first connect to a peer that
-                // never came) was ended by the watchdog's abort: the deadline, not a failure
-                // of its own.
+                // Past the deadline an error is the deadline's doing (a wait cut short, or a
+                // call blocked inside the backend that the watchdog's abort ended), not a
+                // failure of its own.
                 Err(e) if Instant::now() >= deadline && !matches!(e, Error::Timeout { .. }) => {
-                    return Err(Error::Timeout {
-                        op: format!("warmup {}", op_name(step.kind)),
-                        rank: comm.rank(),
-                        group: plan.group.clone(),
-                        after: t.elapsed(),
-                        detail: format!("the warmup deadline passed; communicators aborted ({e})"),
-                    });
+                    let detail = format!("the warmup deadline passed; communicators aborted ({e})");
+                    return Err(warmup_timeout(op_name(step.kind), comm.rank(), &plan.group, detail));
                 }
                 Err(e) => return Err(e),
             }

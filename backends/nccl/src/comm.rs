@@ -205,8 +205,8 @@ fn enqueue_timeout(op_timeout: Duration) -> Duration {
     std::env::var("ANYCCL_NCCL_ENQUEUE_TIMEOUT_S")
         .ok()
         .and_then(|v| v.parse::<f64>().ok())
-        .filter(|s| *s > 0.0 && s.is_finite())
-        .map(Duration::from_secs_f64)
+        .filter(|s| *s > 0.0)
+        .and_then(|s| Duration::try_from_secs_f64(s).ok())
         .unwrap_or(op_timeout)
 }
 

@@ -2,11 +2,11 @@
 
 use crate::ensure;
 use crate::harness::{CaseResult, RankCtx};
-use crate::pattern::{check, values};
+use crate::pattern::{check, value, values};
 use anyccl_core::{DType, GroupSpec, ReduceOp, Role};
 
 fn sum_over(ranks: &[usize], count: usize, salt: usize) -> Vec<f64> {
-    (0..count).map(|i| ranks.iter().map(|&r| values(r, count, None, salt)[i]).sum()).collect()
+    (0..count).map(|i| ranks.iter().map(|&r| value(r, i, None, salt)).sum()).collect()
 }
 
 /// Split the world into a lower and an upper half; each half all-reduces on its own.

@@ -466,11 +466,7 @@ fn latest_complete(dir: &Path) -> Result<usize> {
 }
 
 async fn meet(store: &dyn Store, key: &str, n: usize) -> Result<()> {
-    if store.add(key, 1).await? as usize == n {
-        store.set(&format!("{key}/done"), b"1").await?;
-    }
-    store.wait(&format!("{key}/done"), Instant::now() + Duration::from_secs(600)).await?;
-    Ok(())
+    anyccl_core::store_barrier(store, key, n, Instant::now() + Duration::from_secs(600)).await
 }
 
 // ---------------------------------------------------------------- one rank
@@ -547,7 +543,7 @@ async fn train(job: &Job) -> Result<ExitCode> {
                 enabled: true,
                 force: true,
                 timeout: Duration::from_secs(120),
-                ..WarmupConfig::from_env(WarmupConfig::default())
+                ..WarmupConfig::from_env(WarmupConfig::default())?
             };
             let report = warmup(&session, &targets, &wcfg).await?;
             if me == 0 {

@@ -187,8 +187,9 @@ fn main() -> ExitCode {
         }
     }
     let started = Instant::now();
-    let limit = (args.timeout > 0.0).then(|| Duration::from_secs_f64(args.timeout));
-    let grace = Duration::from_secs_f64(args.grace.max(0.0));
+    // Out of range (infinite, NaN): no limit, and the default grace.
+    let limit = (args.timeout > 0.0).then(|| Duration::try_from_secs_f64(args.timeout).ok()).flatten();
+    let grace = Duration::try_from_secs_f64(args.grace.max(0.0)).unwrap_or(Duration::from_secs(5));
     let mut done = vec![false; args.n];
     let verdict: Result<(), String> = loop {
         if done.iter().all(|d| *d) {

@@ -36,11 +36,7 @@ async fn main() -> ExitCode {
 }
 
 async fn meet(store: &dyn anyccl_core::Store, key: &str, n: usize) -> Result<()> {
-    if store.add(key, 1).await? as usize == n {
-        store.set(&format!("{key}/done"), b"1").await?;
-    }
-    store.wait(&format!("{key}/done"), Instant::now() + Duration::from_secs(300)).await?;
-    Ok(())
+    anyccl_core::store_barrier(store, key, n, Instant::now() + Duration::from_secs(300)).await
 }
 
 fn done(mut w: Work<'_>) -> Result<()> {
@@ -78,7 +74,7 @@ async fn run(args: &Args) -> Result<()> {
             world_size: n,
             platform: platform.as_ref(),
         };
-        let cfg = WarmupConfig { enabled: true, force: true, ..WarmupConfig::from_env(WarmupConfig::default()) };
+        let cfg = WarmupConfig { enabled: true, force: true, ..WarmupConfig::from_env(WarmupConfig::default())? };
         let report = warmup(&session, &[Target::new(&dp), Target::new(&pp), Target::new(&ep)], &cfg).await?;
         if me == 0 {
             print!("{}", report.table());
