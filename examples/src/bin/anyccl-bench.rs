@@ -239,8 +239,7 @@ fn wrong(
     let mut bad = 0;
     for (i, g) in got.iter().enumerate() {
         if let Some(w) = expected(op, dtype, rop, n, me, root, count, i) {
-            let tol = if rop == ReduceOp::Avg && dtype.is_float() { 1e-2 * w.abs().max(1.0) } else { 0.0 };
-            if (g - w).abs() > tol {
+            if !pattern::close(*g, w, pattern::tolerance(dtype, Some(rop))) {
                 bad += 1;
             }
         }
@@ -249,7 +248,8 @@ fn wrong(
 }
 
 /// A barrier through the store, so that meeting costs no collective (which would connect
-/// transports before the cold call is measured).
+/// transports before the cold call is measured). One for the whole run: its count makes
+/// every barrier's key new.
 struct StoreBarrier<'a> {
     store: &'a dyn anyccl_core::Store,
     n: usize,
@@ -260,12 +260,7 @@ impl StoreBarrier<'_> {
     async fn wait(&mut self, what: &str) -> Result<()> {
         self.calls += 1;
         let key = format!("bench/barrier/{what}/{}", self.calls);
-        let arrived = self.store.add(&key, 1).await?;
-        if arrived as usize == self.n {
-            self.store.set(&format!("{key}/done"), b"1").await?;
-        }
-        self.store.wait(&format!("{key}/done"), Instant::now() + Duration::from_secs(600)).await?;
-        Ok(())
+        anyccl_core::store_barrier(self.store, &key, self.n, Instant::now() + Duration::from_secs(600)).await
     }
 }
 
@@ -341,6 +336,7 @@ async fn run(args: Args) -> Result<()> {
         println!("#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)            (us)    (MiB)");
     }
     let mut rows = Vec::new();
+    let mut sync = StoreBarrier { store: store.as_ref(), n, calls: 0 };
     let mut bytes = min.max(dtype.size() * n);
     let mut sum_bus = 0.0;
     let mut wrong_total = 0;
@@ -357,7 +353,6 @@ async fn run(args: Args) -> Result<()> {
         }
         // Cold: the first call of this size on this communicator, with its memory. The
         // ranks meet through the store, so no collective runs before it.
-        let mut sync = StoreBarrier { store: store.as_ref(), n, calls: 0 };
         sync.wait(&format!("cold{bytes}")).await?;
         platform.synchronize()?;
         let before = platform.mem_info()?.free;
