@@ -20,8 +20,8 @@
 //! - **Idempotent generations.** A second call with the same generation returns the
 //!   recorded outcome and issues no collective, so an outer retry can never re-enter a
 //!   collective alone.
-//! - **Opt-in, bounded, measured.** Off unless enabled (`ANYCCL_WARMUP=1`); skipped on CPU
-//!   platforms unless forced; a memory pre-check refuses to start below a recorded need; a
+//! - **Opt-in, bounded, measured.** Off unless enabled (`ANYCCL_WARMUP=1`); skipped where
+//!   the backend connects at init (no `lazy_connect`) unless forced; a memory pre-check refuses to start below a recorded need; a
 //!   watchdog aborts everything at the deadline; the report gives time and device memory
 //!   per group and step.
 //!
