@@ -4,6 +4,7 @@
 # conformance suite at world size 2, and the recovery demo with and without warmup.
 #
 #   BIN=.gpu bash bench/gpu_acceptance.sh        # BIN: where the anyccl binaries are
+#   PARTS="bench recover" BIN=.gpu bash bench/gpu_acceptance.sh   # some parts only
 #
 # Logs go to $OUT (default /tmp/anyccl-acceptance), one file per part; a summary is
 # printed. Each part has its own time limit, so one that hangs cannot starve the rest.
@@ -14,7 +15,10 @@ mkdir -p "$OUT"
 export PATH="$PWD/$BIN:$PATH" PYTHONUNBUFFERED=1
 T0=$(date +%s)
 t() { echo "t=$(( $(date +%s) - T0 ))s"; }
+PARTS=" ${PARTS:-bench recover conformance} "
+want() { [[ $PARTS == *" $1 "* ]]; }
 
+if want bench; then
 echo "### all_reduce, anyccl then torch ($(t))"
 {
   timeout 180 anyccl-run -n 2 -- anyccl-bench all_reduce --backend nccl -b 8 -e 1G -f 2 -n 20 -w 5 2>&1
@@ -25,7 +29,9 @@ echo "### all_reduce, anyccl then torch ($(t))"
 awk '/^\[rank 0\] +[0-9]/ { a[$3] = $10 } /^ +[0-9]+ +[0-9]+ +float32/ { t[$1] = $8 }
      END { for (s in a) if (s in t && t[s] > 0) printf "%12d  anyccl %8s  torch %8s  ratio %.3f\n", s, a[s], t[s], a[s] / t[s] }' \
   "$OUT/bench.log" | sort -n
+fi
 
+if want recover; then
 echo "### recovery demo with and without warmup ($(t))"
 rm -rf /tmp/anyccl-acceptance-rec
 {
@@ -33,8 +39,11 @@ rm -rf /tmp/anyccl-acceptance-rec
   timeout 120 anyccl-recover demo --backend nccl --squeeze 16 --no-warmup --out /tmp/anyccl-acceptance-rec; echo "exit=$?"
 } > "$OUT/recover.log" 2>&1
 grep -E 'exit=|bit-for-bit|failed with' "$OUT/recover.log" | cut -c1-300
+fi
 
+if want conformance; then
 echo "### conformance at world size 2 ($(t))"
 timeout 480 anyccl-conformance --backend nccl --world-sizes 2 > "$OUT/conformance.log" 2>&1
 grep -E 'FAILED|passed,' "$OUT/conformance.log" | cut -c1-400
+fi
 t

@@ -3,8 +3,8 @@ both in one command. Run with torchrun, e.g.
 
     torchrun --nproc_per_node 2 bench/torch_bench.py all_reduce -b 8 -e 1G -f 2 -n 20 -w 5
 
-Timing matches anyccl-bench: `iters` calls issued back to back on distinct output
-buffers, one synchronisation at the end. The cold columns are the first call's time and
+Timing matches anyccl-bench: the ranks meet, run the warm-up calls, then `iters` calls
+issued back to back on distinct output buffers, one synchronisation at the end. The cold columns are the first call's time and
 the device memory it took (free-memory delta).
 """
 import argparse
@@ -93,10 +93,12 @@ def main():
         torch.cuda.synchronize()
         cold_us = (time.perf_counter() - t) * 1e6
         cold_mib = (free0 - torch.cuda.mem_get_info()[0]) / (1 << 20)
-        for i in range(a.w):
+        # Meet before the warm-up calls, not right before the timer (as anyccl-bench): the
+        # last warm-up collective lines the ranks up more closely than a store barrier.
+        store_barrier(f"timed{nbytes}")
+        for i in range(max(1, a.w)):
             call(outs[i % depth])
         torch.cuda.synchronize()
-        store_barrier(f"timed{nbytes}")
         t = time.perf_counter()
         done = 0
         while done < a.n:

@@ -94,6 +94,9 @@ impl Collective for Faulty {
     fn capabilities(&self) -> &Capabilities {
         self.inner.capabilities()
     }
+    fn memory_held(&self) -> Option<u64> {
+        self.inner.memory_held()
+    }
     fn all_reduce<'a>(&'a self, send: Option<Buf<'a>>, recv: BufMut<'a>, op: ReduceOp) -> Result<Work<'a>> {
         match self.gate("all_reduce")? {
             Some(w) => Ok(w),

@@ -69,6 +69,11 @@ pub trait Collective: Send + Sync + fmt::Debug + 'static {
     fn info(&self) -> &CommInfo;
     /// What this communicator supports.
     fn capabilities(&self) -> &Capabilities;
+    /// Bytes of device memory this communicator itself holds, where the backend can count
+    /// them (`Capabilities::memory_stats`); `None` otherwise. Never waits for peers.
+    fn memory_held(&self) -> Option<u64> {
+        None
+    }
 
     /// Element-wise reduction of every rank's input, result on every rank.
     fn all_reduce<'a>(&'a self, send: Option<Buf<'a>>, recv: BufMut<'a>, op: ReduceOp) -> Result<Work<'a>>;

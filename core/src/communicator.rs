@@ -157,6 +157,11 @@ impl Communicator {
     pub fn capabilities(&self) -> &Capabilities {
         self.inner.capabilities()
     }
+    /// Bytes of device memory the backend communicator itself holds, where the backend can
+    /// count them (`Capabilities::memory_stats`).
+    pub fn memory_held(&self) -> Option<u64> {
+        self.inner.memory_held()
+    }
     /// The settings.
     pub fn config(&self) -> &CommConfig {
         &self.config

@@ -38,5 +38,5 @@ pub use plan::{
     merge, pipeline_pairs, plan_for, plan_from_recording, role_kinds, GroupPlan, Kind, Sizes, Step, Target,
     TargetOptions,
 };
-pub use report::{Report, StepReport};
+pub use report::{MemSource, Report, StepReport};
 pub use run::{warmup, warmup_plans, Session, WarmupConfig};

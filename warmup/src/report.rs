@@ -16,9 +16,32 @@ pub struct StepReport {
     pub bytes: usize,
     /// Wall time of the step, microseconds.
     pub time_us: f64,
-    /// Device memory the step left allocated (free before minus free after, with the step's
-    /// own buffers already released): what connecting took.
+    /// Device memory the step left allocated, with the step's own buffers already released:
+    /// what connecting took. Counted as `mem_source` says.
     pub mem_delta: i64,
+    /// Where `mem_delta` comes from.
+    pub mem_source: MemSource,
+}
+
+/// How a step's memory was counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MemSource {
+    /// The communicator's own count of the device memory it holds (e.g. `ncclCommMemStats`),
+    /// after minus before: exact for that group.
+    Communicator,
+    /// The device's free memory, before minus after: includes anything else this process
+    /// (or, on a shared device, another one) allocated or freed meanwhile.
+    FreeMemory,
+}
+
+impl MemSource {
+    fn describe(self) -> &'static str {
+        match self {
+            MemSource::Communicator => "the communicators' own count of the device memory they hold",
+            MemSource::FreeMemory => "the device's free memory before and after each step",
+        }
+    }
 }
 
 /// What a warmup did on this rank.
@@ -96,6 +119,12 @@ impl Report {
             self.total_time_us() / 1e3,
             self.total_mem() as f64 / (1 << 20) as f64
         );
+        let mut sources: Vec<MemSource> = self.steps.iter().map(|st| st.mem_source).collect();
+        sources.dedup();
+        if !sources.is_empty() {
+            let how: Vec<&str> = sources.iter().map(|m| m.describe()).collect();
+            let _ = writeln!(s, "  memory: from {}", how.join(", and for some steps "));
+        }
         s
     }
 

@@ -2,7 +2,7 @@
 //! deadline, then agree on the outcome: all ranks succeed or all fail.
 
 use crate::plan::{merge, plan_for, GroupPlan, Kind, Sizes, Step, Target};
-use crate::report::{Report, StepReport};
+use crate::report::{MemSource, Report, StepReport};
 use anyccl_core::{Collective, Communicator, Error, P2POp, Platform, ReduceOp, Result, Store, Work};
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -476,6 +476,7 @@ async fn execute(
 ) -> Result<()> {
     for (comm, plan) in plans {
         for step in &plan.steps {
+            let held_before = comm.memory_held();
             let before = s.platform.mem_info()?.free as i64;
             let t = Instant::now();
             match run_step(s, comm, plan, step, deadline).await {
@@ -491,13 +492,20 @@ async fn execute(
             }
             let time_us = t.elapsed().as_secs_f64() * 1e6;
             let after = s.platform.mem_info()?.free as i64;
+            // The communicator's own count when it keeps one: free memory also moves with
+            // whatever else the process (or another on the device) allocates meanwhile.
+            let (mem_delta, mem_source) = match (held_before, comm.memory_held()) {
+                (Some(b), Some(a)) => (a as i64 - b as i64, MemSource::Communicator),
+                _ => (before - after, MemSource::FreeMemory),
+            };
             report.steps.push(StepReport {
                 group: plan.group.clone(),
                 role: plan.role.to_string(),
                 op: op_name(step.kind).into(),
                 bytes: step.count * step.dtype.size(),
                 time_us,
-                mem_delta: before - after,
+                mem_delta,
+                mem_source,
             });
         }
     }

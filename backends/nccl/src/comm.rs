@@ -184,12 +184,15 @@ pub struct NcclComm {
     enqueue_timeout: Duration,
     /// The event slot of an operation NCCL is still launching (`ncclInProgress`, e.g. while
     /// it connects for a first call). No other NCCL call may be made until it clears.
-    pending: Mutex<Option<Arc<OnceSlot>>>,
+    pending: Mutex<Option<Arc<LaunchSlot>>>,
     in_progress_returns: AtomicU64,
 }
 
 /// Filled with the operation's event once NCCL has put it on the stream.
-type OnceSlot = std::sync::OnceLock<std::result::Result<Event, String>>;
+/// What a launch that NCCL answered with `ncclInProgress` became: nothing yet, the event
+/// recorded once NCCL finished enqueuing it, or why it failed. Shared by the `Work` and the
+/// communicator (which resolves it at the next launch or wait).
+type LaunchSlot = Mutex<Option<std::result::Result<Event, String>>>;
 
 impl std::fmt::Debug for NcclComm {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -588,12 +591,13 @@ impl NcclComm {
         match self.poll_async(op) {
             Ok(true) => Ok(true),
             Ok(false) => {
-                let _ = slot.set(Event::record(&self.stream).map_err(|e| e.to_string()));
+                *slot.lock().unwrap_or_else(|e| e.into_inner()) =
+                    Some(Event::record(&self.stream).map_err(|e| e.to_string()));
                 *p = None;
                 Ok(false)
             }
             Err(e) => {
-                let _ = slot.set(Err(e.to_string()));
+                *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(Err(e.to_string()));
                 *p = None;
                 Err(e)
             }
@@ -653,7 +657,7 @@ impl NcclComm {
         }
         if code == sys::IN_PROGRESS {
             self.in_progress_returns.fetch_add(1, Ordering::Relaxed);
-            let slot: Arc<OnceSlot> = Arc::default();
+            let slot: Arc<LaunchSlot> = Arc::default();
             // Set while the handle is still locked, so no other launch can slip in between.
             *self.pending.lock().unwrap_or_else(|e| e.into_inner()) = Some(slot.clone());
             drop(h);
@@ -679,13 +683,14 @@ impl NcclComm {
         b.ptr() as *mut c_void
     }
 
-    /// Bytes of device memory this communicator holds, when the library can tell.
-    pub fn mem_stats(&self) -> Option<u64> {
+    /// `ncclCommMemStats(ncclStatGpuMemTotal)` of one NCCL communicator; `None` when the
+    /// library lacks it, the handle is gone, or a call blocked on peers holds its lock.
+    fn held_by(&self, which: &Mutex<Handle>) -> Option<u64> {
         let f = self.lib.CommMemStats?;
-        let h = self.lock();
+        let h = which.try_lock().ok()?;
         let c = h.0.filter(|_| !self.freed.load(Ordering::Acquire))?;
         let mut v = 0u64;
-        // SAFETY: live handle under the lock; `v` is a valid out-parameter.
+        // SAFETY: live handle under its lock; `v` is a valid out-parameter.
         let code = unsafe { f(c, sys::STAT_GPU_MEM_TOTAL, &mut v) };
         (code == sys::SUCCESS).then_some(v)
     }
@@ -746,7 +751,7 @@ fn backoff(spins: &mut u32) {
 
 enum WorkState {
     /// NCCL has not finished putting the operation on the stream.
-    Launching(Arc<OnceSlot>),
+    Launching(Arc<LaunchSlot>),
     /// On the stream; done when the event is.
     Running(Event),
 }
@@ -757,33 +762,25 @@ struct NcclWork<'a> {
 }
 
 impl NcclWork<'_> {
+    /// One look at the operation (`Ok(true)`: done). The device must be current.
     fn step(&mut self) -> Result<bool> {
         if let WorkState::Launching(slot) = &self.state {
-            if slot.get().is_none() {
-                self.comm.resolve_pending("wait")?;
-            }
-            match Arc::clone(slot).get() {
+            self.comm.resolve_pending("wait")?;
+            let mut s = slot.lock().unwrap_or_else(|e| e.into_inner());
+            match s.take() {
                 None => return Ok(false),
                 Some(Err(msg)) => {
+                    // Kept, so every later look reports the same failure.
+                    *s = Some(Err(msg.clone()));
                     return Err(Error::Aborted {
                         rank: self.comm.info.rank,
                         group: self.comm.label.clone(),
-                        detail: msg.clone(),
-                    })
+                        detail: msg,
+                    });
                 }
-                Some(Ok(_)) => {}
-            }
-            // Take the event out of the shared slot.
-            let slot = match std::mem::replace(&mut self.state, WorkState::Launching(Arc::default())) {
-                WorkState::Launching(s) => s,
-                WorkState::Running(_) => unreachable!("checked above"),
-            };
-            match Arc::try_unwrap(slot).ok().and_then(|s| s.into_inner()) {
-                Some(Ok(ev)) => self.state = WorkState::Running(ev),
-                _ => {
-                    // The slot is still shared (the communicator dropped its copy under us):
-                    // fall back to an event recorded now, which can only complete later.
-                    self.state = WorkState::Running(Event::record(&self.comm.stream)?);
+                Some(Ok(ev)) => {
+                    drop(s);
+                    self.state = WorkState::Running(ev);
                 }
             }
         }
@@ -796,6 +793,7 @@ impl NcclWork<'_> {
 
 impl WorkImpl for NcclWork<'_> {
     fn poll(&mut self) -> Result<bool> {
+        self.comm.cuda.bind()?;
         if self.step()? {
             return Ok(true);
         }
@@ -805,6 +803,7 @@ impl WorkImpl for NcclWork<'_> {
 
     fn wait_for(&mut self, timeout: Duration) -> Result<bool> {
         let deadline = Instant::now() + timeout;
+        self.comm.cuda.bind()?;
         let mut spins = 0u32;
         loop {
             if self.step()? {
@@ -825,6 +824,9 @@ impl WorkImpl for NcclWork<'_> {
         // The kernels may still read or write the caller's buffers: wait for them. A hung
         // operation is aborted after the communicator's op timeout so this never blocks forever.
         let started = Instant::now();
+        if self.comm.cuda.bind().is_err() {
+            return;
+        }
         let mut spins = 0u32;
         loop {
             match self.step() {
@@ -871,6 +873,16 @@ impl Collective for NcclComm {
     }
     fn capabilities(&self) -> &Capabilities {
         &self.caps
+    }
+
+    fn memory_held(&self) -> Option<u64> {
+        let data = self.held_by(&self.handle)?;
+        let has_ctrl = self.ctrl.lock().unwrap_or_else(|p| p.into_inner()).0.is_some();
+        if has_ctrl {
+            Some(data + self.held_by(&self.ctrl)?)
+        } else {
+            Some(data)
+        }
     }
 
     // SAFETY (for every data-plane call below): buffer views were validated by the

@@ -145,12 +145,12 @@ unsafe impl Send for Event {}
 unsafe impl Sync for Event {}
 
 impl Event {
-    /// Record a new event at the current end of `stream`.
+    /// Record a new event at the current end of `stream`. The stream's device must be
+    /// current on the calling thread ([`Cuda::bind`]): launches bind once for all their calls.
     ///
     /// # Errors
     /// `Backend` on a driver error.
     pub fn record(stream: &Stream) -> Result<Event> {
-        stream.cuda.bind()?;
         let pooled = stream.events.0.lock().ok().and_then(|mut v| v.pop());
         let raw = match pooled {
             Some(e) => e.0,
@@ -163,12 +163,12 @@ impl Event {
         Ok(ev)
     }
 
-    /// Whether the work before the event has finished.
+    /// Whether the work before the event has finished. The device must be current on the
+    /// calling thread ([`Cuda::bind`]), once before a polling loop rather than every spin.
     ///
     /// # Errors
     /// `Backend` when the device reports an error.
     pub fn done(&self) -> Result<bool> {
-        self.cuda.bind()?;
         // SAFETY: `raw` is a live event.
         match unsafe { cu::event::query(self.raw) } {
             Ok(()) => Ok(true),

@@ -6,7 +6,9 @@ use crate::ensure;
 use crate::fault::{Fault, Faulty};
 use crate::harness::{CaseError, CaseResult, RankCtx};
 use anyccl_core::{Communicator, Error, GroupRegistry, GroupSpec, Role};
-use anyccl_warmup::{plan_from_recording, warmup, warmup_plans, Report, Session, Sizes, Target, WarmupConfig};
+use anyccl_warmup::{
+    plan_from_recording, warmup, warmup_plans, MemSource, Report, Session, Sizes, Target, WarmupConfig,
+};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -58,6 +60,15 @@ fn data_group(cx: &RankCtx) -> CaseResult {
         ensure!(ops.iter().filter(|o| *o == want).count() == 2, "expected {want} at two sizes, got {ops:?}");
     }
     ensure!(f.issued() == 6, "expected 6 collectives, {} issued", f.issued());
+    // Memory is the communicator's own count exactly where the backend claims to keep one.
+    let counts = g.capabilities().memory_stats;
+    ensure!(
+        g.memory_held().is_some() == counts,
+        "capabilities say memory_stats={counts} but memory_held() is {:?}",
+        g.memory_held()
+    );
+    let want = if counts { MemSource::Communicator } else { MemSource::FreeMemory };
+    ensure!(r.steps.iter().all(|s| s.mem_source == want), "expected memory from {want:?}: {:?}", r.steps);
     Ok(())
 }
 

@@ -443,6 +443,10 @@ async fn run(args: Args) -> Result<()> {
 
 /// Average time per operation (us) over `iters` calls issued back to back, `depth` at a
 /// time on distinct receive buffers, after `warmup` untimed calls.
+///
+/// The ranks meet through the store before the warm-up calls, not right before the timer:
+/// a store barrier releases ranks tens of microseconds apart, while the last warm-up
+/// collective lines them up as closely as the operation itself can (as nccl-tests does).
 #[allow(clippy::too_many_arguments)]
 async fn timed(
     comm: &Communicator,
@@ -457,7 +461,9 @@ async fn timed(
     in_place: bool,
     sync: &mut StoreBarrier<'_>,
 ) -> Result<f64> {
-    let run = |count: usize, b: &mut Bufs| -> Result<()> {
+    // `count` calls in chunks of at most one per receive buffer; the time of the calls only.
+    let run = |count: usize, b: &mut Bufs| -> Result<Duration> {
+        let mut total = Duration::ZERO;
         let mut left = count;
         while left > 0 {
             let k = left.min(b.recvs.len());
@@ -465,7 +471,11 @@ async fn timed(
                 for r in b.recvs.iter_mut().take(k) {
                     platform.copy_from_host(r.as_mut(), &b.in_place_input)?;
                 }
+                // Refilling the inputs is not part of the operation, and the copies take
+                // different times on different ranks: line the ranks up again.
+                comm.barrier()?.wait(timeout)?;
             }
+            let t = Instant::now();
             let send = (!in_place).then_some(b.send.as_ref());
             let mut works = Vec::with_capacity(k);
             for r in b.recvs.iter_mut().take(k) {
@@ -474,36 +484,14 @@ async fn timed(
             for mut w in works {
                 w.wait(timeout)?;
             }
-            left -= k;
-        }
-        Ok(())
-    };
-    run(warmup, b)?;
-    sync.wait("timed").await?;
-    if in_place {
-        // Refilling in-place inputs is not part of the operation: time the calls only.
-        let mut total = Duration::ZERO;
-        let mut left = iters;
-        while left > 0 {
-            let k = left.min(b.recvs.len());
-            for r in b.recvs.iter_mut().take(k) {
-                platform.copy_from_host(r.as_mut(), &b.in_place_input)?;
-            }
-            sync.wait("in-place").await?;
-            let t = Instant::now();
-            let mut works = Vec::with_capacity(k);
-            for r in b.recvs.iter_mut().take(k) {
-                works.push(issue(comm, op, None, r.as_mut(), rop, root)?);
-            }
-            for mut w in works {
-                w.wait(timeout)?;
-            }
             total += t.elapsed();
             left -= k;
         }
-        return Ok(total.as_secs_f64() * 1e6 / iters.max(1) as f64);
-    }
-    let t = Instant::now();
-    run(iters, b)?;
-    Ok(t.elapsed().as_secs_f64() * 1e6 / iters.max(1) as f64)
+        Ok(total)
+    };
+    sync.wait(if in_place { "in-place" } else { "timed" }).await?;
+    // At least one untimed call, so the timed ones start from ranks in step.
+    run(warmup.max(1), b)?;
+    let total = run(iters, b)?;
+    Ok(total.as_secs_f64() * 1e6 / iters.max(1) as f64)
 }
