@@ -306,7 +306,7 @@ impl Communicator {
         if self.recording_on.load(Ordering::Acquire) {
             self.record(&call);
         }
-        self.recorder.push(OpRecord {
+        let ticket = self.recorder.push(OpRecord {
             group: self.name.clone(),
             rank: info.rank,
             seq,
@@ -322,12 +322,12 @@ impl Communicator {
         match f(self.inner.as_ref()) {
             Ok(mut w) => {
                 let winfo = WorkInfo { op: call.op, seq, group: self.name.clone(), rank: info.rank, started };
-                w.attach(winfo, Some(self.recorder.clone()));
+                w.attach(winfo, Some((self.recorder.clone(), ticket)));
                 tracing::trace!("enqueued");
                 Ok(w)
             }
             Err(e) => {
-                self.recorder.finish(&self.name, seq, OpState::Failed(e.to_string()));
+                self.recorder.finish(ticket, OpState::Failed(e.to_string()));
                 tracing::debug!(error = %e, "enqueue failed");
                 Err(e)
             }

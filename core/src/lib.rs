@@ -50,7 +50,7 @@ pub use dtype::{DType, Element, ReduceOp};
 pub use error::{Error, Recovery, Result};
 pub use group::{GroupRegistry, GroupSpec, Role};
 pub use platform::{DeviceMemory, HostMemory, HostPlatform, MemInfo, Platform};
-pub use recorder::{FlightRecorder, OpRecord, OpState};
+pub use recorder::{FlightRecorder, OpRecord, OpState, Ticket};
 pub use store::{
     abandon_generation, connect_generation, joined_generation, store_barrier, MemoryStore, PrefixStore, Store,
     TcpStore, TcpStoreOptions, TcpStoreServer,

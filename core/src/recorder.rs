@@ -51,29 +51,44 @@ pub struct OpRecord {
 #[derive(Debug)]
 pub struct FlightRecorder {
     capacity: usize,
-    entries: Mutex<VecDeque<OpRecord>>,
+    entries: Mutex<Ring>,
 }
+
+#[derive(Debug, Default)]
+struct Ring {
+    records: VecDeque<OpRecord>,
+    /// Records ever pushed: the ticket of `records[i]` is `pushed - len + i`.
+    pushed: u64,
+}
+
+/// Names one pushed record, so finishing it is a lookup, not a search (it runs on every
+/// operation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ticket(u64);
 
 impl FlightRecorder {
     /// A recorder keeping the last `capacity` operations.
     pub fn new(capacity: usize) -> Arc<Self> {
-        Arc::new(FlightRecorder { capacity: capacity.max(1), entries: Mutex::new(VecDeque::new()) })
+        Arc::new(FlightRecorder { capacity: capacity.max(1), entries: Mutex::new(Ring::default()) })
     }
 
     /// Record a newly enqueued operation.
-    pub fn push(&self, rec: OpRecord) {
-        if let Ok(mut e) = self.entries.lock() {
-            if e.len() == self.capacity {
-                e.pop_front();
-            }
-            e.push_back(rec);
+    pub fn push(&self, rec: OpRecord) -> Ticket {
+        let Ok(mut e) = self.entries.lock() else { return Ticket(u64::MAX) };
+        if e.records.len() == self.capacity {
+            e.records.pop_front();
         }
+        e.records.push_back(rec);
+        e.pushed += 1;
+        Ticket(e.pushed - 1)
     }
 
-    /// Mark operation `seq` of `group` as finished.
-    pub fn finish(&self, group: &str, seq: u64, state: OpState) {
+    /// Mark a pending operation as finished (a no-op once it has left the ring).
+    pub fn finish(&self, ticket: Ticket, state: OpState) {
         if let Ok(mut e) = self.entries.lock() {
-            if let Some(r) = e.iter_mut().rev().find(|r| r.seq == seq && &*r.group == group) {
+            let first = e.pushed - e.records.len() as u64;
+            let Some(i) = ticket.0.checked_sub(first) else { return };
+            if let Some(r) = e.records.get_mut(i as usize) {
                 if r.state == OpState::Pending {
                     r.elapsed = Some(r.started.elapsed());
                     r.state = state;
@@ -84,7 +99,7 @@ impl FlightRecorder {
 
     /// A copy of the recorded operations, oldest first.
     pub fn snapshot(&self) -> Vec<OpRecord> {
-        self.entries.lock().map(|e| e.iter().cloned().collect()).unwrap_or_default()
+        self.entries.lock().map(|e| e.records.iter().cloned().collect()).unwrap_or_default()
     }
 
     /// A human-readable table of the recorded operations, oldest first.
@@ -113,5 +128,46 @@ impl FlightRecorder {
             );
         }
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(group: &str, seq: u64) -> OpRecord {
+        OpRecord {
+            group: Arc::from(group),
+            rank: 0,
+            seq,
+            op: "all_reduce",
+            dtype: None,
+            count: 1,
+            bytes: 4,
+            peer: None,
+            started: Instant::now(),
+            elapsed: None,
+            state: OpState::Pending,
+        }
+    }
+
+    #[test]
+    fn tickets_finish_their_own_record_even_after_the_ring_wraps() {
+        let r = FlightRecorder::new(3);
+        let t: Vec<Ticket> = (0..5).map(|i| r.push(rec(if i % 2 == 0 { "a" } else { "b" }, i))).collect();
+        // Tickets 0 and 1 have left the ring: finishing them changes nothing.
+        r.finish(t[0], OpState::Completed);
+        r.finish(t[1], OpState::Dropped);
+        r.finish(t[3], OpState::Failed("x".into()));
+        let s = r.snapshot();
+        assert_eq!(s.iter().map(|x| x.seq).collect::<Vec<_>>(), vec![2, 3, 4]);
+        assert_eq!(
+            s.iter().map(|x| x.state.clone()).collect::<Vec<_>>(),
+            vec![OpState::Pending, OpState::Failed("x".into()), OpState::Pending]
+        );
+        assert!(s[1].elapsed.is_some() && s[0].elapsed.is_none());
+        // A finished record keeps its first outcome.
+        r.finish(t[3], OpState::Completed);
+        assert_eq!(r.snapshot()[1].state, OpState::Failed("x".into()));
     }
 }

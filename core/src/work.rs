@@ -1,7 +1,7 @@
 //! `Work`: the handle every data-plane operation returns.
 
 use crate::error::{Error, Result};
-use crate::recorder::{FlightRecorder, OpState};
+use crate::recorder::{FlightRecorder, OpState, Ticket};
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -45,7 +45,7 @@ pub struct Work<'a> {
     imp: Option<Box<dyn WorkImpl + 'a>>,
     info: WorkInfo,
     state: Option<std::result::Result<(), String>>,
-    recorder: Option<Arc<FlightRecorder>>,
+    recorder: Option<(Arc<FlightRecorder>, Ticket)>,
 }
 
 impl fmt::Debug for Work<'_> {
@@ -73,7 +73,7 @@ impl<'a> Work<'a> {
         WorkInfo { op: "", seq: 0, group, rank: 0, started: Instant::now() }
     }
 
-    pub(crate) fn attach(&mut self, info: WorkInfo, recorder: Option<Arc<FlightRecorder>>) {
+    pub(crate) fn attach(&mut self, info: WorkInfo, recorder: Option<(Arc<FlightRecorder>, Ticket)>) {
         self.info = info;
         self.recorder = recorder;
         if self.state.is_some() {
@@ -87,12 +87,12 @@ impl<'a> Work<'a> {
     }
 
     fn finish(&mut self, r: std::result::Result<(), String>) {
-        if let Some(rec) = &self.recorder {
+        if let Some((rec, ticket)) = &self.recorder {
             let st = match &r {
                 Ok(()) => OpState::Completed,
                 Err(e) => OpState::Failed(e.clone()),
             };
-            rec.finish(&self.info.group, self.info.seq, st);
+            rec.finish(*ticket, st);
         }
         self.state = Some(r);
         self.imp = None;
@@ -193,8 +193,8 @@ impl Drop for Work<'_> {
     fn drop(&mut self) {
         if let Some(mut imp) = self.imp.take() {
             imp.drain();
-            if let Some(rec) = &self.recorder {
-                rec.finish(&self.info.group, self.info.seq, OpState::Dropped);
+            if let Some((rec, ticket)) = &self.recorder {
+                rec.finish(*ticket, OpState::Dropped);
             }
         }
     }

@@ -391,6 +391,9 @@ async fn run(args: Args) -> Result<()> {
             }
         };
         wrong_total += oop_wrong + ip.map(|x| x.1).unwrap_or(0);
+        let ip_issue_us = ip.map(|x| x.0.issue_us);
+        let ip = ip.map(|(t, w)| (t.us, w));
+        let (oop_issue_us, oop) = (oop.issue_us, oop.us);
         let row = Row { bytes: size_b, count: size_b / dtype.size(), oop: (oop, oop_wrong) };
         let algbw = |us: f64| row.bytes as f64 / us / 1e3;
         sum_bus += algbw(oop) * op.bus_factor(n);
@@ -404,8 +407,8 @@ async fn run(args: Args) -> Result<()> {
                 println!(
                     "{}",
                     serde_json::json!({"op": args.op, "ranks": n, "size": row.bytes, "count": row.count, "type": dtype.name(), "redop": redop, "root": rt,
-                        "oop_us": oop, "oop_algbw": algbw(oop), "oop_busbw": algbw(oop) * op.bus_factor(n), "oop_wrong": oop_wrong,
-                        "ip_us": ip.map(|x| x.0), "ip_busbw": ip.map(|x| algbw(x.0) * op.bus_factor(n)), "ip_wrong": ip.map(|x| x.1),
+                        "oop_us": oop, "oop_issue_us": oop_issue_us, "oop_algbw": algbw(oop), "oop_busbw": algbw(oop) * op.bus_factor(n), "oop_wrong": oop_wrong,
+                        "ip_us": ip.map(|x| x.0), "ip_issue_us": ip_issue_us, "ip_busbw": ip.map(|x| algbw(x.0) * op.bus_factor(n)), "ip_wrong": ip.map(|x| x.1),
                         "cold_us": cold_us, "cold_devmem_mib": cold_mib})
                 );
             } else {
@@ -460,10 +463,12 @@ async fn timed(
     timeout: Duration,
     in_place: bool,
     sync: &mut StoreBarrier<'_>,
-) -> Result<f64> {
-    // `count` calls in chunks of at most one per receive buffer; the time of the calls only.
-    let run = |count: usize, b: &mut Bufs| -> Result<Duration> {
+) -> Result<Timing> {
+    // `count` calls in chunks of at most one per receive buffer; the time of the calls only,
+    // and the part of it the host spent enqueuing them.
+    let run = |count: usize, b: &mut Bufs| -> Result<(Duration, Duration)> {
         let mut total = Duration::ZERO;
+        let mut issuing = Duration::ZERO;
         let mut left = count;
         while left > 0 {
             let k = left.min(b.recvs.len());
@@ -481,17 +486,27 @@ async fn timed(
             for r in b.recvs.iter_mut().take(k) {
                 works.push(issue(comm, op, send, r.as_mut(), rop, root)?);
             }
+            issuing += t.elapsed();
             for mut w in works {
                 w.wait(timeout)?;
             }
             total += t.elapsed();
             left -= k;
         }
-        Ok(total)
+        Ok((total, issuing))
     };
     sync.wait(if in_place { "in-place" } else { "timed" }).await?;
     // At least one untimed call, so the timed ones start from ranks in step.
     run(warmup.max(1), b)?;
-    let total = run(iters, b)?;
-    Ok(total.as_secs_f64() * 1e6 / iters.max(1) as f64)
+    let (total, issuing) = run(iters, b)?;
+    let per_call = |d: Duration| d.as_secs_f64() * 1e6 / iters.max(1) as f64;
+    Ok(Timing { us: per_call(total), issue_us: per_call(issuing) })
+}
+
+/// Average microseconds per call: in all, and on the host enqueuing it (when that is close
+/// to the whole, the host, not the device or the link, sets the pace).
+#[derive(Clone, Copy)]
+struct Timing {
+    us: f64,
+    issue_us: f64,
 }
