@@ -34,6 +34,9 @@ def main():
     p.add_argument("-f", type=int, default=2)
     p.add_argument("-n", type=int, default=20)
     p.add_argument("-w", type=int, default=5)
+    # As anyccl-bench: before the first timed row, warm up for this long (ms), so a device
+    # that sat idle through the connect has left its low clocks.
+    p.add_argument("--warmup-ms", type=float, default=100.0)
     p.add_argument("-d", default="float")
     p.add_argument("-o", default="sum")
     a = p.parse_args()
@@ -96,9 +99,19 @@ def main():
         # Meet before the warm-up calls, not right before the timer (as anyccl-bench): the
         # last warm-up collective lines the ranks up more closely than a store barrier.
         store_barrier(f"timed{nbytes}")
+        t = time.perf_counter()
         for i in range(max(1, a.w)):
             call(outs[i % depth])
         torch.cuda.synchronize()
+        if rows == 0 and a.warmup_ms > 0:
+            # Every rank issues the same calls: rank 0's estimate of how many fill the time.
+            per_call = (time.perf_counter() - t) / max(1, a.w)
+            if me == 0:
+                store.set(f"bench/warm{nbytes}", str(min(10**6, int(a.warmup_ms / 1e3 / max(per_call, 1e-7)) + 1)))
+            more = int(store.get(f"bench/warm{nbytes}"))
+            for i in range(more):
+                call(outs[i % depth])
+            torch.cuda.synchronize()
         t = time.perf_counter()
         done = 0
         while done < a.n:

@@ -35,6 +35,11 @@ struct Args {
     /// Warmup iterations per row.
     #[arg(short = 'w', long = "warmup_iters", default_value_t = 5)]
     warmup: usize,
+    /// Before the first timed row, keep issuing warm-up calls for this long (milliseconds):
+    /// a device that sat idle through the connect runs at low clocks for a while, which
+    /// would otherwise show up in the first row only.
+    #[arg(long = "warmup-ms", default_value_t = 100)]
+    warmup_ms: u64,
     /// Element type.
     #[arg(short = 'd', long = "datatype", default_value = "float")]
     dtype: String,
@@ -253,6 +258,7 @@ fn wrong(
 struct StoreBarrier<'a> {
     store: &'a dyn anyccl_core::Store,
     n: usize,
+    me: usize,
     calls: usize,
 }
 
@@ -262,6 +268,25 @@ impl StoreBarrier<'_> {
         let key = format!("bench/barrier/{what}/{}", self.calls);
         anyccl_core::store_barrier(self.store, &key, self.n, Instant::now() + Duration::from_secs(600)).await
     }
+
+    /// Rank 0's `value`, on every rank.
+    async fn agree(&mut self, what: &str, value: u64) -> Result<u64> {
+        self.calls += 1;
+        let key = format!("bench/agree/{what}/{}", self.calls);
+        if self.me == 0 {
+            self.store.set(&key, &value.to_le_bytes()).await?;
+        }
+        let v = self.store.wait(&key, Instant::now() + Duration::from_secs(600)).await?;
+        let bytes: [u8; 8] = v.as_slice().try_into().map_err(|_| bad_arg("store", format!("bad value under {key}")))?;
+        Ok(u64::from_le_bytes(bytes))
+    }
+}
+
+/// Untimed calls before a timed run: `calls`, then more until `min_time` has passed.
+#[derive(Clone, Copy)]
+struct Warmup {
+    calls: usize,
+    min_time: Duration,
 }
 
 /// This rank's input pattern for `count` elements, encoded once per row.
@@ -336,7 +361,11 @@ async fn run(args: Args) -> Result<()> {
         println!("#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)            (us)    (MiB)");
     }
     let mut rows = Vec::new();
-    let mut sync = StoreBarrier { store: store.as_ref(), n, calls: 0 };
+    let mut sync = StoreBarrier { store: store.as_ref(), n, me, calls: 0 };
+    let warmup = |first: bool| Warmup {
+        calls: args.warmup,
+        min_time: if first { Duration::from_millis(args.warmup_ms) } else { Duration::ZERO },
+    };
     let mut bytes = min.max(dtype.size() * n);
     let mut sum_bus = 0.0;
     let mut wrong_total = 0;
@@ -361,8 +390,20 @@ async fn run(args: Args) -> Result<()> {
         let cold_us = t.elapsed().as_secs_f64() * 1e6;
         let after = platform.mem_info()?.free;
         let cold_mib = before.saturating_sub(after) as f64 / (1 << 20) as f64;
-        let oop =
-            timed(&comm, &platform, op, &mut b, rop, root, args.warmup, args.iters, timeout, false, &mut sync).await?;
+        let oop = timed(
+            &comm,
+            &platform,
+            op,
+            &mut b,
+            rop,
+            root,
+            warmup(rows.is_empty()),
+            args.iters,
+            timeout,
+            false,
+            &mut sync,
+        )
+        .await?;
         let oop_wrong = if args.check != 0 {
             wrong(platform.as_ref(), op, dtype, rop, &comm, root, b.recvs[0].as_ref(), false)?
         } else {
@@ -380,7 +421,7 @@ async fn run(args: Args) -> Result<()> {
                 }
                 b.in_place_input = input;
                 let t =
-                    timed(&comm, &platform, op, &mut b, rop, root, args.warmup, args.iters, timeout, true, &mut sync)
+                    timed(&comm, &platform, op, &mut b, rop, root, warmup(false), args.iters, timeout, true, &mut sync)
                         .await?;
                 let w = if args.check != 0 {
                     wrong(platform.as_ref(), op, dtype, rop, &comm, root, b.recvs[0].as_ref(), true)?
@@ -445,7 +486,7 @@ async fn run(args: Args) -> Result<()> {
 }
 
 /// Average time per operation (us) over `iters` calls issued back to back, `depth` at a
-/// time on distinct receive buffers, after `warmup` untimed calls.
+/// time on distinct receive buffers, after the `warmup` untimed calls.
 ///
 /// The ranks meet through the store before the warm-up calls, not right before the timer:
 /// a store barrier releases ranks tens of microseconds apart, while the last warm-up
@@ -458,7 +499,7 @@ async fn timed(
     b: &mut Bufs,
     rop: ReduceOp,
     root: usize,
-    warmup: usize,
+    warmup: Warmup,
     iters: usize,
     timeout: Duration,
     in_place: bool,
@@ -497,7 +538,15 @@ async fn timed(
     };
     sync.wait(if in_place { "in-place" } else { "timed" }).await?;
     // At least one untimed call, so the timed ones start from ranks in step.
-    run(warmup.max(1), b)?;
+    let first = warmup.calls.max(1);
+    let (took, _) = run(first, b)?;
+    if !warmup.min_time.is_zero() {
+        // Every rank must issue the same calls: rank 0's estimate of how many fill the time.
+        let per_call = took.as_secs_f64() / first as f64;
+        let want = (warmup.min_time.as_secs_f64() / per_call.max(1e-7)).ceil().min(1e6) as u64;
+        let more = sync.agree("warmup", want).await?;
+        run(more as usize, b)?;
+    }
     let (total, issuing) = run(iters, b)?;
     let per_call = |d: Duration| d.as_secs_f64() * 1e6 / iters.max(1) as f64;
     Ok(Timing { us: per_call(total), issue_us: per_call(issuing) })
