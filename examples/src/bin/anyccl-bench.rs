@@ -35,9 +35,9 @@ struct Args {
     /// Warmup iterations per row.
     #[arg(short = 'w', long = "warmup_iters", default_value_t = 5)]
     warmup: usize,
-    /// Before the first timed row, keep issuing warm-up calls for this long (milliseconds):
-    /// a device that sat idle through the connect runs at low clocks for a while, which
-    /// would otherwise show up in the first row only.
+    /// Before the first timed row, keep issuing warm-up calls for this long (milliseconds).
+    /// Without it the first row ran slower than the rest on H200s (most likely a device
+    /// that sat idle through the connect, still at low clocks).
     #[arg(long = "warmup-ms", default_value_t = 100)]
     warmup_ms: u64,
     /// Element type.
