@@ -35,7 +35,7 @@ mod report;
 mod run;
 
 pub use plan::{
-    merge, pipeline_pairs, plan_for, plan_from_recording, role_kinds, GroupPlan, Kind, Sizes, Step, Target,
+    exclusion, merge, pipeline_pairs, plan_for, plan_from_recording, role_kinds, GroupPlan, Kind, Sizes, Step, Target,
     TargetOptions,
 };
 pub use report::{MemSource, Report, StepReport};

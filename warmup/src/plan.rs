@@ -141,18 +141,27 @@ fn elems(bytes: usize, dtype: DType) -> usize {
     (bytes / dtype.size()).max(1)
 }
 
+/// Why a group is left out of every warmup plan, if it is: a group of one rank has nothing to
+/// connect; a cross-engine group's other members are not part of this job's warmup, unless the
+/// caller says they are (`allow_cross_engine`).
+pub fn exclusion(comm: &Communicator, allow_cross_engine: bool) -> Option<&'static str> {
+    if comm.size() < 2 {
+        Some("a group of one rank has nothing to connect")
+    } else if comm.spec().role == Role::CrossEngine && !allow_cross_engine {
+        Some("cross-engine group: its other members are not part of this warmup")
+    } else {
+        None
+    }
+}
+
 /// The plan of one group from its role (or the caller's kinds and pairs). `None` when the
-/// group is excluded: a cross-engine group without `allow_cross_engine`, or a group of one
-/// rank (nothing to connect).
+/// group is excluded ([`exclusion`]).
 pub fn plan_for(t: &Target<'_>, caps: &Capabilities, sizes: &Sizes) -> Option<GroupPlan> {
+    if exclusion(t.comm, t.options.allow_cross_engine).is_some() {
+        return None;
+    }
     let spec = t.comm.spec();
-    if spec.role == Role::CrossEngine && !t.options.allow_cross_engine {
-        return None;
-    }
     let n = t.comm.size();
-    if n < 2 {
-        return None;
-    }
     let kinds = t.options.kinds.clone().unwrap_or_else(|| role_kinds(&spec.role));
     let small = elems(sizes.small_bytes.unwrap_or(caps.warmup_small_bytes), sizes.dtype);
     let large = elems(sizes.large_bytes.unwrap_or(caps.warmup_large_bytes), sizes.dtype);
@@ -189,14 +198,11 @@ pub fn plan_from_recording(
     recording: &[OpSignature],
     allow_cross_engine: bool,
 ) -> Option<GroupPlan> {
+    if exclusion(comm, allow_cross_engine).is_some() {
+        return None;
+    }
     let spec = comm.spec();
-    if spec.role == Role::CrossEngine && !allow_cross_engine {
-        return None;
-    }
     let (n, me) = (comm.size(), comm.rank());
-    if n < 2 {
-        return None;
-    }
     let mut steps = Vec::new();
     for s in recording {
         let dtype = s.dtype.unwrap_or(DType::U8);
