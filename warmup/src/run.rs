@@ -1,7 +1,7 @@
 //! Running a warmup: claim the generation, check memory, agree on the plan, run it under a
 //! deadline, then agree on the outcome: all ranks succeed or all fail.
 
-use crate::plan::{merge, plan_for, GroupPlan, Kind, Sizes, Step, Target};
+use crate::plan::{exclusion, merge, plan_for, GroupPlan, Kind, Sizes, Step, Target};
 use crate::report::{MemSource, Report, StepReport};
 use anyccl_core::{Collective, Communicator, Error, P2POp, Platform, ReduceOp, Result, Store, Work};
 use serde::{Deserialize, Serialize};
@@ -81,10 +81,44 @@ pub struct Session<'a> {
     pub platform: &'a dyn Platform,
 }
 
+/// `final/<rank>`: the outcome of a generation on one rank, replayed by a repeated call.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 enum Final {
     Ok(Report),
     Err { kind: String, msg: String },
+}
+
+/// `plan/<group>/<rank>`: a member's plan of the group, or why it refuses to run any.
+#[derive(Debug, Serialize, Deserialize)]
+enum PlanMsg {
+    Plan(GroupPlan),
+    Refused(String),
+}
+
+/// `failed`: the first failure of the generation (the error kind, and which rank said what);
+/// ranks waiting on an operation stop when they see it.
+#[derive(Debug, Serialize, Deserialize)]
+struct Failure {
+    kind: String,
+    who: String,
+}
+
+/// `outcome/<rank>` (`Ok` or `Failed`) and `verdict`, the first outcome of the whole
+/// generation stored, which every rank adopts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+enum Outcome {
+    Ok,
+    Failed(String),
+    Timeout(String),
+}
+
+fn encode<T: Serialize>(v: &T) -> Vec<u8> {
+    // Plain data of strings, numbers and enums: serialising it cannot fail.
+    serde_json::to_vec(v).unwrap_or_default()
+}
+
+fn decode<T: serde::de::DeserializeOwned>(key: &str, v: &[u8]) -> Result<T> {
+    serde_json::from_slice(v).map_err(|e| Error::store_fatal(format!("unreadable warmup value under '{key}': {e}")))
 }
 
 impl Session<'_> {
@@ -116,16 +150,9 @@ pub async fn warmup(s: &Session<'_>, targets: &[Target<'_>], cfg: &WarmupConfig)
     let mut plans = Vec::new();
     for t in targets {
         let caps = t.comm.capabilities().clone();
-        match plan_for(t, &caps, &cfg.sizes) {
-            Some(p) => plans.push((t.comm, p)),
-            None => {
-                let why = if t.comm.size() < 2 {
-                    "a group of one rank has nothing to connect"
-                } else {
-                    "cross-engine group: its other members are not part of this warmup"
-                };
-                report.excluded.push((t.comm.spec().name.clone(), why.into()));
-            }
+        match exclusion(t.comm, t.options.allow_cross_engine) {
+            Some(why) => report.excluded.push((t.comm.spec().name.clone(), why.into())),
+            None => plans.extend(plan_for(t, &caps, &cfg.sizes).map(|p| (t.comm, p))),
         }
     }
     run_plans(s, plans, cfg, report).await
@@ -163,7 +190,7 @@ async fn run_plans(
     // 1. One run per (job, generation, rank): a retried call replays the outcome.
     let final_key = s.key(&format!("final/{}", s.rank));
     if let Some(f) = s.store.get(&final_key).await? {
-        return replay(&f);
+        return replay(&final_key, &f);
     }
     let claim = s.store.compare_set(&s.key(&format!("claim/{}", s.rank)), None, b"running").await?;
     if !claim.swapped {
@@ -173,7 +200,7 @@ async fn run_plans(
             s.rank
         );
         let f = s.store.wait(&final_key, deadline).await?;
-        return replay(&f);
+        return replay(&final_key, &f);
     }
 
     plans.sort_by(|a, b| a.1.group.cmp(&b.1.group));
@@ -183,30 +210,26 @@ async fn run_plans(
         Ok(()) => Final::Ok(report.clone()),
         Err(e) => Final::Err { kind: e.kind().into(), msg: e.to_string() },
     };
-    let _ = s.store.set(&final_key, serde_json::to_string(&fin).unwrap_or_default().as_bytes()).await;
+    let _ = s.store.set(&final_key, &encode(&fin)).await;
     result.map(|_| report)
 }
 
-fn replay(f: &[u8]) -> Result<Report> {
-    match serde_json::from_slice::<Final>(f) {
-        Ok(Final::Ok(mut r)) => {
+fn replay(key: &str, f: &[u8]) -> Result<Report> {
+    match decode::<Final>(key, f)? {
+        Final::Ok(mut r) => {
             r.replayed = true;
             Ok(r)
         }
-        Ok(Final::Err { kind, msg }) => Err(Error::Aborted {
+        Final::Err { kind, msg } => Err(Error::Aborted {
             rank: 0,
             group: String::new(),
             detail: format!("this warmup generation already failed ({kind}): {msg}"),
         }),
-        Err(e) => Err(Error::store_fatal(format!("unreadable recorded warmup outcome: {e}"))),
     }
 }
 
 fn abort_all(comms: &[Arc<dyn Collective>]) {
-    for c in comms {
-        // Abort needs no async runtime on any backend, so this runs on the watchdog thread too.
-        let _ = futures::executor::block_on(c.abort(Instant::now() + Duration::from_secs(10)));
-    }
+    anyccl_core::abort_all(comms, Duration::from_secs(10));
 }
 
 async fn run_claimed(
@@ -270,8 +293,8 @@ async fn run_claimed(
         }
     };
     if let Err(e) = &exec {
-        let v = format!("{}|rank {}: {e}", e.kind(), s.rank);
-        let _ = s.store.compare_set(&s.key("failed"), None, v.as_bytes()).await;
+        let v = Failure { kind: e.kind().into(), who: format!("rank {}: {e}", s.rank) };
+        let _ = s.store.compare_set(&s.key("failed"), None, &encode(&v)).await;
         // This rank's failure fails the warmup everywhere, so its communicators go now: peers
         // blocked inside a first connect to this rank see the connections close and return,
         // instead of waiting for their own deadline.
@@ -282,10 +305,10 @@ async fn run_claimed(
     // the first verdict stored wins and every rank adopts it, so ranks whose deadlines fall
     // on either side of a slow rank's report still agree.
     let mine = match &exec {
-        Ok(()) => "ok".to_string(),
-        Err(e) => format!("failed: {e}"),
+        Ok(()) => Outcome::Ok,
+        Err(e) => Outcome::Failed(e.to_string()),
     };
-    let published = s.store.set(&s.key(&format!("outcome/{}", s.rank)), mine.as_bytes()).await;
+    let published = s.store.set(&s.key(&format!("outcome/{}", s.rank)), &encode(&mine)).await;
     let mut failed = Vec::new();
     let mut missing = Vec::new();
     if let Err(e) = published {
@@ -293,45 +316,51 @@ async fn run_claimed(
     } else {
         let outcome_deadline = deadline.max(Instant::now()) + Duration::from_secs(2);
         for r in 0..s.world_size {
-            match s.store.wait(&s.key(&format!("outcome/{r}")), outcome_deadline).await {
-                Ok(v) if v == b"ok" => {}
-                Ok(v) => failed.push(format!("rank {r} {}", String::from_utf8_lossy(&v))),
+            let key = s.key(&format!("outcome/{r}"));
+            match s.store.wait(&key, outcome_deadline).await.and_then(|v| decode::<Outcome>(&key, &v)) {
+                Ok(Outcome::Ok) => {}
+                Ok(Outcome::Failed(why) | Outcome::Timeout(why)) => failed.push(format!("rank {r} failed: {why}")),
                 Err(_) => missing.push(r),
             }
         }
     }
-    let local = if exec.is_ok() && failed.is_empty() && missing.is_empty() {
-        "ok".to_string()
-    } else if !failed.is_empty() {
-        format!("failed: {}", failed.join("; "))
-    } else if exec.is_err() {
-        format!("failed: rank {} {mine}", s.rank)
+    let local = if !failed.is_empty() {
+        Outcome::Failed(failed.join("; "))
+    } else if let Outcome::Failed(why) = &mine {
+        Outcome::Failed(format!("rank {} failed: {why}", s.rank))
+    } else if !missing.is_empty() {
+        Outcome::Timeout(format!("ranks {missing:?} never reported"))
     } else {
-        format!("timeout: ranks {missing:?} never reported")
+        Outcome::Ok
     };
-    let verdict = match s.store.compare_set(&s.key("verdict"), None, local.as_bytes()).await {
-        Ok(o) => o.current.map(|v| String::from_utf8_lossy(&v).to_string()).unwrap_or(local),
+    let key = s.key("verdict");
+    let verdict = match s.store.compare_set(&key, None, &encode(&local)).await {
+        Ok(o) => o.current.and_then(|v| decode(&key, &v).ok()).unwrap_or(local),
         Err(_) => local,
     };
-    if verdict == "ok" {
-        return Ok(());
-    }
+    let (timed_out, why) = match verdict {
+        Outcome::Ok => return Ok(()),
+        Outcome::Timeout(t) => (true, t),
+        Outcome::Failed(why) => (false, why),
+    };
     abort_all(comms);
     exec?;
-    if let Some(t) = verdict.strip_prefix("timeout: ") {
-        return Err(Error::Timeout {
+    let group = format!("warmup {}", s.job);
+    Err(if timed_out {
+        Error::Timeout {
             op: "warmup outcome".into(),
             rank: s.rank,
-            group: format!("warmup {}", s.job),
+            group,
             after: Duration::ZERO,
-            detail: format!("{t}; communicators aborted"),
-        });
-    }
-    Err(Error::PeerFailed {
-        rank: s.rank,
-        group: format!("warmup {}", s.job),
-        peer: None,
-        detail: format!("warmup {verdict}; communicators aborted"),
+            detail: format!("{why}; communicators aborted"),
+        }
+    } else {
+        Error::PeerFailed {
+            rank: s.rank,
+            group,
+            peer: None,
+            detail: format!("warmup failed: {why}; communicators aborted"),
+        }
     })
 }
 
@@ -344,10 +373,10 @@ async fn agree(
     for (comm, plan) in plans.iter() {
         let me = comm.rank();
         let value = match refusal {
-            Some(r) => format!("REFUSED {r}"),
-            None => serde_json::to_string(plan).unwrap_or_default(),
+            Some(r) => PlanMsg::Refused(r.to_string()),
+            None => PlanMsg::Plan(plan.clone()),
         };
-        s.store.set(&s.key(&format!("plan/{}/{me}", plan.group)), value.as_bytes()).await?;
+        s.store.set(&s.key(&format!("plan/{}/{me}", plan.group)), &encode(&value)).await?;
     }
     if let Some(r) = refusal {
         return Err(err("warmup", s.rank, "", r.to_string()));
@@ -358,9 +387,12 @@ async fn agree(
         let mut missing = Vec::new();
         let mut refused = Vec::new();
         for (r, slot) in theirs.iter_mut().enumerate() {
-            match s.store.wait(&s.key(&format!("plan/{}/{r}", plan.group)), deadline).await {
-                Ok(v) if v.starts_with(b"REFUSED ") => refused.push(String::from_utf8_lossy(&v[8..]).to_string()),
-                Ok(v) => *slot = serde_json::from_slice(&v).ok(),
+            let key = s.key(&format!("plan/{}/{r}", plan.group));
+            match s.store.wait(&key, deadline).await {
+                Ok(v) => match decode(&key, &v)? {
+                    PlanMsg::Refused(why) => refused.push(why),
+                    PlanMsg::Plan(p) => *slot = Some(p),
+                },
                 Err(Error::Timeout { .. }) => missing.push(r),
                 Err(e) => return Err(e),
             }
@@ -439,9 +471,9 @@ async fn wait_slices(
         if Instant::now() >= deadline {
             return Err(warmup_timeout(what, rank, group, "the warmup deadline passed; communicators aborted".into()));
         }
-        if let Some(f) = s.store.get(&s.key("failed")).await? {
-            let f = String::from_utf8_lossy(&f).to_string();
-            let (kind, who) = f.split_once('|').unwrap_or(("", &f));
+        let key = s.key("failed");
+        if let Some(f) = s.store.get(&key).await? {
+            let Failure { kind, who } = decode(&key, &f)?;
             let detail = format!("warmup failed on {who}");
             // A rank that timed out means the warmup as a whole ran out of time.
             if kind == "Timeout" {
