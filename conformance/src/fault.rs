@@ -25,6 +25,7 @@ pub enum Fault {
 pub struct Faulty {
     inner: Arc<dyn Collective>,
     fault: Fault,
+    /// Operations that reached the wrapper, numbering them for `Fault::FailAt`/`HangAt`.
     issued: AtomicU64,
     aborted: Arc<AtomicBool>,
 }
@@ -33,10 +34,6 @@ impl Faulty {
     /// Wrap `inner`.
     pub fn new(inner: Arc<dyn Collective>, fault: Fault) -> Arc<Faulty> {
         Arc::new(Faulty { inner, fault, issued: AtomicU64::new(0), aborted: Arc::new(AtomicBool::new(false)) })
-    }
-    /// Data-plane operations issued through the wrapper (including failed ones).
-    pub fn issued(&self) -> u64 {
-        self.issued.load(Ordering::Relaxed)
     }
     fn gate<'a>(&'a self, op: &'static str) -> Result<Option<Work<'a>>> {
         let k = self.issued.fetch_add(1, Ordering::Relaxed);

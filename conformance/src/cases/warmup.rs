@@ -9,7 +9,6 @@ use anyccl_core::{Communicator, Error, GroupRegistry, GroupSpec, Role};
 use anyccl_warmup::{
     plan_from_recording, warmup, warmup_plans, MemSource, Report, Session, Sizes, Target, WarmupConfig,
 };
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 fn config(timeout: Duration) -> WarmupConfig {
@@ -23,11 +22,10 @@ fn config(timeout: Duration) -> WarmupConfig {
 }
 
 /// The world communicator seen as group `name` with `role`, behind a fault injector.
-fn as_group(cx: &RankCtx, name: &str, role: Role, fault: Fault) -> Result<(Communicator, Arc<Faulty>), CaseError> {
+fn as_group(cx: &RankCtx, name: &str, role: Role, fault: Fault) -> Result<Communicator, CaseError> {
     let f = Faulty::new(cx.comm.collective().clone(), fault);
     let spec = GroupSpec::new(name, (0..cx.size).collect(), "conformance", role);
-    let c = Communicator::with_recorder(f.clone(), spec, cx.comm.config().clone(), cx.comm.flight_recorder().clone())?;
-    Ok((c, f))
+    Ok(Communicator::with_recorder(f, spec, cx.comm.config().clone(), cx.comm.flight_recorder().clone())?)
 }
 
 fn session<'a>(cx: &'a RankCtx, generation: u64) -> Session<'a> {
@@ -48,18 +46,18 @@ fn ops_of(r: &Report) -> Vec<String> {
 /// A data group of any size (including 3, 5, 6, 7) gets all_reduce and
 /// reduce_scatter/all_gather at both sizes; a group of one is excluded.
 fn data_group(cx: &RankCtx) -> CaseResult {
-    let (g, f) = as_group(cx, "dp", Role::Data, Fault::None)?;
+    let g = as_group(cx, "dp", Role::Data, Fault::None)?;
     let r = cx.block_on(warmup(&session(cx, 1), &[Target::new(&g)], &config(Duration::from_secs(30))))?;
     if cx.size == 1 {
         ensure!(r.steps.is_empty() && r.excluded.len() == 1, "a group of one should be excluded: {r:?}");
-        ensure!(f.issued() == 0, "{} collectives issued on a group of one", f.issued());
+        ensure!(g.issued() == 0, "{} collectives issued on a group of one", g.issued());
         return Ok(());
     }
     let ops = ops_of(&r);
     for want in ["dp:all_reduce", "dp:reduce_scatter", "dp:all_gather"] {
         ensure!(ops.iter().filter(|o| *o == want).count() == 2, "expected {want} at two sizes, got {ops:?}");
     }
-    ensure!(f.issued() == 6, "expected 6 collectives, {} issued", f.issued());
+    ensure!(g.issued() == 6, "expected 6 collectives, {} issued", g.issued());
     // Memory is the communicator's own count exactly where the backend claims to keep one.
     let counts = g.capabilities().memory_stats;
     ensure!(
@@ -74,21 +72,21 @@ fn data_group(cx: &RankCtx) -> CaseResult {
 
 /// A pipeline of n stages: every adjacent pair in both directions, unbatched and batched.
 fn pipeline(cx: &RankCtx) -> CaseResult {
-    let (g, f) = as_group(cx, "pp", Role::Pipeline, Fault::None)?;
+    let g = as_group(cx, "pp", Role::Pipeline, Fault::None)?;
     let r = cx.block_on(warmup(&session(cx, 1), &[Target::new(&g)], &config(Duration::from_secs(30))))?;
     let n = cx.size;
     let neighbours = usize::from(cx.rank > 0) + usize::from(cx.rank + 1 < n);
     // per size: unbatched send+recv per neighbour, one batch per neighbour, one broadcast
     let want = 2 * (2 * neighbours + neighbours + 1) as u64;
-    ensure!(f.issued() == want, "stage {} of {n}: {} operations issued, expected {want}", cx.rank, f.issued());
+    ensure!(g.issued() == want, "stage {} of {n}: {} operations issued, expected {want}", cx.rank, g.issued());
     ensure!(ops_of(&r).iter().any(|o| o == "pp:send/recv batched"), "no batched step: {:?}", ops_of(&r));
     Ok(())
 }
 
 /// An expert group dispatches tokens: all_to_all is warmed (a data group never gets one).
 fn expert(cx: &RankCtx) -> CaseResult {
-    let (ep, _) = as_group(cx, "ep", Role::Expert, Fault::None)?;
-    let (dp, _) = as_group(cx, "dp", Role::Data, Fault::None)?;
+    let ep = as_group(cx, "ep", Role::Expert, Fault::None)?;
+    let dp = as_group(cx, "dp", Role::Data, Fault::None)?;
     let r =
         cx.block_on(warmup(&session(cx, 1), &[Target::new(&ep), Target::new(&dp)], &config(Duration::from_secs(30))))?;
     let ops = ops_of(&r);
@@ -99,14 +97,14 @@ fn expert(cx: &RankCtx) -> CaseResult {
 
 /// Rank 0 plans other sizes: every rank gets InvalidArgument and no collective is issued.
 fn plan_mismatch(cx: &RankCtx) -> CaseResult {
-    let (g, f) = as_group(cx, "dp", Role::Data, Fault::None)?;
+    let g = as_group(cx, "dp", Role::Data, Fault::None)?;
     let mut cfg = config(Duration::from_secs(10));
     if cx.rank == 0 {
         cfg.sizes.large_bytes = Some(128 << 10);
     }
     let r = cx.block_on(warmup(&session(cx, 1), &[Target::new(&g)], &cfg));
     ensure!(matches!(r, Err(Error::InvalidArgument { arg: "plan", .. })), "expected a plan mismatch error, got {r:?}");
-    ensure!(f.issued() == 0, "{} collectives issued despite the mismatch", f.issued());
+    ensure!(g.issued() == 0, "{} collectives issued despite the mismatch", g.issued());
     Ok(())
 }
 
@@ -114,7 +112,7 @@ fn plan_mismatch(cx: &RankCtx) -> CaseResult {
 /// aborted (no silent fallback to lazy connection).
 fn probe_fails(cx: &RankCtx) -> CaseResult {
     let fault = if cx.rank == 1 { Fault::FailAt(1) } else { Fault::None };
-    let (g, _) = as_group(cx, "dp", Role::Data, fault)?;
+    let g = as_group(cx, "dp", Role::Data, fault)?;
     let r = cx.block_on(warmup(&session(cx, 1), &[Target::new(&g)], &config(Duration::from_secs(20))));
     ensure!(r.is_err(), "rank {}: warmup succeeded although rank 1 failed", cx.rank);
     let h = cx.block_on(g.health());
@@ -126,7 +124,7 @@ fn probe_fails(cx: &RankCtx) -> CaseResult {
 /// plus 5 s.
 fn rank_hangs(cx: &RankCtx) -> CaseResult {
     let fault = if cx.rank == 1 { Fault::HangAt(1) } else { Fault::None };
-    let (g, _) = as_group(cx, "dp", Role::Data, fault)?;
+    let g = as_group(cx, "dp", Role::Data, fault)?;
     let t = Instant::now();
     let deadline = Duration::from_secs(3);
     let r = cx.block_on(warmup(&session(cx, 1), &[Target::new(&g)], &config(deadline)));
@@ -138,25 +136,25 @@ fn rank_hangs(cx: &RankCtx) -> CaseResult {
 
 /// A second call with the same generation replays the outcome and issues no collective.
 fn repeated_generation(cx: &RankCtx) -> CaseResult {
-    let (g, f) = as_group(cx, "dp", Role::Data, Fault::None)?;
+    let g = as_group(cx, "dp", Role::Data, Fault::None)?;
     let cfg = config(Duration::from_secs(20));
     let first = cx.block_on(warmup(&session(cx, 7), &[Target::new(&g)], &cfg))?;
-    let issued = f.issued();
+    let issued = g.issued();
     let again = cx.block_on(warmup(&session(cx, 7), &[Target::new(&g)], &cfg))?;
-    ensure!(f.issued() == issued, "the repeated generation issued {} collectives", f.issued() - issued);
+    ensure!(g.issued() == issued, "the repeated generation issued {} collectives", g.issued() - issued);
     let shape =
         |r: &Report| r.steps.iter().map(|s| (s.group.clone(), s.op.clone(), s.bytes, s.mem_delta)).collect::<Vec<_>>();
     ensure!(again.replayed && shape(&again) == shape(&first), "the repeat did not return the recorded outcome");
     let next = cx.block_on(warmup(&session(cx, 8), &[Target::new(&g)], &cfg))?;
-    ensure!(!next.replayed && f.issued() > issued, "a new generation should run again");
+    ensure!(!next.replayed && g.issued() > issued, "a new generation should run again");
     Ok(())
 }
 
 /// A registry holding a cross-engine group: targets are chosen by owner and role, the
 /// cross-engine group is never touched even when passed in, and the warmup completes.
 fn cross_engine(cx: &RankCtx) -> CaseResult {
-    let (dp, _) = as_group(cx, "dp", Role::Data, Fault::None)?;
-    let (xe, xf) = as_group(cx, "weight-sync", Role::CrossEngine, Fault::None)?;
+    let dp = as_group(cx, "dp", Role::Data, Fault::None)?;
+    let xe = as_group(cx, "weight-sync", Role::CrossEngine, Fault::None)?;
     let registry = GroupRegistry::new();
     registry.register(dp.spec().clone());
     registry.register(xe.spec().clone());
@@ -165,7 +163,7 @@ fn cross_engine(cx: &RankCtx) -> CaseResult {
     // Even a caller that passes it by mistake does not get it warmed.
     let r =
         cx.block_on(warmup(&session(cx, 1), &[Target::new(&dp), Target::new(&xe)], &config(Duration::from_secs(20))))?;
-    ensure!(xf.issued() == 0, "{} operations issued on the cross-engine group", xf.issued());
+    ensure!(xe.issued() == 0, "{} operations issued on the cross-engine group", xe.issued());
     ensure!(r.excluded.iter().any(|(g, _)| g == "weight-sync"), "the report does not say the group was excluded");
     Ok(())
 }
@@ -173,7 +171,7 @@ fn cross_engine(cx: &RankCtx) -> CaseResult {
 /// A recorded step (point-to-point with neighbours plus an all_reduce) becomes a plan the
 /// members merge and replay.
 fn recorded(cx: &RankCtx) -> CaseResult {
-    let (pp, f) = as_group(cx, "pp", Role::Pipeline, Fault::None)?;
+    let pp = as_group(cx, "pp", Role::Pipeline, Fault::None)?;
     let (n, me) = (cx.size, cx.rank);
     pp.start_recording();
     let a = cx.upload(anyccl_core::DType::BF16, &vec![1.0; 4096])?;
@@ -189,21 +187,21 @@ fn recorded(cx: &RankCtx) -> CaseResult {
     cx.wait(pp.all_reduce(None, b.view_mut(), anyccl_core::ReduceOp::Sum)?)?;
     let rec = pp.take_recording();
     let plan = plan_from_recording(&pp, &rec, false).ok_or("no plan")?;
-    let before = f.issued();
+    let before = pp.issued();
     let r = cx.block_on(warmup_plans(&session(cx, 1), vec![(&pp, plan)], &config(Duration::from_secs(20))))?;
     ensure!(r.steps.iter().any(|s| s.op == "send/recv batched"), "the replay has no batched step: {:?}", ops_of(&r));
-    ensure!(f.issued() > before, "the replay issued nothing");
+    ensure!(pp.issued() > before, "the replay issued nothing");
     Ok(())
 }
 
 /// Free memory below the recorded need: every rank refuses before any collective.
 fn memory_refusal(cx: &RankCtx) -> CaseResult {
-    let (g, f) = as_group(cx, "dp", Role::Data, Fault::None)?;
+    let g = as_group(cx, "dp", Role::Data, Fault::None)?;
     let mut cfg = config(Duration::from_secs(10));
     cfg.memory_need = Some(u64::MAX / 4);
     let r = cx.block_on(warmup(&session(cx, 1), &[Target::new(&g)], &cfg));
     ensure!(matches!(r, Err(Error::InvalidArgument { .. })), "expected a refusal, got {r:?}");
-    ensure!(f.issued() == 0, "{} collectives issued despite the refusal", f.issued());
+    ensure!(g.issued() == 0, "{} collectives issued despite the refusal", g.issued());
     Ok(())
 }
 
