@@ -271,9 +271,7 @@ fn run_threads(backend: &Arc<dyn Backend>, case: &Case, w: usize, timeout: Durat
 }
 
 fn abort_all(comms: &Mutex<Vec<Arc<dyn Collective>>>) {
-    for c in comms.lock().map(|v| v.clone()).unwrap_or_default() {
-        let _ = futures::executor::block_on(c.abort(Instant::now() + Duration::from_secs(5)));
-    }
+    anyccl_core::abort_all(&comms.lock().map(|v| v.clone()).unwrap_or_default(), Duration::from_secs(5));
 }
 
 fn connect_rank(

@@ -115,6 +115,14 @@ pub trait Collective: Send + Sync + fmt::Debug + 'static {
     async fn shutdown(&self, deadline: Instant) -> Result<()>;
 }
 
+/// Abort every communicator in `comms`, giving each `within` (see [`Collective::abort`]).
+/// Needs no async runtime, so watchdog threads and failure paths can call it.
+pub fn abort_all(comms: &[Arc<dyn Collective>], within: Duration) {
+    for c in comms {
+        let _ = futures::executor::block_on(c.abort(Instant::now() + within));
+    }
+}
+
 /// Options for [`Backend::connect`].
 #[derive(Debug, Clone)]
 pub struct ConnectOptions {

@@ -43,8 +43,8 @@ mod work;
 
 pub use buffer::{overlaps, Buf, BufMut, Device, DeviceKind};
 pub use capability::Capabilities;
-pub use collective::{AllToAllSplits, Backend, BackendInfo, Collective, CommInfo, ConnectOptions, P2POp};
-pub use communicator::{Communicator, OpSignature};
+pub use collective::{abort_all, AllToAllSplits, Backend, BackendInfo, Collective, CommInfo, ConnectOptions, P2POp};
+pub use communicator::{stable_hash, Communicator, OpSignature};
 pub use config::{env_secs, CommConfig, LaunchEnv};
 pub use dtype::{DType, Element, ReduceOp};
 pub use error::{Error, Recovery, Result};
