@@ -114,7 +114,8 @@ impl Communicator {
     /// position in `spec.ranks`. Every member calls this.
     ///
     /// # Errors
-    /// `InvalidArgument` for a bad spec or rank; otherwise as [`Backend::connect`].
+    /// `InvalidArgument` for a bad spec or rank, or a group larger than the backend's
+    /// `max_world_size` (before any communication); otherwise as [`Backend::connect`].
     pub async fn connect(
         backend: &dyn Backend,
         spec: GroupSpec,
@@ -124,6 +125,16 @@ impl Communicator {
         config: CommConfig,
     ) -> Result<Self> {
         validate_spec(&spec, rank, None)?;
+        let max = backend.capabilities()?.max_world_size;
+        if spec.ranks.len() > max {
+            return Err(Error::InvalidArgument {
+                op: "connect",
+                arg: "spec.ranks",
+                rank,
+                group: spec.name.clone(),
+                msg: format!("{} ranks, the {} backend supports at most {max}", spec.ranks.len(), backend.name()),
+            });
+        }
         let opts = ConnectOptions {
             rank,
             size: spec.ranks.len(),
@@ -820,17 +831,20 @@ fn validate_spec(spec: &GroupSpec, me: usize, parent_size: Option<usize>) -> Res
 
 /// A color that only members passing an identical spec share.
 fn spec_color(s: &GroupSpec) -> u32 {
-    // FNV-1a over the name and the member list: stable across processes and builds.
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let mut eat = |b: &[u8]| {
-        for &x in b {
-            h ^= x as u64;
-            h = h.wrapping_mul(0x100_0000_01b3);
-        }
-    };
-    eat(s.name.as_bytes());
+    let mut bytes = s.name.as_bytes().to_vec();
     for r in &s.ranks {
-        eat(&(*r as u64).to_le_bytes());
+        bytes.extend_from_slice(&(*r as u64).to_le_bytes());
     }
-    (h as u32) & 0x7fff_ffff
+    (stable_hash(&bytes) as u32) & 0x7fff_ffff
+}
+
+/// FNV-1a of `bytes`: the same in every process, build and platform (unlike `std`'s
+/// hashers), for values that ranks derive independently and must agree on.
+pub fn stable_hash(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x100_0000_01b3);
+    }
+    h
 }

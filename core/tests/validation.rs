@@ -53,3 +53,25 @@ fn buffers_on_another_device_are_rejected() {
     assert_invalid(comm.all_reduce(None, recv, ReduceOp::Sum), "recv", "cuda:0");
     assert_eq!(comm.issued(), 0);
 }
+
+#[test]
+fn a_group_larger_than_the_backend_allows_is_rejected_before_connecting() {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let max = anyccl_cpu::Cpu.capabilities().expect("caps").max_world_size;
+    // A rendezvous of that many ranks would end in Timeout: InvalidArgument means none started.
+    let r = rt.block_on(Communicator::connect(
+        &anyccl_cpu::Cpu as &dyn Backend,
+        GroupSpec::world(max + 1, "test"),
+        3,
+        Arc::new(MemoryStore::new()),
+        Device::CPU,
+        CommConfig::default(),
+    ));
+    match r {
+        Err(Error::InvalidArgument { arg, rank, group, msg, .. }) => {
+            assert_eq!((arg, rank, group.as_str()), ("spec.ranks", 3, "world"));
+            assert!(msg.contains(&format!("at most {max}")), "{msg}");
+        }
+        other => panic!("expected InvalidArgument, got {other:?}"),
+    }
+}
