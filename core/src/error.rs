@@ -161,6 +161,18 @@ impl Error {
     pub fn store_fatal(msg: impl Into<String>) -> Self {
         Error::Store { msg: msg.into(), recovery: Recovery::Fatal }
     }
+
+    /// A platform copy whose host slice (`arg`: `src` or `dst`) is not the device buffer's
+    /// length; a platform has no rank or group.
+    pub fn length_mismatch(op: &'static str, arg: &'static str, device_bytes: usize, host_bytes: usize) -> Self {
+        Error::InvalidArgument {
+            op,
+            arg,
+            rank: 0,
+            group: String::new(),
+            msg: format!("device buffer holds {device_bytes} bytes, host buffer {host_bytes}"),
+        }
+    }
 }
 
 /// Result with anyccl's [`Error`].

@@ -60,16 +60,6 @@ pub trait Platform: Send + Sync + fmt::Debug {
     fn mem_info(&self) -> Result<MemInfo>;
 }
 
-pub(crate) fn length_mismatch(op: &'static str, want: usize, got: usize) -> Error {
-    Error::InvalidArgument {
-        op,
-        arg: "host buffer",
-        rank: 0,
-        group: String::new(),
-        msg: format!("device buffer holds {want} bytes, host buffer {got}"),
-    }
-}
-
 /// Host memory as a device: the platform of the CPU backend.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct HostPlatform;
@@ -130,7 +120,7 @@ impl Platform for HostPlatform {
         let want = v.bytes();
         let bytes = v.as_host_bytes_mut().ok_or_else(|| not_host("copy_from_host"))?;
         if want != src.len() {
-            return Err(length_mismatch("copy_from_host", want, src.len()));
+            return Err(Error::length_mismatch("copy_from_host", "src", want, src.len()));
         }
         bytes.copy_from_slice(src);
         Ok(())
@@ -139,7 +129,7 @@ impl Platform for HostPlatform {
         let v = src.view();
         let bytes = v.as_host_bytes().ok_or_else(|| not_host("copy_to_host"))?;
         if bytes.len() != dst.len() {
-            return Err(length_mismatch("copy_to_host", bytes.len(), dst.len()));
+            return Err(Error::length_mismatch("copy_to_host", "dst", bytes.len(), dst.len()));
         }
         dst.copy_from_slice(bytes);
         Ok(())

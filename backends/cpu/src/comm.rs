@@ -154,11 +154,12 @@ impl CpuComm {
     pub(crate) async fn connect(
         store: Arc<dyn Store>,
         namespace: &str,
-        label: &str,
         rank: usize,
         size: usize,
         deadline: Instant,
     ) -> Result<Arc<CpuComm>> {
+        // The group's name in errors is its namespace.
+        let label = namespace;
         // A generation per connect, started by rank 0: reconnecting under the same name
         // never reads a previous generation's addresses, and a rank retrying alone joins
         // rank 0's next attempt.

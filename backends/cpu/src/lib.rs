@@ -54,7 +54,7 @@ impl Backend for Cpu {
     async fn connect(&self, opts: ConnectOptions) -> Result<Arc<dyn Collective>> {
         let deadline = Instant::now() + opts.timeout;
         let c: Arc<dyn Collective> =
-            CpuComm::connect(opts.store, &opts.namespace, &opts.namespace, opts.rank, opts.size, deadline).await?;
+            CpuComm::connect(opts.store, &opts.namespace, opts.rank, opts.size, deadline).await?;
         Ok(c)
     }
 }

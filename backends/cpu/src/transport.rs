@@ -10,6 +10,7 @@ use anyccl_core::{Error, Result, Store};
 use std::collections::VecDeque;
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -70,13 +71,15 @@ pub(crate) struct Dead {
 pub(crate) struct Mailbox {
     state: Mutex<State>,
     cv: Condvar,
+    /// Set once `state.dead` is: every send checks it, without taking the lock.
+    is_dead: AtomicBool,
 }
 
 impl Mailbox {
     fn new(n: usize) -> Self {
         let mut st = State::default();
         st.inbox.resize_with(n, Inbox::default);
-        Mailbox { state: Mutex::new(st), cv: Condvar::new() }
+        Mailbox { state: Mutex::new(st), cv: Condvar::new(), is_dead: AtomicBool::new(false) }
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -109,12 +112,16 @@ impl Mailbox {
         let mut st = self.lock();
         if st.dead.is_none() {
             st.dead = Some(dead);
+            self.is_dead.store(true, Ordering::Release);
         }
         drop(st);
         self.cv.notify_all();
     }
 
     pub(crate) fn dead(&self) -> Option<Dead> {
+        if !self.is_dead.load(Ordering::Acquire) {
+            return None;
+        }
         self.lock().dead.clone()
     }
 
@@ -155,12 +162,7 @@ impl std::fmt::Debug for Mesh {
 }
 
 fn fnv(s: &str) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in s.as_bytes() {
-        h ^= b as u64;
-        h = h.wrapping_mul(0x100_0000_01b3);
-    }
-    h
+    anyccl_core::stable_hash(s.as_bytes())
 }
 
 fn hello(ns: &str, rank: usize, size: usize) -> [u8; 24] {

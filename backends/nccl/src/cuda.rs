@@ -307,13 +307,7 @@ impl Platform for CudaPlatform {
         let v = dst.view();
         let want = v.bytes();
         if want != src.len() {
-            return Err(Error::InvalidArgument {
-                op: "copy_from_host",
-                arg: "src",
-                rank: 0,
-                group: String::new(),
-                msg: format!("device buffer holds {want} bytes, host {}", src.len()),
-            });
+            return Err(Error::length_mismatch("copy_from_host", "src", want, src.len()));
         }
         if want == 0 {
             return Ok(());
@@ -326,13 +320,7 @@ impl Platform for CudaPlatform {
     fn copy_to_host(&self, src: &dyn DeviceMemory, dst: &mut [u8]) -> Result<()> {
         let v = src.view();
         if v.bytes() != dst.len() {
-            return Err(Error::InvalidArgument {
-                op: "copy_to_host",
-                arg: "dst",
-                rank: 0,
-                group: String::new(),
-                msg: format!("device buffer holds {} bytes, host {}", v.bytes(), dst.len()),
-            });
+            return Err(Error::length_mismatch("copy_to_host", "dst", v.bytes(), dst.len()));
         }
         if dst.is_empty() {
             return Ok(());
