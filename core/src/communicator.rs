@@ -605,6 +605,10 @@ impl Communicator {
         }
         let mut bytes = 0;
         let mut dtype = None;
+        // Sends to and receives from this rank must pair up in order with equal sizes; an
+        // unmatched one would wait on itself forever.
+        let me = self.rank();
+        let (mut self_sends, mut self_recvs) = (Vec::new(), Vec::new());
         for o in &ops {
             self.check_p2p_peer(OP, o.peer(), true)?;
             let (d, dev, b) = match o {
@@ -615,24 +619,12 @@ impl Communicator {
             self.check_device(OP, "ops", dev)?;
             bytes += b;
             dtype.get_or_insert(d);
+            match o {
+                P2POp::Send(_, p) if *p == me => self_sends.push(b),
+                P2POp::Recv(_, p) if *p == me => self_recvs.push(b),
+                _ => {}
+            }
         }
-        // Sends to and receives from this rank pair up in order with equal sizes; an
-        // unmatched one would wait on itself forever.
-        let me = self.rank();
-        let self_sends: Vec<usize> = ops
-            .iter()
-            .filter_map(|o| match o {
-                P2POp::Send(b, p) if *p == me => Some(b.bytes()),
-                _ => None,
-            })
-            .collect();
-        let self_recvs: Vec<usize> = ops
-            .iter()
-            .filter_map(|o| match o {
-                P2POp::Recv(b, p) if *p == me => Some(b.bytes()),
-                _ => None,
-            })
-            .collect();
         if self_sends != self_recvs {
             return Err(self.invalid(OP, "ops", format!("sends to this rank ({self_sends:?} bytes) and receives from it ({self_recvs:?} bytes) do not pair up")));
         }
