@@ -11,7 +11,7 @@ use crate::result::{check, error};
 use crate::sys::{self, ncclComm_t, ncclUniqueId, NcclLib};
 use anyccl_core::{
     async_trait, AllToAllSplits, Buf, BufMut, Capabilities, Collective, CommInfo, DType, DeviceMemory, Error, P2POp,
-    ReduceOp, Result, Store, Work, WorkImpl,
+    ReduceOp, Result, Work, WorkImpl,
 };
 use std::ffi::{c_int, c_void, CString};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -175,9 +175,6 @@ pub struct NcclComm {
     aborted: AtomicBool,
     failure: Mutex<Option<String>>,
     label: String,
-    store: Arc<dyn Store>,
-    ns: String,
-    splits: AtomicU64,
     scratch: CudaMemory,
     op_timeout: Duration,
     /// How long one call may block while NCCL connects (read once, at creation).
@@ -200,17 +197,13 @@ impl std::fmt::Debug for NcclComm {
     }
 }
 
-/// How long one enqueue may wait for NCCL to connect to its peers before the communicator
-/// is aborted (`ANYCCL_NCCL_ENQUEUE_TIMEOUT_S`, else the op timeout `ANYCCL_TIMEOUT_S`).
 /// How long one NCCL call may block: `ANYCCL_NCCL_ENQUEUE_TIMEOUT_S`, else the
 /// communicator's operation timeout.
-fn enqueue_timeout(op_timeout: Duration) -> Duration {
-    std::env::var("ANYCCL_NCCL_ENQUEUE_TIMEOUT_S")
-        .ok()
-        .and_then(|v| v.parse::<f64>().ok())
-        .filter(|s| *s > 0.0)
-        .and_then(|s| Duration::try_from_secs_f64(s).ok())
-        .unwrap_or(op_timeout)
+///
+/// # Errors
+/// `InvalidArgument` when the variable is set but not a positive number of seconds.
+fn enqueue_timeout(op_timeout: Duration) -> Result<Duration> {
+    Ok(anyccl_core::env_secs("ANYCCL_NCCL_ENQUEUE_TIMEOUT_S")?.unwrap_or(op_timeout))
 }
 
 /// Whether the data plane runs on a blocking communicator (`ANYCCL_NCCL_BLOCKING`, default on).
@@ -249,8 +242,10 @@ impl NcclComm {
         let base = format!("{namespace}/nccl");
         let gen = anyccl_core::connect_generation(store.as_ref(), &base, rank, namespace, deadline).await?;
         let ns = format!("{base}{gen}");
-        let gen_store = store.clone();
         let result: Result<Arc<NcclComm>> = async {
+            let enqueue_timeout = enqueue_timeout(op_timeout)?;
+            let devices = crate::cuda::probe().unwrap_or(1);
+            let caps = nccl_capabilities(lib, devices);
             let key = format!("{ns}/unique-id");
             let mut id = ncclUniqueId { internal: [0; 128] };
             if rank == 0 {
@@ -305,11 +300,11 @@ impl NcclComm {
             drop(slot);
             let (ctrl, data) = NcclComm::data_comm(lib, comm, rank, namespace, deadline).await?;
             anyccl_core::joined_generation(store.as_ref(), &base, rank, gen).await?;
-            NcclComm::wrap(lib, cuda, ctrl, data, rank, size, namespace, store, ns, op_timeout)
+            NcclComm::wrap(lib, cuda, ctrl, data, rank, size, namespace, caps, op_timeout, enqueue_timeout)
         }
         .await;
         if result.is_err() {
-            let _ = anyccl_core::abandon_generation(gen_store.as_ref(), &base, rank, gen).await;
+            let _ = anyccl_core::abandon_generation(store.as_ref(), &base, rank, gen).await;
         }
         result
     }
@@ -365,19 +360,21 @@ impl NcclComm {
         rank: usize,
         size: usize,
         label: &str,
-        store: Arc<dyn Store>,
-        ns: String,
+        mut caps: Capabilities,
         op_timeout: Duration,
+        enqueue_timeout: Duration,
     ) -> Result<Arc<NcclComm>> {
         let stream = Stream::new(&cuda)?;
         let scratch = CudaMemory::zeroed(&cuda, DType::F32, 1)?;
-        let devices = crate::cuda::probe().unwrap_or(1);
+        // Enqueues can block on peers exactly when the data plane is a blocking
+        // communicator split off the control one.
+        caps.first_call_may_block = ctrl.is_some();
         // From here nothing fails: the communicators belong to the `NcclComm`.
         let comm = comm.into_raw();
         let ctrl = ctrl.map(CommPtr::into_raw);
         let comm = Arc::new(NcclComm {
             info: CommInfo { backend: "nccl", rank, size, device: cuda.device() },
-            caps: nccl_capabilities(lib, devices),
+            caps,
             lib,
             cuda,
             stream,
@@ -394,14 +391,11 @@ impl NcclComm {
             aborted: AtomicBool::new(false),
             failure: Mutex::new(None),
             label: label.to_string(),
-            store,
-            ns,
-            splits: AtomicU64::new(0),
             scratch,
             pending: Mutex::new(None),
             in_progress_returns: AtomicU64::new(0),
             op_timeout,
-            enqueue_timeout: enqueue_timeout(op_timeout),
+            enqueue_timeout,
         });
         NcclComm::start_watchdog(&comm);
         Ok(comm)
@@ -1021,7 +1015,9 @@ impl Collective for NcclComm {
     fn barrier(&self) -> Result<Work<'_>> {
         let p = self.scratch.view().ptr() as *mut c_void;
         // SAFETY: the scratch element lives as long as the communicator.
-        self.launch("barrier", |l, c, st| unsafe { (l.AllReduce)(p, p, 1, 7, 0, c, st) })
+        let (d, o) = (dtype(DType::F32), redop(ReduceOp::Sum));
+        // SAFETY: see above.
+        self.launch("barrier", |l, c, st| unsafe { (l.AllReduce)(p, p, 1, d, o, c, st) })
     }
 
     async fn health(&self, _deadline: Instant) -> Result<()> {
@@ -1051,7 +1047,6 @@ impl Collective for NcclComm {
             return Err(e);
         }
         self.cuda.bind()?;
-        let k = self.splits.fetch_add(1, Ordering::Relaxed);
         let col = color.map(|c| c as c_int).unwrap_or(sys::SPLIT_NOCOLOR);
         // NCCL writes the child handle asynchronously, through the pointer it was given.
         let slot = OutSlot::new();
@@ -1103,7 +1098,6 @@ impl Collective for NcclComm {
                 recovery: anyccl_core::Recovery::Rebuild,
             });
         }
-        let ns = format!("{}/split{k}/c{col}", self.ns);
         let (ctrl, data) = NcclComm::data_comm(self.lib, child, r as usize, name, deadline).await?;
         let c: Arc<dyn Collective> = NcclComm::wrap(
             self.lib,
@@ -1113,9 +1107,9 @@ impl Collective for NcclComm {
             r as usize,
             n as usize,
             name,
-            self.store.clone(),
-            ns,
+            self.caps.clone(),
             self.op_timeout,
+            self.enqueue_timeout,
         )?;
         Ok(Some(c))
     }
