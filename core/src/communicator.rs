@@ -823,18 +823,14 @@ fn validate_spec(spec: &GroupSpec, me: usize, parent_size: Option<usize>) -> Res
 
 /// A color that only members passing an identical spec share.
 fn spec_color(s: &GroupSpec) -> u32 {
-    let mut bytes = s.name.as_bytes().to_vec();
-    for r in &s.ranks {
-        bytes.extend_from_slice(&(*r as u64).to_le_bytes());
-    }
-    (stable_hash(&bytes) as u32) & 0x7fff_ffff
+    (s.id() as u32) & 0x7fff_ffff
 }
 
 /// FNV-1a of `bytes`: the same in every process, build and platform (unlike `std`'s
 /// hashers), for values that ranks derive independently and must agree on.
-pub fn stable_hash(bytes: &[u8]) -> u64 {
+pub fn stable_hash(bytes: impl IntoIterator<Item = u8>) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in bytes {
+    for b in bytes {
         h ^= b as u64;
         h = h.wrapping_mul(0x100_0000_01b3);
     }

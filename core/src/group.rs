@@ -73,6 +73,12 @@ impl GroupSpec {
         GroupSpec { name: name.into(), ranks, owner: owner.into(), role }
     }
 
+    /// What tells groups apart: the name and the members (two groups may share a name, e.g.
+    /// a "tp" group in every replica). Equal on every member, in every process.
+    pub fn id(&self) -> u64 {
+        crate::stable_hash(self.name.bytes().chain(self.ranks.iter().flat_map(|r| (*r as u64).to_le_bytes())))
+    }
+
     /// The world group of `size` ranks.
     pub fn world(size: usize, owner: impl Into<String>) -> Self {
         GroupSpec::new("world", (0..size).collect(), owner, Role::World)
@@ -112,5 +118,20 @@ impl GroupRegistry {
     /// Groups of `owner` whose role is one of `roles`.
     pub fn filter(&self, owner: &str, roles: &[Role]) -> Vec<GroupSpec> {
         self.all().into_iter().filter(|g| g.owner == owner && roles.contains(&g.role)).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn id_tells_same_named_groups_apart_and_is_stable() {
+        let a = GroupSpec::new("tp", vec![0, 1], "trainer", Role::Tensor);
+        let b = GroupSpec::new("tp", vec![2, 3], "trainer", Role::Tensor);
+        assert_ne!(a.id(), b.id());
+        assert_eq!(a.id(), GroupSpec::new("tp", vec![0, 1], "someone else", Role::Data).id());
+        // FNV-1a of "tp" then 0u64 and 1u64 little-endian: fixed across processes and builds.
+        assert_eq!(a.id(), 0xe11c0ae6fa987ca8);
     }
 }

@@ -364,6 +364,13 @@ async fn run_claimed(
     })
 }
 
+/// Where group rank `r` publishes its plan: by the group's name and members, since two
+/// groups may share a name (one "tp" per replica).
+fn plan_key(s: &Session<'_>, comm: &Communicator, r: usize) -> String {
+    let spec = comm.spec();
+    s.key(&format!("plan/{}-{:016x}/{r}", spec.name, spec.id()))
+}
+
 async fn agree(
     s: &Session<'_>,
     plans: &mut [(&Communicator, GroupPlan)],
@@ -376,7 +383,7 @@ async fn agree(
             Some(r) => PlanMsg::Refused(r.to_string()),
             None => PlanMsg::Plan(plan.clone()),
         };
-        s.store.set(&s.key(&format!("plan/{}/{me}", plan.group)), &encode(&value)).await?;
+        s.store.set(&plan_key(s, comm, me), &encode(&value)).await?;
     }
     if let Some(r) = refusal {
         return Err(err("warmup", s.rank, "", r.to_string()));
@@ -387,7 +394,7 @@ async fn agree(
         let mut missing = Vec::new();
         let mut refused = Vec::new();
         for (r, slot) in theirs.iter_mut().enumerate() {
-            let key = s.key(&format!("plan/{}/{r}", plan.group));
+            let key = plan_key(s, comm, r);
             match s.store.wait(&key, deadline).await {
                 Ok(v) => match decode(&key, &v)? {
                     PlanMsg::Refused(why) => refused.push(why),

@@ -161,14 +161,10 @@ impl std::fmt::Debug for Mesh {
     }
 }
 
-fn fnv(s: &str) -> u64 {
-    anyccl_core::stable_hash(s.as_bytes())
-}
-
 fn hello(ns: &str, rank: usize, size: usize) -> [u8; 24] {
     let mut b = [0u8; 24];
     b[..8].copy_from_slice(&MAGIC.to_le_bytes());
-    b[8..16].copy_from_slice(&fnv(ns).to_le_bytes());
+    b[8..16].copy_from_slice(&anyccl_core::stable_hash(ns.bytes()).to_le_bytes());
     b[16..20].copy_from_slice(&(rank as u32).to_le_bytes());
     b[20..24].copy_from_slice(&(size as u32).to_le_bytes());
     b
@@ -249,6 +245,7 @@ impl Mesh {
             streams[peer] = Some(into_std(s, rank, label)?);
         }
         // Accept every higher rank.
+        let ns_hash = anyccl_core::stable_hash(ns.bytes());
         let mut pending: Vec<usize> = (rank + 1..size).collect();
         while !pending.is_empty() {
             let (mut s, from) = match tokio::time::timeout_at(deadline.into(), listener.accept()).await {
@@ -270,7 +267,7 @@ impl Mesh {
             let nsh = u64::from_le_bytes(h[8..16].try_into().unwrap_or_default());
             let peer = u32::from_le_bytes(h[16..20].try_into().unwrap_or_default()) as usize;
             let psize = u32::from_le_bytes(h[20..24].try_into().unwrap_or_default()) as usize;
-            if magic != MAGIC || nsh != fnv(ns) || psize != size || !pending.contains(&peer) {
+            if magic != MAGIC || nsh != ns_hash || psize != size || !pending.contains(&peer) {
                 tracing::warn!("connection from {from} is not an expected peer of '{label}'; dropped");
                 continue;
             }
