@@ -422,10 +422,9 @@ async fn agree(
                 *plan = m;
             }
         } else {
-            let fp = plan.fingerprint();
-            let differ: Vec<usize> =
-                all.iter().enumerate().filter(|(_, p)| p.fingerprint() != fp).map(|(r, _)| r).collect();
-            if !differ.is_empty() || all.len() != n {
+            let differ: Vec<usize> = all.iter().enumerate().filter(|(_, p)| *p != plan).map(|(r, _)| r).collect();
+            if !differ.is_empty() {
+                let fp = plan.fingerprint();
                 return Err(err(
                     "warmup",
                     me,
