@@ -466,14 +466,19 @@ async fn wait_slices(
     rank: usize,
     deadline: Instant,
 ) -> Result<()> {
+    // Short slices first (most steps finish in microseconds once connected), longer ones
+    // while a first connect takes seconds, so the store is not asked 50 times a second.
+    let mut slice = Duration::from_millis(20);
     loop {
+        let wait = slice.min(deadline.saturating_duration_since(Instant::now())).max(Duration::from_millis(1));
         // Any other error, also one after the deadline, goes to `execute`, which reports an
         // error past the deadline as the Timeout it is.
-        match w.wait(Duration::from_millis(20)) {
+        match w.wait_async(wait).await {
             Ok(()) => return Ok(()),
             Err(Error::Timeout { .. }) => {}
             Err(e) => return Err(e),
         }
+        slice = (slice * 2).min(Duration::from_millis(250));
         if Instant::now() >= deadline {
             return Err(warmup_timeout(what, rank, group, "the warmup deadline passed; communicators aborted".into()));
         }
