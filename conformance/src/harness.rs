@@ -336,7 +336,6 @@ fn run_processes(case: &Case, w: usize, dies: Option<usize>, timeout: Duration) 
             .env("ANYCCL_STORE_EXTERNAL", "1")
             .env("ANYCCL_STORE_TOKEN", &token)
             .env("ANYCCL_CASE_TIMEOUT_MS", timeout.as_millis().to_string())
-            .env("ANYCCL_CASE_DIES", dies.map(|d| d.to_string()).unwrap_or_default())
             .envs(LaunchEnv::rank_env(rank).unwrap_or_default())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -429,7 +428,7 @@ fn child_run(backend: &Arc<dyn Backend>, cases: &[Case], name: &str) -> Result<(
     let ctx = connect_rank(backend.clone(), store, env.rank, env.world_size, timeout, |_| {}, Some(rt))?;
     (case.run)(&ctx).map_err(|e| e.0)?;
     // A rank the case kills never reports.
-    let dies = std::env::var("ANYCCL_CASE_DIES").is_ok_and(|v| !v.is_empty());
+    let dies = matches!(case.mode, Mode::Processes { dies: Some(_) });
     ctx.finish_together(env.world_size - usize::from(dies));
     Ok(())
 }
