@@ -20,21 +20,23 @@ fn never_arrives(cx: &RankCtx) -> CaseResult {
         return Ok(());
     }
     let mut b = cx.upload(DType::F32, &values(cx.rank, 64, None, 0))?;
+    let blocks = cx.comm.capabilities().first_call_may_block;
     let t = Instant::now();
-    let r = match cx.comm.all_reduce(None, b.view_mut(), ReduceOp::Sum) {
+    let (r, took) = match cx.comm.all_reduce(None, b.view_mut(), ReduceOp::Sum) {
         Ok(mut w) => {
             let r = w.wait(Duration::from_millis(500));
+            let took = t.elapsed();
+            // The pending operation must not be dropped (that waits for it) before the abort.
             if r.is_err() {
                 cx.block_on(cx.comm.abort())?;
             }
-            r
+            (r, took)
         }
         // A backend whose first call blocks while connecting times out inside the enqueue.
-        Err(e) if cx.comm.capabilities().first_call_may_block => Err(e),
+        Err(e) if blocks => (Err(e), t.elapsed()),
         Err(e) => return Err(e.into()),
     };
-    let took = t.elapsed();
-    let limit = if cx.comm.capabilities().first_call_may_block {
+    let limit = if blocks {
         cx.comm.config().op_timeout + Duration::from_secs(5)
     } else {
         Duration::from_secs(3)
