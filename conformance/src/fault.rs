@@ -35,7 +35,8 @@ impl Faulty {
     pub fn new(inner: Arc<dyn Collective>, fault: Fault) -> Arc<Faulty> {
         Arc::new(Faulty { inner, fault, issued: AtomicU64::new(0), aborted: Arc::new(AtomicBool::new(false)) })
     }
-    fn gate<'a>(&'a self, op: &'static str) -> Result<Option<Work<'a>>> {
+    /// Number the operation, then inject its fault or forward it (`call`).
+    fn gate<'a>(&'a self, op: &'static str, call: impl FnOnce() -> Result<Work<'a>>) -> Result<Work<'a>> {
         let k = self.issued.fetch_add(1, Ordering::Relaxed);
         match self.fault {
             Fault::FailAt(f) if f == k => Err(Error::Backend {
@@ -46,9 +47,9 @@ impl Faulty {
                 recovery: Recovery::Rebuild,
             }),
             Fault::HangAt(h) if h == k => {
-                Ok(Some(Work::new(Box::new(Hang { aborted: self.aborted.clone(), rank: self.inner.info().rank }))))
+                Ok(Work::new(Box::new(Hang { aborted: self.aborted.clone(), rank: self.inner.info().rank })))
             }
-            _ => Ok(None),
+            _ => call(),
         }
     }
 }
@@ -95,64 +96,34 @@ impl Collective for Faulty {
         self.inner.memory_held()
     }
     fn all_reduce<'a>(&'a self, send: Option<Buf<'a>>, recv: BufMut<'a>, op: ReduceOp) -> Result<Work<'a>> {
-        match self.gate("all_reduce")? {
-            Some(w) => Ok(w),
-            None => self.inner.all_reduce(send, recv, op),
-        }
+        self.gate("all_reduce", || self.inner.all_reduce(send, recv, op))
     }
     fn reduce<'a>(&'a self, send: Option<Buf<'a>>, recv: BufMut<'a>, op: ReduceOp, root: usize) -> Result<Work<'a>> {
-        match self.gate("reduce")? {
-            Some(w) => Ok(w),
-            None => self.inner.reduce(send, recv, op, root),
-        }
+        self.gate("reduce", || self.inner.reduce(send, recv, op, root))
     }
     fn broadcast<'a>(&'a self, send: Option<Buf<'a>>, recv: BufMut<'a>, root: usize) -> Result<Work<'a>> {
-        match self.gate("broadcast")? {
-            Some(w) => Ok(w),
-            None => self.inner.broadcast(send, recv, root),
-        }
+        self.gate("broadcast", || self.inner.broadcast(send, recv, root))
     }
     fn all_gather<'a>(&'a self, send: Option<Buf<'a>>, recv: BufMut<'a>) -> Result<Work<'a>> {
-        match self.gate("all_gather")? {
-            Some(w) => Ok(w),
-            None => self.inner.all_gather(send, recv),
-        }
+        self.gate("all_gather", || self.inner.all_gather(send, recv))
     }
     fn reduce_scatter<'a>(&'a self, send: Option<Buf<'a>>, recv: BufMut<'a>, op: ReduceOp) -> Result<Work<'a>> {
-        match self.gate("reduce_scatter")? {
-            Some(w) => Ok(w),
-            None => self.inner.reduce_scatter(send, recv, op),
-        }
+        self.gate("reduce_scatter", || self.inner.reduce_scatter(send, recv, op))
     }
     fn all_to_all<'a>(&'a self, send: Buf<'a>, recv: BufMut<'a>, splits: Option<&AllToAllSplits>) -> Result<Work<'a>> {
-        match self.gate("all_to_all")? {
-            Some(w) => Ok(w),
-            None => self.inner.all_to_all(send, recv, splits),
-        }
+        self.gate("all_to_all", || self.inner.all_to_all(send, recv, splits))
     }
     fn send<'a>(&'a self, buf: Buf<'a>, peer: usize) -> Result<Work<'a>> {
-        match self.gate("send")? {
-            Some(w) => Ok(w),
-            None => self.inner.send(buf, peer),
-        }
+        self.gate("send", || self.inner.send(buf, peer))
     }
     fn recv<'a>(&'a self, buf: BufMut<'a>, peer: usize) -> Result<Work<'a>> {
-        match self.gate("recv")? {
-            Some(w) => Ok(w),
-            None => self.inner.recv(buf, peer),
-        }
+        self.gate("recv", || self.inner.recv(buf, peer))
     }
     fn p2p_group<'a>(&'a self, ops: Vec<P2POp<'a>>) -> Result<Work<'a>> {
-        match self.gate("p2p_group")? {
-            Some(w) => Ok(w),
-            None => self.inner.p2p_group(ops),
-        }
+        self.gate("p2p_group", || self.inner.p2p_group(ops))
     }
     fn barrier(&self) -> Result<Work<'_>> {
-        match self.gate("barrier")? {
-            Some(w) => Ok(w),
-            None => self.inner.barrier(),
-        }
+        self.gate("barrier", || self.inner.barrier())
     }
     async fn health(&self, deadline: Instant) -> Result<()> {
         self.inner.health(deadline).await

@@ -36,11 +36,7 @@ fn never_arrives(cx: &RankCtx) -> CaseResult {
         Err(e) if blocks => (Err(e), t.elapsed()),
         Err(e) => return Err(e.into()),
     };
-    let limit = if blocks {
-        cx.comm.config().op_timeout + Duration::from_secs(5)
-    } else {
-        Duration::from_secs(3)
-    };
+    let limit = if blocks { cx.comm.config().op_timeout + Duration::from_secs(5) } else { Duration::from_secs(3) };
     match r {
         Err(Error::Timeout { op, group, .. }) => {
             ensure!(op.contains("all_reduce") && group == "world", "timeout names op '{op}' and group '{group}'");
