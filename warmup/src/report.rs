@@ -119,8 +119,12 @@ impl Report {
             self.total_time_us() / 1e3,
             self.total_mem() as f64 / (1 << 20) as f64
         );
-        let mut sources: Vec<MemSource> = self.steps.iter().map(|st| st.mem_source).collect();
-        sources.dedup();
+        let mut sources: Vec<MemSource> = Vec::new();
+        for st in &self.steps {
+            if !sources.contains(&st.mem_source) {
+                sources.push(st.mem_source);
+            }
+        }
         if !sources.is_empty() {
             let how: Vec<&str> = sources.iter().map(|m| m.describe()).collect();
             let _ = writeln!(s, "  memory: from {}", how.join(", and for some steps "));

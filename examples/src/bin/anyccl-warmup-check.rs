@@ -63,7 +63,8 @@ async fn run(args: &Args) -> Result<()> {
     let pp = world.split(Some(GroupSpec::new("pp", all.clone(), owner, Role::Pipeline))).await?.ok_or_else(no_group)?;
     let ep = world.split(Some(GroupSpec::new("ep", all, owner, Role::Expert))).await?.ok_or_else(no_group)?;
     let caps = dp.capabilities().clone();
-    let (small, large) = (caps.warmup_small_bytes / 2, caps.warmup_large_bytes / 2); // bf16 elements
+    let es = DType::BF16.size();
+    let (small, large) = (caps.warmup_small_bytes / es, caps.warmup_large_bytes / es);
 
     if !args.no_warmup {
         let session = Session {
@@ -91,7 +92,6 @@ async fn run(args: &Args) -> Result<()> {
     for c in [small, large] {
         let rounded = c.div_ceil(n) * n;
         bufs.push((
-            c,
             p.alloc(DType::BF16, c)?,
             p.alloc(DType::BF16, c * n)?,
             p.alloc(DType::BF16, c)?,
@@ -103,12 +103,10 @@ async fn run(args: &Args) -> Result<()> {
     meet(store.as_ref(), "warmup-check/step", n).await?;
     let before = p.mem_info()?.free;
     let t = Instant::now();
-    for (c, a, big, b, x, y) in bufs.iter_mut() {
-        let c = *c;
+    for (a, big, b, x, y) in bufs.iter_mut() {
         done(dp.all_reduce(None, a.view_mut(), ReduceOp::Sum)?)?;
         done(dp.reduce_scatter(Some(big.view()), b.view_mut(), ReduceOp::Sum)?)?;
         done(dp.all_gather(Some(b.view()), big.view_mut())?)?;
-        let _ = c;
         for (lo, hi) in (0..n.saturating_sub(1)).map(|i| (i, i + 1)) {
             if me == lo {
                 done(pp.send(a.view(), hi)?)?;
