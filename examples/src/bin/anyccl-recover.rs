@@ -528,7 +528,8 @@ async fn train(job: &Job) -> Result<ExitCode> {
         if job.no_warmup {
             say("warmup skipped (--no-warmup)".into());
         } else {
-            let chosen = registry.filter(OWNER, &[Role::Data, Role::Pipeline, Role::Tensor, Role::Expert]);
+            let roles = [Role::Data, Role::Pipeline, Role::Tensor, Role::Expert];
+            let chosen = registry.filter(OWNER, &roles);
             let by_name = |n: &str| [&dpc, &ppc].into_iter().find(|c| c.spec().name == n);
             let targets: Vec<Target<'_>> = chosen.iter().filter_map(|g| by_name(&g.name)).map(Target::new).collect();
             let session = Session {
@@ -548,9 +549,12 @@ async fn train(job: &Job) -> Result<ExitCode> {
             let report = warmup(&session, &targets, &wcfg).await?;
             if me == 0 {
                 print!("{}", report.table());
-                println!(
-                    "  not warmed: weight-sync (cross-engine; chosen groups come from the registry by owner and role)"
-                );
+                for g in registry.all().iter().filter(|g| !roles.contains(&g.role)) {
+                    println!(
+                        "  not warmed: {} (role {}: the warmup takes the train step's roles from the registry)",
+                        g.name, g.role
+                    );
+                }
             }
         }
         // 3. Load the checkpoint.
