@@ -24,7 +24,8 @@ pub struct Communicator {
     seq: AtomicU64,
     recorder: Arc<FlightRecorder>,
     config: CommConfig,
-    recording: std::sync::Mutex<Option<std::collections::BTreeSet<OpSignature>>>,
+    /// While recording: the largest byte count per signature (op, dtype, size class, peer).
+    recording: std::sync::Mutex<Option<std::collections::BTreeMap<SigKey, usize>>>,
     /// Whether `recording` is on: checked on every operation without taking the lock.
     recording_on: std::sync::atomic::AtomicBool,
 }
@@ -44,6 +45,9 @@ pub struct OpSignature {
     /// Peer (point-to-point) or root (rooted collectives).
     pub peer: Option<usize>,
 }
+
+/// An [`OpSignature`] without its byte count.
+type SigKey = (&'static str, Option<DType>, u32, Option<usize>);
 
 /// Facts about one call, gathered by validation.
 struct Call {
@@ -107,7 +111,17 @@ impl Communicator {
     /// Stop recording and return what was recorded (empty when not recording).
     pub fn take_recording(&self) -> Vec<OpSignature> {
         self.recording_on.store(false, Ordering::Release);
-        self.recording.lock().ok().and_then(|mut r| r.take()).map(|s| s.into_iter().collect()).unwrap_or_default()
+        let recorded = self.recording.lock().ok().and_then(|mut r| r.take()).unwrap_or_default();
+        recorded
+            .into_iter()
+            .map(|((op, dtype, size_class, peer), bytes)| OpSignature {
+                op: op.to_string(),
+                dtype,
+                size_class,
+                bytes,
+                peer,
+            })
+            .collect()
     }
 
     /// Connect a new communicator for `spec` through `backend`; `rank` is this process's
@@ -274,29 +288,10 @@ impl Communicator {
     /// class, peer) with the largest size seen.
     fn record(&self, call: &Call) {
         let Ok(mut rec) = self.recording.lock() else { return };
-        let Some(set) = rec.as_mut() else { return };
+        let Some(map) = rec.as_mut() else { return };
         let class = if call.bytes == 0 { 0 } else { usize::BITS - 1 - call.bytes.leading_zeros() };
-        let sig = OpSignature {
-            op: call.op.to_string(),
-            dtype: call.dtype,
-            size_class: class,
-            bytes: call.bytes,
-            peer: call.peer,
-        };
-        let same = set
-            .iter()
-            .find(|s| s.op == sig.op && s.dtype == sig.dtype && s.size_class == sig.size_class && s.peer == sig.peer)
-            .cloned();
-        match same {
-            Some(old) if old.bytes >= sig.bytes => {}
-            Some(old) => {
-                set.remove(&old);
-                set.insert(sig);
-            }
-            None => {
-                set.insert(sig);
-            }
-        }
+        let most = map.entry((call.op, call.dtype, class, call.peer)).or_default();
+        *most = (*most).max(call.bytes);
     }
 
     fn issue<'a>(&'a self, call: Call, f: impl FnOnce(&'a dyn Collective) -> Result<Work<'a>>) -> Result<Work<'a>> {
@@ -314,9 +309,6 @@ impl Communicator {
         );
         let _g = span.enter();
         let started = Instant::now();
-        if self.recording_on.load(Ordering::Acquire) {
-            self.record(&call);
-        }
         let ticket = self.recorder.push(OpRecord {
             group: self.name.clone(),
             rank: info.rank,
@@ -332,6 +324,10 @@ impl Communicator {
         });
         match f(self.inner.as_ref()) {
             Ok(mut w) => {
+                // Only what the backend accepted: a rejected call is nothing to warm.
+                if self.recording_on.load(Ordering::Acquire) {
+                    self.record(&call);
+                }
                 let winfo = WorkInfo { op: call.op, seq, group: self.name.clone(), rank: info.rank, started };
                 w.attach(winfo, Some((self.recorder.clone(), ticket)));
                 tracing::trace!("enqueued");
