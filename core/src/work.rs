@@ -43,38 +43,31 @@ pub struct WorkInfo {
 #[must_use = "completion is only known after `wait`"]
 pub struct Work<'a> {
     imp: Option<Box<dyn WorkImpl + 'a>>,
-    info: WorkInfo,
+    /// Set by the communicator that issued it; `None` for a backend's bare work.
+    info: Option<WorkInfo>,
     state: Option<std::result::Result<(), String>>,
     recorder: Option<(Arc<FlightRecorder>, Ticket)>,
 }
 
 impl fmt::Debug for Work<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Work").field("info", &self.info).field("state", &self.state).finish()
+        f.debug_struct("Work").field("info", self.info()).field("state", &self.state).finish()
     }
 }
 
 impl<'a> Work<'a> {
     /// Wrap a backend's work. Backends call this; the Communicator fills in `info`.
     pub fn new(imp: Box<dyn WorkImpl + 'a>) -> Self {
-        Work { imp: Some(imp), info: Work::new_info(), state: None, recorder: None }
+        Work { imp: Some(imp), info: None, state: None, recorder: None }
     }
 
     /// Work that is already complete (e.g. an operation on zero elements).
     pub fn completed() -> Self {
-        Work { imp: None, info: Work::new_info(), state: Some(Ok(())), recorder: None }
-    }
-
-    /// A placeholder until the communicator attaches the real one: no allocation (this
-    /// runs on every operation).
-    fn new_info() -> WorkInfo {
-        static NO_GROUP: std::sync::OnceLock<Arc<str>> = std::sync::OnceLock::new();
-        let group = NO_GROUP.get_or_init(|| Arc::from("")).clone();
-        WorkInfo { op: "", seq: 0, group, rank: 0, started: Instant::now() }
+        Work { imp: None, info: None, state: Some(Ok(())), recorder: None }
     }
 
     pub(crate) fn attach(&mut self, info: WorkInfo, recorder: Option<(Arc<FlightRecorder>, Ticket)>) {
-        self.info = info;
+        self.info = Some(info);
         self.recorder = recorder;
         if self.state.is_some() {
             self.finish(Ok(()));
@@ -83,7 +76,16 @@ impl<'a> Work<'a> {
 
     /// Identity of the operation.
     pub fn info(&self) -> &WorkInfo {
-        &self.info
+        // Nothing is allocated for work the communicator has not attached yet (this runs on
+        // every operation): one shared placeholder.
+        static NONE: std::sync::LazyLock<WorkInfo> = std::sync::LazyLock::new(|| WorkInfo {
+            op: "",
+            seq: 0,
+            group: Arc::from(""),
+            rank: 0,
+            started: Instant::now(),
+        });
+        self.info.as_ref().unwrap_or(&NONE)
     }
 
     fn finish(&mut self, r: std::result::Result<(), String>) {
@@ -116,9 +118,9 @@ impl<'a> Work<'a> {
         match &self.state {
             Some(Ok(())) => Ok(true),
             Some(Err(msg)) => Err(Error::Aborted {
-                rank: self.info.rank,
-                group: self.info.group.to_string(),
-                detail: format!("{} #{} failed earlier: {msg}", self.info.op, self.info.seq),
+                rank: self.info().rank,
+                group: self.info().group.to_string(),
+                detail: format!("{} #{} failed earlier: {msg}", self.info().op, self.info().seq),
             }),
             None => Ok(false),
         }
@@ -180,9 +182,9 @@ impl<'a> Work<'a> {
 
     fn timeout_error(&self, after: Duration) -> Error {
         Error::Timeout {
-            op: format!("{} #{}", self.info.op, self.info.seq),
-            rank: self.info.rank,
-            group: self.info.group.to_string(),
+            op: format!("{} #{}", self.info().op, self.info().seq),
+            rank: self.info().rank,
+            group: self.info().group.to_string(),
             after,
             detail: "the operation is still pending; abort the communicator before dropping it".into(),
         }
