@@ -52,8 +52,8 @@ pub use group::{GroupRegistry, GroupSpec, Role};
 pub use platform::{DeviceMemory, HostMemory, HostPlatform, MemInfo, Platform};
 pub use recorder::{FlightRecorder, OpRecord, OpState, Ticket};
 pub use store::{
-    abandon_generation, connect_generation, joined_generation, store_barrier, MemoryStore, PrefixStore, Store,
-    TcpStore, TcpStoreOptions, TcpStoreServer,
+    abandon_generation, connect_generation, in_new_generation, joined_generation, store_barrier, MemoryStore,
+    PrefixStore, Store, TcpStore, TcpStoreOptions, TcpStoreServer,
 };
 pub use work::{Work, WorkImpl, WorkInfo};
 

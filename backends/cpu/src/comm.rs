@@ -164,17 +164,12 @@ impl CpuComm {
         // never reads a previous generation's addresses, and a rank retrying alone joins
         // rank 0's next attempt.
         let base = format!("{namespace}/cpu");
-        let gen = anyccl_core::connect_generation(store.as_ref(), &base, rank, label, deadline).await?;
-        let ns = format!("{base}{gen}");
-        let mesh = match Mesh::connect(store.as_ref(), &ns, label, rank, size, deadline).await {
-            Ok(m) => Arc::new(m),
-            Err(e) => {
-                let _ = anyccl_core::abandon_generation(store.as_ref(), &base, rank, gen).await;
-                return Err(e);
-            }
-        };
-        anyccl_core::joined_generation(store.as_ref(), &base, rank, gen).await?;
-        CpuComm::start(mesh, store, ns)
+        let st = store.as_ref();
+        let (mesh, ns) = anyccl_core::in_new_generation(st, &base, rank, label, deadline, |ns| async move {
+            Ok((Mesh::connect(st, &ns, label, rank, size, deadline).await?, ns))
+        })
+        .await?;
+        CpuComm::start(Arc::new(mesh), store, ns)
     }
 
     fn start(mesh: Arc<Mesh>, store: Arc<dyn Store>, ns: String) -> Result<Arc<CpuComm>> {

@@ -240,9 +240,8 @@ impl NcclComm {
         // A generation per connect, started by rank 0 (a rank retrying alone joins rank 0's
         // next attempt rather than one of its own).
         let base = format!("{namespace}/nccl");
-        let gen = anyccl_core::connect_generation(store.as_ref(), &base, rank, namespace, deadline).await?;
-        let ns = format!("{base}{gen}");
-        let result: Result<Arc<NcclComm>> = async {
+        let st = store.as_ref();
+        anyccl_core::in_new_generation(st, &base, rank, namespace, deadline, |ns| async move {
             let enqueue_timeout = enqueue_timeout(op_timeout)?;
             let devices = crate::cuda::probe().unwrap_or(1);
             let caps = nccl_capabilities(lib, devices);
@@ -253,9 +252,9 @@ impl NcclComm {
                 let code = unsafe { (lib.GetUniqueId)(&mut id) };
                 check(lib, "ncclGetUniqueId", code, None, rank, namespace)?;
                 let bytes: Vec<u8> = id.internal.iter().map(|&c| c as u8).collect();
-                store.set(&key, &bytes).await?;
+                st.set(&key, &bytes).await?;
             } else {
-                let bytes = match store.wait(&key, deadline).await {
+                let bytes = match st.wait(&key, deadline).await {
                     Ok(b) => b,
                     Err(Error::Timeout { after, .. }) => {
                         return Err(Error::Timeout {
@@ -299,14 +298,9 @@ impl NcclComm {
             }
             drop(slot);
             let (ctrl, data) = NcclComm::data_comm(lib, comm, rank, namespace, deadline).await?;
-            anyccl_core::joined_generation(store.as_ref(), &base, rank, gen).await?;
             NcclComm::wrap(lib, cuda, ctrl, data, rank, size, namespace, caps, op_timeout, enqueue_timeout)
-        }
-        .await;
-        if result.is_err() {
-            let _ = anyccl_core::abandon_generation(store.as_ref(), &base, rank, gen).await;
-        }
-        result
+        })
+        .await
     }
 
     /// Split a blocking data communicator off `ctrl` (every member calls this), unless

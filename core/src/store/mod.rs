@@ -142,6 +142,35 @@ pub async fn joined_generation(store: &dyn Store, ns: &str, rank: usize, gen: u6
     Ok(())
 }
 
+/// Connect in a new generation of `ns` (see [`connect_generation`]): `connect` gets the
+/// generation's namespace; its success is recorded ([`joined_generation`]), its failure (or
+/// a failure to record it) lets the other ranks skip the generation
+/// ([`abandon_generation`]). The one sequence every backend's connect follows.
+///
+/// # Errors
+/// As [`connect_generation`], then `connect`'s own error; store errors.
+pub async fn in_new_generation<T, Fut>(
+    store: &dyn Store,
+    ns: &str,
+    rank: usize,
+    group: &str,
+    deadline: Instant,
+    connect: impl FnOnce(String) -> Fut,
+) -> Result<T>
+where
+    Fut: std::future::Future<Output = Result<T>>,
+{
+    let gen = connect_generation(store, ns, rank, group, deadline).await?;
+    let r = match connect(format!("{ns}{gen}")).await {
+        Ok(v) => joined_generation(store, ns, rank, gen).await.map(|()| v),
+        Err(e) => Err(e),
+    };
+    if r.is_err() {
+        let _ = abandon_generation(store, ns, rank, gen).await;
+    }
+    r
+}
+
 /// The shared state behind [`MemoryStore`] and [`TcpStoreServer`].
 #[derive(Debug, Default)]
 pub(crate) struct KvCore {
