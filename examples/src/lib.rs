@@ -1,10 +1,13 @@
 //! anyccl-examples: the programs around the library: the `anyccl-run` launcher, the
 //! demos, the conformance runner and the benchmark tool. This file holds what they share:
-//! picking a backend and starting a rank from the launcher's variables.
+//! picking a backend, starting a rank from the launcher's variables, meeting through the store.
 #![forbid(unsafe_code)]
 
-use anyccl_core::{Backend, Error, LaunchEnv, Result, Store, TcpStoreServer};
+use anyccl_core::{
+    Backend, CommConfig, Communicator, Error, GroupSpec, LaunchEnv, Platform, Result, Store, TcpStoreServer,
+};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// The backends this build knows, by name.
 pub fn backend_by_name(name: &str) -> Result<Arc<dyn Backend>> {
@@ -52,4 +55,52 @@ pub async fn start_rank() -> Result<(LaunchEnv, Arc<dyn Store>, Option<TcpStoreS
     let env = LaunchEnv::from_env()?;
     let (store, server) = env.connect_store().await?;
     Ok((env, store, server))
+}
+
+/// A started rank of a program: its launcher variables, the job store, the backend, its
+/// device and the world communicator.
+#[allow(missing_debug_implementations)] // The store server and backend are not Debug.
+pub struct Rank {
+    /// Launcher variables.
+    pub env: LaunchEnv,
+    /// The job store.
+    pub store: Arc<dyn Store>,
+    /// The store server, when this rank hosts it (kept alive with the rank).
+    pub server: Option<TcpStoreServer>,
+    /// The backend in use.
+    pub backend: Arc<dyn Backend>,
+    /// This rank's device.
+    pub platform: Arc<dyn Platform>,
+    /// Every rank of the job, owned by `owner`.
+    pub world: Communicator,
+}
+
+/// Start a rank ([`start_rank`]), pick its backend ([`pick_backend`]) and connect the world
+/// communicator, owned by `owner`, with `config`.
+///
+/// # Errors
+/// Launcher variables, store, backend or connect errors.
+pub async fn start_world(owner: &str, backend: Option<&str>, config: CommConfig) -> Result<Rank> {
+    let (env, store, server) = start_rank().await?;
+    let backend = pick_backend(backend)?;
+    let platform = backend.platform(env.local_rank)?;
+    let world = Communicator::connect(
+        backend.as_ref(),
+        GroupSpec::world(env.world_size, owner),
+        env.rank,
+        store.clone(),
+        platform.device(),
+        config,
+    )
+    .await?;
+    Ok(Rank { env, store, server, backend, platform, world })
+}
+
+/// Wait until all `n` ranks reach `key` (through the store: no collective), for at most
+/// ten minutes.
+///
+/// # Errors
+/// `Timeout`; store errors.
+pub async fn meet(store: &dyn Store, key: &str, n: usize) -> Result<()> {
+    anyccl_core::store_barrier(store, key, n, Instant::now() + Duration::from_secs(600)).await
 }

@@ -6,7 +6,7 @@
 #![forbid(unsafe_code)]
 
 use anyccl_conformance::pattern;
-use anyccl_core::{CommConfig, Communicator, DType, DeviceMemory, GroupSpec, P2POp, Platform, ReduceOp, Result, Work};
+use anyccl_core::{CommConfig, Communicator, DType, DeviceMemory, P2POp, Platform, ReduceOp, Result, Work};
 use clap::Parser;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -266,7 +266,7 @@ impl StoreBarrier<'_> {
     async fn wait(&mut self, what: &str) -> Result<()> {
         self.calls += 1;
         let key = format!("bench/barrier/{what}/{}", self.calls);
-        anyccl_core::store_barrier(self.store, &key, self.n, Instant::now() + Duration::from_secs(600)).await
+        anyccl_examples::meet(self.store, &key, self.n).await
     }
 
     /// Rank 0's `value`, on every rank.
@@ -325,18 +325,8 @@ async fn run(args: Args) -> Result<()> {
     if args.factor < 2 {
         return Err(bad_arg("-f", "the step factor must be at least 2".into()));
     }
-    let (env, store, _server) = anyccl_examples::start_rank().await?;
-    let backend = anyccl_examples::pick_backend(args.backend.as_deref())?;
-    let platform: Arc<dyn Platform> = backend.platform(env.local_rank)?;
-    let comm = Communicator::connect(
-        backend.as_ref(),
-        GroupSpec::world(env.world_size, "anyccl-bench"),
-        env.rank,
-        store.clone(),
-        platform.device(),
-        CommConfig::from_env()?,
-    )
-    .await?;
+    let anyccl_examples::Rank { store, backend, platform, world: comm, server: _server, .. } =
+        anyccl_examples::start_world("anyccl-bench", args.backend.as_deref(), CommConfig::from_env()?).await?;
     let (n, me) = (comm.size(), comm.rank());
     let root = args.root;
     if op.rooted() && root >= n {

@@ -3,7 +3,7 @@
 //! one rank exit mid-run, to show the launcher stopping the others.
 #![forbid(unsafe_code)]
 
-use anyccl_core::{CommConfig, Communicator, GroupSpec, ReduceOp};
+use anyccl_core::{CommConfig, ReduceOp};
 use clap::Parser;
 use std::process::ExitCode;
 use std::time::Instant;
@@ -43,18 +43,8 @@ async fn main() -> ExitCode {
 }
 
 async fn run(args: &Args) -> anyccl_core::Result<ExitCode> {
-    let (env, store, _server) = anyccl_examples::start_rank().await?;
-    let backend = anyccl_examples::pick_backend(args.backend.as_deref())?;
-    let platform = backend.platform(env.local_rank)?;
-    let comm = Communicator::connect(
-        backend.as_ref(),
-        GroupSpec::world(env.world_size, "anyccl-demo"),
-        env.rank,
-        store,
-        platform.device(),
-        CommConfig::from_env()?,
-    )
-    .await?;
+    let anyccl_examples::Rank { env, world: comm, server: _server, .. } =
+        anyccl_examples::start_world("anyccl-demo", args.backend.as_deref(), CommConfig::from_env()?).await?;
     let n = env.world_size as f32;
     for step in 0..args.steps {
         if args.exit_rank == Some(env.rank) && step == args.exit_at {

@@ -12,7 +12,7 @@
 
 use anyccl_core::{
     CommConfig, Communicator, DType, DeviceKind, DeviceMemory, Error, GroupRegistry, GroupSpec, Platform, ReduceOp,
-    Result, Role, Store,
+    Result, Role,
 };
 use anyccl_warmup::{warmup, Session, Target, WarmupConfig};
 use clap::{Args as ClapArgs, Parser, Subcommand};
@@ -465,10 +465,6 @@ fn latest_complete(dir: &Path) -> Result<usize> {
         .ok_or_else(|| bad(format!("no complete checkpoint under {}", dir.display())))
 }
 
-async fn meet(store: &dyn Store, key: &str, n: usize) -> Result<()> {
-    anyccl_core::store_barrier(store, key, n, Instant::now() + Duration::from_secs(600)).await
-}
-
 // ---------------------------------------------------------------- one rank
 
 async fn train(job: &Job) -> Result<ExitCode> {
@@ -639,7 +635,7 @@ async fn train(job: &Job) -> Result<ExitCode> {
         let done = step + 1;
         if done % job.ckpt_every == 0 {
             write_shard(&shard_path(&run_dir, done, me), done, me, &model.params)?;
-            meet(store.as_ref(), &format!("ckpt/{}/{done}", job.run), env.world_size).await?;
+            anyccl_examples::meet(store.as_ref(), &format!("ckpt/{}/{done}", job.run), env.world_size).await?;
             if me == 0 {
                 std::fs::write(run_dir.join(format!("ckpt/step{done:06}/COMPLETE")), b"")
                     .map_err(|e| bad(format!("marker: {e}")))?;
@@ -648,7 +644,7 @@ async fn train(job: &Job) -> Result<ExitCode> {
     }
     let fin = run_dir.join("final").join(format!("rank{me}.bin"));
     write_shard(&fin, job.steps, me, &model.params)?;
-    meet(store.as_ref(), &format!("end/{}", job.run), env.world_size).await?;
+    anyccl_examples::meet(store.as_ref(), &format!("end/{}", job.run), env.world_size).await?;
     drop(colocated);
     for c in [&ppc, &dpc, &world] {
         c.shutdown().await?;

@@ -4,7 +4,7 @@
 //! should be (close to) nothing; without, it is what NCCL's lazy connects allocate.
 #![forbid(unsafe_code)]
 
-use anyccl_core::{CommConfig, Communicator, DType, GroupSpec, P2POp, Platform, ReduceOp, Result, Role, Work};
+use anyccl_core::{CommConfig, DType, GroupSpec, P2POp, Platform, ReduceOp, Result, Role, Work};
 use anyccl_warmup::{warmup, Session, Target, WarmupConfig};
 use clap::Parser;
 use std::process::ExitCode;
@@ -35,29 +35,15 @@ async fn main() -> ExitCode {
     }
 }
 
-async fn meet(store: &dyn anyccl_core::Store, key: &str, n: usize) -> Result<()> {
-    anyccl_core::store_barrier(store, key, n, Instant::now() + Duration::from_secs(300)).await
-}
-
 fn done(mut w: Work<'_>) -> Result<()> {
     w.wait(Duration::from_secs(120))
 }
 
 async fn run(args: &Args) -> Result<()> {
-    let (env, store, _server) = anyccl_examples::start_rank().await?;
-    let backend = anyccl_examples::pick_backend(args.backend.as_deref())?;
-    let platform = backend.platform(env.local_rank)?;
-    let (n, me) = (env.world_size, env.rank);
     let owner = "warmup-check";
-    let world = Communicator::connect(
-        backend.as_ref(),
-        GroupSpec::world(n, owner),
-        me,
-        store.clone(),
-        platform.device(),
-        CommConfig::from_env()?,
-    )
-    .await?;
+    let anyccl_examples::Rank { env, store, platform, world, server: _server, .. } =
+        anyccl_examples::start_world(owner, args.backend.as_deref(), CommConfig::from_env()?).await?;
+    let (n, me) = (env.world_size, env.rank);
     let all: Vec<usize> = (0..n).collect();
     let dp = world.split(Some(GroupSpec::new("dp", all.clone(), owner, Role::Data))).await?.ok_or_else(no_group)?;
     let pp = world.split(Some(GroupSpec::new("pp", all.clone(), owner, Role::Pipeline))).await?.ok_or_else(no_group)?;
@@ -100,7 +86,7 @@ async fn run(args: &Args) -> Result<()> {
         ));
     }
     p.synchronize()?;
-    meet(store.as_ref(), "warmup-check/step", n).await?;
+    anyccl_examples::meet(store.as_ref(), "warmup-check/step", n).await?;
     let before = p.mem_info()?.free;
     let t = Instant::now();
     for (a, big, b, x, y) in bufs.iter_mut() {
@@ -130,7 +116,7 @@ async fn run(args: &Args) -> Result<()> {
         n,
         world.info().backend
     );
-    meet(store.as_ref(), "warmup-check/end", n).await?;
+    anyccl_examples::meet(store.as_ref(), "warmup-check/end", n).await?;
     for c in [&ep, &pp, &dp, &world] {
         c.shutdown().await?;
     }
