@@ -121,8 +121,8 @@ fn counts(op: Op, bytes: usize, es: usize, n: usize) -> (usize, usize) {
 
 struct Bufs {
     send: Box<dyn DeviceMemory>,
-    /// Receive buffers of out-of-place calls, then (re-allocated) the buffers of in-place
-    /// calls: for reduce_scatter those hold the whole input.
+    /// Receive buffers of out-of-place calls, then the buffers of in-place calls
+    /// (re-allocated where the shape differs: reduce_scatter's hold the whole input).
     recvs: Vec<Box<dyn DeviceMemory>>,
     /// The encoded input of an in-place call (that buffer's size).
     in_place_input: Vec<u8>,
@@ -133,16 +133,17 @@ struct Bufs {
 /// buffer is the whole input and the output is this rank's chunk (reduce_scatter).
 /// Returns the in-place buffer's element count and its encoded input; None where the op
 /// has no in-place form (all_to_all, sendrecv).
-fn in_place_layout(op: Op, me: usize, sc: usize, rc: usize, dtype: DType, rop: ReduceOp) -> Option<(usize, Vec<u8>)> {
+/// The in-place run's element count and input, made from this rank's out-of-place input
+/// (`send`, `sc` elements): the same bytes, except that all_gather's sit in this rank's chunk.
+fn in_place_layout(op: Op, me: usize, sc: usize, rc: usize, dtype: DType, send: Vec<u8>) -> Option<(usize, Vec<u8>)> {
     match op {
-        Op::AllReduce | Op::Broadcast | Op::Reduce => Some((rc, input(me, rc, dtype, rop))),
+        Op::AllReduce | Op::Broadcast | Op::Reduce | Op::ReduceScatter => Some((sc, send)),
         Op::AllGather => {
             let es = dtype.size();
             let mut buf = vec![0u8; rc * es];
-            buf[me * sc * es..(me + 1) * sc * es].copy_from_slice(&input(me, sc, dtype, rop));
+            buf[me * sc * es..(me + 1) * sc * es].copy_from_slice(&send);
             Some((rc, buf))
         }
-        Op::ReduceScatter => Some((sc, input(me, sc, dtype, rop))),
         Op::AllToAll | Op::SendRecv => None,
     }
 }
@@ -363,11 +364,13 @@ async fn run(args: Args) -> Result<()> {
         let (sc, rc) = counts(op, bytes, dtype.size(), n);
         let size_b = rc.max(sc) * dtype.size();
         // Enough receive buffers to enqueue a run back to back without waiting, within 4 GiB.
-        let depth = (4usize << 30).checked_div(rc.max(1) * dtype.size()).unwrap_or(1).clamp(1, args.iters.max(1));
-        let layout = in_place_layout(op, me, sc, rc, dtype, rop);
+        let depth = |count: usize| {
+            (4usize << 30).checked_div(count.max(1) * dtype.size()).unwrap_or(1).clamp(1, args.iters.max(1))
+        };
+        let send_input = input(me, sc, dtype, rop);
         let mut b = Bufs { send: platform.alloc(dtype, sc)?, recvs: Vec::new(), in_place_input: Vec::new() };
-        platform.copy_from_host(b.send.as_mut(), &input(me, sc, dtype, rop))?;
-        for _ in 0..depth {
+        platform.copy_from_host(b.send.as_mut(), &send_input)?;
+        for _ in 0..depth(rc) {
             b.recvs.push(platform.alloc(dtype, rc)?);
         }
         // Cold: the first call of this size on this communicator, with its memory. The
@@ -399,15 +402,16 @@ async fn run(args: Args) -> Result<()> {
         } else {
             0
         };
-        let ip = match layout {
+        let ip = match in_place_layout(op, me, sc, rc, dtype, send_input) {
             None => None,
             Some((count, input)) => {
-                // Fresh buffers of the in-place shape, as many as fit the same 4 GiB.
-                b.recvs.clear();
-                let depth =
-                    (4usize << 30).checked_div(count.max(1) * dtype.size()).unwrap_or(1).clamp(1, args.iters.max(1));
-                for _ in 0..depth {
-                    b.recvs.push(platform.alloc(dtype, count)?);
+                // Buffers of the in-place shape, as many as fit the same 4 GiB (those of the
+                // out-of-place run when the shape is the same).
+                if count != rc {
+                    b.recvs.clear();
+                    for _ in 0..depth(count) {
+                        b.recvs.push(platform.alloc(dtype, count)?);
+                    }
                 }
                 b.in_place_input = input;
                 let t =
