@@ -711,13 +711,10 @@ async fn wait_init(lib: &NcclLib, comm: &CommPtr, op: &str, rank: usize, group: 
 
 impl Drop for NcclComm {
     fn drop(&mut self) {
-        self.in_call_since.store(0, Ordering::Release);
-        tracing::info!(
-            "'{}' rank {}: {} launches answered ncclInProgress",
-            self.label,
-            self.info.rank,
-            self.in_progress_returns.load(Ordering::Relaxed)
-        );
+        let in_progress = self.in_progress_returns.load(Ordering::Relaxed);
+        if in_progress > 0 {
+            tracing::debug!("'{}' rank {}: {in_progress} launches answered ncclInProgress", self.label, self.info.rank);
+        }
         if !self.freed.load(Ordering::Acquire) {
             tracing::debug!("dropping '{}' rank {} without shutdown: aborting", self.label, self.info.rank);
             self.abort_now();
