@@ -3,29 +3,70 @@
 //! MASTER_ADDR, MASTER_PORT), host their store, prefix each output line with the rank,
 //! and when one rank fails, stop the others and exit non-zero naming it. Variables for
 //! one rank only come from `ANYCCL_RANK_ENV` (see `LaunchEnv::rank_env`).
+//!
+//! No process of the job outlives the launcher:
+//! - each rank runs in a process group of its own, and stopping a rank signals its whole
+//!   group, so a rank started through a wrapper (`sh -c '...'`) takes the wrapper's
+//!   children with it;
+//! - SIGINT, SIGTERM and SIGHUP to the launcher stop every rank (SIGTERM, then SIGKILL after
+//!   `--grace`) before it exits;
+//! - a reaper process, started first and in a group of its own, holds the read end of a pipe
+//!   whose write end only the launcher has: when the launcher dies in a way it cannot
+//!   handle (SIGKILL), the reaper reads end of file and stops every rank's group.
 #![forbid(unsafe_code)]
 
 use anyccl_core::{LaunchEnv, TcpStoreOptions, TcpStoreServer};
 use clap::Parser;
+use nix::errno::Errno;
 use nix::sys::signal::{kill, Signal};
+use nix::sys::wait::{waitpid, WaitStatus};
 use nix::unistd::Pid;
+use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
-use std::process::{Command, ExitCode, ExitStatus, Stdio};
+use std::process::{Command, ExitCode, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
+
+/// The most ranks one launcher starts (the CPU backend's largest world).
+const MAX_RANKS: usize = 4096;
+/// Set (to the grace in seconds) when this program runs as a job's reaper.
+const REAPER_ENV: &str = "ANYCCL_RUN_REAPER";
+/// Stack of the launcher's helper threads: they only copy lines.
+const THREAD_STACK: usize = 128 << 10;
+/// How long the output of stopped ranks may take to drain before the launcher returns.
+const DRAIN: Duration = Duration::from_secs(2);
+
+fn seconds(what: &'static str, max: f64) -> impl Fn(&str) -> Result<f64, String> + Clone {
+    move |s: &str| {
+        let v: f64 = s.parse().map_err(|_| format!("{what} must be a number of seconds, not {s:?}"))?;
+        if !v.is_finite() || !(0.0..=max).contains(&v) {
+            return Err(format!("{what} must be between 0 and {max} seconds, not {s}"));
+        }
+        Ok(v)
+    }
+}
+
+fn ranks(s: &str) -> Result<usize, String> {
+    let n: usize = s.parse().map_err(|_| format!("-n must be a whole number of ranks, not {s:?}"))?;
+    if !(1..=MAX_RANKS).contains(&n) {
+        return Err(format!("-n must be between 1 and {MAX_RANKS}, not {n}"));
+    }
+    Ok(n)
+}
 
 #[derive(Parser, Debug)]
 #[command(name = "anyccl-run", about = "Start N local ranks of a program, anyccl-style")]
 struct Args {
-    /// Number of ranks.
-    #[arg(short = 'n', long = "nprocs")]
+    /// Number of ranks (1 to 4096).
+    #[arg(short = 'n', long = "nprocs", value_parser = ranks)]
     n: usize,
     /// Stop every rank and fail after this many seconds (0: no limit).
-    #[arg(long, default_value_t = 3600.0)]
+    #[arg(long, default_value_t = 3600.0, value_parser = seconds("--timeout", 1e9))]
     timeout: f64,
     /// Seconds between asking ranks to stop (SIGTERM) and killing them.
-    #[arg(long, default_value_t = 5.0)]
+    #[arg(long, default_value_t = 5.0, value_parser = seconds("--grace", 3600.0))]
     grace: f64,
     /// Do not prefix output lines with the rank.
     #[arg(long)]
@@ -49,12 +90,48 @@ fn resolve(program: &str) -> PathBuf {
     PathBuf::from(program)
 }
 
-fn describe(s: &ExitStatus) -> String {
-    use std::os::unix::process::ExitStatusExt;
-    match (s.code(), s.signal()) {
-        (Some(c), _) => format!("exited with code {c}"),
-        (None, Some(sig)) => format!("was killed by signal {sig}"),
-        _ => "ended".into(),
+/// How a rank ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum End {
+    Code(i32),
+    Signal(Signal),
+}
+
+impl End {
+    fn success(self) -> bool {
+        self == End::Code(0)
+    }
+    fn describe(self) -> String {
+        match self {
+            End::Code(c) => format!("exited with code {c}"),
+            End::Signal(s) => format!("was killed by signal {} ({s})", s as i32),
+        }
+    }
+}
+
+enum Event {
+    /// A rank's process ended.
+    Exit(usize, End),
+    /// The launcher received a signal.
+    Signal(i32),
+    /// The reaper ended before the launcher asked it to.
+    ReaperGone,
+}
+
+/// The rank's state letter from `/proc/PID/stat` (`T`: stopped), when readable.
+fn proc_state(pid: i32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name is in parentheses and may hold spaces; the state follows it.
+    stat.rsplit_once(')')?.1.trim_start().chars().next()
+}
+
+/// "; rank 2 is stopped (...)" for each running rank that is stopped, else "".
+fn stopped_note(pids: &[i32], done: &[bool]) -> String {
+    let stopped: Vec<usize> = (0..pids.len()).filter(|&r| !done[r] && proc_state(pids[r]) == Some('T')).collect();
+    match stopped.as_slice() {
+        [] => String::new(),
+        [r] => format!("; rank {r} is stopped (SIGSTOP or a debugger), the likely cause"),
+        rs => format!("; ranks {rs:?} are stopped (SIGSTOP or a debugger), the likely cause"),
     }
 }
 
@@ -68,8 +145,8 @@ fn pump(
     r: impl std::io::Read + Send + 'static,
     to_err: bool,
     ended: mpsc::Sender<(usize, Instant)>,
-) -> std::thread::JoinHandle<()> {
-    std::thread::spawn(move || {
+) -> std::io::Result<()> {
+    let run = move || {
         let _guard = EndGuard(rank, ended);
         for line in BufReader::new(r).lines() {
             let Ok(line) = line else { break };
@@ -80,10 +157,11 @@ fn pump(
                 let _ = std::io::stdout().lock().write_all(text.as_bytes());
             }
         }
-    })
+    };
+    std::thread::Builder::new().name(format!("rank{rank}-out")).stack_size(THREAD_STACK).spawn(run).map(|_| ())
 }
 
-/// Ask every rank still running to stop (SIGTERM), then kill what is left after `grace`.
+/// Reports the end of a rank's output, however the pump ends.
 struct EndGuard(usize, mpsc::Sender<(usize, Instant)>);
 impl Drop for EndGuard {
     fn drop(&mut self) {
@@ -91,60 +169,189 @@ impl Drop for EndGuard {
     }
 }
 
-fn stop_all(pids: &[i32], done: &mut [bool], rx: &mpsc::Receiver<(usize, Option<ExitStatus>)>, grace: Duration) {
-    for (r, &pid) in pids.iter().enumerate() {
-        if !done[r] {
-            let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
+/// The ends of the ranks' output streams, as their pumps report them.
+struct Outputs {
+    rx: mpsc::Receiver<(usize, Instant)>,
+    /// Streams whose end has been seen.
+    seen: usize,
+    /// The earliest end of each rank's output.
+    first_end: Vec<Option<Instant>>,
+}
+
+impl Outputs {
+    fn note(&mut self, (r, t): (usize, Instant)) {
+        self.seen += 1;
+        if let Some(e) = self.first_end.get_mut(r) {
+            *e = Some(e.map_or(t, |e| e.min(t)));
         }
+    }
+    /// Note every end reported so far.
+    fn poll(&mut self) {
+        while let Ok(x) = self.rx.try_recv() {
+            self.note(x);
+        }
+    }
+    /// Wait until `streams` ends are seen, or `until`.
+    fn drain(&mut self, streams: usize, until: Instant) {
+        while self.seen < streams {
+            let Some(left) = until.checked_duration_since(Instant::now()) else { break };
+            match self.rx.recv_timeout(left) {
+                Ok(x) => self.note(x),
+                Err(_) => break,
+            }
+        }
+    }
+}
+
+/// Whether the process group `pgid` still has a member.
+fn group_alive(pgid: i32) -> bool {
+    kill(Pid::from_raw(-pgid), None).is_ok()
+}
+
+/// SIGTERM to every group in `groups`; SIGKILL to those still alive after `grace`.
+fn stop_groups(groups: &[i32], grace: Duration) {
+    for &g in groups {
+        let _ = kill(Pid::from_raw(-g), Signal::SIGTERM);
     }
     let until = Instant::now() + grace;
-    while done.iter().any(|d| !d) {
-        let now = Instant::now();
-        if now >= until {
-            break;
-        }
-        if let Ok((r, _)) = rx.recv_timeout(until - now) {
-            done[r] = true;
+    while groups.iter().any(|&g| group_alive(g)) && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for &g in groups {
+        if group_alive(g) {
+            let _ = kill(Pid::from_raw(-g), Signal::SIGKILL);
         }
     }
-    for (r, &pid) in pids.iter().enumerate() {
-        if !done[r] {
-            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
-        }
+}
+
+/// Stop every rank still running (its whole group), and note their exits.
+fn stop_all(pids: &[i32], done: &mut [bool], rx: &mpsc::Receiver<Event>, grace: Duration) {
+    let running: Vec<i32> = (0..pids.len()).filter(|&r| !done[r]).map(|r| pids[r]).collect();
+    for &g in &running {
+        // A stopped rank cannot act on SIGTERM until it runs again.
+        let _ = kill(Pid::from_raw(-g), Signal::SIGCONT);
     }
+    stop_groups(&running, grace);
+    let until = Instant::now() + Duration::from_secs(5);
     while done.iter().any(|d| !d) {
-        match rx.recv_timeout(Duration::from_secs(5)) {
-            Ok((r, _)) => done[r] = true,
+        let Some(left) = until.checked_duration_since(Instant::now()) else { break };
+        match rx.recv_timeout(left) {
+            Ok(Event::Exit(r, _)) => done[r] = true,
+            Ok(_) => {}
             Err(_) => break,
         }
     }
 }
 
-fn main() -> ExitCode {
-    let args = Args::parse();
-    if args.n == 0 {
-        eprintln!("anyccl-run: -n must be at least 1");
-        return ExitCode::from(2);
-    }
-    let token = format!("{:032x}", rand::random::<u128>());
-    let opts = TcpStoreOptions { token: Some(token.clone()), ..Default::default() };
-    let server = match TcpStoreServer::start(([127, 0, 0, 1], 0).into(), opts) {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("anyccl-run: cannot host the store: {e}");
-            return ExitCode::from(2);
+/// The job's reaper (see the crate doc): reads the ranks' process groups, one a line, from
+/// standard input; `done` means the launcher finished and stopped them itself.
+fn reaper(grace: &str) -> ExitCode {
+    let _ = nix::sys::prctl::set_name(c"anyccl-reaper");
+    let grace = grace.parse::<f64>().ok().and_then(|g| Duration::try_from_secs_f64(g).ok()).unwrap_or_default();
+    let mut groups = Vec::new();
+    for line in std::io::stdin().lock().lines() {
+        match line.as_deref().map(str::trim) {
+            Ok("done") => return ExitCode::SUCCESS,
+            Ok(l) => groups.extend(l.parse::<i32>().ok().filter(|&g| g > 1)),
+            Err(_) => break,
         }
-    };
-    // Checked once here: a malformed entry is the same for every rank.
-    if let Err(e) = LaunchEnv::rank_env(0) {
-        eprintln!("anyccl-run: {e}");
-        return ExitCode::from(2);
     }
+    let alive: Vec<i32> = groups.into_iter().filter(|&g| group_alive(g)).collect();
+    if !alive.is_empty() {
+        eprintln!("anyccl-run: the launcher died; stopping the {} rank(s) still running", alive.len());
+        for &g in &alive {
+            let _ = kill(Pid::from_raw(-g), Signal::SIGCONT);
+        }
+        stop_groups(&alive, grace);
+    }
+    ExitCode::from(1)
+}
+
+fn main() -> ExitCode {
+    if let Ok(grace) = std::env::var(REAPER_ENV) {
+        return reaper(&grace);
+    }
+    let args = Args::parse();
+    match launch(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err((msg, code)) => {
+            eprintln!("anyccl-run: FAILED: {msg}");
+            ExitCode::from(code)
+        }
+    }
+}
+
+/// Pick the failed rank to name first among `failed`: a rank whose way of failing no other
+/// rank shares (peers that fail because of it tend to fail alike), else the earliest end
+/// of output, else the order of reaping. Every failed rank is named.
+fn blame(failed: &[(usize, End)], ended: &[Option<Instant>]) -> String {
+    let how: Vec<String> = failed.iter().map(|(_, e)| e.describe()).collect();
+    let unique: Vec<usize> = (0..failed.len()).filter(|&i| how.iter().filter(|h| **h == how[i]).count() == 1).collect();
+    let pick = if unique.len() == 1 && failed.len() > 1 {
+        unique[0]
+    } else {
+        (0..failed.len()).min_by_key(|&i| (ended[failed[i].0].is_none(), ended[failed[i].0], i)).unwrap_or(0)
+    };
+    let mut f = format!("rank {} {}", failed[pick].0, how[pick]);
+    let others: Vec<String> =
+        (0..failed.len()).filter(|&i| i != pick).map(|i| format!("rank {} {}", failed[i].0, how[i])).collect();
+    if !others.is_empty() {
+        f.push_str(&format!(" (also failed: {})", others.join(", ")));
+    }
+    f
+}
+
+fn launch(args: &Args) -> Result<(), (String, u8)> {
+    let setup = |msg: String| (msg, 2u8);
+    let grace = Duration::from_secs_f64(args.grace);
+    // Checked once here: a malformed entry is the same for every rank.
+    LaunchEnv::rank_env(0).map_err(|e| setup(e.to_string()))?;
+    let token = format!("{:032x}", rand::random::<u128>());
+    let job_id = format!("{:016x}", rand::random::<u64>());
+    let opts = TcpStoreOptions { token: Some(token.clone()), ..Default::default() };
+    let server = TcpStoreServer::start(([127, 0, 0, 1], 0).into(), opts)
+        .map_err(|e| setup(format!("cannot host the store: {e}")))?;
+
+    // Signals first, so none arriving while ranks start is lost.
+    let (tx, rx) = mpsc::channel::<Event>();
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGHUP,
+    ])
+    .map_err(|e| setup(format!("cannot handle signals: {e}")))?;
+    let stx = tx.clone();
+    std::thread::Builder::new()
+        .stack_size(THREAD_STACK)
+        .spawn(move || {
+            for s in signals.forever() {
+                let _ = stx.send(Event::Signal(s));
+            }
+        })
+        .map_err(|e| setup(format!("cannot start a thread: {e}")))?;
+
+    // Orphaned descendants of a rank (a wrapper shell's children) are re-parented to the
+    // launcher and reaped by its waiter, so a stopped group empties at once.
+    if let Err(e) = nix::sys::prctl::set_child_subreaper(true) {
+        tracing::debug!("cannot become a child subreaper: {e}");
+    }
+    let me = std::env::current_exe().map_err(|e| setup(format!("cannot find this program: {e}")))?;
+    let mut reaper = Command::new(me)
+        .arg0("anyccl-reaper")
+        .env(REAPER_ENV, args.grace.to_string())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .process_group(0)
+        .spawn()
+        .map_err(|e| setup(format!("cannot start the job's reaper: {e}")))?;
+    let reaper_pid = reaper.id() as i32;
+    let mut reaper_in = reaper.stdin.take();
+
     let program = resolve(&args.command[0]);
-    let (tx, rx) = mpsc::channel::<(usize, Option<ExitStatus>)>();
     let (ended_tx, ended_rx) = mpsc::channel::<(usize, Instant)>();
-    let mut pids = Vec::new();
-    let mut pumps = Vec::new();
+    let mut pids: Vec<i32> = Vec::new();
+    let mut pumps = 0usize;
+    let mut start_err = None;
     for rank in 0..args.n {
         let child = Command::new(&program)
             .args(&args.command[1..])
@@ -156,127 +363,174 @@ fn main() -> ExitCode {
             .env("MASTER_PORT", server.local_addr().port().to_string())
             .env("ANYCCL_STORE_EXTERNAL", "1")
             .env("ANYCCL_STORE_TOKEN", &token)
+            .env("ANYCCL_JOB_ID", &job_id)
             .envs(LaunchEnv::rank_env(rank).unwrap_or_default())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
+            .process_group(0)
             .spawn();
-        match child {
-            Ok(mut c) => {
-                if let Some(o) = c.stdout.take() {
-                    pumps.push(pump(rank, !args.no_prefix, o, false, ended_tx.clone()));
-                }
-                if let Some(e) = c.stderr.take() {
-                    pumps.push(pump(rank, !args.no_prefix, e, true, ended_tx.clone()));
-                }
-                pids.push(c.id() as i32);
-                // One waiter per rank: exits arrive in the order they happen, so the rank
-                // that failed first is the one named, not a peer that failed because of it.
-                let tx = tx.clone();
-                std::thread::spawn(move || {
-                    let st = c.wait().ok();
-                    let _ = tx.send((rank, st));
-                });
-            }
+        let mut c = match child {
+            Ok(c) => c,
             Err(e) => {
-                eprintln!("anyccl-run: cannot start rank {rank} ({}): {e}", program.display());
-                let mut done = vec![false; pids.len()];
-                stop_all(&pids, &mut done, &rx, Duration::ZERO);
-                return ExitCode::from(2);
+                start_err = Some(format!("cannot start rank {rank} ({}): {e}", program.display()));
+                break;
+            }
+        };
+        let pid = c.id() as i32;
+        pids.push(pid);
+        if let Some(w) = reaper_in.as_mut() {
+            if writeln!(w, "{pid}").and_then(|_| w.flush()).is_err() {
+                start_err = Some("the job's reaper ended early".into());
+                break;
             }
         }
+        let outs: [(Option<Box<dyn std::io::Read + Send>>, bool); 2] = [
+            (c.stdout.take().map(|o| Box::new(o) as Box<dyn std::io::Read + Send>), false),
+            (c.stderr.take().map(|e| Box::new(e) as Box<dyn std::io::Read + Send>), true),
+        ];
+        for (stream, to_err) in outs {
+            let Some(stream) = stream else { continue };
+            match pump(rank, !args.no_prefix, stream, to_err, ended_tx.clone()) {
+                Ok(()) => pumps += 1,
+                Err(e) => start_err = Some(format!("cannot start a thread for rank {rank}'s output: {e}")),
+            }
+        }
+        if start_err.is_some() {
+            break;
+        }
     }
+
+    // One waiter for every child: exits arrive in the order they happen, so the rank that
+    // failed first is the one named, not a peer that failed because of it.
+    let rank_of: HashMap<i32, usize> = pids.iter().enumerate().map(|(r, &p)| (p, r)).collect();
+    let wtx = tx.clone();
+    let waiter = std::thread::Builder::new().stack_size(THREAD_STACK).spawn(move || loop {
+        match waitpid(None, None) {
+            Ok(WaitStatus::Exited(pid, code)) => {
+                let ev = match rank_of.get(&pid.as_raw()) {
+                    Some(&r) => Event::Exit(r, End::Code(code)),
+                    None if pid.as_raw() == reaper_pid => Event::ReaperGone,
+                    None => continue,
+                };
+                let _ = wtx.send(ev);
+            }
+            Ok(WaitStatus::Signaled(pid, sig, _)) => {
+                let ev = match rank_of.get(&pid.as_raw()) {
+                    Some(&r) => Event::Exit(r, End::Signal(sig)),
+                    None if pid.as_raw() == reaper_pid => Event::ReaperGone,
+                    None => continue,
+                };
+                let _ = wtx.send(ev);
+            }
+            Ok(_) | Err(Errno::EINTR) => {}
+            Err(_) => break,
+        }
+    });
+    if let Err(e) = waiter {
+        start_err = Some(format!("cannot start the waiter thread: {e}"));
+    }
+
+    let mut done = vec![false; pids.len()];
+    let mut outputs = Outputs { rx: ended_rx, seen: 0, first_end: vec![None; pids.len()] };
+    let verdict: Result<(), (String, u8)> = if let Some(msg) = start_err {
+        eprintln!("anyccl-run: {msg}; stopping the ranks started");
+        stop_all(&pids, &mut done, &rx, Duration::ZERO);
+        Err(setup(msg))
+    } else {
+        supervise(args, &pids, &mut done, &rx, &mut outputs, grace)
+    };
+
+    // Whatever the verdict, no process of the job stays: every rank's group is stopped
+    // (a rank that exited may have left children behind).
+    stop_groups(&pids, grace.min(Duration::from_secs(2)));
+    if let Some(mut w) = reaper_in.take() {
+        let _ = writeln!(w, "done");
+    }
+    let _ = kill(Pid::from_raw(reaper_pid), None);
+    // Output still buffered in the pipes of stopped ranks, for a bounded time.
+    outputs.drain(pumps, Instant::now() + DRAIN);
+    drop(server);
+    verdict
+}
+
+/// Wait for the ranks; on the first failure, the launcher's timeout or a signal, stop the
+/// others and say why.
+fn supervise(
+    args: &Args,
+    pids: &[i32],
+    done: &mut [bool],
+    rx: &mpsc::Receiver<Event>,
+    outputs: &mut Outputs,
+    grace: Duration,
+) -> Result<(), (String, u8)> {
+    let n = pids.len();
     let started = Instant::now();
-    // Out of range (infinite, NaN): no limit, and the default grace.
-    let limit = (args.timeout > 0.0).then(|| Duration::try_from_secs_f64(args.timeout).ok()).flatten();
-    let grace = Duration::try_from_secs_f64(args.grace.max(0.0)).unwrap_or(Duration::from_secs(5));
-    let mut done = vec![false; args.n];
-    let verdict: Result<(), String> = loop {
+    let limit = (args.timeout > 0.0).then(|| Duration::from_secs_f64(args.timeout));
+    loop {
         if done.iter().all(|d| *d) {
-            break Ok(());
+            return Ok(());
         }
         let wait = match limit {
             Some(l) => match l.checked_sub(started.elapsed()) {
                 Some(left) => left,
                 None => {
-                    let running: Vec<usize> = (0..args.n).filter(|&r| !done[r]).collect();
-                    let msg = format!("timed out after {l:.0?}; ranks {running:?} were still running");
+                    let running: Vec<usize> = (0..n).filter(|&r| !done[r]).collect();
+                    let msg = format!(
+                        "timed out after {l:.0?}; ranks {running:?} were still running{}",
+                        stopped_note(pids, done)
+                    );
                     eprintln!("anyccl-run: {msg}; stopping them");
-                    stop_all(&pids, &mut done, &rx, grace);
-                    break Err(msg);
+                    stop_all(pids, done, rx, grace);
+                    return Err((msg, 1));
                 }
             },
             None => Duration::from_secs(3600),
         };
         match rx.recv_timeout(wait) {
-            Ok((rank, st)) => {
+            Ok(Event::Exit(rank, end)) => {
                 done[rank] = true;
-                let ok = st.as_ref().is_some_and(|s| s.success());
-                if !ok {
-                    // Other ranks may be failing because of this one, or this one because of
-                    // another reaped later: gather exits for a moment, then name the failed
-                    // rank whose output ended first.
-                    let mut failed = vec![(rank, st)];
-                    let until = Instant::now() + Duration::from_millis(300);
-                    while let Some(left) = until.checked_duration_since(Instant::now()) {
-                        match rx.recv_timeout(left) {
-                            Ok((r, s2)) => {
-                                done[r] = true;
-                                if !s2.as_ref().is_some_and(|s| s.success()) {
-                                    failed.push((r, s2));
-                                }
-                            }
-                            Err(_) => break,
-                        }
-                    }
-                    let mut ended: Vec<Option<Instant>> = vec![None; args.n];
-                    while let Ok((r, t)) = ended_rx.try_recv() {
-                        ended[r] = Some(ended[r].map_or(t, |e| e.min(t)));
-                    }
-                    // The primary: a rank whose way of failing no other rank shares (peers that
-                    // fail because of it tend to fail alike), else the earliest end of output,
-                    // else the order of reaping. Every failed rank is named.
-                    let how: Vec<String> = failed
-                        .iter()
-                        .map(|(_, st)| st.as_ref().map(describe).unwrap_or_else(|| "could not be waited for".into()))
-                        .collect();
-                    let unique: Vec<usize> =
-                        (0..failed.len()).filter(|&i| how.iter().filter(|h| **h == how[i]).count() == 1).collect();
-                    let pick = if unique.len() == 1 && failed.len() > 1 {
-                        unique[0]
-                    } else {
-                        (0..failed.len())
-                            .min_by_key(|&i| (ended[failed[i].0].is_none(), ended[failed[i].0], i))
-                            .unwrap_or(0)
-                    };
-                    let rank = failed[pick].0;
-                    let mut f = format!("rank {rank} {}", how[pick]);
-                    let others: Vec<String> = (0..failed.len())
-                        .filter(|&i| i != pick)
-                        .map(|i| format!("rank {} {}", failed[i].0, how[i]))
-                        .collect();
-                    if !others.is_empty() {
-                        f.push_str(&format!(" (also failed: {})", others.join(", ")));
-                    }
-                    let running: Vec<usize> = (0..args.n).filter(|&r| !done[r]).collect();
-                    eprintln!("anyccl-run: {f}; stopping ranks {running:?}");
-                    stop_all(&pids, &mut done, &rx, grace);
-                    break Err(f);
+                if end.success() {
+                    continue;
                 }
+                // Other ranks may be failing because of this one, or this one because of
+                // another reaped later: gather exits for a moment, then name one.
+                let mut failed = vec![(rank, end)];
+                let until = Instant::now() + Duration::from_millis(300);
+                while let Some(left) = until.checked_duration_since(Instant::now()) {
+                    match rx.recv_timeout(left) {
+                        Ok(Event::Exit(r, e2)) => {
+                            done[r] = true;
+                            if !e2.success() {
+                                failed.push((r, e2));
+                            }
+                        }
+                        Ok(_) => {}
+                        Err(_) => break,
+                    }
+                }
+                outputs.poll();
+                let f = format!("{}{}", blame(&failed, &outputs.first_end), stopped_note(pids, done));
+                let running: Vec<usize> = (0..n).filter(|&r| !done[r]).collect();
+                eprintln!("anyccl-run: {f}; stopping ranks {running:?}");
+                stop_all(pids, done, rx, grace);
+                return Err((f, 1));
+            }
+            Ok(Event::Signal(sig)) => {
+                let name = Signal::try_from(sig).map(|s| s.as_str()).unwrap_or("a signal");
+                let running: Vec<usize> = (0..n).filter(|&r| !done[r]).collect();
+                eprintln!("anyccl-run: received {name}; stopping ranks {running:?}");
+                stop_all(pids, done, rx, grace);
+                return Err((format!("stopped by {name}"), 128u8.saturating_add(sig as u8)));
+            }
+            Ok(Event::ReaperGone) => {
+                let msg = "the job's reaper ended; without it ranks could outlive this launcher".to_string();
+                eprintln!("anyccl-run: {msg}; stopping every rank");
+                stop_all(pids, done, rx, grace);
+                return Err((msg, 1));
             }
             Err(mpsc::RecvTimeoutError::Timeout) => continue,
-            Err(mpsc::RecvTimeoutError::Disconnected) => break Err("lost track of the ranks".into()),
-        }
-    };
-    for p in pumps {
-        let _ = p.join();
-    }
-    drop(server);
-    match verdict {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(msg) => {
-            eprintln!("anyccl-run: FAILED: {msg}");
-            ExitCode::from(1)
+            Err(mpsc::RecvTimeoutError::Disconnected) => return Err(("lost track of the ranks".into(), 1)),
         }
     }
 }
