@@ -126,7 +126,8 @@ impl RankCtx {
     fn finish_together(&self, ranks: usize) {
         let deadline = Instant::now() + Duration::from_secs(5);
         // A rank that never arrives failed: its own error reports the case.
-        let _ = self.block_on(anyccl_core::store_barrier(self.store.as_ref(), "case/finished", ranks, deadline));
+        let _ =
+            self.block_on(anyccl_core::store_barrier(self.store.as_ref(), "case/finished", self.rank, ranks, deadline));
     }
 
     /// Wait until some rank signalled `key`.

@@ -644,7 +644,7 @@ impl Communicator {
     /// # Errors
     /// The failure.
     pub async fn health(&self) -> Result<()> {
-        self.inner.health(Instant::now() + self.config.init_timeout).await
+        self.inner.health(crate::deadline_in(self.config.init_timeout)).await
     }
 
     /// Abort: every pending operation on this rank fails with `Aborted`.
@@ -669,7 +669,7 @@ impl Communicator {
     /// # Errors
     /// When the backend could not shut down in time.
     pub async fn shutdown(&self) -> Result<()> {
-        self.inner.shutdown(Instant::now() + self.config.init_timeout).await
+        self.inner.shutdown(crate::deadline_in(self.config.init_timeout)).await
     }
 
     /// Build a sub-group. Every rank of this communicator calls it; members pass the spec
@@ -692,7 +692,7 @@ impl Communicator {
                 (Some(spec_color(s)), key)
             }
         };
-        let deadline = Instant::now() + self.config.init_timeout;
+        let deadline = crate::deadline_in(self.config.init_timeout);
         let name = spec.as_ref().map(|s| s.name.clone()).unwrap_or_default();
         let child = self.inner.split(color, key, &name, deadline).await?;
         match (child, spec) {

@@ -5,7 +5,7 @@ use crate::error::{Error, Result};
 use crate::store::{Store, TcpStore, TcpStoreOptions, TcpStoreServer};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Where this process sits in the job, from the launcher's variables.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -121,7 +121,7 @@ impl LaunchEnv {
     /// # Errors
     /// `Store` when the server cannot be bound or reached.
     pub async fn connect_store(&self) -> Result<(Arc<dyn Store>, Option<TcpStoreServer>)> {
-        let opts = TcpStoreOptions::from_env();
+        let opts = TcpStoreOptions::from_env()?;
         let external = std::env::var("ANYCCL_STORE_EXTERNAL").map(|v| v == "1").unwrap_or(false);
         let server = if self.rank == 0 && !external {
             let host: IpAddr = std::env::var("ANYCCL_STORE_BIND")
@@ -185,26 +185,46 @@ impl Default for CommConfig {
     }
 }
 
-/// A positive, finite number of seconds from the environment variable `name` (`None` when
-/// it is unset).
+/// The longest timeout a variable may set (one year): every wait has a deadline that the
+/// clock can represent.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// `now + d`, or the latest instant the clock represents when that overflows: a caller's
+/// `Duration::MAX` means "no practical limit", never a panic.
+pub fn deadline_in(d: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(d).or_else(|| now.checked_add(MAX_TIMEOUT * 100)).unwrap_or(now)
+}
+
+/// This process's rank as the launcher's variables give it, for errors raised before
+/// [`LaunchEnv::from_env`] has run or when it failed (0 when unknown).
+pub fn env_rank() -> usize {
+    var(&["ANYCCL_RANK", "RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"])
+        .and_then(|(_, v)| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// A positive number of seconds, at most [`MAX_TIMEOUT`], from the environment variable
+/// `name` (`None` when it is unset).
 ///
 /// # Errors
-/// `InvalidArgument` naming the variable when it is set to anything else.
+/// `InvalidArgument` naming the variable and this process's rank when it is set to anything
+/// else.
 pub fn env_secs(name: &str) -> Result<Option<Duration>> {
     match std::env::var(name) {
         Err(_) => Ok(None),
         Ok(v) => v
+            .trim()
             .parse::<f64>()
             .ok()
-            .filter(|s| *s > 0.0)
-            .and_then(|s| Duration::try_from_secs_f64(s).ok())
-            .map(Some)
+            .filter(|s| *s > 0.0 && *s <= MAX_TIMEOUT.as_secs_f64())
+            .map(|s| Some(Duration::from_secs_f64(s)))
             .ok_or_else(|| Error::InvalidArgument {
                 op: "env_secs",
                 arg: "environment",
-                rank: 0,
+                rank: env_rank(),
                 group: String::new(),
-                msg: format!("{name}={v:?} is not a positive number of seconds"),
+                msg: format!("{name}={v:?} is not a number of seconds above 0 and at most {}", MAX_TIMEOUT.as_secs()),
             }),
     }
 }
@@ -226,7 +246,7 @@ impl CommConfig {
             c.flight_recorder = v.parse().map_err(|_| Error::InvalidArgument {
                 op: "CommConfig::from_env",
                 arg: "environment",
-                rank: 0,
+                rank: env_rank(),
                 group: String::new(),
                 msg: format!("ANYCCL_FLIGHT_RECORDER={v:?} is not a count"),
             })?;

@@ -165,7 +165,7 @@ impl<'a> Work<'a> {
     /// # Cancel safety
     /// Cancel safe: dropping the future leaves the `Work` as it was.
     pub async fn wait_async(&mut self, timeout: Duration) -> Result<()> {
-        let deadline = Instant::now() + timeout;
+        let deadline = crate::deadline_in(timeout);
         let mut pause = Duration::from_micros(20);
         loop {
             if self.is_completed()? {

@@ -107,6 +107,107 @@ async fn tcp_store_refuses_a_one_gib_frame_header() {
     st.set("k", b"v").await.expect("set after a bad client");
 }
 
+/// Frames on the wire, for clients that misbehave.
+fn frame(body: &[u8]) -> Vec<u8> {
+    let mut f = (body.len() as u32).to_be_bytes().to_vec();
+    f.extend_from_slice(body);
+    f
+}
+
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").map(|d| d.count()).unwrap_or(0)
+}
+
+/// Before a client has authenticated, the server reads no frame larger than a hello: a
+/// connection announcing 1 MiB (well under the 64 MiB limit for authenticated clients) is
+/// closed at once, so unauthenticated connections cannot make it reserve memory.
+#[tokio::test]
+async fn tcp_store_reads_no_large_frame_before_authentication() {
+    let srv = server(Some("tok"));
+    let addr = srv.local_addr();
+    let t = Instant::now();
+    let verdicts = tokio::task::spawn_blocking(move || {
+        let mut socks: Vec<std::net::TcpStream> = (0..16)
+            .map(|_| {
+                let mut s = std::net::TcpStream::connect(addr).expect("connect");
+                s.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+                s.write_all(&(1u32 << 20).to_be_bytes()).expect("header");
+                s
+            })
+            .collect();
+        socks.iter_mut().map(|s| s.read(&mut [0u8; 8]).map_err(|e| e.kind())).collect::<Vec<_>>()
+    })
+    .await
+    .expect("join");
+    for v in verdicts {
+        assert!(
+            matches!(v, Ok(0) | Err(std::io::ErrorKind::ConnectionReset)),
+            "expected the connection closed, got {v:?}"
+        );
+    }
+    assert!(t.elapsed() < Duration::from_secs(3), "closing took {:?}", t.elapsed());
+    let st = TcpStore::connect(addr.to_string(), client_opts(Some("tok"))).await.expect("server still serves");
+    st.set("k", b"v").await.expect("set");
+}
+
+/// Connections that never say hello are bounded: past the limit the server closes new ones
+/// at once (each also ends at the hello timeout), and it serves clients again as they go.
+#[tokio::test]
+async fn tcp_store_bounds_connections_that_never_authenticate() {
+    let srv = server(Some("tok"));
+    let addr = srv.local_addr();
+    let closed_at_once = tokio::task::spawn_blocking(move || {
+        let idle: Vec<std::net::TcpStream> =
+            (0..256).map(|_| std::net::TcpStream::connect(addr).expect("connect")).collect();
+        std::thread::sleep(Duration::from_millis(300));
+        let mut extra = std::net::TcpStream::connect(addr).expect("connect");
+        extra.set_read_timeout(Some(Duration::from_secs(3))).expect("timeout");
+        let r = extra.read(&mut [0u8; 8]).map_err(|e| e.kind());
+        drop(idle);
+        r
+    })
+    .await
+    .expect("join");
+    assert!(
+        matches!(closed_at_once, Ok(0) | Err(std::io::ErrorKind::ConnectionReset)),
+        "the 257th unauthenticated connection was kept: {closed_at_once:?}"
+    );
+    let st = TcpStore::connect(addr.to_string(), client_opts(Some("tok"))).await.expect("serves once they leave");
+    st.set("k", b"v").await.expect("set");
+}
+
+/// A client that asks for a long wait and hangs up frees its connection on the server at
+/// once, not when the wait would have ended.
+#[tokio::test]
+async fn tcp_store_frees_a_wait_whose_client_hung_up() {
+    let srv = server(None);
+    let addr = srv.local_addr();
+    let st = TcpStore::connect(addr.to_string(), client_opts(None)).await.expect("connect");
+    st.set("warm", b"1").await.expect("set");
+    let before = open_fds();
+    tokio::task::spawn_blocking(move || {
+        for _ in 0..8 {
+            let mut s = std::net::TcpStream::connect(addr).expect("connect");
+            s.write_all(&frame(&[1, 0, 0, 0, 1, 0, 0, 0, 0])).expect("hello");
+            s.read_exact(&mut [0u8; 5]).expect("hello answer");
+            // wait: op 4, key "never" (u32 length + bytes), timeout 600 s in ms
+            let mut w = vec![4u8, 0, 0, 0, 5];
+            w.extend_from_slice(b"never");
+            w.extend_from_slice(&600_000u64.to_be_bytes());
+            s.write_all(&frame(&w)).expect("wait");
+        }
+    })
+    .await
+    .expect("join");
+    let t = Instant::now();
+    while open_fds() > before && t.elapsed() < Duration::from_secs(5) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(open_fds() <= before, "{} descriptors still open after the clients hung up", open_fds() - before);
+    assert!(t.elapsed() < Duration::from_secs(2), "freeing took {:?}", t.elapsed());
+    assert_eq!(st.get("warm").await.expect("get"), Some(b"1".to_vec()));
+}
+
 /// Garbage after a valid hello closes that connection only.
 #[tokio::test]
 async fn tcp_store_survives_malformed_frames() {

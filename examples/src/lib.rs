@@ -3,11 +3,13 @@
 //! picking a backend, starting a rank from the launcher's variables, meeting through the store.
 #![forbid(unsafe_code)]
 
+pub mod checkpoint;
+
 use anyccl_core::{
     Backend, CommConfig, Communicator, Error, GroupSpec, LaunchEnv, Platform, Result, Store, TcpStoreServer,
 };
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The backends this build knows, by name.
 pub fn backend_by_name(name: &str) -> Result<Arc<dyn Backend>> {
@@ -97,10 +99,11 @@ pub async fn start_world(owner: &str, backend: Option<&str>, config: CommConfig)
 }
 
 /// Wait until all `n` ranks reach `key` (through the store: no collective), for at most
-/// ten minutes.
+/// `timeout` (a program passes its communicators' `op_timeout`, so `ANYCCL_TIMEOUT_S`
+/// bounds this wait as it bounds the collectives).
 ///
 /// # Errors
-/// `Timeout`; store errors.
-pub async fn meet(store: &dyn Store, key: &str, n: usize) -> Result<()> {
-    anyccl_core::store_barrier(store, key, n, Instant::now() + Duration::from_secs(600)).await
+/// `Timeout` naming the ranks that never arrived; store errors.
+pub async fn meet(store: &dyn Store, key: &str, rank: usize, n: usize, timeout: Duration) -> Result<()> {
+    anyccl_core::store_barrier(store, key, rank, n, anyccl_core::deadline_in(timeout)).await
 }

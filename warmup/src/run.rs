@@ -185,7 +185,7 @@ async fn run_plans(
         report.skipped = Some("the backend connects every transport at init (no lazy connect)".into());
         return Ok(report);
     }
-    let deadline = Instant::now() + cfg.timeout;
+    let deadline = anyccl_core::deadline_in(cfg.timeout);
 
     // 1. One run per (job, generation, rank): a retried call replays the outcome.
     let final_key = s.key(&format!("final/{}", s.rank));

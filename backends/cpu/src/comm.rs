@@ -78,7 +78,7 @@ impl WorkImpl for CpuWork<'_> {
     }
 
     fn wait_for(&mut self, timeout: Duration) -> Result<bool> {
-        let deadline = Instant::now() + timeout;
+        let deadline = anyccl_core::deadline_in(timeout);
         let mut g = self.done.slot.lock().unwrap_or_else(|p| p.into_inner());
         loop {
             if let Some(r) = g.take() {
@@ -157,6 +157,7 @@ impl CpuComm {
         rank: usize,
         size: usize,
         deadline: Instant,
+        op_timeout: Duration,
     ) -> Result<Arc<CpuComm>> {
         // The group's name in errors is its namespace.
         let label = namespace;
@@ -166,7 +167,7 @@ impl CpuComm {
         let base = format!("{namespace}/cpu");
         let st = store.as_ref();
         let (mesh, ns) = anyccl_core::in_new_generation(st, &base, rank, label, deadline, |ns| async move {
-            Ok((Mesh::connect(st, &ns, label, rank, size, deadline).await?, ns))
+            Ok((Mesh::connect(st, &ns, label, rank, size, deadline, op_timeout).await?, ns))
         })
         .await?;
         CpuComm::start(Arc::new(mesh), store, ns)
@@ -504,7 +505,9 @@ impl Collective for CpuComm {
         members.sort();
         let rank = members.iter().position(|&(_, r)| r == me).unwrap_or(0);
         let ns = format!("{base}/c{color}");
-        let mesh = Arc::new(Mesh::connect(self.store.as_ref(), &ns, name, rank, members.len(), deadline).await?);
+        let mesh = Arc::new(
+            Mesh::connect(self.store.as_ref(), &ns, name, rank, members.len(), deadline, self.mesh.op_timeout).await?,
+        );
         let c: Arc<dyn Collective> = CpuComm::start(mesh, self.store.clone(), ns)?;
         Ok(Some(c))
     }

@@ -31,7 +31,6 @@ use anyccl_core::{
     async_trait, Backend, BackendInfo, Capabilities, Collective, ConnectOptions, HostPlatform, Platform, Result,
 };
 use std::sync::Arc;
-use std::time::Instant;
 
 /// The CPU backend.
 #[derive(Debug, Default, Clone, Copy)]
@@ -52,9 +51,9 @@ impl Backend for Cpu {
         Ok(Arc::new(HostPlatform))
     }
     async fn connect(&self, opts: ConnectOptions) -> Result<Arc<dyn Collective>> {
-        let deadline = Instant::now() + opts.timeout;
+        let deadline = anyccl_core::deadline_in(opts.timeout);
         let c: Arc<dyn Collective> =
-            CpuComm::connect(opts.store, &opts.namespace, opts.rank, opts.size, deadline).await?;
+            CpuComm::connect(opts.store, &opts.namespace, opts.rank, opts.size, deadline, opts.op_timeout).await?;
         Ok(c)
     }
 }

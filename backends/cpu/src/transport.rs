@@ -5,6 +5,12 @@
 //! ordering of sends can deadlock. Messages carry a kind (collective or point-to-point), an
 //! op code and a collective sequence number, so a rank that issued a different collective
 //! than its peers gets an error naming both instead of silently mixing data.
+//!
+//! Every blocking step has the communicator's operation timeout as its deadline: a wait for
+//! a peer's data that sees nothing for that long, and a write that a peer accepts nothing of
+//! for that long (a stopped or stuck process stops reading; its socket buffers fill), end
+//! with `Timeout` naming the peer. A rank whose communicator fails tells every peer why
+//! before it closes its connections, so the error on every rank names the peer at fault.
 
 use anyccl_core::{Error, Result, Store};
 use std::collections::VecDeque;
@@ -24,7 +30,12 @@ pub(crate) enum Kind {
     Coll = 0,
     P2p = 1,
     Bye = 2,
+    /// The sender's communicator failed; the body says why.
+    Fail = 3,
 }
+
+/// How long a failing rank tries to tell each peer why, before closing.
+const FAIL_NOTICE: Duration = Duration::from_millis(200);
 
 /// Op codes carried by collective messages.
 pub(crate) fn op_name(code: u8) -> &'static str {
@@ -65,6 +76,14 @@ pub(crate) struct Dead {
     pub aborted: bool,
     pub peer: Option<usize>,
     pub detail: String,
+}
+
+/// Why a wait for a peer's message ended without one.
+pub(crate) enum Missed {
+    /// The communicator is dead (aborted, failed, or the peer closed).
+    Dead(Dead),
+    /// Nothing arrived before the deadline.
+    TimedOut,
 }
 
 /// Where reader threads deliver messages and the engine waits for them.
@@ -125,20 +144,29 @@ impl Mailbox {
         self.lock().dead.clone()
     }
 
-    /// Wait for the next message from `from` selected by `take`.
-    fn wait_for<T>(&self, from: usize, mut take: impl FnMut(&mut Inbox) -> Option<T>) -> std::result::Result<T, Dead> {
+    /// Wait, until `deadline`, for the next message from `from` selected by `take`.
+    fn wait_for<T>(
+        &self,
+        from: usize,
+        deadline: Instant,
+        mut take: impl FnMut(&mut Inbox) -> Option<T>,
+    ) -> std::result::Result<T, Missed> {
         let mut st = self.lock();
         loop {
             if let Some(d) = &st.dead {
-                return Err(d.clone());
+                return Err(Missed::Dead(d.clone()));
             }
             if let Some(v) = take(&mut st.inbox[from]) {
                 return Ok(v);
             }
             if let Some(why) = &st.inbox[from].closed {
-                return Err(Dead { aborted: false, peer: Some(from), detail: why.clone() });
+                return Err(Missed::Dead(Dead { aborted: false, peer: Some(from), detail: why.clone() }));
             }
-            st = self.cv.wait(st).unwrap_or_else(|p| p.into_inner());
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Missed::TimedOut);
+            }
+            st = self.cv.wait_timeout(st, deadline - now).unwrap_or_else(|p| p.into_inner()).0;
         }
     }
 }
@@ -148,6 +176,8 @@ pub(crate) struct Mesh {
     pub rank: usize,
     pub size: usize,
     pub label: String,
+    /// The deadline of every blocking step (see the module doc).
+    pub op_timeout: Duration,
     writers: Vec<Option<Mutex<TcpStream>>>,
     /// Clones of every socket, to shut them down while a writer is blocked.
     ctl: Vec<Option<TcpStream>>,
@@ -190,6 +220,7 @@ impl Mesh {
         rank: usize,
         size: usize,
         deadline: Instant,
+        op_timeout: Duration,
     ) -> Result<Mesh> {
         let started = Instant::now();
         let host = std::env::var("ANYCCL_CPU_HOST").unwrap_or_else(|_| "127.0.0.1".into());
@@ -242,7 +273,7 @@ impl Mesh {
                 peer: Some(peer),
                 detail: format!("hello to {addr} failed: {e}"),
             })?;
-            streams[peer] = Some(into_std(s, rank, label)?);
+            streams[peer] = Some(into_std(s, rank, label, op_timeout)?);
         }
         // Accept every higher rank.
         let ns_hash = anyccl_core::stable_hash(ns.bytes());
@@ -272,7 +303,7 @@ impl Mesh {
                 continue;
             }
             pending.retain(|&p| p != peer);
-            streams[peer] = Some(into_std(s, rank, label)?);
+            streams[peer] = Some(into_std(s, rank, label, op_timeout)?);
         }
 
         let mailbox = Arc::new(Mailbox::new(size));
@@ -305,7 +336,7 @@ impl Mesh {
                 }
             }
         }
-        Ok(Mesh { rank, size, label: label.into(), writers, ctl, mailbox, readers: Mutex::new(readers) })
+        Ok(Mesh { rank, size, label: label.into(), op_timeout, writers, ctl, mailbox, readers: Mutex::new(readers) })
     }
 
     fn peer_err(&self, peer: usize, detail: String) -> Error {
@@ -329,7 +360,7 @@ impl Mesh {
             match kind {
                 Kind::P2p => self.mailbox.push_p2p(peer, data.to_vec()),
                 Kind::Coll => self.mailbox.push_coll(peer, CollMsg { op, seq, data: data.to_vec() }),
-                Kind::Bye => {}
+                Kind::Bye | Kind::Fail => {}
             }
             return Ok(());
         }
@@ -346,14 +377,51 @@ impl Mesh {
         drop(s);
         r.map_err(|e| match self.mailbox.dead() {
             Some(d) => self.dead_err(d),
+            // The socket's send timeout: the peer took no data for a whole operation timeout.
+            None if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                Error::Timeout {
+                    op: what(kind, op, seq),
+                    rank: self.rank,
+                    group: self.label.clone(),
+                    after: self.op_timeout,
+                    detail: format!(
+                        "rank {peer} accepted no data for {:?}: it stopped reading (a stopped or stuck process)",
+                        self.op_timeout
+                    ),
+                }
+            }
             None => self.peer_err(peer, format!("send failed: {e}")),
+        })
+    }
+
+    /// Wait for the next message from `peer` that `take` selects, for at most the operation
+    /// timeout.
+    fn wait_msg<T>(
+        &self,
+        peer: usize,
+        what: impl Fn() -> String,
+        take: impl FnMut(&mut Inbox) -> Option<T>,
+    ) -> Result<T> {
+        let t = self.op_timeout;
+        self.mailbox.wait_for(peer, anyccl_core::deadline_in(t), take).map_err(|m| match m {
+            Missed::Dead(d) => self.dead_err(d),
+            Missed::TimedOut => Error::Timeout {
+                op: what(),
+                rank: self.rank,
+                group: self.label.clone(),
+                after: t,
+                detail: format!(
+                    "nothing arrived from rank {peer} for {t:?}: it has not reached this operation (a stopped, \
+                     stuck or slower rank, or one that issued other operations)"
+                ),
+            },
         })
     }
 
     /// Receive the next collective message from `peer`, which must be `op` number `seq`
     /// of `expect` bytes (when given).
     pub(crate) fn recv_coll(&self, peer: usize, op: u8, seq: u64, expect: Option<usize>) -> Result<Vec<u8>> {
-        let m = self.mailbox.wait_for(peer, |ib| ib.coll.pop_front()).map_err(|d| self.dead_err(d))?;
+        let m = self.wait_msg(peer, || what(Kind::Coll, op, seq), |ib| ib.coll.pop_front())?;
         if m.op != op || m.seq != seq {
             return Err(Error::PeerFailed {
                 rank: self.rank,
@@ -384,7 +452,7 @@ impl Mesh {
 
     /// Receive the next point-to-point message from `peer`, of exactly `expect` bytes.
     pub(crate) fn recv_p2p(&self, peer: usize, expect: usize) -> Result<Vec<u8>> {
-        let d = self.mailbox.wait_for(peer, |ib| ib.p2p.pop_front()).map_err(|d| self.dead_err(d))?;
+        let d = self.wait_msg(peer, || format!("recv from rank {peer}"), |ib| ib.p2p.pop_front())?;
         if d.len() != expect {
             return Err(
                 self.peer_err(peer, format!("recv: rank {peer} sent {} bytes, this rank posted {expect}", d.len()))
@@ -394,9 +462,26 @@ impl Mesh {
     }
 
     /// Mark the mesh dead and shut every socket, so local waits and every peer's reader
-    /// see it at once.
+    /// see it at once. A failure (not an abort) is first told to every peer whose writer is
+    /// free, briefly, so their errors say what failed here rather than only that this rank
+    /// closed its connection.
     pub(crate) fn kill(&self, dead: Dead) {
+        let notice = (!dead.aborted).then(|| format!("rank {} of '{}' failed: {}", self.rank, self.label, dead.detail));
+        let culprit = dead.peer;
         self.mailbox.kill(dead);
+        if let Some(text) = notice {
+            for (peer, w) in self.writers.iter().enumerate() {
+                let Some(Ok(mut s)) = w.as_ref().map(|w| w.try_lock()) else { continue };
+                if Some(peer) == culprit {
+                    continue;
+                }
+                let mut h = [0u8; HEADER];
+                h[0] = Kind::Fail as u8;
+                h[16..24].copy_from_slice(&(text.len() as u64).to_le_bytes());
+                let _ = s.set_write_timeout(Some(FAIL_NOTICE));
+                let _ = s.write_all(&h).and_then(|_| s.write_all(text.as_bytes()));
+            }
+        }
         for s in self.ctl.iter().flatten() {
             let _ = s.shutdown(Shutdown::Both);
         }
@@ -426,14 +511,27 @@ impl Mesh {
     }
 }
 
-fn into_std(s: tokio::net::TcpStream, rank: usize, label: &str) -> Result<TcpStream> {
+/// An operation's name in errors: `all_reduce #3`, `send`.
+fn what(kind: Kind, op: u8, seq: u64) -> String {
+    match kind {
+        Kind::Coll => format!("{} #{seq}", op_name(op)),
+        _ => "send".into(),
+    }
+}
+
+fn into_std(s: tokio::net::TcpStream, rank: usize, label: &str, op_timeout: Duration) -> Result<TcpStream> {
     let s = s.into_std().map_err(|e| Error::Unavailable { backend: "cpu", reason: format!("socket: {e}") })?;
-    s.set_nonblocking(false).and_then(|_| s.set_nodelay(true)).map_err(|e| Error::PeerFailed {
-        rank,
-        group: label.into(),
-        peer: None,
-        detail: format!("socket setup: {e}"),
-    })?;
+    // A zero timeout means "none" to the socket layer: keep at least a millisecond.
+    let send_timeout = op_timeout.max(Duration::from_millis(1));
+    s.set_nonblocking(false)
+        .and_then(|_| s.set_nodelay(true))
+        .and_then(|_| s.set_write_timeout(Some(send_timeout)))
+        .map_err(|e| Error::PeerFailed {
+            rank,
+            group: label.into(),
+            peer: None,
+            detail: format!("socket setup: {e}"),
+        })?;
     Ok(s)
 }
 
@@ -461,6 +559,7 @@ fn read_loop(mut s: TcpStream, peer: usize, mb: Arc<Mailbox>) {
             0 => mb.push_coll(peer, CollMsg { op: h[1], seq, data }),
             1 => mb.push_p2p(peer, data),
             2 => break format!("rank {peer} shut down its communicator"),
+            3 => break String::from_utf8_lossy(&data).into_owned(),
             k => break format!("rank {peer} sent an unknown message kind {k}"),
         }
     };

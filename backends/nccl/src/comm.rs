@@ -234,7 +234,7 @@ impl NcclComm {
         cuda: Arc<Cuda>,
         opts: anyccl_core::ConnectOptions,
     ) -> Result<Arc<NcclComm>> {
-        let deadline = Instant::now() + opts.timeout;
+        let deadline = anyccl_core::deadline_in(opts.timeout);
         let (store, namespace, rank, size, op_timeout) =
             (opts.store, opts.namespace.as_str(), opts.rank, opts.size, opts.op_timeout);
         // A generation per connect, started by rank 0 (a rank retrying alone joins rank 0's
@@ -594,7 +594,7 @@ impl NcclComm {
 
     /// Wait until no operation is being launched (a previous first call still connecting).
     fn settle(&self, op: &str) -> Result<()> {
-        let deadline = Instant::now() + self.enqueue_timeout;
+        let deadline = anyccl_core::deadline_in(self.enqueue_timeout);
         let mut spins = 0u32;
         while self.resolve_pending(op)? {
             if Instant::now() > deadline {
@@ -787,7 +787,7 @@ impl WorkImpl for NcclWork<'_> {
     }
 
     fn wait_for(&mut self, timeout: Duration) -> Result<bool> {
-        let deadline = Instant::now() + timeout;
+        let deadline = anyccl_core::deadline_in(timeout);
         self.comm.cuda.bind()?;
         let mut spins = 0u32;
         loop {

@@ -48,18 +48,37 @@ pub trait Store: Send + Sync + fmt::Debug {
     async fn delete(&self, key: &str) -> Result<bool>;
 }
 
-/// Wait until `n` callers have reached the barrier named `key` (each name once per job),
+/// Wait until all `n` ranks have reached the barrier named `key` (each name once per job),
 /// without any collective: the last to arrive marks it done.
 ///
 /// # Errors
-/// `Timeout` at `deadline` (rank and group left empty, the caller adds them); store errors.
-pub async fn store_barrier(store: &dyn Store, key: &str, n: usize, deadline: Instant) -> Result<()> {
+/// `Timeout` at `deadline`, naming `rank` and the ranks that never arrived (the group is left
+/// empty: the caller's barrier belongs to no communicator); store errors.
+pub async fn store_barrier(store: &dyn Store, key: &str, rank: usize, n: usize, deadline: Instant) -> Result<()> {
+    let started = Instant::now();
     let done = format!("{key}/done");
+    store.set(&format!("{key}/rank/{rank}"), b"1").await?;
     if usize::try_from(store.add(key, 1).await?).is_ok_and(|a| a == n) {
         store.set(&done, b"1").await?;
     }
-    store.wait(&done, deadline).await?;
-    Ok(())
+    match store.wait(&done, deadline).await {
+        Err(Error::Timeout { .. }) => {
+            let mut missing = Vec::new();
+            for r in 0..n {
+                if store.get(&format!("{key}/rank/{r}")).await?.is_none() {
+                    missing.push(r);
+                }
+            }
+            Err(Error::Timeout {
+                op: format!("store barrier '{key}'"),
+                rank,
+                group: String::new(),
+                after: started.elapsed(),
+                detail: format!("ranks {missing:?} never arrived"),
+            })
+        }
+        r => r.map(|_| ()),
+    }
 }
 
 /// The generation of a new connect under `ns`, agreed through the store. Rank 0 starts a

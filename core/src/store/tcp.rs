@@ -9,6 +9,7 @@ use super::{wait_timeout, CasOutcome, KvCore, Store};
 use crate::error::{Error, Recovery, Result};
 use async_trait::async_trait;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -18,6 +19,13 @@ use tokio::net::TcpStream;
 pub const DEFAULT_MAX_FRAME: usize = 64 << 20;
 const PROTOCOL_VERSION: u32 = 1;
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// Largest hello (version and token): nothing larger is read before a client authenticates.
+const MAX_HELLO_FRAME: usize = 4 << 10;
+/// Connections that have not authenticated yet, at most; the server closes any more at once,
+/// so idle or slow connections cannot exhaust its memory or descriptors.
+const MAX_PENDING_HELLOS: usize = 256;
+/// Bytes a frame's buffer grows by as its body arrives: a declared length reserves nothing.
+const READ_CHUNK: usize = 64 << 10;
 const MAX_WAIT: Duration = Duration::from_secs(24 * 3600);
 
 /// Settings shared by [`TcpStoreServer`] and [`TcpStore`].
@@ -45,12 +53,20 @@ impl Default for TcpStoreOptions {
 }
 
 impl TcpStoreOptions {
-    /// Defaults with the token from `ANYCCL_STORE_TOKEN` when set.
-    pub fn from_env() -> Self {
-        TcpStoreOptions {
+    /// Defaults with the token from `ANYCCL_STORE_TOKEN` when set, and `ANYCCL_INIT_TIMEOUT_S`
+    /// (when set) bounding how long a client keeps trying to reach the server.
+    ///
+    /// # Errors
+    /// `InvalidArgument` naming a malformed variable.
+    pub fn from_env() -> Result<Self> {
+        let mut o = TcpStoreOptions {
             token: std::env::var("ANYCCL_STORE_TOKEN").ok().filter(|t| !t.is_empty()),
             ..Default::default()
+        };
+        if let Some(d) = crate::env_secs("ANYCCL_INIT_TIMEOUT_S")? {
+            o.connect_timeout = d;
         }
+        Ok(o)
     }
 }
 
@@ -219,8 +235,13 @@ async fn read_frame(s: &mut TcpStream, max: usize) -> std::io::Result<Option<Vec
             format!("frame of {n} bytes exceeds the {max}-byte limit"),
         ));
     }
-    let mut body = vec![0u8; n];
-    s.read_exact(&mut body).await?;
+    // Grow with what arrives, so a peer that declares a large frame and sends nothing holds
+    // no memory.
+    let mut body = Vec::with_capacity(n.min(READ_CHUNK));
+    (&mut *s).take(n as u64).read_to_end(&mut body).await?;
+    if body.len() != n {
+        return Err(std::io::ErrorKind::UnexpectedEof.into());
+    }
     Ok(Some(body))
 }
 
@@ -292,15 +313,22 @@ fn serve(listener: std::net::TcpListener, opts: TcpStoreOptions, mut stopped: to
         };
         let core = Arc::new(KvCore::default());
         let opts = Arc::new(opts);
+        let pending = Arc::new(AtomicUsize::new(0));
         loop {
             tokio::select! {
                 _ = &mut stopped => break,
                 acc = listener.accept() => match acc {
                     Ok((s, peer)) => {
+                        if pending.fetch_add(1, Ordering::AcqRel) >= MAX_PENDING_HELLOS {
+                            pending.fetch_sub(1, Ordering::AcqRel);
+                            tracing::warn!("store: {MAX_PENDING_HELLOS} connections await authentication; closed {peer}");
+                            continue;
+                        }
                         let _ = s.set_nodelay(true);
                         let (core, opts) = (core.clone(), opts.clone());
+                        let hello = Pending(pending.clone());
                         tokio::spawn(async move {
-                            if let Err(e) = serve_conn(s, &core, &opts).await {
+                            if let Err(e) = serve_conn(s, &core, &opts, hello).await {
                                 tracing::debug!("store connection from {peer} closed: {e}");
                             }
                         });
@@ -315,8 +343,32 @@ fn serve(listener: std::net::TcpListener, opts: TcpStoreOptions, mut stopped: to
     });
 }
 
-async fn serve_conn(mut s: TcpStream, core: &KvCore, opts: &TcpStoreOptions) -> std::result::Result<(), String> {
-    let hello = tokio::time::timeout(HELLO_TIMEOUT, read_frame(&mut s, opts.max_frame))
+/// One connection counted as awaiting authentication until dropped.
+struct Pending(Arc<AtomicUsize>);
+impl Drop for Pending {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Resolves when the client of a connection that owes no request hangs up (or sends one
+/// anyway, which this protocol does not allow during a wait).
+async fn hung_up(s: &TcpStream) -> String {
+    let mut b = [0u8; 1];
+    match s.peek(&mut b).await {
+        Ok(0) => "client hung up during a wait".into(),
+        Ok(_) => "client sent a request during a wait".into(),
+        Err(e) => format!("connection failed during a wait: {e}"),
+    }
+}
+
+async fn serve_conn(
+    mut s: TcpStream,
+    core: &KvCore,
+    opts: &TcpStoreOptions,
+    pending: Pending,
+) -> std::result::Result<(), String> {
+    let hello = tokio::time::timeout(HELLO_TIMEOUT, read_frame(&mut s, MAX_HELLO_FRAME.min(opts.max_frame)))
         .await
         .map_err(|_| "no hello within 10 s".to_string())?
         .map_err(|e| e.to_string())?
@@ -339,6 +391,7 @@ async fn serve_conn(mut s: TcpStream, core: &KvCore, opts: &TcpStoreOptions) -> 
         }
         _ => return Err("first frame is not a hello".into()),
     }
+    drop(pending);
     loop {
         let Some(frame) = read_frame(&mut s, opts.max_frame).await.map_err(|e| e.to_string())? else {
             return Ok(());
@@ -356,7 +409,12 @@ async fn serve_conn(mut s: TcpStream, core: &KvCore, opts: &TcpStoreOptions) -> 
             },
             Request::Wait { key, timeout_ms } => {
                 let deadline = Instant::now() + Duration::from_millis(timeout_ms).min(MAX_WAIT);
-                match core.wait(&key, deadline).await {
+                // A client that gives up on its wait frees the connection at once.
+                let waited = tokio::select! {
+                    r = core.wait(&key, deadline) => r,
+                    why = hung_up(&s) => return Err(why),
+                };
+                match waited {
                     Ok(Some(v)) => Response::Found(v),
                     Ok(None) => Response::TimedOut,
                     Err(e) => Response::Err(e.to_string()),
@@ -398,34 +456,44 @@ impl TcpStore {
         Ok(st)
     }
 
+    /// A new authenticated connection. Failures to reach the server, or a server that closes
+    /// the connection before answering the hello (it is busy with connections that have
+    /// not authenticated), are retried until `opts.connect_timeout`; a refusal is final.
     async fn open(&self) -> Result<TcpStream> {
-        let deadline = Instant::now() + self.opts.connect_timeout;
+        let deadline = crate::deadline_in(self.opts.connect_timeout);
         let mut pause = Duration::from_millis(10);
-        let mut s = loop {
-            match TcpStream::connect(&self.addr).await {
-                Ok(s) => break s,
-                Err(e) => {
-                    if Instant::now() + pause > deadline {
-                        return Err(Error::Store {
-                            msg: format!(
-                                "cannot reach the store at {} within {:?}: {e}",
-                                self.addr, self.opts.connect_timeout
-                            ),
-                            recovery: Recovery::Retry,
-                        });
+        loop {
+            let err = match TcpStream::connect(&self.addr).await {
+                Ok(mut s) => {
+                    let _ = s.set_nodelay(true);
+                    let token = self.opts.token.clone().unwrap_or_default().into_bytes();
+                    let hello = Request::Hello { version: PROTOCOL_VERSION, token };
+                    match self.exchange(&mut s, &hello, Instant::now() + HELLO_TIMEOUT).await {
+                        Ok(Response::Ok) => return Ok(s),
+                        Ok(Response::Err(m)) => {
+                            return Err(Error::store_fatal(format!(
+                                "store at {} refused the connection: {m}",
+                                self.addr
+                            )))
+                        }
+                        Ok(r) => return Err(Error::store_fatal(format!("unexpected hello answer {r:?}"))),
+                        Err(e) if e.recovery() == Recovery::Fatal => return Err(e),
+                        Err(e) => e.to_string(),
                     }
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(Duration::from_millis(500));
                 }
+                Err(e) => e.to_string(),
+            };
+            if Instant::now() + pause > deadline {
+                return Err(Error::Store {
+                    msg: format!(
+                        "cannot reach the store at {} within {:?}: {err}",
+                        self.addr, self.opts.connect_timeout
+                    ),
+                    recovery: Recovery::Retry,
+                });
             }
-        };
-        let _ = s.set_nodelay(true);
-        let token = self.opts.token.clone().unwrap_or_default().into_bytes();
-        let hello = Request::Hello { version: PROTOCOL_VERSION, token };
-        match self.exchange(&mut s, &hello, Instant::now() + HELLO_TIMEOUT).await? {
-            Response::Ok => Ok(s),
-            Response::Err(m) => Err(Error::store_fatal(format!("store at {} refused the connection: {m}", self.addr))),
-            r => Err(Error::store_fatal(format!("unexpected hello answer {r:?}"))),
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(500));
         }
     }
 
@@ -464,7 +532,7 @@ impl TcpStore {
     }
 
     fn std_deadline(&self) -> Instant {
-        Instant::now() + self.opts.request_timeout
+        crate::deadline_in(self.opts.request_timeout)
     }
 }
 
@@ -491,7 +559,7 @@ impl Store for TcpStore {
         let started = Instant::now();
         let timeout_ms = deadline.saturating_duration_since(started).as_millis() as u64;
         let req = Request::Wait { key: key.into(), timeout_ms };
-        match self.call(req, deadline + Duration::from_secs(5)).await? {
+        match self.call(req, deadline.checked_add(Duration::from_secs(5)).unwrap_or(deadline)).await? {
             Response::Found(v) => Ok(v),
             Response::TimedOut => Err(wait_timeout(key, started)),
             r => Err(unexpected(r)),

@@ -65,8 +65,14 @@ fn parse_size(s: &str) -> std::result::Result<usize, String> {
         Some('G' | 'g') => (&s[..s.len() - 1], 1 << 30),
         _ => (s, 1),
     };
-    num.parse::<usize>().map(|n| n * mul).map_err(|_| format!("bad size '{s}'"))
+    let n = num.trim().parse::<usize>().map_err(|_| format!("'{s}' is not a size (bytes, with K, M or G)"))?;
+    n.checked_mul(mul)
+        .filter(|&b| b <= MAX_BYTES)
+        .ok_or_else(|| format!("'{s}' is larger than the 64 GiB this tool measures"))
 }
+
+/// The largest size a row may have.
+const MAX_BYTES: usize = 64 << 30;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Op {
@@ -261,13 +267,14 @@ struct StoreBarrier<'a> {
     n: usize,
     me: usize,
     calls: usize,
+    timeout: Duration,
 }
 
 impl StoreBarrier<'_> {
     async fn wait(&mut self, what: &str) -> Result<()> {
         self.calls += 1;
         let key = format!("bench/barrier/{what}/{}", self.calls);
-        anyccl_examples::meet(self.store, &key, self.n).await
+        anyccl_examples::meet(self.store, &key, self.me, self.n, self.timeout).await
     }
 
     /// Rank 0's `value`, on every rank.
@@ -277,7 +284,7 @@ impl StoreBarrier<'_> {
         if self.me == 0 {
             self.store.set(&key, &value.to_le_bytes()).await?;
         }
-        let v = self.store.wait(&key, Instant::now() + Duration::from_secs(600)).await?;
+        let v = self.store.wait(&key, anyccl_core::deadline_in(self.timeout)).await?;
         let bytes: [u8; 8] = v.as_slice().try_into().map_err(|_| bad_arg("store", format!("bad value under {key}")))?;
         Ok(u64::from_le_bytes(bytes))
     }
@@ -314,7 +321,13 @@ async fn main() -> ExitCode {
 }
 
 fn bad_arg(arg: &'static str, msg: String) -> anyccl_core::Error {
-    anyccl_core::Error::InvalidArgument { op: "anyccl-bench", arg, rank: 0, group: String::new(), msg }
+    anyccl_core::Error::InvalidArgument {
+        op: "anyccl-bench",
+        arg,
+        rank: anyccl_core::env_rank(),
+        group: String::new(),
+        msg,
+    }
 }
 
 async fn run(args: Args) -> Result<()> {
@@ -325,6 +338,18 @@ async fn run(args: Args) -> Result<()> {
     let max = parse_size(&args.max).map_err(|m| bad_arg("-e", m))?;
     if args.factor < 2 {
         return Err(bad_arg("-f", "the step factor must be at least 2".into()));
+    }
+    if min > max {
+        return Err(bad_arg(
+            "-b",
+            format!("the smallest size ({min} B) is larger than the largest (-e, {max} B): no rows"),
+        ));
+    }
+    if args.iters == 0 {
+        return Err(bad_arg("-n", "at least one timed iteration is needed".into()));
+    }
+    if args.check > 1 {
+        return Err(bad_arg("-c", format!("{} is not 0 or 1", args.check)));
     }
     let anyccl_examples::Rank { store, backend, platform, world: comm, server: _server, .. } =
         anyccl_examples::start_world("anyccl-bench", args.backend.as_deref(), CommConfig::from_env()?).await?;
@@ -352,7 +377,7 @@ async fn run(args: Args) -> Result<()> {
         println!("#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)            (us)    (MiB)");
     }
     let mut rows = Vec::new();
-    let mut sync = StoreBarrier { store: store.as_ref(), n, me, calls: 0 };
+    let mut sync = StoreBarrier { store: store.as_ref(), n, me, calls: 0, timeout };
     let warmup = |first: bool| Warmup {
         calls: args.warmup,
         min_time: if first { Duration::from_millis(args.warmup_ms) } else { Duration::ZERO },

@@ -14,10 +14,11 @@ use anyccl_core::{
     CommConfig, Communicator, DType, DeviceKind, DeviceMemory, Error, GroupRegistry, GroupSpec, Platform, ReduceOp,
     Result, Role,
 };
+use anyccl_examples::checkpoint as ckpt;
 use anyccl_warmup::{warmup, Session, Target, WarmupConfig};
 use clap::{Args as ClapArgs, Parser, Subcommand};
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
@@ -46,24 +47,24 @@ struct Job {
     /// Pipeline stages (default: 2).
     #[arg(long)]
     pp: Option<usize>,
-    /// Training steps.
-    #[arg(long, default_value_t = 20)]
-    steps: usize,
-    /// Checkpoint every this many steps.
-    #[arg(long, default_value_t = 5)]
-    ckpt_every: usize,
+    /// Training steps (at least 1).
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..))]
+    steps: u64,
+    /// Checkpoint every this many steps (at least 1).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
+    ckpt_every: u64,
     /// The last rank exits (code 17) when it reaches this step.
     #[arg(long)]
-    crash_at: Option<usize>,
+    crash_at: Option<u64>,
     /// Recover from the latest complete checkpoint under this run directory.
     #[arg(long)]
     resume_from: Option<PathBuf>,
     /// Output directory.
     #[arg(long, default_value = "target/anyccl-recover")]
     out: PathBuf,
-    /// Name of this run (a folder under --out).
-    #[arg(long, default_value = "run")]
-    run: String,
+    /// Name of this run (a folder under --out; `train` only, the demo names its three runs).
+    #[arg(long)]
+    run: Option<String>,
     /// Do not warm the communicators before the first step after recovery.
     #[arg(long)]
     no_warmup: bool,
@@ -74,18 +75,19 @@ struct Job {
     /// Memory a colocated component (e.g. an inference engine) holds, MiB; released first
     /// when recovering.
     #[arg(long, default_value_t = 64)]
-    colocated_mib: usize,
-    /// Model width.
-    #[arg(long, default_value_t = 64)]
-    width: usize,
-    /// Layers per pipeline stage.
-    #[arg(long, default_value_t = 2)]
-    layers: usize,
-    /// Batch rows per replica.
-    #[arg(long, default_value_t = 32)]
-    batch: usize,
-    /// Learning rate.
-    #[arg(long, default_value_t = 4.0)]
+    #[arg(value_parser = clap::value_parser!(u64).range(0..=1 << 20))]
+    colocated_mib: u64,
+    /// Model width (1 to 4096).
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    width: u64,
+    /// Layers per pipeline stage (1 to 1024).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    layers: u64,
+    /// Batch rows per replica (1 to 65536).
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u64).range(1..=65536))]
+    batch: u64,
+    /// Learning rate (a finite number above 0).
+    #[arg(long, default_value_t = 4.0, value_parser = positive_f32)]
     lr: f32,
     /// Seed.
     #[arg(long, default_value_t = 1234)]
@@ -93,6 +95,23 @@ struct Job {
     /// Backend (default: ANYCCL_BACKEND, else the best available).
     #[arg(long)]
     backend: Option<String>,
+}
+
+fn positive_f32(s: &str) -> std::result::Result<f32, String> {
+    match s.parse::<f32>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        _ => Err(format!("must be a finite number above 0, not {s:?}")),
+    }
+}
+
+impl Job {
+    /// The model and parallel layout every shard records.
+    fn layout(&self, dp: usize, pp: usize) -> String {
+        format!("dp{dp} pp{pp} width{} layers{} seed{}", self.width, self.layers, self.seed)
+    }
+    fn run_name(&self) -> &str {
+        self.run.as_deref().unwrap_or("run")
+    }
 }
 
 fn main() -> ExitCode {
@@ -169,7 +188,20 @@ fn demo(job: &Job) -> Result<ExitCode> {
     let here = std::env::current_exe().map_err(|e| bad(format!("own path: {e}")))?;
     let dir = here.parent().ok_or_else(|| bad("no directory".into()))?;
     let runner = dir.join("anyccl-run");
+    if job.resume_from.is_some() || job.run.is_some() {
+        return Err(bad(
+            "--resume-from and --run belong to `anyccl-recover train`; the demo names its three runs and recovers \
+             from its own crashing run"
+                .into(),
+        ));
+    }
     let crash_at = job.crash_at.unwrap_or(job.steps * 3 / 5);
+    if crash_at == 0 || crash_at >= job.steps || crash_at < job.ckpt_every {
+        return Err(bad(format!(
+            "--crash-at {crash_at} must be after the first checkpoint (--ckpt-every {}) and before --steps {}",
+            job.ckpt_every, job.steps
+        )));
+    }
     // Only this demo's own runs are cleared, never anything else under --out.
     for run in ["ref", "crash", "recovered"] {
         let _ = std::fs::remove_dir_all(job.out.join(run));
@@ -180,9 +212,21 @@ fn demo(job: &Job) -> Result<ExitCode> {
         let mut args: Vec<String> = vec!["-n".into(), n.to_string(), "--timeout".into(), "600".into(), "--".into()];
         args.push(here.display().to_string());
         args.push("train".into());
-        for (k, v) in [("--dp", dp), ("--pp", pp), ("--steps", job.steps), ("--ckpt-every", job.ckpt_every)] {
+        let same: [(&str, String); 10] = [
+            ("--dp", dp.to_string()),
+            ("--pp", pp.to_string()),
+            ("--steps", job.steps.to_string()),
+            ("--ckpt-every", job.ckpt_every.to_string()),
+            ("--width", job.width.to_string()),
+            ("--layers", job.layers.to_string()),
+            ("--batch", job.batch.to_string()),
+            ("--lr", job.lr.to_string()),
+            ("--seed", job.seed.to_string()),
+            ("--colocated-mib", job.colocated_mib.to_string()),
+        ];
+        for (k, v) in same {
             args.push(k.into());
-            args.push(v.to_string());
+            args.push(v);
         }
         args.extend(["--out".into(), job.out.display().to_string()]);
         if let Some(b) = &job.backend {
@@ -223,11 +267,12 @@ fn demo(job: &Job) -> Result<ExitCode> {
     }
     let mut same = 0;
     for r in 0..n {
-        let a = std::fs::read(job.out.join("ref/final").join(format!("rank{r}.bin")))
-            .map_err(|e| bad(format!("reference shard of rank {r}: {e}")))?;
-        let b = std::fs::read(job.out.join("recovered/final").join(format!("rank{r}.bin")))
-            .map_err(|e| bad(format!("recovered shard of rank {r}: {e}")))?;
-        if a == b {
+        // The parameters, bit for bit (the shards' headers name different jobs).
+        let bits = |run: &str| -> Result<Vec<u32>> {
+            let (_, p) = ckpt::read_shard(&job.out.join(run).join("final").join(format!("rank{r}.bin")))?;
+            Ok(p.iter().map(|x| x.to_bits()).collect())
+        };
+        if bits("ref")? == bits("recovered")? {
             same += 1;
         } else {
             println!("rank {r}: recovered parameters DIFFER from the uninterrupted run");
@@ -348,8 +393,8 @@ impl Stage {
     }
 }
 
-fn batch(seed: u64, step: usize, replica: usize, rows: usize, h: usize) -> Vec<f32> {
-    let mut r = Rng::new(&[seed, 7, step as u64, replica as u64]);
+fn batch(seed: u64, step: u64, replica: usize, rows: usize, h: usize) -> Vec<f32> {
+    let mut r = Rng::new(&[seed, 7, step, replica as u64]);
     (0..rows * h).map(|_| r.uniform()).collect()
 }
 
@@ -402,70 +447,22 @@ fn le_bytes(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
-// ---------------------------------------------------------------- checkpoints
-
-fn shard_path(dir: &Path, step: usize, rank: usize) -> PathBuf {
-    dir.join(format!("ckpt/step{step:06}/rank{rank}.bin"))
-}
-
-/// Write atomically: temporary file, fsync, rename, fsync the folder. A checksum guards it.
-fn write_shard(path: &Path, step: usize, rank: usize, params: &[f32]) -> Result<()> {
-    let io = |e: std::io::Error| bad(format!("checkpoint {}: {e}", path.display()));
-    let dir = path.parent().ok_or_else(|| bad("no folder".into()))?;
-    std::fs::create_dir_all(dir).map_err(io)?;
-    let mut body = Vec::with_capacity(params.len() * 4 + 32);
-    body.extend_from_slice(b"ACKP");
-    body.extend_from_slice(&(step as u64).to_le_bytes());
-    body.extend_from_slice(&(rank as u32).to_le_bytes());
-    body.extend_from_slice(&(params.len() as u64).to_le_bytes());
-    for p in params {
-        body.extend_from_slice(&p.to_le_bytes());
-    }
-    let crc = crc32fast::hash(&body);
-    body.extend_from_slice(&crc.to_le_bytes());
-    let tmp = path.with_extension("tmp");
-    {
-        let mut f = std::fs::File::create(&tmp).map_err(io)?;
-        f.write_all(&body).map_err(io)?;
-        f.sync_all().map_err(io)?;
-    }
-    std::fs::rename(&tmp, path).map_err(io)?;
-    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io)?;
-    Ok(())
-}
-
-fn read_shard(path: &Path, rank: usize, n_params: usize) -> Result<(usize, Vec<f32>)> {
-    let body = std::fs::read(path)
-        .map_err(|e| bad(format!("checkpoint shard {} is missing or unreadable: {e}", path.display())))?;
-    let corrupt = |why: &str| bad(format!("checkpoint shard {} is corrupt: {why}", path.display()));
-    if body.len() < 28 || &body[..4] != b"ACKP" {
-        return Err(corrupt("bad header"));
-    }
-    let (data, crc) = body.split_at(body.len() - 4);
-    if crc32fast::hash(data) != u32::from_le_bytes([crc[0], crc[1], crc[2], crc[3]]) {
-        return Err(corrupt("checksum mismatch"));
-    }
-    let step = u64::from_le_bytes(data[4..12].try_into().unwrap_or_default()) as usize;
-    let r = u32::from_le_bytes(data[12..16].try_into().unwrap_or_default()) as usize;
-    let n = u64::from_le_bytes(data[16..24].try_into().unwrap_or_default()) as usize;
-    if r != rank || n != n_params || data.len() != 24 + n * 4 {
-        return Err(corrupt(&format!("written by rank {r} with {n} parameters; this is rank {rank} with {n_params}")));
-    }
-    Ok((step, data[24..].chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()))
-}
-
-/// The latest step whose checkpoint every rank finished (marked COMPLETE by rank 0).
-fn latest_complete(dir: &Path) -> Result<usize> {
-    let rd =
-        std::fs::read_dir(dir.join("ckpt")).map_err(|e| bad(format!("no checkpoints under {}: {e}", dir.display())))?;
-    rd.flatten()
-        .filter(|e| e.path().join("COMPLETE").exists())
-        .filter_map(|e| e.file_name().to_str().and_then(|n| n.strip_prefix("step")).and_then(|s| s.parse().ok()))
-        .max()
-        .ok_or_else(|| bad(format!("no complete checkpoint under {}", dir.display())))
-}
-
 // ---------------------------------------------------------------- one rank
+
+/// A new training job's identity, recorded in every shard: the launcher's job id
+/// (`ANYCCL_JOB_ID`) or one rank 0 draws, the same on every rank.
+async fn new_job_id(store: &dyn anyccl_core::Store, me: usize, timeout: Duration) -> Result<String> {
+    let key = "anyccl-recover/job-id";
+    if me == 0 {
+        let id = std::env::var("ANYCCL_JOB_ID")
+            .ok()
+            .filter(|j| !j.is_empty())
+            .unwrap_or_else(|| format!("{:016x}", rand::random::<u64>()));
+        store.set(key, id.as_bytes()).await?;
+    }
+    let v = store.wait(key, anyccl_core::deadline_in(timeout)).await?;
+    Ok(String::from_utf8_lossy(&v).into_owned())
+}
 
 async fn train(job: &Job) -> Result<ExitCode> {
     let (env, store, _server) = anyccl_examples::start_rank().await?;
@@ -476,7 +473,9 @@ async fn train(job: &Job) -> Result<ExitCode> {
         return Err(bad(format!("dp {dp} x pp {pp} needs {} ranks, the launcher started {}", dp * pp, env.world_size)));
     }
     let (me, replica, stage) = (env.rank, env.rank / pp, env.rank % pp);
-    let run_dir = job.out.join(&job.run);
+    let run_dir = job.out.join(job.run_name());
+    let (width, layers, rows) = (job.width as usize, job.layers as usize, job.batch as usize);
+    let layout = job.layout(dp, pp);
     let say = |msg: String| {
         if me == 0 {
             println!("{msg}");
@@ -484,7 +483,7 @@ async fn train(job: &Job) -> Result<ExitCode> {
     };
 
     // A colocated component (an inference engine, say) holds device memory.
-    let mut colocated = Some(platform.alloc(DType::U8, job.colocated_mib << 20)?);
+    let mut colocated = Some(platform.alloc(DType::U8, (job.colocated_mib as usize) << 20)?);
 
     let cfg = CommConfig::from_env()?;
     let world = Communicator::connect(
@@ -510,12 +509,31 @@ async fn train(job: &Job) -> Result<ExitCode> {
     // job's warmup, so nothing may ever issue a collective on it from here.
     registry.register(GroupSpec::new("weight-sync", vec![0, env.world_size], OWNER, Role::CrossEngine));
 
-    let mut model = Stage::new(job.width, job.layers, job.seed, stage);
+    let mut model = Stage::new(width, layers, job.seed, stage);
     let mut start = 0;
     let dev = Dev { p: platform.as_ref(), timeout: cfg.op_timeout };
 
-    if let Some(from) = &job.resume_from {
-        say(format!("recovering from {}", from.display()));
+    // The checkpoint to resume from, agreed by every rank before anything else happens, so
+    // that the warmup belongs to the checkpoint actually loaded; a new run's job identity.
+    let resumed = match &job.resume_from {
+        Some(from) => {
+            say(format!("recovering from {}", from.display()));
+            let want = ckpt::Expect {
+                rank: me,
+                world_size: env.world_size,
+                layout: layout.clone(),
+                count: model.params.len() as u64,
+            };
+            Some(ckpt::agree_and_load(store.as_ref(), "resume", from, &want, cfg.op_timeout).await?)
+        }
+        None => None,
+    };
+    let job_id = match &resumed {
+        Some(l) => l.job.clone(),
+        None => new_job_id(store.as_ref(), me, cfg.op_timeout).await?,
+    };
+
+    if let Some(loaded) = resumed {
         // 1. Release what the colocated component holds, so the warmup runs while memory
         //    is light.
         drop(colocated.take());
@@ -554,10 +572,8 @@ async fn train(job: &Job) -> Result<ExitCode> {
             }
         }
         // 3. Load the checkpoint.
-        let step = latest_complete(from)?;
-        let (s, params) = read_shard(&shard_path(from, step, me), me, model.params.len())?;
-        model.params = params;
-        start = s;
+        model.params = loaded.params;
+        start = loaded.step;
         say(format!("loaded the checkpoint of step {start}"));
     }
 
@@ -581,8 +597,7 @@ async fn train(job: &Job) -> Result<ExitCode> {
         }
     }
 
-    let rows = job.batch;
-    let h = job.width;
+    let h = width;
     for step in start..job.steps {
         if job.crash_at == Some(step) && me == env.world_size - 1 {
             println!("rank {me}: crashing at step {step} (as asked)");
@@ -633,9 +648,24 @@ async fn train(job: &Job) -> Result<ExitCode> {
             println!("step {:3}  loss {loss:.6}  {:.2?}", step + 1, t.elapsed());
         }
         let done = step + 1;
+        let id = |step: u64| ckpt::ShardId {
+            job: job_id.clone(),
+            step,
+            rank: me,
+            world_size: env.world_size,
+            layout: layout.clone(),
+            count: model.params.len() as u64,
+        };
         if done % job.ckpt_every == 0 {
-            write_shard(&shard_path(&run_dir, done, me), done, me, &model.params)?;
-            anyccl_examples::meet(store.as_ref(), &format!("ckpt/{}/{done}", job.run), env.world_size).await?;
+            ckpt::write_shard(&ckpt::shard_path(&run_dir, done, me), &id(done), &model.params)?;
+            anyccl_examples::meet(
+                store.as_ref(),
+                &format!("ckpt/{}/{done}", job.run_name()),
+                me,
+                env.world_size,
+                cfg.op_timeout,
+            )
+            .await?;
             if me == 0 {
                 std::fs::write(run_dir.join(format!("ckpt/step{done:06}/COMPLETE")), b"")
                     .map_err(|e| bad(format!("marker: {e}")))?;
@@ -643,8 +673,17 @@ async fn train(job: &Job) -> Result<ExitCode> {
         }
     }
     let fin = run_dir.join("final").join(format!("rank{me}.bin"));
-    write_shard(&fin, job.steps, me, &model.params)?;
-    anyccl_examples::meet(store.as_ref(), &format!("end/{}", job.run), env.world_size).await?;
+    let id = ckpt::ShardId {
+        job: job_id,
+        step: job.steps,
+        rank: me,
+        world_size: env.world_size,
+        layout,
+        count: model.params.len() as u64,
+    };
+    ckpt::write_shard(&fin, &id, &model.params)?;
+    anyccl_examples::meet(store.as_ref(), &format!("end/{}", job.run_name()), me, env.world_size, cfg.op_timeout)
+        .await?;
     drop(colocated);
     for c in [&ppc, &dpc, &world] {
         c.shutdown().await?;

@@ -86,7 +86,8 @@ async fn run(args: &Args) -> Result<()> {
         ));
     }
     p.synchronize()?;
-    anyccl_examples::meet(store.as_ref(), "warmup-check/step", n).await?;
+    let timeout = world.config().op_timeout;
+    anyccl_examples::meet(store.as_ref(), "warmup-check/step", me, n, timeout).await?;
     let before = p.mem_info()?.free;
     let t = Instant::now();
     for (a, big, b, x, y) in bufs.iter_mut() {
@@ -116,7 +117,7 @@ async fn run(args: &Args) -> Result<()> {
         n,
         world.info().backend
     );
-    anyccl_examples::meet(store.as_ref(), "warmup-check/end", n).await?;
+    anyccl_examples::meet(store.as_ref(), "warmup-check/end", me, n, timeout).await?;
     for c in [&ep, &pp, &dp, &world] {
         c.shutdown().await?;
     }
