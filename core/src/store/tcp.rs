@@ -463,8 +463,10 @@ impl TcpStore {
         let deadline = crate::deadline_in(self.opts.connect_timeout);
         let mut pause = Duration::from_millis(10);
         loop {
-            let err = match TcpStream::connect(&self.addr).await {
-                Ok(mut s) => {
+            // Name resolution happens inside connect and may itself hang: bounded too.
+            let err = match tokio::time::timeout_at(deadline.into(), TcpStream::connect(&self.addr)).await {
+                Err(_) => "no connection in time".to_string(),
+                Ok(Ok(mut s)) => {
                     let _ = s.set_nodelay(true);
                     let token = self.opts.token.clone().unwrap_or_default().into_bytes();
                     let hello = Request::Hello { version: PROTOCOL_VERSION, token };
@@ -481,7 +483,7 @@ impl TcpStore {
                         Err(e) => e.to_string(),
                     }
                 }
-                Err(e) => e.to_string(),
+                Ok(Err(e)) => e.to_string(),
             };
             if Instant::now() + pause > deadline {
                 return Err(Error::Store {

@@ -1,0 +1,461 @@
+//! The fault matrix: each way a job was seen to hang, orphan processes, load a wrong
+//! checkpoint or panic, reproduced against the real programs on the CPU backend. Each case
+//! prints its measured time to error.
+
+use anyccl_examples::checkpoint;
+use libtest_mimic::{Arguments, Failed, Trial};
+use std::collections::HashSet;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+fn bin(name: &str) -> &'static str {
+    match name {
+        "anyccl-run" => env!("CARGO_BIN_EXE_anyccl-run"),
+        "anyccl-demo" => env!("CARGO_BIN_EXE_anyccl-demo"),
+        "anyccl-bench" => env!("CARGO_BIN_EXE_anyccl-bench"),
+        "anyccl-recover" => env!("CARGO_BIN_EXE_anyccl-recover"),
+        _ => unreachable!("unknown program {name}"),
+    }
+}
+
+type Outcome = Result<(), Failed>;
+
+fn check(cond: bool, msg: impl FnOnce() -> String) -> Outcome {
+    if cond {
+        Ok(())
+    } else {
+        Err(msg().into())
+    }
+}
+
+/// One process's (pid, ppid, pgid, state) from /proc.
+fn stat(pid: i32) -> Option<(i32, i32, i32, char)> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = s.rsplit_once(')')?.1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    Some((pid, f.get(1)?.parse().ok()?, f.get(2)?.parse().ok()?, f.first()?.chars().next()?))
+}
+
+fn processes() -> Vec<(i32, i32, i32, char)> {
+    std::fs::read_dir("/proc")
+        .map(|d| d.flatten().filter_map(|e| e.file_name().to_str()?.parse().ok()).filter_map(stat).collect())
+        .unwrap_or_default()
+}
+
+fn comm(pid: i32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default().trim().to_string()
+}
+
+/// The process groups of the ranks a launcher started (its children but the reaper), once
+/// `n` exist.
+fn rank_groups(launcher: i32, n: usize) -> Result<HashSet<i32>, Failed> {
+    let t = Instant::now();
+    loop {
+        let g: HashSet<i32> =
+            processes().into_iter().filter(|p| p.1 == launcher && comm(p.0) != "anyccl-reaper").map(|p| p.2).collect();
+        if g.len() == n {
+            return Ok(g);
+        }
+        if t.elapsed() > Duration::from_secs(20) {
+            return Err(format!("the launcher started {} of {n} ranks", g.len()).into());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Processes (not zombies) still in `groups`.
+fn alive(groups: &HashSet<i32>) -> Vec<i32> {
+    processes().into_iter().filter(|p| groups.contains(&p.2) && p.3 != 'Z').map(|p| p.0).collect()
+}
+
+/// Wait until no process of `groups` is left; how long that took.
+fn gone_within(groups: &HashSet<i32>, limit: Duration) -> Result<Duration, Failed> {
+    let t = Instant::now();
+    while !alive(groups).is_empty() {
+        if t.elapsed() > limit {
+            return Err(format!("processes {:?} of the job still run after {limit:?}", alive(groups)).into());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(t.elapsed())
+}
+
+fn signal(pid: i32, sig: &str) {
+    let _ = Command::new("kill").args([&format!("-{sig}"), &pid.to_string()]).status();
+}
+
+/// A launcher whose stdout and stderr lines arrive, with their time, on one channel.
+struct Job {
+    child: Child,
+    lines: mpsc::Receiver<(Instant, String)>,
+    seen: Vec<(Instant, String)>,
+    /// The launcher's exit code, once it exited.
+    code: Option<i32>,
+}
+
+impl Job {
+    fn start(cmd: &mut Command) -> Job {
+        let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("start the launcher");
+        let (tx, lines) = mpsc::channel();
+        let out: [Box<dyn std::io::Read + Send>; 2] =
+            [Box::new(child.stdout.take().expect("stdout")), Box::new(child.stderr.take().expect("stderr"))];
+        for r in out {
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                for l in BufReader::new(r).lines().map_while(Result::ok) {
+                    let _ = tx.send((Instant::now(), l));
+                }
+            });
+        }
+        Job { child, lines, seen: Vec::new(), code: None }
+    }
+    fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+    /// Wait for a line containing `pat`.
+    fn expect(&mut self, pat: &str, limit: Duration) -> Result<Instant, Failed> {
+        let until = Instant::now() + limit;
+        if let Some((t, _)) = self.seen.iter().find(|(_, l)| l.contains(pat)) {
+            return Ok(*t);
+        }
+        loop {
+            let left = until.checked_duration_since(Instant::now()).unwrap_or_default();
+            match self.lines.recv_timeout(left) {
+                Ok((t, l)) => {
+                    let hit = l.contains(pat);
+                    self.seen.push((t, l));
+                    if hit {
+                        return Ok(t);
+                    }
+                }
+                Err(_) => return Err(format!("no line with {pat:?} within {limit:?}; saw:\n{}", self.text()).into()),
+            }
+        }
+    }
+    /// Wait for the launcher to exit; its exit code.
+    fn finish(&mut self, limit: Duration) -> Result<Option<i32>, Failed> {
+        let t = Instant::now();
+        loop {
+            if let Some(st) = self.child.try_wait().expect("wait") {
+                std::thread::sleep(Duration::from_millis(50));
+                while let Ok(x) = self.lines.try_recv() {
+                    self.seen.push(x);
+                }
+                self.code = st.code();
+                return Ok(st.code());
+            }
+            if t.elapsed() > limit {
+                let _ = self.child.kill();
+                return Err(format!("the launcher still ran after {limit:?}:\n{}", self.text()).into());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    fn child_ok(&self) -> bool {
+        self.code == Some(0)
+    }
+    fn text(&self) -> String {
+        self.seen.iter().map(|(_, l)| l.as_str()).collect::<Vec<_>>().join("\n")
+    }
+}
+
+fn launcher(n: usize, program: &[&str]) -> Command {
+    let mut c = Command::new(bin("anyccl-run"));
+    c.args(["-n", &n.to_string(), "--grace", "2", "--"]).args(program).env("ANYCCL_BACKEND", "cpu");
+    c
+}
+
+const WRAPPED_SLEEP: &[&str] = &["sh", "-c", "sleep 300 & wait"];
+
+// ---------------------------------------------------------------- the launcher
+
+fn kill9_launcher() -> Outcome {
+    let mut job = Job::start(&mut launcher(4, WRAPPED_SLEEP));
+    let groups = rank_groups(job.pid(), 4)?;
+    std::thread::sleep(Duration::from_millis(300));
+    signal(job.pid(), "KILL");
+    let took = gone_within(&groups, Duration::from_secs(5))?;
+    let _ = job.finish(Duration::from_secs(5));
+    println!("    kill -9 of the launcher: every rank and its children gone after {took:.2?}");
+    Ok(())
+}
+
+fn signal_to_launcher(sig: &'static str, code: i32) -> Outcome {
+    let mut job = Job::start(&mut launcher(4, WRAPPED_SLEEP));
+    let groups = rank_groups(job.pid(), 4)?;
+    std::thread::sleep(Duration::from_millis(300));
+    let t = Instant::now();
+    signal(job.pid(), sig);
+    let got = job.finish(Duration::from_secs(10))?;
+    let took = t.elapsed();
+    check(alive(&groups).is_empty(), || format!("processes {:?} outlived the launcher", alive(&groups)))?;
+    check(got == Some(code), || format!("exit code {got:?}, expected {code}:\n{}", job.text()))?;
+    check(job.text().contains(&format!("stopped by SIG{sig}")), || format!("no reason given:\n{}", job.text()))?;
+    println!("    SIG{sig} to the launcher: it exited {code} after stopping every rank, in {took:.2?}");
+    Ok(())
+}
+
+fn failing_rank_under_wrapper() -> Outcome {
+    let script = "if [ \"$RANK\" = 2 ]; then sleep 0.5; exit 3; fi; sleep 300 & wait";
+    let mut job = Job::start(&mut launcher(4, &["sh", "-c", script]));
+    let groups = rank_groups(job.pid(), 4)?;
+    let t = Instant::now();
+    let got = job.finish(Duration::from_secs(10))?;
+    let took = t.elapsed();
+    check(got == Some(1), || format!("exit code {got:?}:\n{}", job.text()))?;
+    check(job.text().contains("FAILED: rank 2 exited with code 3"), || format!("rank 2 not named:\n{}", job.text()))?;
+    check(alive(&groups).is_empty(), || format!("processes {:?} outlived the launcher", alive(&groups)))?;
+    check(took < Duration::from_secs(5), || format!("took {took:?}"))?;
+    println!("    a wrapper shell's rank exits 3: launcher exited naming it, nothing left, {took:.2?} after start");
+    Ok(())
+}
+
+fn rank_pid(launcher: i32, rank: usize) -> Option<i32> {
+    processes().into_iter().filter(|p| p.1 == launcher).map(|p| p.0).find(|&pid| {
+        std::fs::read(format!("/proc/{pid}/environ"))
+            .map(|e| e.split(|&b| b == 0).any(|v| v == format!("RANK={rank}").as_bytes()))
+            .unwrap_or(false)
+    })
+}
+
+fn kill9_rank() -> Outcome {
+    let mut job = Job::start(&mut launcher(4, &[bin("anyccl-demo"), "--count", "4096", "--steps", "100000000"]));
+    let groups = rank_groups(job.pid(), 4)?;
+    job.expect("step 3:", Duration::from_secs(30))?;
+    let victim = rank_pid(job.pid(), 2).ok_or("rank 2 not found")?;
+    let t = Instant::now();
+    signal(victim, "KILL");
+    let got = job.finish(Duration::from_secs(10))?;
+    let took = t.elapsed();
+    check(got == Some(1), || format!("exit code {got:?}:\n{}", job.text()))?;
+    check(job.text().contains("FAILED: rank 2 was killed by signal 9"), || {
+        format!("rank 2 not named:\n{}", job.text())
+    })?;
+    check(alive(&groups).is_empty(), || format!("processes {:?} outlived the launcher", alive(&groups)))?;
+    check(took < Duration::from_secs(5), || format!("took {took:?}"))?;
+    println!("    kill -9 of rank 2 mid all_reduce: the launcher named it and exited {took:.2?} later");
+    Ok(())
+}
+
+fn rank_count_bounds() -> Outcome {
+    for (n, want) in [("100000", "-n must be between 1 and 4096"), ("0", "-n must be between 1 and 4096")] {
+        let out = Command::new(bin("anyccl-run")).args(["-n", n, "--", "true"]).output()?;
+        let err = String::from_utf8_lossy(&out.stderr);
+        check(out.status.code() == Some(2) && err.contains(want), || format!("-n {n}: {:?} {err}", out.status))?;
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------- a stopped rank
+
+fn stopped_rank(count: usize) -> Outcome {
+    const TIMEOUT_S: u64 = 3;
+    let mut cmd = launcher(4, &[bin("anyccl-demo"), "--count", &count.to_string(), "--steps", "100000000"]);
+    cmd.env("ANYCCL_TIMEOUT_S", TIMEOUT_S.to_string());
+    let mut job = Job::start(&mut cmd);
+    job.expect("step 3:", Duration::from_secs(30))?;
+    let victim = rank_pid(job.pid(), 1).ok_or("rank 1 not found")?;
+    let t = Instant::now();
+    signal(victim, "STOP");
+    let limit = Duration::from_secs(TIMEOUT_S + 2);
+    let mut times = Vec::new();
+    for r in [0, 2, 3] {
+        let at = job.expect(&format!("[rank {r}] anyccl-demo:"), Duration::from_secs(30))?;
+        times.push((r, at.duration_since(t)));
+    }
+    let got = job.finish(Duration::from_secs(15))?;
+    check(got == Some(1), || format!("exit code {got:?}"))?;
+    check(job.text().contains("rank 1 is stopped"), || format!("the launcher did not name rank 1:\n{}", job.text()))?;
+    for (r, d) in &times {
+        check(*d <= limit, || format!("rank {r} erred {d:?} after the stop, more than {limit:?}:\n{}", job.text()))?;
+    }
+    println!(
+        "    {} B all_reduce, rank 1 stopped, ANYCCL_TIMEOUT_S={TIMEOUT_S}: errors on ranks {}",
+        count * 4,
+        times.iter().map(|(r, d)| format!("{r} after {d:.2?}")).collect::<Vec<_>>().join(", ")
+    );
+    Ok(())
+}
+
+// ---------------------------------------------------------------- bad input
+
+fn huge_timeouts_are_errors() -> Outcome {
+    for var in ["ANYCCL_TIMEOUT_S", "ANYCCL_INIT_TIMEOUT_S"] {
+        let out = Command::new(bin("anyccl-demo"))
+            .env("ANYCCL_BACKEND", "cpu")
+            .env(var, "1e19")
+            .env("RANK", "0")
+            .env("WORLD_SIZE", "1")
+            .env("MASTER_PORT", "0")
+            .output()?;
+        let err = String::from_utf8_lossy(&out.stderr);
+        check(out.status.code() == Some(1) && err.contains(var), || format!("{var}=1e19: {:?} {err}", out.status))?;
+    }
+    // An environment error on rank 1 names rank 1.
+    let out = Command::new(bin("anyccl-demo"))
+        .env("ANYCCL_TIMEOUT_S", "soon")
+        .env("RANK", "1")
+        .env("WORLD_SIZE", "2")
+        .output()?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    check(err.contains("on rank 1"), || format!("the error does not name rank 1: {err}"))?;
+    Ok(())
+}
+
+fn unresolvable_master_addr() -> Outcome {
+    let t = Instant::now();
+    let out = Command::new(bin("anyccl-demo"))
+        .env("ANYCCL_BACKEND", "cpu")
+        .env("MASTER_ADDR", "no-such-host.invalid")
+        .env("MASTER_PORT", "29599")
+        .env("RANK", "1")
+        .env("WORLD_SIZE", "2")
+        .env("ANYCCL_INIT_TIMEOUT_S", "2")
+        .output()?;
+    let took = t.elapsed();
+    let err = String::from_utf8_lossy(&out.stderr);
+    check(out.status.code() == Some(1) && err.contains("no-such-host.invalid"), || format!("{:?} {err}", out.status))?;
+    check(took < Duration::from_secs(5), || format!("took {took:?} with ANYCCL_INIT_TIMEOUT_S=2"))?;
+    println!("    MASTER_ADDR that does not resolve, ANYCCL_INIT_TIMEOUT_S=2: error after {took:.2?}");
+    Ok(())
+}
+
+fn bench_bad_sizes() -> Outcome {
+    let cases: [(&[&str], &str); 5] = [
+        (&["-b", "1G", "-e", "8"], "-b"),
+        (&["-b", "17179869184G"], "-b"),
+        (&["-e", "99999999999999999999"], "-e"),
+        (&["-n", "0"], "-n"),
+        (&["-c", "7"], "-c"),
+    ];
+    for (args, flag) in cases {
+        let out =
+            Command::new(bin("anyccl-bench")).arg("all_reduce").args(args).env("ANYCCL_BACKEND", "cpu").output()?;
+        let err = String::from_utf8_lossy(&out.stderr);
+        check(!out.status.success() && err.contains(&format!("`{flag}`")), || {
+            format!("{args:?}: {:?}\n{}{err}", out.status, String::from_utf8_lossy(&out.stdout))
+        })?;
+    }
+    Ok(())
+}
+
+fn recover_bad_arguments() -> Outcome {
+    let cases: [(&[&str], &str); 6] = [
+        (&["demo", "--ckpt-every", "0"], "--ckpt-every"),
+        (&["demo", "--steps", "0"], "--steps"),
+        (&["demo", "--width", "0"], "--width"),
+        (&["demo", "--lr", "nan"], "--lr"),
+        (&["demo", "--resume-from", "/tmp"], "--resume-from"),
+        (&["demo", "--steps", "10", "--crash-at", "12"], "--crash-at"),
+    ];
+    for (args, flag) in cases {
+        let out = Command::new(bin("anyccl-recover")).args(args).env("ANYCCL_BACKEND", "cpu").output()?;
+        let err = String::from_utf8_lossy(&out.stderr);
+        check(!out.status.success() && out.status.code() != Some(101) && err.contains(flag), || {
+            format!("{args:?}: {:?} {err}", out.status)
+        })?;
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------- checkpoints
+
+fn train(out: &Path, run: &str, extra: &[&str]) -> Job {
+    let o = out.display().to_string();
+    let mut args = vec![bin("anyccl-recover"), "train", "--dp", "2", "--pp", "2", "--steps", "12"];
+    args.extend(["--ckpt-every", "4", "--out", &o, "--run", run]);
+    args.extend(extra);
+    let mut job = Job::start(&mut launcher(4, &args));
+    let _ = job.finish(Duration::from_secs(120));
+    job
+}
+
+fn params(dir: &Path, rank: usize) -> Result<Vec<u32>, Failed> {
+    let (_, p) = checkpoint::read_shard(&dir.join(format!("final/rank{rank}.bin")))?;
+    Ok(p.iter().map(|x| x.to_bits()).collect())
+}
+
+fn inconsistent_checkpoints() -> Outcome {
+    let out: PathBuf = std::env::temp_dir().join(format!("anyccl-faults-ckpt-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    let r = (|| -> Outcome {
+        let reference = train(&out, "ref", &[]);
+        check(reference.child_ok(), || format!("reference run failed:\n{}", reference.text()))?;
+        let crash = train(&out, "crash", &["--crash-at", "10"]);
+        check(crash.text().contains("crashing at step 10"), || format!("no crash:\n{}", crash.text()))?;
+        let ck = |run: &str, step: u64, rank: usize| checkpoint::shard_path(&out.join(run), step, rank);
+
+        // An older shard of the same job in the newest checkpoint.
+        std::fs::copy(ck("crash", 4, 0), ck("crash", 8, 0))?;
+        let from = out.join("crash").display().to_string();
+        let t = Instant::now();
+        let rec = train(&out, "stale", &["--resume-from", &from]);
+        for r in 0..4 {
+            let line =
+                format!("[rank {r}] rank {r}: the checkpoint of step 8 is inconsistent: rank 0: checkpoint shard");
+            check(rec.text().contains(&line) && rec.text().contains("holds step 4"), || {
+                format!("rank {r} did not name the stale file:\n{}", rec.text())
+            })?;
+        }
+        check(rec.text().contains("loaded the checkpoint of step 4"), || format!("no fall-back:\n{}", rec.text()))?;
+        for r in 0..4 {
+            check(params(&out.join("stale"), r)? == params(&out.join("ref"), r)?, || {
+                format!("rank {r}: parameters after the fall-back differ from the uninterrupted run")
+            })?;
+        }
+        println!(
+            "    stale shard in the newest checkpoint: every rank named it, fell back to step 4 and matched ({:.2?})",
+            t.elapsed()
+        );
+
+        // A shard of another job (same step, rank and layout).
+        std::fs::copy(ck("ref", 8, 2), ck("crash", 8, 2))?;
+        std::fs::copy(ck("crash", 4, 0), ck("crash", 8, 0)).map(|_| ())?;
+        let rec = train(&out, "foreign", &["--resume-from", &from]);
+        check(rec.text().contains("belongs to job"), || format!("another job's shard not caught:\n{}", rec.text()))?;
+        check(rec.text().contains("loaded the checkpoint of step 4"), || format!("no fall-back:\n{}", rec.text()))?;
+
+        // Nothing consistent: every rank fails, naming the files.
+        for step in [4, 8] {
+            std::fs::write(ck("crash", step, 3), b"ACK2 garbage")?;
+        }
+        let rec = train(&out, "none", &["--resume-from", &from]);
+        check(!rec.child_ok(), || "loaded a checkpoint with a corrupt shard in each".to_string())?;
+        for r in 0..4 {
+            check(
+                rec.text().contains(&format!("[rank {r}] anyccl-recover: "))
+                    && rec.text().contains("rank3.bin is corrupt"),
+                || format!("rank {r} did not fail naming the corrupt file:\n{}", rec.text()),
+            )?;
+        }
+        Ok(())
+    })();
+    let _ = std::fs::remove_dir_all(&out);
+    r
+}
+
+fn main() -> std::process::ExitCode {
+    let mut args = Arguments::from_args();
+    // The cases time errors against deadlines: one at a time, so they do not load each other.
+    args.test_threads = Some(1);
+    let t = |name: &str, f: fn() -> Outcome| Trial::test(name, f);
+    let trials = vec![
+        t("launcher::faults::kill9_launcher_leaves_no_rank[w=4]", kill9_launcher),
+        t("launcher::faults::sigterm_stops_every_rank[w=4]", || signal_to_launcher("TERM", 143)),
+        t("launcher::faults::sigint_stops_every_rank[w=4]", || signal_to_launcher("INT", 130)),
+        t("launcher::faults::failing_rank_under_a_wrapper_shell[w=4]", failing_rank_under_wrapper),
+        t("launcher::faults::kill9_rank_is_named[w=4]", kill9_rank),
+        t("launcher::faults::rank_count_is_bounded", rank_count_bounds),
+        t("cpu::faults::stopped_rank_64kib_errors_within_timeout[w=4]", || stopped_rank(16 << 10)),
+        t("cpu::faults::stopped_rank_4mib_errors_within_timeout[w=4]", || stopped_rank(1 << 20)),
+        t("cpu::faults::huge_environment_timeouts_are_errors", huge_timeouts_are_errors),
+        t("store::faults::unresolvable_master_addr_ends_at_init_timeout", unresolvable_master_addr),
+        t("bench::faults::bad_sizes_and_counts_are_errors", bench_bad_sizes),
+        t("recover::faults::bad_arguments_are_errors", recover_bad_arguments),
+        t("recover::faults::inconsistent_checkpoints_fall_back_or_fail[w=4]", inconsistent_checkpoints),
+    ];
+    libtest_mimic::run(&args, trials).exit_code()
+}
