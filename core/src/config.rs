@@ -22,6 +22,12 @@ pub struct LaunchEnv {
     pub master_addr: String,
     /// Store port (`MASTER_PORT`, default 29500).
     pub master_port: u16,
+    /// The job's identity (`ANYCCL_JOB_ID`, `TORCHELASTIC_RUN_ID`, `SLURM_JOB_ID`), checked when
+    /// a rank joins the store so ranks of two jobs never mix.
+    pub job_id: Option<String>,
+    /// How often the job was restarted (`ANYCCL_RESTART_COUNT`, `TORCHELASTIC_RESTART_COUNT`,
+    /// `SLURM_RESTART_COUNT`; default 0): a restarted rank claims its rank anew.
+    pub restart: usize,
 }
 
 fn var(names: &[&str]) -> Option<(String, String)> {
@@ -99,7 +105,10 @@ impl LaunchEnv {
         if local_rank >= local_world_size.max(1) {
             return Err(bad(format!("LOCAL_RANK {local_rank} is not below LOCAL_WORLD_SIZE {local_world_size}")));
         }
-        Ok(LaunchEnv { rank, world_size, local_rank, local_world_size, master_addr, master_port })
+        let job_id = var(&["ANYCCL_JOB_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID"]).map(|x| x.1);
+        let restart =
+            parse_num(&["ANYCCL_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT"])?.unwrap_or(0);
+        Ok(LaunchEnv { rank, world_size, local_rank, local_world_size, master_addr, master_port, job_id, restart })
     }
 
     /// Variables a launcher sets for one rank only, from `ANYCCL_RANK_ENV`: `NAME=VALUE`
@@ -133,8 +142,47 @@ impl LaunchEnv {
             None
         };
         let addr = format!("{}:{}", self.master_addr, self.master_port);
-        let client = TcpStore::connect(addr, opts).await?;
+        let client = TcpStore::connect(addr.clone(), opts).await?;
+        self.join(&client, &addr).await?;
         Ok((Arc::new(client), server))
+    }
+
+    /// Join the job in its store: the first rank to arrive records the job's identity and
+    /// every later one must carry the same; each rank claims its number once per restart.
+    /// Two jobs started by hand on one port thus fail at once with an error naming both,
+    /// instead of one job's rank finishing the other's work.
+    async fn join(&self, store: &dyn Store, addr: &str) -> Result<()> {
+        let refuse = |msg: String| Error::InvalidArgument {
+            op: "LaunchEnv::connect_store",
+            arg: "environment",
+            rank: self.rank,
+            group: String::new(),
+            msg,
+        };
+        let job = self.job_id.clone().unwrap_or_default();
+        let cas = store.compare_set("anyccl/job", None, job.as_bytes()).await?;
+        let theirs = cas.current.map(|c| String::from_utf8_lossy(&c).into_owned()).unwrap_or_default();
+        if !cas.swapped && theirs != job {
+            let name = |j: &str| if j.is_empty() { "no job identity".to_string() } else { format!("job '{j}'") };
+            return Err(refuse(format!(
+                "the store at {addr} belongs to {}, this rank has {} (two jobs on one MASTER_PORT?)",
+                name(&theirs),
+                name(&job)
+            )));
+        }
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+        let me = format!("pid {} on {} ({:016x})", std::process::id(), host.trim(), rand::random::<u64>());
+        let key = format!("anyccl/restart{}/rank{}", self.restart, self.rank);
+        let cas = store.compare_set(&key, None, me.as_bytes()).await?;
+        if !cas.swapped {
+            let other = cas.current.map(|c| String::from_utf8_lossy(&c).into_owned()).unwrap_or_default();
+            return Err(refuse(format!(
+                "rank {} of this job already joined the store at {addr} ({other}); this process ({me}) claims it \
+                 too: two jobs on one MASTER_PORT, or a rank started twice (set ANYCCL_JOB_ID to tell jobs apart)",
+                self.rank
+            )));
+        }
+        Ok(())
     }
 }
 

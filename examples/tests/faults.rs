@@ -361,6 +361,63 @@ fn recover_bad_arguments() -> Outcome {
     Ok(())
 }
 
+// ---------------------------------------------------------------- jobs that mix
+
+fn by_hand(rank: usize, port: u16, job: Option<&str>, steps: &str) -> Command {
+    let mut c = Command::new(bin("anyccl-demo"));
+    c.args(["--count", "1024", "--steps", steps])
+        .env("ANYCCL_BACKEND", "cpu")
+        .env("RANK", rank.to_string())
+        .env("WORLD_SIZE", "2")
+        .env("MASTER_ADDR", "127.0.0.1")
+        .env("MASTER_PORT", port.to_string())
+        .env("ANYCCL_INIT_TIMEOUT_S", "20")
+        .env_remove("ANYCCL_STORE_EXTERNAL")
+        .env_remove("ANYCCL_STORE_TOKEN")
+        .env_remove("ANYCCL_JOB_ID");
+    if let Some(j) = job {
+        c.env("ANYCCL_JOB_ID", j);
+    }
+    c
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).unwrap_or(29611)
+}
+
+fn two_jobs_on_one_port(ids: [Option<&str>; 2], want: &str) -> Outcome {
+    let port = free_port();
+    let mut a0 = Job::start(&mut by_hand(0, port, ids[0], "400"));
+    let mut a1 = Job::start(&mut by_hand(1, port, ids[0], "400"));
+    a0.expect("step 2:", Duration::from_secs(30))?;
+    let t = Instant::now();
+    let mut b1 = Job::start(&mut by_hand(1, port, ids[1], "400"));
+    let b = b1.finish(Duration::from_secs(20))?;
+    let took = t.elapsed();
+    check(b == Some(1) && b1.text().contains(want), || {
+        format!(
+            "the second job's rank 1: {b:?}
+{}",
+            b1.text()
+        )
+    })?;
+    let (x, y) = (a0.finish(Duration::from_secs(60))?, a1.finish(Duration::from_secs(60))?);
+    check(x == Some(0) && y == Some(0), || {
+        format!(
+            "the first job failed: {x:?} {y:?}
+{}
+{}",
+            a0.text(),
+            a1.text()
+        )
+    })?;
+    println!(
+        "    a second job's rank 1 on the same port was refused after {took:.2?}: {}",
+        b1.text().lines().last().unwrap_or("")
+    );
+    Ok(())
+}
+
 // ---------------------------------------------------------------- checkpoints
 
 fn train(out: &Path, run: &str, extra: &[&str]) -> Job {
@@ -454,6 +511,12 @@ fn main() -> std::process::ExitCode {
         t("cpu::faults::huge_environment_timeouts_are_errors", huge_timeouts_are_errors),
         t("store::faults::unresolvable_master_addr_ends_at_init_timeout", unresolvable_master_addr),
         t("bench::faults::bad_sizes_and_counts_are_errors", bench_bad_sizes),
+        t("store::faults::a_rank_claimed_twice_is_refused[w=2]", || {
+            two_jobs_on_one_port([None, None], "already joined")
+        }),
+        t("store::faults::another_jobs_rank_is_refused[w=2]", || {
+            two_jobs_on_one_port([Some("job-a"), Some("job-b")], "belongs to job 'job-a'")
+        }),
         t("recover::faults::bad_arguments_are_errors", recover_bad_arguments),
         t("recover::faults::inconsistent_checkpoints_fall_back_or_fail[w=4]", inconsistent_checkpoints),
     ];
