@@ -28,6 +28,8 @@ pub struct Communicator {
     recording: std::sync::Mutex<Option<std::collections::BTreeMap<SigKey, usize>>>,
     /// Whether `recording` is on: checked on every operation without taking the lock.
     recording_on: std::sync::atomic::AtomicBool,
+    /// Detail mode's cross-member check of every collective (`CommConfig::detail`).
+    detail: Option<crate::detail::Detail>,
 }
 
 /// The shape of one operation, as recorded for a warmup plan: distinct signatures of a real
@@ -56,6 +58,24 @@ struct Call {
     count: usize,
     bytes: usize,
     peer: Option<usize>,
+    redop: Option<ReduceOp>,
+}
+
+impl Call {
+    /// What detail mode compares across members (see the `detail` module).
+    fn fingerprint(&self) -> String {
+        let mut f = format!("{} {} x{}", self.op, self.dtype.map(|d| d.name()).unwrap_or("-"), self.count);
+        if let Some(r) = self.redop {
+            f.push_str(&format!(" op={r}"));
+        }
+        if let Some(p) = self.peer {
+            f.push_str(&format!(" root={p}"));
+        }
+        f
+    }
+    fn is_point_to_point(&self) -> bool {
+        matches!(self.op, "send" | "recv" | "p2p_group")
+    }
 }
 
 impl Communicator {
@@ -97,6 +117,7 @@ impl Communicator {
             config,
             recording: std::sync::Mutex::new(None),
             recording_on: std::sync::atomic::AtomicBool::new(false),
+            detail: None,
         })
     }
 
@@ -158,8 +179,14 @@ impl Communicator {
             timeout: config.init_timeout,
             op_timeout: config.op_timeout,
         };
+        let detail = match config.detail {
+            true => Some(crate::detail::Detail::new(opts.store.clone(), &spec.name, rank, spec.ranks.len()).await?),
+            false => None,
+        };
         let inner = backend.connect(opts).await?;
-        Communicator::new(inner, spec, config)
+        let mut c = Communicator::new(inner, spec, config)?;
+        c.detail = detail;
+        Ok(c)
     }
 
     /// Backend, rank, size and device.
@@ -295,6 +322,9 @@ impl Communicator {
     }
 
     fn issue<'a>(&'a self, call: Call, f: impl FnOnce(&'a dyn Collective) -> Result<Work<'a>>) -> Result<Work<'a>> {
+        if let Some(d) = self.detail.as_ref().filter(|_| !call.is_point_to_point()) {
+            d.check(call.op, &call.fingerprint(), self.config.op_timeout)?;
+        }
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
         let info = self.inner.info();
         let span = tracing::debug_span!(
@@ -351,7 +381,14 @@ impl Communicator {
         self.check_pair(OP, &send, &recv)?;
         self.check_reduce_op(OP, op)?;
         self.check_same_count(OP, &send, &recv)?;
-        let call = Call { op: OP, dtype: Some(recv.dtype()), count: recv.count(), bytes: recv.bytes(), peer: None };
+        let call = Call {
+            op: OP,
+            dtype: Some(recv.dtype()),
+            count: recv.count(),
+            bytes: recv.bytes(),
+            peer: None,
+            redop: Some(op),
+        };
         self.issue(call, |c| c.all_reduce(send, recv, op))
     }
 
@@ -371,8 +408,14 @@ impl Communicator {
         self.check_pair(OP, &send, &recv)?;
         self.check_reduce_op(OP, op)?;
         self.check_same_count(OP, &send, &recv)?;
-        let call =
-            Call { op: OP, dtype: Some(recv.dtype()), count: recv.count(), bytes: recv.bytes(), peer: Some(root) };
+        let call = Call {
+            op: OP,
+            dtype: Some(recv.dtype()),
+            count: recv.count(),
+            bytes: recv.bytes(),
+            peer: Some(root),
+            redop: Some(op),
+        };
         self.issue(call, |c| c.reduce(send, recv, op, root))
     }
 
@@ -385,8 +428,14 @@ impl Communicator {
         self.check_rank(OP, "root", root)?;
         self.check_pair(OP, &send, &recv)?;
         self.check_same_count(OP, &send, &recv)?;
-        let call =
-            Call { op: OP, dtype: Some(recv.dtype()), count: recv.count(), bytes: recv.bytes(), peer: Some(root) };
+        let call = Call {
+            op: OP,
+            dtype: Some(recv.dtype()),
+            count: recv.count(),
+            bytes: recv.bytes(),
+            peer: Some(root),
+            redop: None,
+        };
         self.issue(call, |c| c.broadcast(send, recv, root))
     }
 
@@ -421,7 +470,14 @@ impl Communicator {
             }
             _ => {}
         }
-        let call = Call { op: OP, dtype: Some(recv.dtype()), count: recv.count(), bytes: recv.bytes(), peer: None };
+        let call = Call {
+            op: OP,
+            dtype: Some(recv.dtype()),
+            count: recv.count(),
+            bytes: recv.bytes(),
+            peer: None,
+            redop: None,
+        };
         self.issue(call, |c| c.all_gather(send, recv))
     }
 
@@ -459,7 +515,14 @@ impl Communicator {
             _ => {}
         }
         let count = send.as_ref().map(|s| s.count()).unwrap_or(recv.count());
-        let call = Call { op: OP, dtype: Some(recv.dtype()), count, bytes: count * recv.dtype().size(), peer: None };
+        let call = Call {
+            op: OP,
+            dtype: Some(recv.dtype()),
+            count,
+            bytes: count * recv.dtype().size(),
+            peer: None,
+            redop: Some(op),
+        };
         self.issue(call, |c| c.reduce_scatter(send, recv, op))
     }
 
@@ -545,7 +608,14 @@ impl Communicator {
                 }
             }
         }
-        let call = Call { op: OP, dtype: Some(recv.dtype()), count: send.count(), bytes: send.bytes(), peer: None };
+        let call = Call {
+            op: OP,
+            dtype: Some(recv.dtype()),
+            count: send.count(),
+            bytes: send.bytes(),
+            peer: None,
+            redop: None,
+        };
         self.issue(call, |c| c.all_to_all(send, recv, splits))
     }
 
@@ -558,7 +628,14 @@ impl Communicator {
         self.check_p2p_peer(OP, peer, false)?;
         self.check_dtype(OP, "buf", buf.dtype())?;
         self.check_device(OP, "buf", buf.device())?;
-        let call = Call { op: OP, dtype: Some(buf.dtype()), count: buf.count(), bytes: buf.bytes(), peer: Some(peer) };
+        let call = Call {
+            op: OP,
+            dtype: Some(buf.dtype()),
+            count: buf.count(),
+            bytes: buf.bytes(),
+            peer: Some(peer),
+            redop: None,
+        };
         self.issue(call, |c| c.send(buf, peer))
     }
 
@@ -571,7 +648,14 @@ impl Communicator {
         self.check_p2p_peer(OP, peer, false)?;
         self.check_dtype(OP, "buf", buf.dtype())?;
         self.check_device(OP, "buf", buf.device())?;
-        let call = Call { op: OP, dtype: Some(buf.dtype()), count: buf.count(), bytes: buf.bytes(), peer: Some(peer) };
+        let call = Call {
+            op: OP,
+            dtype: Some(buf.dtype()),
+            count: buf.count(),
+            bytes: buf.bytes(),
+            peer: Some(peer),
+            redop: None,
+        };
         self.issue(call, |c| c.recv(buf, peer))
     }
 
@@ -626,7 +710,7 @@ impl Communicator {
         }
         let first = ops[0].peer();
         let peer = ops.iter().all(|o| o.peer() == first).then_some(first);
-        let call = Call { op: OP, dtype, count: ops.len(), bytes, peer };
+        let call = Call { op: OP, dtype, count: ops.len(), bytes, peer, redop: None };
         self.issue(call, |c| c.p2p_group(ops))
     }
 
@@ -635,7 +719,7 @@ impl Communicator {
     /// # Errors
     /// As the backend's barrier.
     pub fn barrier(&self) -> Result<Work<'_>> {
-        let call = Call { op: "barrier", dtype: None, count: 0, bytes: 0, peer: None };
+        let call = Call { op: "barrier", dtype: None, count: 0, bytes: 0, peer: None, redop: None };
         self.issue(call, |c| c.barrier())
     }
 
@@ -702,7 +786,13 @@ impl Communicator {
                 if ci.size != s.ranks.len() || Some(ci.rank) != s.group_rank(me) {
                     return Err(self.invalid("split", "spec", format!("group '{}' formed with {} ranks (this rank at {}), but the spec lists {:?}: members passed different specs", s.name, ci.size, ci.rank, s.ranks)));
                 }
-                Communicator::with_recorder(c, s, self.config.clone(), self.recorder.clone()).map(Some)
+                let detail = match &self.detail {
+                    Some(d) => Some(d.child(&s.name, ci.rank, ci.size).await?),
+                    None => None,
+                };
+                let mut child = Communicator::with_recorder(c, s, self.config.clone(), self.recorder.clone())?;
+                child.detail = detail;
+                Ok(Some(child))
             }
             (Some(_), None) | (None, Some(_)) => Err(Error::Backend {
                 backend: self.info().backend,

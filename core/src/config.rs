@@ -221,6 +221,10 @@ pub struct CommConfig {
     pub init_timeout: Duration,
     /// Operations kept by the flight recorder (`ANYCCL_FLIGHT_RECORDER`, default 2048).
     pub flight_recorder: usize,
+    /// Detail mode (`ANYCCL_DEBUG=detail`): members compare every collective's fingerprint
+    /// through the store before it runs, so ranks issuing different collectives get an
+    /// error naming both calls on every backend. Costs a store round trip per collective.
+    pub detail: bool,
 }
 
 impl Default for CommConfig {
@@ -229,6 +233,7 @@ impl Default for CommConfig {
             op_timeout: Duration::from_secs(600),
             init_timeout: Duration::from_secs(300),
             flight_recorder: 2048,
+            detail: false,
         }
     }
 }
@@ -289,6 +294,19 @@ impl CommConfig {
         }
         if let Some(d) = env_secs("ANYCCL_INIT_TIMEOUT_S")? {
             c.init_timeout = d;
+        }
+        match std::env::var("ANYCCL_DEBUG").as_deref().map(str::trim) {
+            Err(_) | Ok("" | "off" | "info") => {}
+            Ok("detail") => c.detail = true,
+            Ok(v) => {
+                return Err(Error::InvalidArgument {
+                    op: "CommConfig::from_env",
+                    arg: "environment",
+                    rank: env_rank(),
+                    group: String::new(),
+                    msg: format!("ANYCCL_DEBUG={v:?} is not one of off, info, detail"),
+                })
+            }
         }
         if let Ok(v) = std::env::var("ANYCCL_FLIGHT_RECORDER") {
             c.flight_recorder = v.parse().map_err(|_| Error::InvalidArgument {

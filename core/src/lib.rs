@@ -33,6 +33,7 @@ mod capability;
 mod collective;
 mod communicator;
 mod config;
+mod detail;
 mod dtype;
 mod error;
 mod group;

@@ -280,6 +280,32 @@ fn stopped_rank(count: usize) -> Outcome {
     Ok(())
 }
 
+/// `ANYCCL_DEBUG=detail`: rank 1 calls all_gather while the others call all_reduce; every
+/// rank fails within 10 s naming both calls.
+fn detail_mode_mismatch() -> Outcome {
+    let mut cmd = launcher(3, &[bin("anyccl-demo"), "--count", "1024", "--steps", "5", "--mismatch-rank", "1"]);
+    cmd.env("ANYCCL_DEBUG", "detail");
+    let t = Instant::now();
+    let mut job = Job::start(&mut cmd);
+    let got = job.finish(Duration::from_secs(30))?;
+    let took = t.elapsed();
+    check(got == Some(1), || format!("exit code {got:?}:\n{}", job.text()))?;
+    for r in 0..3 {
+        let line = job
+            .seen
+            .iter()
+            .find(|(_, l)| l.starts_with(&format!("[rank {r}] anyccl-demo: invalid argument `collective`")));
+        check(line.is_some_and(|(_, l)| l.contains("all_gather") && l.contains("all_reduce")), || {
+            format!("rank {r} did not fail naming both calls:\n{}", job.text())
+        })?;
+    }
+    check(took < Duration::from_secs(10), || format!("took {took:?}"))?;
+    println!(
+        "    ANYCCL_DEBUG=detail, all_gather against all_reduce: every rank failed naming both, job done in {took:.2?}"
+    );
+    Ok(())
+}
+
 // ---------------------------------------------------------------- bad input
 
 fn huge_timeouts_are_errors() -> Outcome {
@@ -509,6 +535,7 @@ fn main() -> std::process::ExitCode {
         t("cpu::faults::stopped_rank_64kib_errors_within_timeout[w=4]", || stopped_rank(16 << 10)),
         t("cpu::faults::stopped_rank_4mib_errors_within_timeout[w=4]", || stopped_rank(1 << 20)),
         t("cpu::faults::huge_environment_timeouts_are_errors", huge_timeouts_are_errors),
+        t("cpu::faults::detail_mode_names_both_calls[w=3]", detail_mode_mismatch),
         t("store::faults::unresolvable_master_addr_ends_at_init_timeout", unresolvable_master_addr),
         t("bench::faults::bad_sizes_and_counts_are_errors", bench_bad_sizes),
         t("store::faults::a_rank_claimed_twice_is_refused[w=2]", || {

@@ -140,6 +140,44 @@ fn mismatch(cx: &RankCtx) -> CaseResult {
     }
 }
 
+/// Detail mode, on any backend: rank 0 calls all_gather while the others call all_reduce;
+/// every rank fails before any data moves, within 10 s, with an error naming both calls.
+fn mismatch_detail(cx: &RankCtx) -> CaseResult {
+    let spec = GroupSpec::new("detail", (0..cx.size).collect(), "conformance", Role::Data);
+    let config = CommConfig { detail: true, op_timeout: cx.timeout, init_timeout: cx.timeout, ..CommConfig::default() };
+    let comm = cx.block_on(Communicator::connect(
+        cx.backend.as_ref(),
+        spec,
+        cx.rank,
+        cx.store.clone(),
+        cx.platform.device(),
+        config,
+    ))?;
+    // A matching collective first: detail mode lets it through.
+    let mut ok = cx.upload(DType::F32, &[1.0; 8])?;
+    cx.wait(comm.all_reduce(None, ok.view_mut(), ReduceOp::Sum)?)?;
+    let mut b = cx.upload(DType::F32, &values(cx.rank, 4 * cx.size, None, 0))?;
+    let t = Instant::now();
+    let r = if cx.rank == 0 {
+        comm.all_gather(None, b.view_mut()).map(drop)
+    } else {
+        comm.all_reduce(None, b.view_mut(), ReduceOp::Sum).map(drop)
+    };
+    let took = t.elapsed();
+    match r {
+        Err(Error::InvalidArgument { arg: "collective", msg, .. }) => {
+            ensure!(
+                msg.contains("all_gather") && msg.contains("all_reduce"),
+                "the error does not name both calls: {msg}"
+            );
+        }
+        other => return Err(CaseError(format!("expected InvalidArgument naming both calls, got {other:?}"))),
+    }
+    ensure!(took < Duration::from_secs(10), "the mismatch took {took:?} to report");
+    cx.block_on(comm.shutdown())?;
+    Ok(())
+}
+
 /// Shutdown after work is idempotent; health is fine before it.
 fn shutdown_twice(cx: &RankCtx) -> CaseResult {
     cx.block_on(cx.comm.health())?;
@@ -216,6 +254,7 @@ pub fn register(v: &mut Vec<Case>) {
     v.push(Case::new("lifecycle", "collective_mismatch_errors", &[2, 3], mismatch).needs(|c, _| {
         (!c.detects_mismatch).then(|| "the backend does not check that ranks issue the same collective".into())
     }));
+    v.push(Case::new("lifecycle", "collective_mismatch_detail_mode", &[2, 3, 4], mismatch_detail));
     v.push(Case::new("lifecycle", "shutdown_twice", &[1, 2, 3], shutdown_twice));
     v.push(Case::new("lifecycle", "retry_connect_alone", &[2, 3], retry_connect_alone));
     v.push(Case::new("lifecycle", "killed_process_peer_failed", &[2, 3, 4], killed_process).processes(Some(1)));

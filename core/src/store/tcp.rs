@@ -441,7 +441,10 @@ async fn serve_conn(
 pub struct TcpStore {
     addr: String,
     opts: TcpStoreOptions,
-    pool: Mutex<Vec<TcpStream>>,
+    /// Idle connections, each with the thread that opened it: a connection is reused only
+    /// on that thread, since its socket belongs to the I/O driver of the runtime that thread
+    /// runs (another runtime's thread may block while that driver is not running).
+    pool: Mutex<Vec<(std::thread::ThreadId, TcpStream)>>,
 }
 
 impl TcpStore {
@@ -501,7 +504,7 @@ impl TcpStore {
 
     fn give_back(&self, s: TcpStream) {
         if let Ok(mut p) = self.pool.lock() {
-            p.push(s);
+            p.push((std::thread::current().id(), s));
         }
     }
 
@@ -520,7 +523,11 @@ impl TcpStore {
     }
 
     async fn call(&self, req: Request, deadline: Instant) -> Result<Response> {
-        let pooled = self.pool.lock().ok().and_then(|mut p| p.pop());
+        let me = std::thread::current().id();
+        let pooled = self.pool.lock().ok().and_then(|mut p| {
+            let i = p.iter().rposition(|(t, _)| *t == me)?;
+            Some(p.swap_remove(i).1)
+        });
         let mut s = match pooled {
             Some(s) => s,
             None => self.open().await?,

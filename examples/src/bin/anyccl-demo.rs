@@ -28,6 +28,10 @@ struct Args {
     /// Step at which it exits.
     #[arg(long, default_value_t = 2)]
     exit_at: usize,
+    /// Rank that calls all_gather instead of all_reduce at --exit-at (what
+    /// `ANYCCL_DEBUG=detail` catches on every backend).
+    #[arg(long)]
+    mismatch_rank: Option<usize>,
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -53,6 +57,14 @@ async fn run(args: &Args) -> anyccl_core::Result<ExitCode> {
         }
         let mut data: Vec<f32> = (0..args.count).map(|i| (env.rank + i + step) as f32).collect();
         let t = Instant::now();
+        if args.mismatch_rank == Some(env.rank) && step == args.exit_at {
+            println!("calling all_gather at step {step} while the others call all_reduce (as asked)");
+            let mut all = vec![0f32; args.count * env.world_size];
+            let chunk = env.rank * args.count;
+            all[chunk..chunk + args.count].copy_from_slice(&data);
+            let mut w = comm.all_gather(None, anyccl_core::BufMut::host(all.as_mut_slice()))?;
+            w.wait(comm.config().op_timeout)?;
+        }
         comm.all_reduce_in_place(&mut data, ReduceOp::Sum)?;
         let took = t.elapsed();
         // Sum over ranks r of (r + i + step) = n(n-1)/2 + n(i + step).
