@@ -737,6 +737,7 @@ impl Communicator {
     /// When the backend could not abort in time.
     pub async fn abort(&self) -> Result<()> {
         tracing::warn!(group = %self.name, rank = self.rank(), "aborting communicator");
+        crate::trace::dump(&format!("abort of group '{}'", self.name));
         self.inner.abort(Instant::now() + Duration::from_secs(30)).await
     }
 

@@ -257,6 +257,13 @@ pub fn env_rank() -> usize {
         .unwrap_or(0)
 }
 
+/// Ranks in the job as the launcher's variables give it (1 when unknown).
+pub fn env_world_size() -> usize {
+    var(&["ANYCCL_WORLD_SIZE", "WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"])
+        .and_then(|(_, v)| v.trim().parse().ok())
+        .unwrap_or(1)
+}
+
 /// A positive number of seconds, at most [`MAX_TIMEOUT`], from the environment variable
 /// `name` (`None` when it is unset).
 ///

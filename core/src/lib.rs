@@ -40,13 +40,14 @@ mod group;
 mod platform;
 mod recorder;
 pub mod store;
+pub mod trace;
 mod work;
 
 pub use buffer::{overlaps, Buf, BufMut, Device, DeviceKind};
 pub use capability::Capabilities;
 pub use collective::{abort_all, AllToAllSplits, Backend, BackendInfo, Collective, CommInfo, ConnectOptions, P2POp};
 pub use communicator::{stable_hash, Communicator, OpSignature};
-pub use config::{deadline_in, env_rank, env_secs, CommConfig, LaunchEnv, MAX_TIMEOUT};
+pub use config::{deadline_in, env_rank, env_secs, env_world_size, CommConfig, LaunchEnv, MAX_TIMEOUT};
 pub use dtype::{DType, Element, ReduceOp};
 pub use error::{Error, Recovery, Result};
 pub use group::{GroupRegistry, GroupSpec, Role};

@@ -69,7 +69,9 @@ pub struct Ticket(u64);
 impl FlightRecorder {
     /// A recorder keeping the last `capacity` operations.
     pub fn new(capacity: usize) -> Arc<Self> {
-        Arc::new(FlightRecorder { capacity: capacity.max(1), entries: Mutex::new(Ring::default()) })
+        let r = Arc::new(FlightRecorder { capacity: capacity.max(1), entries: Mutex::new(Ring::default()) });
+        crate::trace::register(&r);
+        r
     }
 
     /// Record a newly enqueued operation.

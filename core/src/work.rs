@@ -109,6 +109,7 @@ impl<'a> Work<'a> {
             Ok(false) => Ok(false),
             Err(e) => {
                 self.finish(Err(e.to_string()));
+                crate::trace::dump_error(&format!("{} #{} failed: {e}", self.info().op, self.info().seq));
                 Err(e)
             }
         }
@@ -181,6 +182,8 @@ impl<'a> Work<'a> {
     }
 
     fn timeout_error(&self, after: Duration) -> Error {
+        let info = self.info();
+        crate::trace::dump(&format!("{} #{} of group '{}' timed out after {after:?}", info.op, info.seq, info.group));
         Error::Timeout {
             op: format!("{} #{}", self.info().op, self.info().seq),
             rank: self.info().rank,

@@ -51,9 +51,13 @@ pub fn pick_backend(requested: Option<&str>) -> Result<Arc<dyn Backend>> {
 }
 
 /// A rank's start: launcher variables, the job store (hosted here on rank 0 unless the
-/// launcher hosts it), and a tracing subscriber filtered by `ANYCCL_LOG`.
+/// launcher hosts it), a tracing subscriber filtered by `ANYCCL_LOG`, and flight-recorder
+/// dumps on SIGTERM and SIGUSR1.
 pub async fn start_rank() -> Result<(LaunchEnv, Arc<dyn Store>, Option<TcpStoreServer>)> {
     anyccl_conformance::init_tracing(tracing::Level::WARN);
+    // These programs opt in to flight-recorder dumps on SIGTERM and SIGUSR1 (the launcher
+    // stops ranks with SIGTERM), written where ANYCCL_TRACE_DIR says.
+    anyccl_core::trace::dump_on_signals()?;
     let env = LaunchEnv::from_env()?;
     let (store, server) = env.connect_store().await?;
     Ok((env, store, server))

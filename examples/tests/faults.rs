@@ -17,6 +17,7 @@ fn bin(name: &str) -> &'static str {
         "anyccl-demo" => env!("CARGO_BIN_EXE_anyccl-demo"),
         "anyccl-bench" => env!("CARGO_BIN_EXE_anyccl-bench"),
         "anyccl-recover" => env!("CARGO_BIN_EXE_anyccl-recover"),
+        "anyccl-trace" => env!("CARGO_BIN_EXE_anyccl-trace"),
         _ => unreachable!("unknown program {name}"),
     }
 }
@@ -213,6 +214,25 @@ fn failing_rank_under_wrapper() -> Outcome {
     Ok(())
 }
 
+/// A fresh folder for flight-recorder dumps.
+fn trace_dir(case: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("anyccl-faults-{case}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+/// `anyccl-trace DIR`'s verdict line.
+fn trace_suspect(dir: &Path) -> Result<String, Failed> {
+    let out = Command::new(bin("anyccl-trace")).arg(dir).output()?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let _ = std::fs::remove_dir_all(dir);
+    check(out.status.success(), || format!("anyccl-trace failed: {text}{}", String::from_utf8_lossy(&out.stderr)))?;
+    text.lines()
+        .find(|l| l.starts_with("SUSPECT:"))
+        .map(str::to_string)
+        .ok_or_else(|| format!("no suspect:\n{text}").into())
+}
+
 fn rank_pid(launcher: i32, rank: usize) -> Option<i32> {
     processes().into_iter().filter(|p| p.1 == launcher).map(|p| p.0).find(|&pid| {
         std::fs::read(format!("/proc/{pid}/environ"))
@@ -222,7 +242,10 @@ fn rank_pid(launcher: i32, rank: usize) -> Option<i32> {
 }
 
 fn kill9_rank() -> Outcome {
-    let mut job = Job::start(&mut launcher(4, &[bin("anyccl-demo"), "--count", "4096", "--steps", "100000000"]));
+    let dir = trace_dir("kill9");
+    let mut cmd = launcher(4, &[bin("anyccl-demo"), "--count", "4096", "--steps", "100000000"]);
+    cmd.env("ANYCCL_TRACE_DIR", &dir);
+    let mut job = Job::start(&mut cmd);
     let groups = rank_groups(job.pid(), 4)?;
     job.expect("step 3:", Duration::from_secs(30))?;
     let victim = rank_pid(job.pid(), 2).ok_or("rank 2 not found")?;
@@ -236,7 +259,9 @@ fn kill9_rank() -> Outcome {
     })?;
     check(alive(&groups).is_empty(), || format!("processes {:?} outlived the launcher", alive(&groups)))?;
     check(took < Duration::from_secs(5), || format!("took {took:?}"))?;
-    println!("    kill -9 of rank 2 mid all_reduce: the launcher named it and exited {took:.2?} later");
+    let suspect = trace_suspect(&dir)?;
+    check(suspect.contains("ranks [2] left no dump"), || format!("anyccl-trace blamed another rank: {suspect}"))?;
+    println!("    kill -9 of rank 2 mid all_reduce: the launcher named it and exited {took:.2?} later; anyccl-trace: {suspect}");
     Ok(())
 }
 
@@ -254,7 +279,8 @@ fn rank_count_bounds() -> Outcome {
 fn stopped_rank(count: usize) -> Outcome {
     const TIMEOUT_S: u64 = 3;
     let mut cmd = launcher(4, &[bin("anyccl-demo"), "--count", &count.to_string(), "--steps", "100000000"]);
-    cmd.env("ANYCCL_TIMEOUT_S", TIMEOUT_S.to_string());
+    let dir = trace_dir(&format!("stop{count}"));
+    cmd.env("ANYCCL_TIMEOUT_S", TIMEOUT_S.to_string()).env("ANYCCL_TRACE_DIR", &dir);
     let mut job = Job::start(&mut cmd);
     job.expect("step 3:", Duration::from_secs(30))?;
     let victim = rank_pid(job.pid(), 1).ok_or("rank 1 not found")?;
@@ -272,11 +298,16 @@ fn stopped_rank(count: usize) -> Outcome {
     for (r, d) in &times {
         check(*d <= limit, || format!("rank {r} erred {d:?} after the stop, more than {limit:?}:\n{}", job.text()))?;
     }
+    let suspect = trace_suspect(&dir)?;
+    check(suspect.contains("[1]") || suspect.contains("rank 1:"), || {
+        format!("anyccl-trace blamed another rank: {suspect}")
+    })?;
     println!(
         "    {} B all_reduce, rank 1 stopped, ANYCCL_TIMEOUT_S={TIMEOUT_S}: errors on ranks {}",
         count * 4,
         times.iter().map(|(r, d)| format!("{r} after {d:.2?}")).collect::<Vec<_>>().join(", ")
     );
+    println!("    anyccl-trace: {suspect}");
     Ok(())
 }
 

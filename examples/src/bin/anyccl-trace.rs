@@ -1,0 +1,213 @@
+//! `anyccl-trace DIR`: read every rank's flight-recorder dump (`rank<R>.json`, written to
+//! `ANYCCL_TRACE_DIR` on a timeout, failure, abort or SIGTERM) and say which rank is behind
+//! and on which operation.
+//!
+//! Per group, operations are matched across ranks by sequence number. The first operation
+//! that did not complete everywhere is the one the job hung in; members that never issued
+//! it are behind (a rank that left no dump at all is named first: it was killed, or stopped
+//! until it was). When every member issued it, the ranks' own errors say whom they waited
+//! for, and the rank most of them name is the suspect.
+#![forbid(unsafe_code)]
+
+use anyccl_core::trace::{TraceDump, TraceRecord, TRACE_FORMAT};
+use clap::Parser;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "anyccl-trace",
+    about = "Say which rank a hung or failed job waited for, from its flight-recorder dumps"
+)]
+struct Args {
+    /// The folder the ranks dumped into (their ANYCCL_TRACE_DIR).
+    dir: PathBuf,
+    /// Print every rank's last operations too.
+    #[arg(long)]
+    verbose: bool,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("anyccl-trace: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn load(dir: &PathBuf) -> Result<BTreeMap<usize, TraceDump>, String> {
+    let rd = std::fs::read_dir(dir).map_err(|e| format!("cannot read {}: {e}", dir.display()))?;
+    let mut dumps = BTreeMap::new();
+    for e in rd.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !(name.starts_with("rank") && name.ends_with(".json")) {
+            continue;
+        }
+        let text = std::fs::read(e.path()).map_err(|err| format!("cannot read {}: {err}", e.path().display()))?;
+        let d: TraceDump = serde_json::from_slice(&text)
+            .map_err(|err| format!("{} is not a flight-recorder dump: {err}", e.path().display()))?;
+        if d.format != TRACE_FORMAT {
+            return Err(format!("{} has format {}, this tool reads {TRACE_FORMAT}", e.path().display(), d.format));
+        }
+        dumps.insert(d.rank, d);
+    }
+    if dumps.is_empty() {
+        return Err(format!("no rank*.json dumps in {}", dir.display()));
+    }
+    Ok(dumps)
+}
+
+fn name(r: &TraceRecord) -> String {
+    format!("{} #{}", r.op, r.seq)
+}
+
+/// Ranks that the failures of `texts` blame: "nothing arrived from rank N", "rank N
+/// accepted no data", "ranks [..] never ...".
+fn blamed(texts: &[&str]) -> BTreeMap<usize, usize> {
+    let mut votes = BTreeMap::new();
+    for t in texts {
+        let mut seen = BTreeSet::new();
+        for (pat, after) in [("from rank ", true), (" accepted no data", false)] {
+            let mut rest = *t;
+            while let Some(i) = rest.find(pat) {
+                let n = if after {
+                    rest[i + pat.len()..].chars().take_while(|c| c.is_ascii_digit()).collect::<String>()
+                } else {
+                    let before: String = rest[..i]
+                        .chars()
+                        .rev()
+                        .take_while(|c| c.is_ascii_digit())
+                        .collect::<Vec<_>>()
+                        .into_iter()
+                        .rev()
+                        .collect();
+                    before
+                };
+                if let Ok(r) = n.parse::<usize>() {
+                    seen.insert(r);
+                }
+                rest = &rest[i + pat.len()..];
+            }
+        }
+        for r in seen {
+            *votes.entry(r).or_default() += 1;
+        }
+    }
+    votes
+}
+
+fn run(args: &Args) -> Result<(), String> {
+    let dumps = load(&args.dir)?;
+    let world = dumps.values().map(|d| d.world_size).max().unwrap_or(1).max(dumps.keys().max().map_or(0, |m| m + 1));
+    println!("anyccl-trace: {} of {world} ranks left a dump in {}", dumps.len(), args.dir.display());
+    for d in dumps.values() {
+        println!("  rank {:>4}  pid {:>7} on {:<12} dumped for: {}", d.rank, d.pid, d.host, d.reason);
+    }
+    let silent: Vec<usize> = (0..world).filter(|r| !dumps.contains_key(r)).collect();
+    let mut suspects: Vec<String> = Vec::new();
+    if !silent.is_empty() {
+        suspects.push(format!(
+            "ranks {silent:?} left no dump: killed, or stopped until the end (a stopped rank dumps on SIGTERM only \
+             once it runs again)"
+        ));
+    }
+
+    // Per group: each rank's records by sequence number (the group rank -> global rank map
+    // comes from the dumps).
+    let mut groups: BTreeMap<String, BTreeMap<usize, Vec<&TraceRecord>>> = BTreeMap::new();
+    for d in dumps.values() {
+        for r in &d.records {
+            groups.entry(r.group.clone()).or_default().entry(d.rank).or_default().push(r);
+        }
+    }
+    let mut verdicts = Vec::new();
+    for (g, by_rank) in &groups {
+        // The first operation not completed by every member that recorded the group.
+        let unfinished =
+            by_rank.values().flat_map(|rs| rs.iter().filter(|r| r.state != "completed").map(|r| r.seq)).min();
+        let Some(seq) = unfinished else { continue };
+        let mut completed = Vec::new();
+        let mut stuck = Vec::new();
+        let mut never = Vec::new();
+        let mut texts = Vec::new();
+        let mut what = String::new();
+        for (rank, rs) in by_rank {
+            match rs.iter().find(|r| r.seq == seq) {
+                Some(r) => {
+                    what = name(r);
+                    if r.state == "completed" {
+                        completed.push(*rank);
+                    } else {
+                        stuck.push((*rank, r.state.clone()));
+                    }
+                    if let Some(e) = &r.error {
+                        texts.push(e.as_str());
+                    }
+                }
+                None => {
+                    let last = rs.iter().filter(|r| r.seq < seq).max_by_key(|r| r.seq);
+                    never.push((*rank, last.map(|l| format!("{} ({})", name(l), l.state)).unwrap_or("nothing".into())));
+                }
+            }
+        }
+        let mut line = format!("group '{g}': {what} is the first operation that did not complete everywhere");
+        if !completed.is_empty() {
+            line.push_str(&format!("; completed by ranks {completed:?}"));
+        }
+        if !stuck.is_empty() {
+            let s: Vec<String> = stuck.iter().map(|(r, st)| format!("{r} ({st})")).collect();
+            line.push_str(&format!("; not completed by ranks {}", s.join(", ")));
+        }
+        if !never.is_empty() {
+            let b: Vec<String> = never.iter().map(|(r, last)| format!("{r} (its last: {last})")).collect();
+            line.push_str(&format!("; never issued by ranks {}", b.join(", ")));
+        }
+        // Members that never issued it are behind; so are those that did not finish what
+        // others finished. Only when every member is stuck in it do their errors decide.
+        let mut behind: Vec<usize> = never.iter().map(|(r, _)| *r).collect();
+        if !completed.is_empty() {
+            behind.extend(stuck.iter().map(|(r, _)| *r));
+        }
+        behind.sort_unstable();
+        if !behind.is_empty() {
+            suspects.push(format!("rank(s) {behind:?} behind in group '{g}' at {what}"));
+        } else {
+            let votes = blamed(&texts);
+            match votes.iter().max_by_key(|(_, v)| **v) {
+                Some((&r, &v)) => {
+                    line.push_str(&format!("; their errors name rank {r} ({v} of {})", texts.len()));
+                    suspects.push(format!("rank {r}: the errors in group '{g}' point at it ({v} of {})", texts.len()));
+                }
+                None => line.push_str("; every member is stuck in it and none names a peer"),
+            }
+        }
+        verdicts.push(line);
+    }
+    println!();
+    for v in &verdicts {
+        println!("{v}");
+    }
+    if args.verbose {
+        for d in dumps.values() {
+            println!("\nrank {}:", d.rank);
+            for r in d.records.iter().rev().take(8).rev() {
+                println!("  {:<16} {:<16} {:<9} {}", r.group, name(r), r.state, r.error.as_deref().unwrap_or(""));
+            }
+        }
+    }
+    println!();
+    match suspects.first() {
+        Some(s) => {
+            println!("SUSPECT: {s}");
+            for s in &suspects[1..] {
+                println!("also: {s}");
+            }
+        }
+        None => println!("no operation was left unfinished: nothing to blame"),
+    }
+    Ok(())
+}
