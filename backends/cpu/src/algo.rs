@@ -22,10 +22,25 @@ pub(crate) struct Tuning {
 }
 
 impl Tuning {
-    pub(crate) fn from_env() -> Self {
-        let direct =
-            std::env::var("ANYCCL_CPU_ALLREDUCE_DIRECT_MAX").ok().and_then(|v| v.parse().ok()).unwrap_or(64 << 10);
-        Tuning { all_reduce_direct_max: direct }
+    pub(crate) fn from_env(rank: usize, label: &str) -> Result<Self> {
+        Ok(Tuning { all_reduce_direct_max: env_bytes("ANYCCL_CPU_ALLREDUCE_DIRECT_MAX", 64 << 10, rank, label)? })
+    }
+}
+
+/// A byte count from the environment variable `name` (`default` when unset).
+///
+/// # Errors
+/// `InvalidArgument` naming the variable, the rank and the group when it is malformed.
+pub(crate) fn env_bytes(name: &str, default: usize, rank: usize, label: &str) -> Result<usize> {
+    match std::env::var(name) {
+        Err(_) => Ok(default),
+        Ok(v) => v.trim().parse().map_err(|_| anyccl_core::Error::InvalidArgument {
+            op: "connect",
+            arg: "environment",
+            rank,
+            group: label.into(),
+            msg: format!("{name}={v:?} is not a number of bytes"),
+        }),
     }
 }
 

@@ -2,6 +2,12 @@
 //! thread per communicator; inputs are copied at enqueue and results are copied into the
 //! caller's buffers when completion is observed, so the worker never touches borrowed
 //! memory and dropping an unfinished `Work` never blocks.
+//!
+//! Memory is bounded: inputs queued and not yet run may hold at most
+//! `ANYCCL_CPU_MAX_QUEUED_BYTES` (default 256 MiB); past that, enqueue waits for the worker,
+//! up to the operation timeout (then `Timeout`), as a device library blocks the host when
+//! its queue is full. Messages from a peer that this rank has not consumed are bounded by
+//! `ANYCCL_CPU_MAX_INBOX_BYTES` (default 256 MiB, see the transport).
 
 use crate::algo::{self, Coll, Tuning};
 use crate::transport::{Dead, Kind, Mesh};
@@ -21,6 +27,37 @@ type JobFn = Box<dyn FnOnce(&mut Engine) -> Result<Output> + Send>;
 struct Job {
     run: JobFn,
     done: Arc<Completion>,
+    /// The job's share of the queue bound, given back when the job is dropped (it has run).
+    _admission: Admission,
+}
+
+/// Queued input bytes counted against the bound until dropped.
+struct Admission {
+    queue: Arc<Queue>,
+    bytes: usize,
+}
+
+impl Drop for Admission {
+    fn drop(&mut self) {
+        self.queue.release(self.bytes);
+    }
+}
+
+/// Input bytes of queued jobs, bounded (see the module doc).
+#[derive(Debug)]
+struct Queue {
+    bytes: Mutex<usize>,
+    cv: Condvar,
+    limit: usize,
+}
+
+impl Queue {
+    fn release(&self, n: usize) {
+        let mut b = self.bytes.lock().unwrap_or_else(|p| p.into_inner());
+        *b = b.saturating_sub(n);
+        drop(b);
+        self.cv.notify_all();
+    }
 }
 
 #[derive(Default)]
@@ -109,6 +146,7 @@ pub struct CpuComm {
     store: Arc<dyn Store>,
     ns: String,
     splits: AtomicU64,
+    queue: Arc<Queue>,
 }
 
 impl std::fmt::Debug for Job {
@@ -175,7 +213,10 @@ impl CpuComm {
 
     fn start(mesh: Arc<Mesh>, store: Arc<dyn Store>, ns: String) -> Result<Arc<CpuComm>> {
         let (tx, rx) = mpsc::channel::<Job>();
-        let mut engine = Engine { mesh: mesh.clone(), seq: 0, tune: Tuning::from_env() };
+        let tune = Tuning::from_env(mesh.rank, &mesh.label)?;
+        let limit = algo::env_bytes("ANYCCL_CPU_MAX_QUEUED_BYTES", 256 << 20, mesh.rank, &mesh.label)?;
+        let queue = Arc::new(Queue { bytes: Mutex::new(0), cv: Condvar::new(), limit });
+        let mut engine = Engine { mesh: mesh.clone(), seq: 0, tune };
         let worker = std::thread::Builder::new()
             .name(format!("anyccl-cpu-{}", mesh.rank))
             .spawn(move || {
@@ -224,16 +265,50 @@ impl CpuComm {
             store,
             ns,
             splits: AtomicU64::new(0),
+            queue,
         }))
     }
 
-    fn enqueue<'a>(&'a self, targets: Vec<BufMut<'a>>, run: JobFn) -> Result<Work<'a>> {
+    /// Wait until `bytes` more of queued input fit the bound (a job larger than the bound
+    /// waits for an empty queue), at most the operation timeout.
+    fn admit(&self, bytes: usize) -> Result<Admission> {
+        let q = &self.queue;
+        let t = self.mesh.op_timeout;
+        let deadline = anyccl_core::deadline_in(t);
+        let mut held = q.bytes.lock().unwrap_or_else(|p| p.into_inner());
+        while *held > 0 && held.saturating_add(bytes) > q.limit {
+            if let Some(d) = self.mesh.mailbox.dead() {
+                return Err(self.mesh.dead_err(d));
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Error::Timeout {
+                    op: "enqueue".into(),
+                    rank: self.info.rank,
+                    group: self.mesh.label.clone(),
+                    after: t,
+                    detail: format!(
+                        "{} bytes of earlier operations stayed queued (limit {}, ANYCCL_CPU_MAX_QUEUED_BYTES): the \
+                         communicator made no progress",
+                        *held, q.limit
+                    ),
+                });
+            }
+            let slice = (deadline - now).min(Duration::from_millis(100));
+            held = q.cv.wait_timeout(held, slice).unwrap_or_else(|p| p.into_inner()).0;
+        }
+        *held += bytes;
+        Ok(Admission { queue: q.clone(), bytes })
+    }
+
+    /// Queue `run`, admitted (see [`CpuComm::admit`]) before its input was copied.
+    fn enqueue<'a>(&'a self, targets: Vec<BufMut<'a>>, admission: Admission, run: JobFn) -> Result<Work<'a>> {
         if let Some(d) = self.mesh.mailbox.dead() {
             return Err(self.mesh.dead_err(d));
         }
         let done = Arc::new(Completion::default());
         let tx = self.tx.lock().unwrap_or_else(|p| p.into_inner());
-        let sent = tx.as_ref().map(|t| t.send(Job { run, done: done.clone() }));
+        let sent = tx.as_ref().map(|t| t.send(Job { run, done: done.clone(), _admission: admission }));
         drop(tx);
         if !matches!(sent, Some(Ok(()))) {
             return Err(Error::Aborted {
@@ -284,6 +359,7 @@ impl Collective for CpuComm {
     }
 
     fn all_reduce<'a>(&'a self, send: Option<Buf<'a>>, mut recv: BufMut<'a>, op: ReduceOp) -> Result<Work<'a>> {
+        let adm = self.admit(recv.bytes())?;
         let mut data = match &send {
             Some(s) => self.host("all_reduce", s)?,
             None => self.host_mut("all_reduce", &mut recv)?,
@@ -291,6 +367,7 @@ impl Collective for CpuComm {
         let dtype = recv.dtype();
         self.enqueue(
             vec![recv],
+            adm,
             Box::new(move |e| {
                 let tune = e.tune;
                 algo::all_reduce(&e.coll(algo::OP_ALL_REDUCE), &mut data, dtype, op, &tune)?;
@@ -306,6 +383,7 @@ impl Collective for CpuComm {
         op: ReduceOp,
         root: usize,
     ) -> Result<Work<'a>> {
+        let adm = self.admit(recv.bytes())?;
         let mut data = match &send {
             Some(s) => self.host("reduce", s)?,
             None => self.host_mut("reduce", &mut recv)?,
@@ -313,6 +391,7 @@ impl Collective for CpuComm {
         let (dtype, me) = (recv.dtype(), self.info.rank);
         self.enqueue(
             vec![recv],
+            adm,
             Box::new(move |e| {
                 algo::reduce(&e.coll(algo::OP_REDUCE), &mut data, dtype, op, root)?;
                 Ok(vec![(me == root).then_some(data)])
@@ -321,6 +400,7 @@ impl Collective for CpuComm {
     }
 
     fn broadcast<'a>(&'a self, send: Option<Buf<'a>>, mut recv: BufMut<'a>, root: usize) -> Result<Work<'a>> {
+        let adm = self.admit(recv.bytes())?;
         let mut data = if self.info.rank == root {
             match &send {
                 Some(s) => self.host("broadcast", s)?,
@@ -331,6 +411,7 @@ impl Collective for CpuComm {
         };
         self.enqueue(
             vec![recv],
+            adm,
             Box::new(move |e| {
                 algo::broadcast(&e.coll(algo::OP_BROADCAST), &mut data, root)?;
                 Ok(vec![Some(data)])
@@ -339,6 +420,7 @@ impl Collective for CpuComm {
     }
 
     fn all_gather<'a>(&'a self, send: Option<Buf<'a>>, mut recv: BufMut<'a>) -> Result<Work<'a>> {
+        let adm = self.admit(recv.bytes())?;
         let (n, me) = (self.info.size, self.info.rank);
         let chunk = recv.bytes() / n;
         let mut out = self.host_mut("all_gather", &mut recv)?;
@@ -347,6 +429,7 @@ impl Collective for CpuComm {
         }
         self.enqueue(
             vec![recv],
+            adm,
             Box::new(move |e| {
                 algo::all_gather(&e.coll(algo::OP_ALL_GATHER), &mut out, chunk)?;
                 Ok(vec![Some(out)])
@@ -356,6 +439,7 @@ impl Collective for CpuComm {
 
     fn reduce_scatter<'a>(&'a self, send: Option<Buf<'a>>, mut recv: BufMut<'a>, op: ReduceOp) -> Result<Work<'a>> {
         let in_place = send.is_none();
+        let adm = self.admit(send.as_ref().map_or(2 * recv.bytes(), |s| s.bytes()))?;
         let mut data = match &send {
             Some(s) => self.host("reduce_scatter", s)?,
             None => self.host_mut("reduce_scatter", &mut recv)?,
@@ -364,6 +448,7 @@ impl Collective for CpuComm {
         let (dtype, me) = (recv.dtype(), self.info.rank);
         self.enqueue(
             vec![recv],
+            adm,
             Box::new(move |e| {
                 let mine = algo::reduce_scatter(&e.coll(algo::OP_REDUCE_SCATTER), &mut data, dtype, op)?;
                 if in_place {
@@ -387,10 +472,12 @@ impl Collective for CpuComm {
             }
             None => (vec![send.bytes() / n; n], vec![recv.bytes() / n; n]),
         };
+        let adm = self.admit(send.bytes() + recv.bytes())?;
         let data = self.host("all_to_all", &send)?;
         let rbytes = recv.bytes();
         self.enqueue(
             vec![recv],
+            adm,
             Box::new(move |e| {
                 let mut out = vec![0u8; rbytes];
                 algo::all_to_all(&e.coll(algo::OP_ALL_TO_ALL), &data, &sb, &mut out, &rb)?;
@@ -400,9 +487,11 @@ impl Collective for CpuComm {
     }
 
     fn send<'a>(&'a self, buf: Buf<'a>, peer: usize) -> Result<Work<'a>> {
+        let adm = self.admit(buf.bytes())?;
         let data = self.host("send", &buf)?;
         self.enqueue(
             vec![],
+            adm,
             Box::new(move |e| {
                 e.mesh.send(peer, Kind::P2p, 0, 0, &data)?;
                 Ok(vec![])
@@ -412,10 +501,13 @@ impl Collective for CpuComm {
 
     fn recv<'a>(&'a self, buf: BufMut<'a>, peer: usize) -> Result<Work<'a>> {
         let bytes = buf.bytes();
-        self.enqueue(vec![buf], Box::new(move |e| Ok(vec![Some(e.mesh.recv_p2p(peer, bytes)?)])))
+        let adm = self.admit(0)?;
+        self.enqueue(vec![buf], adm, Box::new(move |e| Ok(vec![Some(e.mesh.recv_p2p(peer, bytes)?)])))
     }
 
     fn p2p_group<'a>(&'a self, ops: Vec<P2POp<'a>>) -> Result<Work<'a>> {
+        let sent: usize = ops.iter().map(|o| if let P2POp::Send(b, _) = o { b.bytes() } else { 0 }).sum();
+        let adm = self.admit(sent)?;
         let mut sends = Vec::new();
         let mut recvs = Vec::new();
         let mut targets = Vec::new();
@@ -430,6 +522,7 @@ impl Collective for CpuComm {
         }
         self.enqueue(
             targets,
+            adm,
             Box::new(move |e| {
                 for (p, d) in &sends {
                     e.mesh.send(*p, Kind::P2p, 0, 0, d)?;
@@ -440,8 +533,10 @@ impl Collective for CpuComm {
     }
 
     fn barrier(&self) -> Result<Work<'_>> {
+        let adm = self.admit(0)?;
         self.enqueue(
             vec![],
+            adm,
             Box::new(|e| {
                 algo::barrier(&e.coll(algo::OP_BARRIER))?;
                 Ok(vec![])

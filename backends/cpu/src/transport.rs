@@ -62,6 +62,21 @@ struct Inbox {
     coll: VecDeque<CollMsg>,
     p2p: VecDeque<Vec<u8>>,
     closed: Option<String>,
+    /// Bytes of the messages held.
+    bytes: usize,
+}
+
+impl Inbox {
+    fn pop_coll(&mut self) -> Option<CollMsg> {
+        let m = self.coll.pop_front()?;
+        self.bytes -= m.data.len();
+        Some(m)
+    }
+    fn pop_p2p(&mut self) -> Option<Vec<u8>> {
+        let m = self.p2p.pop_front()?;
+        self.bytes -= m.len();
+        Some(m)
+    }
 }
 
 #[derive(Default)]
@@ -92,13 +107,26 @@ pub(crate) struct Mailbox {
     cv: Condvar,
     /// Set once `state.dead` is: every send checks it, without taking the lock.
     is_dead: AtomicBool,
+    /// Bytes a peer's unconsumed messages may hold before its reader stops reading
+    /// (`ANYCCL_CPU_MAX_INBOX_BYTES`): the peer's writes then wait, and end at the
+    /// operation timeout if this rank consumes nothing.
+    inbox_limit: usize,
 }
 
 impl Mailbox {
-    fn new(n: usize) -> Self {
+    fn new(n: usize, inbox_limit: usize) -> Self {
         let mut st = State::default();
         st.inbox.resize_with(n, Inbox::default);
-        Mailbox { state: Mutex::new(st), cv: Condvar::new(), is_dead: AtomicBool::new(false) }
+        Mailbox { state: Mutex::new(st), cv: Condvar::new(), is_dead: AtomicBool::new(false), inbox_limit }
+    }
+
+    /// Block the reader of `from` while that peer's unconsumed messages fill the bound (one
+    /// message beyond it is always accepted, however large), or until the mailbox dies.
+    fn wait_room(&self, from: usize) {
+        let mut st = self.lock();
+        while st.dead.is_none() && st.inbox[from].bytes >= self.inbox_limit {
+            st = self.cv.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -108,12 +136,18 @@ impl Mailbox {
     }
 
     fn push_coll(&self, from: usize, m: CollMsg) {
-        self.lock().inbox[from].coll.push_back(m);
+        let mut st = self.lock();
+        st.inbox[from].bytes += m.data.len();
+        st.inbox[from].coll.push_back(m);
+        drop(st);
         self.cv.notify_all();
     }
 
     fn push_p2p(&self, from: usize, data: Vec<u8>) {
-        self.lock().inbox[from].p2p.push_back(data);
+        let mut st = self.lock();
+        st.inbox[from].bytes += data.len();
+        st.inbox[from].p2p.push_back(data);
+        drop(st);
         self.cv.notify_all();
     }
 
@@ -156,7 +190,13 @@ impl Mailbox {
             if let Some(d) = &st.dead {
                 return Err(Missed::Dead(d.clone()));
             }
+            let full = st.inbox[from].bytes >= self.inbox_limit;
             if let Some(v) = take(&mut st.inbox[from]) {
+                if full && st.inbox[from].bytes < self.inbox_limit {
+                    // The peer's reader may be waiting for room.
+                    drop(st);
+                    self.cv.notify_all();
+                }
                 return Ok(v);
             }
             if let Some(why) = &st.inbox[from].closed {
@@ -223,6 +263,7 @@ impl Mesh {
         op_timeout: Duration,
     ) -> Result<Mesh> {
         let started = Instant::now();
+        let inbox_limit = crate::algo::env_bytes("ANYCCL_CPU_MAX_INBOX_BYTES", 256 << 20, rank, label)?;
         let host = std::env::var("ANYCCL_CPU_HOST").unwrap_or_else(|_| "127.0.0.1".into());
         let listener = tokio::net::TcpListener::bind((host.as_str(), 0)).await.map_err(|e| Error::Unavailable {
             backend: "cpu",
@@ -306,7 +347,7 @@ impl Mesh {
             streams[peer] = Some(into_std(s, rank, label, op_timeout)?);
         }
 
-        let mailbox = Arc::new(Mailbox::new(size));
+        let mailbox = Arc::new(Mailbox::new(size, inbox_limit));
         let mut writers = Vec::with_capacity(size);
         let mut ctl = Vec::with_capacity(size);
         let mut readers = Vec::new();
@@ -421,7 +462,7 @@ impl Mesh {
     /// Receive the next collective message from `peer`, which must be `op` number `seq`
     /// of `expect` bytes (when given).
     pub(crate) fn recv_coll(&self, peer: usize, op: u8, seq: u64, expect: Option<usize>) -> Result<Vec<u8>> {
-        let m = self.wait_msg(peer, || what(Kind::Coll, op, seq), |ib| ib.coll.pop_front())?;
+        let m = self.wait_msg(peer, || what(Kind::Coll, op, seq), Inbox::pop_coll)?;
         if m.op != op || m.seq != seq {
             return Err(Error::PeerFailed {
                 rank: self.rank,
@@ -452,7 +493,7 @@ impl Mesh {
 
     /// Receive the next point-to-point message from `peer`, of exactly `expect` bytes.
     pub(crate) fn recv_p2p(&self, peer: usize, expect: usize) -> Result<Vec<u8>> {
-        let d = self.wait_msg(peer, || format!("recv from rank {peer}"), |ib| ib.p2p.pop_front())?;
+        let d = self.wait_msg(peer, || format!("recv from rank {peer}"), Inbox::pop_p2p)?;
         if d.len() != expect {
             return Err(
                 self.peer_err(peer, format!("recv: rank {peer} sent {} bytes, this rank posted {expect}", d.len()))
@@ -537,6 +578,7 @@ fn into_std(s: tokio::net::TcpStream, rank: usize, label: &str, op_timeout: Dura
 
 fn read_loop(mut s: TcpStream, peer: usize, mb: Arc<Mailbox>) {
     let why = loop {
+        mb.wait_room(peer);
         let mut h = [0u8; HEADER];
         if let Err(e) = s.read_exact(&mut h) {
             break if e.kind() == std::io::ErrorKind::UnexpectedEof {

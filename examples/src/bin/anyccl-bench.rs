@@ -6,7 +6,7 @@
 #![forbid(unsafe_code)]
 
 use anyccl_conformance::pattern;
-use anyccl_core::{CommConfig, Communicator, DType, DeviceMemory, P2POp, Platform, ReduceOp, Result, Work};
+use anyccl_core::{CommConfig, Communicator, DType, DeviceKind, DeviceMemory, P2POp, Platform, ReduceOp, Result, Work};
 use clap::Parser;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -351,7 +351,7 @@ async fn run(args: Args) -> Result<()> {
     if args.check > 1 {
         return Err(bad_arg("-c", format!("{} is not 0 or 1", args.check)));
     }
-    let anyccl_examples::Rank { store, backend, platform, world: comm, server: _server, .. } =
+    let anyccl_examples::Rank { env, store, backend, platform, world: comm, server: _server, .. } =
         anyccl_examples::start_world("anyccl-bench", args.backend.as_deref(), CommConfig::from_env()?).await?;
     let (n, me) = (comm.size(), comm.rank());
     let root = args.root;
@@ -382,16 +382,22 @@ async fn run(args: Args) -> Result<()> {
         calls: args.warmup,
         min_time: if first { Duration::from_millis(args.warmup_ms) } else { Duration::ZERO },
     };
+    // Host memory is shared by this host's ranks, a device's is its rank's own. The bench
+    // holds up to three copies of the depth (results, in-place inputs, and a backend's copy
+    // of results not yet waited for), so each rank takes an eighth of its share.
+    let free = platform.mem_info().map(|m| m.free).unwrap_or(u64::MAX);
+    let sharing = if platform.kind() == DeviceKind::Cpu { env.local_world_size.max(1) as u64 } else { 1 };
+    let budget = (free / sharing / 8).min(4 << 30) as usize;
     let mut bytes = min.max(dtype.size() * n);
     let mut sum_bus = 0.0;
     let mut wrong_total = 0;
     while bytes <= max {
         let (sc, rc) = counts(op, bytes, dtype.size(), n);
         let size_b = rc.max(sc) * dtype.size();
-        // Enough receive buffers to enqueue a run back to back without waiting, within 4 GiB.
-        let depth = |count: usize| {
-            (4usize << 30).checked_div(count.max(1) * dtype.size()).unwrap_or(1).clamp(1, args.iters.max(1))
-        };
+        // Enough receive buffers to enqueue a run back to back without waiting, within the
+        // budget above.
+        let depth =
+            |count: usize| budget.checked_div(count.max(1) * dtype.size()).unwrap_or(1).clamp(1, args.iters.max(1));
         let send_input = input(me, sc, dtype, rop);
         let mut b = Bufs { send: platform.alloc(dtype, sc)?, recvs: Vec::new(), in_place_input: Vec::new() };
         platform.copy_from_host(b.send.as_mut(), &send_input)?;
