@@ -183,6 +183,9 @@ pub struct NcclComm {
     /// it connects for a first call). No other NCCL call may be made until it clears.
     pending: Mutex<Option<Arc<LaunchSlot>>>,
     in_progress_returns: AtomicU64,
+    /// Operations whose completion a `Work` observed: whether the communicator ever ran
+    /// (its peers had joined) when a later call blocks.
+    completed: AtomicU64,
 }
 
 /// Filled with the operation's event once NCCL has put it on the stream.
@@ -388,6 +391,7 @@ impl NcclComm {
             scratch,
             pending: Mutex::new(None),
             in_progress_returns: AtomicU64::new(0),
+            completed: AtomicU64::new(0),
             op_timeout,
             enqueue_timeout,
         });
@@ -408,8 +412,7 @@ impl NcclComm {
             }
             let since = c.in_call_since.load(Ordering::Acquire);
             if since != 0 && c.epoch.elapsed().saturating_sub(Duration::from_nanos(since)) > limit {
-                let why =
-                    format!("an NCCL call blocked for more than {limit:?} (a peer never joined); communicator aborted");
+                let why = format!("an NCCL call blocked for more than {limit:?}: {}; communicator aborted", c.blocked_why());
                 tracing::error!("'{}' rank {}: {why}", c.label, c.info.rank);
                 if let Ok(mut f) = c.failure.lock() {
                     f.get_or_insert(why);
@@ -457,6 +460,20 @@ impl NcclComm {
             return Some(Error::Aborted { rank: self.info.rank, group: self.label.clone(), detail: why });
         }
         None
+    }
+
+    /// What a call that blocked inside NCCL means, from what is known: whether any
+    /// operation of this communicator ever completed (NCCL over NVLink cannot say which
+    /// peer is missing).
+    fn blocked_why(&self) -> String {
+        match self.completed.load(Ordering::Relaxed) {
+            0 => "no operation of this communicator has completed yet: a peer never joined (or is still connecting)"
+                .into(),
+            n => format!(
+                "{n} operations of this communicator had completed, so every peer had joined: one stopped taking \
+                 part (stopped, stuck or dead) and NCCL's queue filled"
+            ),
+        }
     }
 
     /// A `Timeout` for `op` that also aborts the communicator (it cannot be trusted after).
@@ -631,7 +648,7 @@ impl NcclComm {
                 rank: self.info.rank,
                 group: self.label.clone(),
                 after: started.elapsed(),
-                detail: "NCCL was still connecting to the peers (one never joined); communicator aborted".into(),
+                detail: format!("{}; communicator aborted", self.blocked_why()),
             });
         }
         if let Some(e) = self.dead() {
@@ -780,6 +797,7 @@ impl WorkImpl for NcclWork<'_> {
     fn poll(&mut self) -> Result<bool> {
         self.comm.cuda.bind()?;
         if self.step()? {
+            self.comm.completed.fetch_add(1, Ordering::Relaxed);
             return Ok(true);
         }
         self.comm.poll_async("wait")?;
@@ -792,6 +810,7 @@ impl WorkImpl for NcclWork<'_> {
         let mut spins = 0u32;
         loop {
             if self.step()? {
+                self.comm.completed.fetch_add(1, Ordering::Relaxed);
                 return Ok(true);
             }
             if spins % 256 == 255 {

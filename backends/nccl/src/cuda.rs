@@ -35,6 +35,25 @@ pub struct Cuda {
     ctx: sys::CUcontext,
     /// Ordinal.
     pub ordinal: i32,
+    /// Set at the first sticky error (an aborted NCCL kernel touching freed memory, say):
+    /// the context is then unusable for the rest of the process, and says so.
+    lost: std::sync::OnceLock<String>,
+}
+
+/// Errors after which a CUDA context cannot be used again by the process.
+fn sticky(e: &cudarc::driver::DriverError) -> bool {
+    use cudarc::driver::sys::CUresult::*;
+    matches!(
+        e.0,
+        CUDA_ERROR_ILLEGAL_ADDRESS
+            | CUDA_ERROR_HARDWARE_STACK_ERROR
+            | CUDA_ERROR_ILLEGAL_INSTRUCTION
+            | CUDA_ERROR_MISALIGNED_ADDRESS
+            | CUDA_ERROR_INVALID_ADDRESS_SPACE
+            | CUDA_ERROR_INVALID_PC
+            | CUDA_ERROR_LAUNCH_FAILED
+            | CUDA_ERROR_ECC_UNCORRECTABLE
+    )
 }
 
 // SAFETY: a CUcontext handle may be made current on any thread; we never share mutable state
@@ -53,7 +72,7 @@ impl Cuda {
         let dev = cu::device::get(ordinal).map_err(|e| cuda_err("cuDeviceGet", e))?;
         // SAFETY: `dev` is a valid device handle; the context is released in Drop.
         let ctx = unsafe { cu::primary_ctx::retain(dev) }.map_err(|e| cuda_err("cuDevicePrimaryCtxRetain", e))?;
-        let c = Cuda { dev, ctx, ordinal };
+        let c = Cuda { dev, ctx, ordinal, lost: std::sync::OnceLock::new() };
         c.bind()?;
         Ok(Arc::new(c))
     }
@@ -65,6 +84,44 @@ impl Cuda {
     pub fn bind(&self) -> Result<()> {
         // SAFETY: `ctx` is retained for our lifetime.
         unsafe { cu::ctx::set_current(self.ctx) }.map_err(|e| cuda_err("cuCtxSetCurrent", e))
+    }
+
+    /// `r`'s error as anyccl's; a sticky one marks the context lost, and the error says
+    /// plainly what that means.
+    pub(crate) fn check<T>(&self, op: &str, r: std::result::Result<T, cudarc::driver::DriverError>) -> Result<T> {
+        r.map_err(|e| {
+            let err = cuda_err(op, e);
+            if !sticky(&e) {
+                return err;
+            }
+            let why = format!("{err}");
+            if self.lost.set(why.clone()).is_ok() {
+                tracing::error!("{}", self.lost_text(&why));
+            }
+            self.lost_error(op)
+        })
+    }
+
+    fn lost_text(&self, why: &str) -> String {
+        format!(
+            "the CUDA context of {} is lost ({why}), typically after an NCCL abort while kernels ran: its device \
+             memory is released only when the process exits, and the process must exit to use the device again",
+            self.device()
+        )
+    }
+
+    /// The error every call gets once the context is lost.
+    pub(crate) fn lost_error(&self, op: &str) -> Error {
+        let why = self.lost.get().cloned().unwrap_or_default();
+        Error::Backend { backend: "nccl", op: op.to_string(), code: -1, text: self.lost_text(&why), recovery: anyccl_core::Recovery::Fatal }
+    }
+
+    /// `Err` once the context is lost.
+    pub(crate) fn usable(&self, op: &str) -> Result<()> {
+        match self.lost.get() {
+            Some(_) => Err(self.lost_error(op)),
+            None => Ok(()),
+        }
     }
 
     /// The anyccl device.
@@ -173,7 +230,7 @@ impl Event {
         match unsafe { cu::event::query(self.raw) } {
             Ok(()) => Ok(true),
             Err(e) if e.0 == sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
-            Err(e) => Err(cuda_err("cuEventQuery", e)),
+            Err(e) => self.cuda.check("cuEventQuery", Err(e)),
         }
     }
 }
@@ -233,11 +290,15 @@ impl CudaMemory {
 
 impl Drop for CudaMemory {
     fn drop(&mut self) {
-        if self.ptr != 0 {
+        // A lost context's memory goes with the process (said once, when it was lost).
+        if self.ptr != 0 && self.cuda.usable("cuMemFree").is_ok() {
             let _ = self.cuda.bind();
             // SAFETY: allocated by cuMemAlloc in `zeroed`, freed once.
-            if let Err(e) = unsafe { cu::free_sync(self.ptr) } {
-                tracing::warn!("cuMemFree: {e:?}");
+            let r = unsafe { cu::free_sync(self.ptr) };
+            if let Err(e) = self.cuda.check("cuMemFree", r) {
+                if self.cuda.usable("cuMemFree").is_ok() {
+                    tracing::warn!("{e}");
+                }
             }
         }
     }
@@ -301,6 +362,7 @@ impl Platform for CudaPlatform {
         self.cuda.device()
     }
     fn alloc(&self, dtype: DType, count: usize) -> Result<Box<dyn DeviceMemory>> {
+        self.cuda.usable("cuMemAlloc")?;
         Ok(Box::new(CudaMemory::zeroed(&self.cuda, dtype, count)?))
     }
     fn copy_from_host(&self, dst: &mut dyn DeviceMemory, src: &[u8]) -> Result<()> {
@@ -315,7 +377,9 @@ impl Platform for CudaPlatform {
         let p = device_ptr("copy_from_host", &v, &self.cuda)?;
         self.cuda.bind()?;
         // SAFETY: `p` addresses `want` device bytes owned by `dst`, `src` has as many.
-        unsafe { cu::memcpy_htod_sync(p, src) }.map_err(|e| cuda_err("cuMemcpyHtoD", e))
+        self.cuda.usable("cuMemcpyHtoD")?;
+        // SAFETY: as above.
+        self.cuda.check("cuMemcpyHtoD", unsafe { cu::memcpy_htod_sync(p, src) })
     }
     fn copy_to_host(&self, src: &dyn DeviceMemory, dst: &mut [u8]) -> Result<()> {
         let v = src.view();
@@ -328,15 +392,19 @@ impl Platform for CudaPlatform {
         let p = device_ptr("copy_to_host", &v, &self.cuda)?;
         self.cuda.bind()?;
         // SAFETY: `p` addresses `dst.len()` device bytes owned by `src`.
-        unsafe { cu::memcpy_dtoh_sync(dst, p) }.map_err(|e| cuda_err("cuMemcpyDtoH", e))
+        self.cuda.usable("cuMemcpyDtoH")?;
+        // SAFETY: as above.
+        self.cuda.check("cuMemcpyDtoH", unsafe { cu::memcpy_dtoh_sync(dst, p) })
     }
     fn synchronize(&self) -> Result<()> {
         self.cuda.bind()?;
-        cu::ctx::synchronize().map_err(|e| cuda_err("cuCtxSynchronize", e))
+        self.cuda.usable("cuCtxSynchronize")?;
+        self.cuda.check("cuCtxSynchronize", cu::ctx::synchronize())
     }
     fn mem_info(&self) -> Result<MemInfo> {
         self.cuda.bind()?;
-        let (free, total) = cu::mem_get_info().map_err(|e| cuda_err("cuMemGetInfo", e))?;
+        self.cuda.usable("cuMemGetInfo")?;
+        let (free, total) = self.cuda.check("cuMemGetInfo", cu::mem_get_info())?;
         Ok(MemInfo { free: free as u64, total: total as u64 })
     }
 }
