@@ -5,6 +5,8 @@
 #
 #   BIN=.gpu bash bench/gpu_acceptance.sh        # BIN: where the anyccl binaries are
 #   PARTS="bench recover" BIN=.gpu bash bench/gpu_acceptance.sh   # some parts only
+#   PARTS=reliability BIN=.gpu bash bench/gpu_acceptance.sh      # the launcher killed, a
+#       stopped rank (ANYCCL_TIMEOUT_S=10) with anyccl-trace, detail mode, the lifecycle cases
 #
 # Logs go to $OUT (default /tmp/anyccl-acceptance), one file per part; a summary is
 # printed. Each part has its own time limit, so one that hangs cannot starve the rest.
@@ -16,6 +18,9 @@ export PATH="$PWD/$BIN:$PATH" PYTHONUNBUFFERED=1
 T0=$(date +%s)
 t() { echo "t=$(( $(date +%s) - T0 ))s"; }
 PARTS=" ${PARTS:-bench recover conformance} "
+# Timestamped lines, to measure when each rank failed.
+stamp() { while IFS= read -r l; do printf '%s %s\n' "$(date +%s.%N | cut -c1-14)" "$l"; done; }
+rank_pid() { for p in $(pgrep -f "$1"); do tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qx "RANK=$2" && echo "$p"; done | head -1; }
 want() { [[ $PARTS == *" $1 "* ]]; }
 
 if want bench; then
@@ -39,6 +44,36 @@ rm -rf /tmp/anyccl-acceptance-rec
   timeout 120 anyccl-recover demo --backend nccl --squeeze 16 --no-warmup --out /tmp/anyccl-acceptance-rec; echo "exit=$?"
 } > "$OUT/recover.log" 2>&1
 grep -E 'exit=|bit-for-bit|failed with' "$OUT/recover.log" | cut -c1-300
+fi
+
+if want reliability; then
+echo "### reliability ($(t))"
+DEMO="anyccl-demo --backend nccl --count 1048576 --steps 100000000"
+# 1. kill -9 of the launcher: no rank may be left 5 s later.
+anyccl-run -n 2 -- $DEMO 2>&1 | grep -v '\] step ' > "$OUT/kill9.log" &
+sleep 15
+kill -9 "$(pgrep -x anyccl-run)"
+sleep 5
+echo "kill -9 of the launcher: $(pgrep -fc 'anyccl-demo --backend') rank processes left 5 s later"
+nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader
+pkill -9 -f 'anyccl-demo --backend'; sleep 1
+# 2. SIGSTOP of rank 1 mid-run, ANYCCL_TIMEOUT_S=10: the survivor's error, its time, the
+#    memory release after the abort, and what anyccl-trace says.
+rm -rf "$OUT/trace"
+ANYCCL_TIMEOUT_S=10 ANYCCL_TRACE_DIR="$OUT/trace" ANYCCL_LOG=warn anyccl-run -n 2 -- $DEMO 2>&1 \
+  | grep -v '\] step ' | stamp > "$OUT/stop.log" &
+sleep 15
+P=$(rank_pid 'anyccl-demo --backend' 1)
+S=$(date +%s.%N | cut -c1-14); kill -STOP "$P"; echo "stopped rank 1 (pid $P) at $S"
+for i in $(seq 1 60); do pgrep -x anyccl-run > /dev/null || break; sleep 1; done
+cut -c1-400 "$OUT/stop.log"
+anyccl-trace "$OUT/trace"
+pkill -9 -f 'anyccl-demo --backend'; sleep 1
+# 3. ANYCCL_DEBUG=detail, rank 1 calls all_gather where rank 0 calls all_reduce.
+ANYCCL_DEBUG=detail timeout 60 anyccl-run -n 2 -- anyccl-demo --backend nccl --count 1024 --steps 5 \
+  --mismatch-rank 1 2>&1 | stamp | cut -c1-400
+# 4. The lifecycle cases (detail mode among them) at world size 2.
+timeout 240 anyccl-conformance --backend nccl --world-sizes 2 --filter lifecycle 2>&1 | cut -c1-300
 fi
 
 if want conformance; then

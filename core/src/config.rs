@@ -142,9 +142,14 @@ impl LaunchEnv {
             None
         };
         let addr = format!("{}:{}", self.master_addr, self.master_port);
-        let client = TcpStore::connect(addr.clone(), opts).await?;
-        self.join(&client, &addr).await?;
-        Ok((Arc::new(client), server))
+        let client: Arc<dyn Store> = Arc::new(TcpStore::connect(addr.clone(), opts).await?);
+        self.join(client.as_ref(), &addr).await?;
+        let store = ClaimedStore::watch(client, self.duplicate_key(), self.rank);
+        Ok((Arc::new(store), server))
+    }
+
+    fn duplicate_key(&self) -> String {
+        format!("anyccl/restart{}/rank{}/duplicate", self.restart, self.rank)
     }
 
     /// Join the job in its store: the first rank to arrive records the job's identity and
@@ -176,6 +181,8 @@ impl LaunchEnv {
         let cas = store.compare_set(&key, None, me.as_bytes()).await?;
         if !cas.swapped {
             let other = cas.current.map(|c| String::from_utf8_lossy(&c).into_owned()).unwrap_or_default();
+            // The process that claimed the rank first hears of it too (see ClaimedStore).
+            let _ = store.set(&self.duplicate_key(), format!("{me} claimed rank {} too", self.rank).as_bytes()).await;
             return Err(refuse(format!(
                 "rank {} of this job already joined the store at {addr} ({other}); this process ({me}) claims it \
                  too: two jobs on one MASTER_PORT, or a rank started twice (set ANYCCL_JOB_ID to tell jobs apart)",
@@ -183,6 +190,101 @@ impl LaunchEnv {
             )));
         }
         Ok(())
+    }
+}
+
+/// The job store as a rank holds it: once another process claims this rank too (and is
+/// refused, see [`LaunchEnv::connect_store`]), every call fails with an error saying so,
+/// waits in progress included. A duplicate that arrives after this process's last store
+/// call fails alone: a job identity (`ANYCCL_JOB_ID`, which the launcher sets) tells jobs
+/// apart from the start.
+#[derive(Debug)]
+struct ClaimedStore {
+    inner: Arc<dyn Store>,
+    duplicate: Arc<(std::sync::OnceLock<String>, tokio::sync::Notify)>,
+    rank: usize,
+    watcher: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl ClaimedStore {
+    fn watch(inner: Arc<dyn Store>, key: String, rank: usize) -> ClaimedStore {
+        let duplicate: Arc<(std::sync::OnceLock<String>, tokio::sync::Notify)> = Arc::default();
+        let (st, dup) = (inner.clone(), duplicate.clone());
+        let watcher = tokio::runtime::Handle::try_current().ok().map(|h| {
+            h.spawn(async move {
+                loop {
+                    match st.wait(&key, Instant::now() + Duration::from_secs(3600)).await {
+                        Ok(v) => {
+                            let _ = dup.0.set(String::from_utf8_lossy(&v).into_owned());
+                            dup.1.notify_waiters();
+                            return;
+                        }
+                        Err(Error::Timeout { .. }) => continue,
+                        // The store went away (the job ended): nothing left to watch.
+                        Err(_) => return,
+                    }
+                }
+            })
+        });
+        ClaimedStore { inner, duplicate, rank, watcher }
+    }
+
+    fn check(&self) -> Result<()> {
+        match self.duplicate.0.get() {
+            None => Ok(()),
+            Some(who) => Err(Error::InvalidArgument {
+                op: "store",
+                arg: "environment",
+                rank: self.rank,
+                group: String::new(),
+                msg: format!(
+                    "another process claimed this rank after this one ({who}): two jobs on one MASTER_PORT, or a \
+                     rank started twice; this rank stops rather than run another job's work (set ANYCCL_JOB_ID)"
+                ),
+            }),
+        }
+    }
+}
+
+impl Drop for ClaimedStore {
+    fn drop(&mut self) {
+        if let Some(w) = self.watcher.take() {
+            w.abort();
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Store for ClaimedStore {
+    async fn set(&self, key: &str, value: &[u8]) -> Result<()> {
+        self.check()?;
+        self.inner.set(key, value).await
+    }
+    async fn get(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        self.check()?;
+        self.inner.get(key).await
+    }
+    async fn wait(&self, key: &str, deadline: Instant) -> Result<Vec<u8>> {
+        let notified = self.duplicate.1.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        self.check()?;
+        tokio::select! {
+            r = self.inner.wait(key, deadline) => r,
+            _ = notified => Err(self.check().err().unwrap_or_else(|| Error::store("duplicate rank"))),
+        }
+    }
+    async fn add(&self, key: &str, delta: i64) -> Result<i64> {
+        self.check()?;
+        self.inner.add(key, delta).await
+    }
+    async fn compare_set(&self, key: &str, expected: Option<&[u8]>, new: &[u8]) -> Result<crate::store::CasOutcome> {
+        self.check()?;
+        self.inner.compare_set(key, expected, new).await
+    }
+    async fn delete(&self, key: &str) -> Result<bool> {
+        self.check()?;
+        self.inner.delete(key).await
     }
 }
 

@@ -31,6 +31,11 @@ pub struct TraceDump {
     pub reason: String,
     /// When, in milliseconds since the Unix epoch.
     pub unix_ms: u64,
+    /// The first reason this process dumped for, and when: a rank that was stopped or
+    /// busy notices the trouble only after the others, and only when it runs again.
+    pub first_reason: String,
+    /// When that was, in milliseconds since the Unix epoch.
+    pub first_unix_ms: u64,
     /// The recorded operations, oldest first per recorder.
     pub records: Vec<TraceRecord>,
 }
@@ -68,6 +73,8 @@ pub struct TraceRecord {
 static LIVE: Mutex<Vec<Weak<FlightRecorder>>> = Mutex::new(Vec::new());
 /// When an error last caused a dump (ms since the epoch), to write one per burst.
 static LAST_ERROR_DUMP: AtomicU64 = AtomicU64::new(0);
+/// The first reason this process dumped for, and when.
+static FIRST: std::sync::OnceLock<(u64, String)> = std::sync::OnceLock::new();
 
 pub(crate) fn register(r: &Arc<FlightRecorder>) {
     if let Ok(mut live) = LIVE.lock() {
@@ -83,6 +90,7 @@ fn unix_ms(t: SystemTime) -> u64 {
 /// This process's dump, now.
 pub fn snapshot(reason: &str) -> TraceDump {
     let (now, wall) = (Instant::now(), SystemTime::now());
+    let first = FIRST.get_or_init(|| (unix_ms(wall), reason.to_string())).clone();
     let recorders: Vec<Arc<FlightRecorder>> =
         LIVE.lock().map(|l| l.iter().filter_map(Weak::upgrade).collect()).unwrap_or_default();
     let mut records = Vec::new();
@@ -118,6 +126,8 @@ pub fn snapshot(reason: &str) -> TraceDump {
         host: std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default().trim().to_string(),
         reason: reason.to_string(),
         unix_ms: unix_ms(wall),
+        first_reason: first.1,
+        first_unix_ms: first.0,
         records,
     }
 }

@@ -475,6 +475,34 @@ fn two_jobs_on_one_port(ids: [Option<&str>; 2], want: &str) -> Outcome {
     Ok(())
 }
 
+/// Without job identities, the process that claimed a rank first hears of a second claim
+/// too while it is still in its store phase: both fail, neither runs the other's job.
+fn duplicate_rank_fails_both_sides() -> Outcome {
+    // A store of its own, so the first claimant of rank 1 waits in a store call (for rank 0,
+    // which never comes) when the second claims rank 1.
+    let server = anyccl_core::TcpStoreServer::start(([127, 0, 0, 1], 0).into(), Default::default())?;
+    let port = server.local_addr().port();
+    let claim = || {
+        let mut c = by_hand(1, port, None, "5");
+        c.env("ANYCCL_STORE_EXTERNAL", "1");
+        c
+    };
+    let mut first = Job::start(&mut claim());
+    std::thread::sleep(Duration::from_millis(1500));
+    let t = Instant::now();
+    let mut second = Job::start(&mut claim());
+    let b = second.finish(Duration::from_secs(20))?;
+    let f = first.finish(Duration::from_secs(20))?;
+    let took = t.elapsed();
+    check(b == Some(1) && second.text().contains("already joined"), || format!("second: {b:?}\n{}", second.text()))?;
+    check(f == Some(1) && first.text().contains("another process claimed this rank"), || {
+        format!("the first claimant did not hear of the second: {f:?}\n{}", first.text())
+    })?;
+    check(took < Duration::from_secs(5), || format!("took {took:?}"))?;
+    println!("    a rank claimed twice: both claimants failed within {took:.2?}");
+    Ok(())
+}
+
 // ---------------------------------------------------------------- checkpoints
 
 fn train(out: &Path, run: &str, extra: &[&str]) -> Job {
@@ -572,6 +600,7 @@ fn main() -> std::process::ExitCode {
         t("store::faults::a_rank_claimed_twice_is_refused[w=2]", || {
             two_jobs_on_one_port([None, None], "already joined")
         }),
+        t("store::faults::a_rank_claimed_twice_fails_both_claimants[w=2]", duplicate_rank_fails_both_sides),
         t("store::faults::another_jobs_rank_is_refused[w=2]", || {
             two_jobs_on_one_port([Some("job-a"), Some("job-b")], "belongs to job 'job-a'")
         }),

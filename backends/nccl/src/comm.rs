@@ -412,7 +412,8 @@ impl NcclComm {
             }
             let since = c.in_call_since.load(Ordering::Acquire);
             if since != 0 && c.epoch.elapsed().saturating_sub(Duration::from_nanos(since)) > limit {
-                let why = format!("an NCCL call blocked for more than {limit:?}: {}; communicator aborted", c.blocked_why());
+                let why =
+                    format!("an NCCL call blocked for more than {limit:?}: {}; communicator aborted", c.blocked_why());
                 tracing::error!("'{}' rank {}: {why}", c.label, c.info.rank);
                 if let Ok(mut f) = c.failure.lock() {
                     f.get_or_insert(why);

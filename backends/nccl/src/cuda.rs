@@ -113,7 +113,13 @@ impl Cuda {
     /// The error every call gets once the context is lost.
     pub(crate) fn lost_error(&self, op: &str) -> Error {
         let why = self.lost.get().cloned().unwrap_or_default();
-        Error::Backend { backend: "nccl", op: op.to_string(), code: -1, text: self.lost_text(&why), recovery: anyccl_core::Recovery::Fatal }
+        Error::Backend {
+            backend: "nccl",
+            op: op.to_string(),
+            code: -1,
+            text: self.lost_text(&why),
+            recovery: anyccl_core::Recovery::Fatal,
+        }
     }
 
     /// `Err` once the context is lost.

@@ -3,7 +3,7 @@
 //! one rank exit mid-run, to show the launcher stopping the others.
 #![forbid(unsafe_code)]
 
-use anyccl_core::{CommConfig, ReduceOp};
+use anyccl_core::{CommConfig, DType, ReduceOp};
 use clap::Parser;
 use std::process::ExitCode;
 use std::time::Instant;
@@ -47,34 +47,50 @@ async fn main() -> ExitCode {
 }
 
 async fn run(args: &Args) -> anyccl_core::Result<ExitCode> {
-    let anyccl_examples::Rank { env, world: comm, server: _server, .. } =
+    let anyccl_examples::Rank { env, platform, world: comm, server: _server, .. } =
         anyccl_examples::start_world("anyccl-demo", args.backend.as_deref(), CommConfig::from_env()?).await?;
     let n = env.world_size as f32;
+    let timeout = comm.config().op_timeout;
+    // The data lives on the backend's device (host memory on the CPU backend), as an
+    // engine's tensors do.
+    let mut dev = platform.alloc(DType::F32, args.count)?;
+    let mut bytes = vec![0u8; args.count * 4];
     for step in 0..args.steps {
         if args.exit_rank == Some(env.rank) && step == args.exit_at {
             println!("exiting with code {} at step {step} (as asked)", args.exit_code);
             return Ok(ExitCode::from(args.exit_code));
         }
-        let mut data: Vec<f32> = (0..args.count).map(|i| (env.rank + i + step) as f32).collect();
+        let data: Vec<u8> = (0..args.count).flat_map(|i| ((env.rank + i + step) as f32).to_le_bytes()).collect();
+        platform.copy_from_host(dev.as_mut(), &data)?;
         let t = Instant::now();
         if args.mismatch_rank == Some(env.rank) && step == args.exit_at {
             println!("calling all_gather at step {step} while the others call all_reduce (as asked)");
-            let mut all = vec![0f32; args.count * env.world_size];
-            let chunk = env.rank * args.count;
-            all[chunk..chunk + args.count].copy_from_slice(&data);
-            let mut w = comm.all_gather(None, anyccl_core::BufMut::host(all.as_mut_slice()))?;
-            w.wait(comm.config().op_timeout)?;
+            let mut all = platform.alloc(DType::F32, args.count * env.world_size)?;
+            let r = comm.all_gather(Some(dev.view()), all.view_mut())?.wait(timeout);
+            r?;
         }
-        comm.all_reduce_in_place(&mut data, ReduceOp::Sum)?;
+        let mut w = comm.all_reduce(None, dev.view_mut(), ReduceOp::Sum)?;
+        if let Err(e) = w.wait(timeout) {
+            // A timed-out operation may still run: abort before its buffer goes.
+            if matches!(e, anyccl_core::Error::Timeout { .. }) {
+                let _ = comm.abort().await;
+            }
+            drop(w);
+            return Err(e);
+        }
+        drop(w);
+        platform.synchronize()?;
+        platform.copy_to_host(dev.as_ref(), &mut bytes)?;
         let took = t.elapsed();
         // Sum over ranks r of (r + i + step) = n(n-1)/2 + n(i + step).
         let want = |i: usize| n * (n - 1.0) / 2.0 + n * (i + step) as f32;
-        if let Some(i) = (0..args.count).find(|&i| data[i] != want(i)) {
+        let got = |i: usize| f32::from_le_bytes([bytes[4 * i], bytes[4 * i + 1], bytes[4 * i + 2], bytes[4 * i + 3]]);
+        if let Some(i) = (0..args.count).find(|&i| got(i) != want(i)) {
             return Err(anyccl_core::Error::Backend {
                 backend: comm.info().backend,
                 op: "all_reduce".into(),
                 code: -1,
-                text: format!("step {step}: element {i} is {}, expected {}", data[i], want(i)),
+                text: format!("step {step}: element {i} is {}, expected {}", got(i), want(i)),
                 recovery: anyccl_core::Recovery::Fatal,
             });
         }

@@ -100,12 +100,35 @@ fn blamed(texts: &[&str]) -> BTreeMap<usize, usize> {
     votes
 }
 
+/// Among `ranks`, those whose first trouble came well after the others' (by more than
+/// `LATE_MS`): a process that was stopped or busy notices a hang only once it runs again
+/// (a launcher resumes it to stop it), while the ranks waiting on it time out together.
+fn late_noticers(dumps: &BTreeMap<usize, TraceDump>, ranks: impl Iterator<Item = usize>) -> Vec<usize> {
+    const LATE_MS: u64 = 250;
+    let firsts: Vec<(usize, u64)> = ranks.filter_map(|r| dumps.get(&r).map(|d| (r, d.first_unix_ms))).collect();
+    let Some(earliest) = firsts.iter().map(|f| f.1).min() else { return Vec::new() };
+    let late: Vec<usize> = firsts.iter().filter(|f| f.1 > earliest + LATE_MS).map(|f| f.0).collect();
+    // Only a minority can be the cause; if most noticed late, timing says nothing.
+    if late.len() * 2 < firsts.len() {
+        late
+    } else {
+        Vec::new()
+    }
+}
+
 fn run(args: &Args) -> Result<(), String> {
     let dumps = load(&args.dir)?;
     let world = dumps.values().map(|d| d.world_size).max().unwrap_or(1).max(dumps.keys().max().map_or(0, |m| m + 1));
     println!("anyccl-trace: {} of {world} ranks left a dump in {}", dumps.len(), args.dir.display());
     for d in dumps.values() {
-        println!("  rank {:>4}  pid {:>7} on {:<12} dumped for: {}", d.rank, d.pid, d.host, d.reason);
+        println!(
+            "  rank {:>4}  pid {:>7} on {:<12} first trouble at +{} ms: {}",
+            d.rank,
+            d.pid,
+            d.host,
+            d.first_unix_ms.saturating_sub(dumps.values().map(|x| x.first_unix_ms).min().unwrap_or(0)),
+            d.first_reason
+        );
     }
     let silent: Vec<usize> = (0..world).filter(|r| !dumps.contains_key(r)).collect();
     let mut suspects: Vec<String> = Vec::new();
@@ -177,10 +200,21 @@ fn run(args: &Args) -> Result<(), String> {
             suspects.push(format!("rank(s) {behind:?} behind in group '{g}' at {what}"));
         } else {
             let votes = blamed(&texts);
+            let late = late_noticers(&dumps, by_rank.keys().copied());
             match votes.iter().max_by_key(|(_, v)| **v) {
                 Some((&r, &v)) => {
                     line.push_str(&format!("; their errors name rank {r} ({v} of {})", texts.len()));
                     suspects.push(format!("rank {r}: the errors in group '{g}' point at it ({v} of {})", texts.len()));
+                }
+                None if !late.is_empty() => {
+                    line.push_str(&format!(
+                        "; every member is stuck in it; ranks {late:?} noticed nothing until after the others had \
+                         failed (stopped, or busy elsewhere)"
+                    ));
+                    suspects.push(format!(
+                        "rank(s) {late:?}: stuck in {what} of group '{g}' like the others, but noticed the trouble \
+                         only after them (a stopped or busy process)"
+                    ));
                 }
                 None => line.push_str("; every member is stuck in it and none names a peer"),
             }
