@@ -104,6 +104,16 @@ impl FlightRecorder {
         self.entries.lock().map(|e| e.records.iter().cloned().collect()).unwrap_or_default()
     }
 
+    /// The newest completed operation of `group` still in the ring: its name, sequence
+    /// number and how long ago it finished (for errors: whether a group ever ran).
+    pub fn last_completed(&self, group: &str) -> Option<(&'static str, u64, Duration)> {
+        let e = self.entries.lock().ok()?;
+        e.records.iter().rev().find(|r| r.state == OpState::Completed && &*r.group == group).map(|r| {
+            let done = r.started + r.elapsed.unwrap_or_default();
+            (r.op, r.seq, done.elapsed())
+        })
+    }
+
     /// A human-readable table of the recorded operations, oldest first.
     pub fn dump(&self) -> String {
         let mut s =

@@ -184,12 +184,24 @@ impl<'a> Work<'a> {
     fn timeout_error(&self, after: Duration) -> Error {
         let info = self.info();
         crate::trace::dump(&format!("{} #{} of group '{}' timed out after {after:?}", info.op, info.seq, info.group));
+        // What is known of the group: whether its members ever ran an operation together.
+        let history = match self.recorder.as_ref().map(|(r, _)| r.last_completed(&info.group)) {
+            Some(Some((op, seq, ago))) => format!(
+                "every member had taken part before (the group's last completed operation here: {op} #{seq}, \
+                 {ago:.1?} ago), so one stopped taking part"
+            ),
+            Some(None) => "no operation of the group had completed here yet (a member may never have joined)".into(),
+            None => String::new(),
+        };
         Error::Timeout {
-            op: format!("{} #{}", self.info().op, self.info().seq),
-            rank: self.info().rank,
-            group: self.info().group.to_string(),
+            op: format!("{} #{}", info.op, info.seq),
+            rank: info.rank,
+            group: info.group.to_string(),
             after,
-            detail: "the operation is still pending; abort the communicator before dropping it".into(),
+            detail: format!(
+                "the operation is still pending{}{history}; abort the communicator before dropping it",
+                if history.is_empty() { "" } else { "; " }
+            ),
         }
     }
 }

@@ -286,3 +286,21 @@ async fn connect_generations_follow_rank_zero() {
     // Rank 1 retrying alone (it never joined 3) still lands on rank 0's newest.
     assert_eq!(connect_generation(&st, "g", 1, "world", soon()).await.unwrap(), 3);
 }
+
+/// A store barrier names the ranks that never arrived when its deadline passes.
+#[tokio::test]
+async fn store_barrier_names_the_ranks_that_never_arrive() {
+    let st = MemoryStore::new();
+    let t = Instant::now();
+    let (a, b) = tokio::join!(
+        anyccl_core::store_barrier(&st, "ckpt/5", 0, 4, Instant::now() + Duration::from_millis(300)),
+        anyccl_core::store_barrier(&st, "ckpt/5", 2, 4, Instant::now() + Duration::from_millis(300)),
+    );
+    for r in [a, b] {
+        match r {
+            Err(Error::Timeout { detail, .. }) => assert!(detail.contains("[1, 3]"), "{detail}"),
+            other => panic!("expected a timeout naming ranks 1 and 3, got {other:?}"),
+        }
+    }
+    assert!(t.elapsed() < Duration::from_secs(2), "took {:?}", t.elapsed());
+}

@@ -505,6 +505,24 @@ fn duplicate_rank_fails_both_sides() -> Outcome {
 
 // ---------------------------------------------------------------- checkpoints
 
+/// The demo's model flags reach its ranks: a run with --width 8 trains width 8.
+fn recover_forwards_model_flags() -> Outcome {
+    let out = std::env::temp_dir().join(format!("anyccl-faults-width-{}", std::process::id()));
+    let o = out.display().to_string();
+    let args =
+        ["demo", "--out", &o, "--width", "8", "--layers", "1", "--steps", "6", "--ckpt-every", "2", "--crash-at", "3"];
+    let run = Command::new(bin("anyccl-recover")).args(args).env("ANYCCL_BACKEND", "cpu").output()?;
+    let shard = checkpoint::read_shard(&out.join("recovered/final/rank0.bin"));
+    let _ = std::fs::remove_dir_all(&out);
+    let text = String::from_utf8_lossy(&run.stdout);
+    check(run.status.success() && text.contains("bit-for-bit match"), || format!("{:?}\n{text}", run.status))?;
+    let (id, params) = shard?;
+    check(id.layout.contains("width8 layers1") && params.len() == 8 * 8 + 8, || {
+        format!("the ranks trained layout '{}' with {} parameters", id.layout, params.len())
+    })?;
+    Ok(())
+}
+
 fn train(out: &Path, run: &str, extra: &[&str]) -> Job {
     let o = out.display().to_string();
     let mut args = vec![bin("anyccl-recover"), "train", "--dp", "2", "--pp", "2", "--steps", "12"];
@@ -605,6 +623,7 @@ fn main() -> std::process::ExitCode {
             two_jobs_on_one_port([Some("job-a"), Some("job-b")], "belongs to job 'job-a'")
         }),
         t("recover::faults::bad_arguments_are_errors", recover_bad_arguments),
+        t("recover::faults::model_flags_reach_the_ranks[w=4]", recover_forwards_model_flags),
         t("recover::faults::inconsistent_checkpoints_fall_back_or_fail[w=4]", inconsistent_checkpoints),
     ];
     libtest_mimic::run(&args, trials).exit_code()
