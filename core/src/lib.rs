@@ -37,6 +37,7 @@ mod detail;
 mod dtype;
 mod error;
 mod group;
+mod logging;
 mod platform;
 mod recorder;
 pub mod store;
@@ -51,6 +52,7 @@ pub use config::{deadline_in, env_rank, env_secs, env_world_size, CommConfig, La
 pub use dtype::{DType, Element, ReduceOp};
 pub use error::{Error, Recovery, Result};
 pub use group::{GroupRegistry, GroupSpec, Role};
+pub use logging::init_logging;
 pub use platform::{DeviceMemory, HostMemory, HostPlatform, MemInfo, Platform};
 pub use recorder::{FlightRecorder, OpRecord, OpState, Ticket};
 pub use store::{

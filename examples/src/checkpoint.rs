@@ -8,7 +8,7 @@
 //! which files are wrong and why, and all fall back together to the newest checkpoint
 //! that is consistent; when none is, every rank fails with the same list of files.
 
-use anyccl_core::{Error, Recovery, Result, Store};
+use anyccl::{Error, Recovery, Result, Store};
 use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -202,7 +202,7 @@ pub async fn agree_and_load(
     want: &Expect,
     timeout: Duration,
 ) -> Result<Loaded> {
-    let deadline = anyccl_core::deadline_in(timeout);
+    let deadline = anyccl::deadline_in(timeout);
     let steps_key = format!("{key}/steps");
     if want.rank == 0 {
         let steps = match complete_steps(dir) {

@@ -480,7 +480,7 @@ fn two_jobs_on_one_port(ids: [Option<&str>; 2], want: &str) -> Outcome {
 fn duplicate_rank_fails_both_sides() -> Outcome {
     // A store of its own, so the first claimant of rank 1 waits in a store call (for rank 0,
     // which never comes) when the second claims rank 1.
-    let server = anyccl_core::TcpStoreServer::start(([127, 0, 0, 1], 0).into(), Default::default())?;
+    let server = anyccl::TcpStoreServer::start(([127, 0, 0, 1], 0).into(), Default::default())?;
     let port = server.local_addr().port();
     let claim = || {
         let mut c = by_hand(1, port, None, "5");

@@ -5,8 +5,8 @@
 //! `anyccl-run` (one rank per process) or alone.
 #![forbid(unsafe_code)]
 
+use anyccl::{CommConfig, Communicator, DType, DeviceKind, DeviceMemory, P2POp, Platform, ReduceOp, Result, Work};
 use anyccl_conformance::pattern;
-use anyccl_core::{CommConfig, Communicator, DType, DeviceKind, DeviceMemory, P2POp, Platform, ReduceOp, Result, Work};
 use clap::Parser;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -172,7 +172,7 @@ fn issue<'a>(
         Op::Reduce => comm.reduce(s, recv.view_mut(), rop, root),
         Op::AllToAll => match s {
             Some(s) => comm.all_to_all(s, recv.view_mut(), None),
-            None => Err(anyccl_core::Error::Unsupported {
+            None => Err(anyccl::Error::Unsupported {
                 backend: comm.info().backend,
                 op: "all_to_all",
                 what: "in place".into(),
@@ -182,7 +182,7 @@ fn issue<'a>(
             let (to, from) = ((me + 1) % n, (me + n - 1) % n);
             match s {
                 Some(s) => comm.p2p_group(vec![P2POp::Send(s, to), P2POp::Recv(recv.view_mut(), from)]),
-                None => Err(anyccl_core::Error::Unsupported {
+                None => Err(anyccl::Error::Unsupported {
                     backend: comm.info().backend,
                     op: "sendrecv",
                     what: "in place".into(),
@@ -263,7 +263,7 @@ fn wrong(
 /// transports before the cold call is measured). One for the whole run: its count makes
 /// every barrier's key new.
 struct StoreBarrier<'a> {
-    store: &'a dyn anyccl_core::Store,
+    store: &'a dyn anyccl::Store,
     n: usize,
     me: usize,
     calls: usize,
@@ -284,7 +284,7 @@ impl StoreBarrier<'_> {
         if self.me == 0 {
             self.store.set(&key, &value.to_le_bytes()).await?;
         }
-        let v = self.store.wait(&key, anyccl_core::deadline_in(self.timeout)).await?;
+        let v = self.store.wait(&key, anyccl::deadline_in(self.timeout)).await?;
         let bytes: [u8; 8] = v.as_slice().try_into().map_err(|_| bad_arg("store", format!("bad value under {key}")))?;
         Ok(u64::from_le_bytes(bytes))
     }
@@ -320,14 +320,8 @@ async fn main() -> ExitCode {
     }
 }
 
-fn bad_arg(arg: &'static str, msg: String) -> anyccl_core::Error {
-    anyccl_core::Error::InvalidArgument {
-        op: "anyccl-bench",
-        arg,
-        rank: anyccl_core::env_rank(),
-        group: String::new(),
-        msg,
-    }
+fn bad_arg(arg: &'static str, msg: String) -> anyccl::Error {
+    anyccl::Error::InvalidArgument { op: "anyccl-bench", arg, rank: anyccl::env_rank(), group: String::new(), msg }
 }
 
 async fn run(args: Args) -> Result<()> {

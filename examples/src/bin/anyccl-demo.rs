@@ -3,7 +3,7 @@
 //! one rank exit mid-run, to show the launcher stopping the others.
 #![forbid(unsafe_code)]
 
-use anyccl_core::{CommConfig, DType, ReduceOp};
+use anyccl::{CommConfig, DType, ReduceOp};
 use clap::Parser;
 use std::process::ExitCode;
 use std::time::Instant;
@@ -46,7 +46,7 @@ async fn main() -> ExitCode {
     }
 }
 
-async fn run(args: &Args) -> anyccl_core::Result<ExitCode> {
+async fn run(args: &Args) -> anyccl::Result<ExitCode> {
     let anyccl_examples::Rank { env, platform, world: comm, server: _server, .. } =
         anyccl_examples::start_world("anyccl-demo", args.backend.as_deref(), CommConfig::from_env()?).await?;
     let n = env.world_size as f32;
@@ -72,7 +72,7 @@ async fn run(args: &Args) -> anyccl_core::Result<ExitCode> {
         let mut w = comm.all_reduce(None, dev.view_mut(), ReduceOp::Sum)?;
         if let Err(e) = w.wait(timeout) {
             // A timed-out operation may still run: abort before its buffer goes.
-            if matches!(e, anyccl_core::Error::Timeout { .. }) {
+            if matches!(e, anyccl::Error::Timeout { .. }) {
                 let _ = comm.abort().await;
             }
             drop(w);
@@ -86,12 +86,12 @@ async fn run(args: &Args) -> anyccl_core::Result<ExitCode> {
         let want = |i: usize| n * (n - 1.0) / 2.0 + n * (i + step) as f32;
         let got = |i: usize| f32::from_le_bytes([bytes[4 * i], bytes[4 * i + 1], bytes[4 * i + 2], bytes[4 * i + 3]]);
         if let Some(i) = (0..args.count).find(|&i| got(i) != want(i)) {
-            return Err(anyccl_core::Error::Backend {
+            return Err(anyccl::Error::Backend {
                 backend: comm.info().backend,
                 op: "all_reduce".into(),
                 code: -1,
                 text: format!("step {step}: element {i} is {}, expected {}", got(i), want(i)),
-                recovery: anyccl_core::Recovery::Fatal,
+                recovery: anyccl::Recovery::Fatal,
             });
         }
         if env.rank == 0 {

@@ -10,12 +10,12 @@
 //! cross-engine weight-sync group), load the checkpoint, run the first step.
 #![forbid(unsafe_code)]
 
-use anyccl_core::{
+use anyccl::warmup::{warmup, Session, Target, WarmupConfig};
+use anyccl::{
     CommConfig, Communicator, DType, DeviceKind, DeviceMemory, Error, GroupRegistry, GroupSpec, Platform, ReduceOp,
     Result, Role,
 };
 use anyccl_examples::checkpoint as ckpt;
-use anyccl_warmup::{warmup, Session, Target, WarmupConfig};
 use clap::{Args as ClapArgs, Parser, Subcommand};
 use std::io::Write;
 use std::path::PathBuf;
@@ -145,7 +145,7 @@ fn bad(msg: String) -> Error {
         op: "job".into(),
         code: -1,
         text: msg,
-        recovery: anyccl_core::Recovery::Fatal,
+        recovery: anyccl::Recovery::Fatal,
     }
 }
 
@@ -451,7 +451,7 @@ fn le_bytes(v: &[f32]) -> Vec<u8> {
 
 /// A new training job's identity, recorded in every shard: the launcher's job id
 /// (`ANYCCL_JOB_ID`) or one rank 0 draws, the same on every rank.
-async fn new_job_id(store: &dyn anyccl_core::Store, me: usize, timeout: Duration) -> Result<String> {
+async fn new_job_id(store: &dyn anyccl::Store, me: usize, timeout: Duration) -> Result<String> {
     let key = "anyccl-recover/job-id";
     if me == 0 {
         let id = std::env::var("ANYCCL_JOB_ID")
@@ -460,7 +460,7 @@ async fn new_job_id(store: &dyn anyccl_core::Store, me: usize, timeout: Duration
             .unwrap_or_else(|| format!("{:016x}", rand::random::<u64>()));
         store.set(key, id.as_bytes()).await?;
     }
-    let v = store.wait(key, anyccl_core::deadline_in(timeout)).await?;
+    let v = store.wait(key, anyccl::deadline_in(timeout)).await?;
     Ok(String::from_utf8_lossy(&v).into_owned())
 }
 

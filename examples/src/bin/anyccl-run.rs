@@ -15,7 +15,7 @@
 //!   handle (SIGKILL), the reaper reads end of file and stops every rank's group.
 #![forbid(unsafe_code)]
 
-use anyccl_core::{LaunchEnv, TcpStoreOptions, TcpStoreServer};
+use anyccl::{LaunchEnv, TcpStoreOptions, TcpStoreServer};
 use clap::Parser;
 use nix::errno::Errno;
 use nix::sys::signal::{kill, Signal};

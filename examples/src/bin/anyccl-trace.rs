@@ -9,7 +9,7 @@
 //! for, and the rank most of them name is the suspect.
 #![forbid(unsafe_code)]
 
-use anyccl_core::trace::{TraceDump, TraceRecord, TRACE_FORMAT};
+use anyccl::trace::{TraceDump, TraceRecord, TRACE_FORMAT};
 use clap::Parser;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;

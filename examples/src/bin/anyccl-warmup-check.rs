@@ -4,8 +4,8 @@
 //! should be (close to) nothing; without, it is what NCCL's lazy connects allocate.
 #![forbid(unsafe_code)]
 
-use anyccl_core::{CommConfig, DType, GroupSpec, P2POp, Platform, ReduceOp, Result, Role, Work};
-use anyccl_warmup::{warmup, Session, Target, WarmupConfig};
+use anyccl::warmup::{warmup, Session, Target, WarmupConfig};
+use anyccl::{CommConfig, DType, GroupSpec, P2POp, Platform, ReduceOp, Result, Role, Work};
 use clap::Parser;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -124,12 +124,12 @@ async fn run(args: &Args) -> Result<()> {
     Ok(())
 }
 
-fn no_group() -> anyccl_core::Error {
-    anyccl_core::Error::Backend {
+fn no_group() -> anyccl::Error {
+    anyccl::Error::Backend {
         backend: "split",
         op: "split".into(),
         code: -1,
         text: "member got no group".into(),
-        recovery: anyccl_core::Recovery::Fatal,
+        recovery: anyccl::Recovery::Fatal,
     }
 }

@@ -1,0 +1,237 @@
+//! anyccl: one collective-communication API over NCCL (CUDA), HCCL (Ascend) and a Gloo-like
+//! CPU backend, plus a communicator warmup written once against it. This is the crate an
+//! engine adds; the `anyccl-*` crates behind it are its parts.
+//!
+//! # Design choices
+//! 1. **Features decide what is compiled, probes decide what is used.** `cpu` (default) and
+//!    `nccl` compile a backend in; every backend builds without its vendor SDK and loads its
+//!    libraries at run time, so a build with `nccl` runs on a machine without GPUs and picks
+//!    the CPU backend there ([`pick_backend`]).
+//! 2. **The registry branches on capabilities, never on names.** [`pick_backend`] prefers a
+//!    backend whose devices are accelerators (`Capabilities::device_kind`) and whose probe
+//!    succeeds; names only select a backend a user asked for.
+//! 3. **Rank start-up is one call.** [`start_rank`] reads the launcher's variables (torchrun's,
+//!    Slurm's, Open MPI's), joins the job's store (checking the job identity) and connects the
+//!    world communicator; [`connect_store`] stops before the communicator.
+//! 4. **Nothing global happens behind the program's back.** Logging ([`init_logging`]) and
+//!    flight-recorder dumps on signals ([`trace::dump_on_signals`]) are the program's to
+//!    turn on.
+//!
+//! The user API of `anyccl-core` is re-exported here (the [`Communicator`], buffers, errors,
+//! groups, the store, configuration), and the warmup as [`warmup`].
+//!
+//! # Examples
+//! A rank of a job started by `anyccl-run`, `torchrun` or Slurm:
+//! ```no_run
+//! # async fn rank() -> anyccl::Result<()> {
+//! use anyccl::{CommConfig, GroupSpec, ReduceOp, Role};
+//! let rank = anyccl::start_rank("my-engine", None, CommConfig::from_env()?).await?;
+//! let mut grads = rank.platform.alloc(anyccl::DType::F32, 1 << 20)?;
+//! rank.world.all_reduce(None, grads.view_mut(), ReduceOp::Sum)?.wait(rank.world.config().op_timeout)?;
+//! let all: Vec<usize> = (0..rank.env.world_size).collect();
+//! let dp = rank.world.split(Some(GroupSpec::new("dp", all, "my-engine", Role::Data))).await?;
+//! # Ok(()) }
+//! ```
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub use anyccl_core::*;
+
+/// The communicator warmup: plans, agreement and strategies (`anyccl-warmup`).
+pub mod warmup {
+    pub use anyccl_warmup::*;
+}
+
+#[cfg(feature = "cpu")]
+pub use anyccl_cpu::Cpu;
+#[cfg(feature = "nccl")]
+pub use anyccl_nccl::Nccl;
+
+/// The level below which [`init_logging`] drops messages when `ANYCCL_LOG` is unset.
+pub use tracing::Level as LogLevel;
+
+use std::sync::Arc;
+
+/// Every backend compiled into this build (by feature), whether or not it can run here.
+#[allow(clippy::vec_init_then_push)] // Each push exists only with its feature.
+pub fn backends() -> Vec<Arc<dyn Backend>> {
+    // Accelerators first; each push is there only with its feature.
+    #[allow(unused_mut)]
+    let mut v: Vec<Arc<dyn Backend>> = Vec::new();
+    #[cfg(feature = "nccl")]
+    v.push(Arc::new(anyccl_nccl::Nccl));
+    #[cfg(feature = "cpu")]
+    v.push(Arc::new(anyccl_cpu::Cpu));
+    v
+}
+
+/// The backend named `name`, among those compiled in.
+///
+/// # Errors
+/// `InvalidArgument` naming the backends this build has (and the feature that adds one).
+pub fn backend_by_name(name: &str) -> Result<Arc<dyn Backend>> {
+    let all = backends();
+    if let Some(b) = all.iter().find(|b| b.name() == name) {
+        return Ok(b.clone());
+    }
+    let known: Vec<&str> = all.iter().map(|b| b.name()).collect();
+    Err(Error::InvalidArgument {
+        op: "backend_by_name",
+        arg: "backend",
+        rank: env_rank(),
+        group: String::new(),
+        msg: format!(
+            "no backend '{name}' in this build (it has: {}); backends are added by the anyccl crate's features \
+             (cpu, nccl)",
+            known.join(", ")
+        ),
+    })
+}
+
+/// The backend to use: `requested`, else `ANYCCL_BACKEND`, else the first compiled-in
+/// backend whose devices are accelerators and whose probe succeeds, else the first whose
+/// probe succeeds.
+///
+/// # Errors
+/// A requested backend that is not compiled in or cannot run here (its probe's
+/// `Unavailable`, listing what it looked for); `Unavailable` when no backend can run.
+pub fn pick_backend(requested: Option<&str>) -> Result<Arc<dyn Backend>> {
+    if let Some(name) = requested.map(str::to_string).or_else(|| std::env::var("ANYCCL_BACKEND").ok()) {
+        let b = backend_by_name(&name)?;
+        b.probe()?;
+        return Ok(b);
+    }
+    let mut usable = Vec::new();
+    let mut why = Vec::new();
+    for b in backends() {
+        match b.probe() {
+            Ok(info) => usable.push((b, info)),
+            Err(e) => {
+                tracing::info!("not using {}: {e}", b.name());
+                why.push(e.to_string());
+            }
+        }
+    }
+    let accelerated = |b: &Arc<dyn Backend>| b.capabilities().is_ok_and(|c| c.device_kind != DeviceKind::Cpu);
+    let pick = usable.iter().position(|(b, _)| accelerated(b)).or(if usable.is_empty() { None } else { Some(0) });
+    match pick {
+        Some(i) => {
+            let (b, info) = usable.swap_remove(i);
+            tracing::info!("using the {} backend: {} device(s), {}", b.name(), info.devices, info.version);
+            Ok(b)
+        }
+        None => Err(Error::Unavailable {
+            backend: "any",
+            reason: if why.is_empty() {
+                "this build has no backend (enable the cpu or nccl feature)".into()
+            } else {
+                why.join("; ")
+            },
+        }),
+    }
+}
+
+/// A started rank of a job.
+#[allow(missing_debug_implementations)] // The store server and backend are not Debug.
+pub struct Rank {
+    /// The launcher's variables.
+    pub env: LaunchEnv,
+    /// The job's store.
+    pub store: Arc<dyn Store>,
+    /// The store server, when this rank hosts it (keep it alive as long as the job runs).
+    pub server: Option<TcpStoreServer>,
+    /// The backend in use.
+    pub backend: Arc<dyn Backend>,
+    /// This rank's device layer (`LOCAL_RANK` picks the device).
+    pub platform: Arc<dyn Platform>,
+    /// Every rank of the job, owned by the `owner` given to [`start_rank`].
+    pub world: Communicator,
+}
+
+/// Read the launcher's variables and join the job's store: rank 0 hosts it unless the
+/// launcher does (`ANYCCL_STORE_EXTERNAL=1`); the job identity is checked on joining (see
+/// [`LaunchEnv::connect_store`]).
+///
+/// # Errors
+/// `InvalidArgument` naming a malformed variable or a refused join; store errors.
+pub async fn connect_store() -> Result<(LaunchEnv, Arc<dyn Store>, Option<TcpStoreServer>)> {
+    let env = LaunchEnv::from_env()?;
+    let (store, server) = env.connect_store().await?;
+    Ok((env, store, server))
+}
+
+/// Start a rank: [`connect_store`], [`pick_backend`] (`backend` by name, or the best
+/// available), this rank's device, and the world communicator owned by `owner`.
+///
+/// # Errors
+/// As [`connect_store`] and [`pick_backend`]; the world's connect errors.
+///
+/// # Cancel safety
+/// Not cancel safe: a dropped start may leave the other ranks waiting for this one until
+/// their connect deadline.
+pub async fn start_rank(owner: &str, backend: Option<&str>, config: CommConfig) -> Result<Rank> {
+    let (env, store, server) = connect_store().await?;
+    let backend = pick_backend(backend)?;
+    let platform = backend.platform(env.local_rank)?;
+    let world = Communicator::connect(
+        backend.as_ref(),
+        GroupSpec::world(env.world_size, owner),
+        env.rank,
+        store.clone(),
+        platform.device(),
+        config,
+    )
+    .await?;
+    Ok(Rank { env, store, server, backend, platform, world })
+}
+
+/// The README's "Using it" snippet, compiled as a doc test of this crate.
+#[doc = include_str!("../../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unknown_backend_names_the_compiled_ones() {
+        let e = backend_by_name("gloo").err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(e.contains("no backend 'gloo'"), "{e}");
+        for b in backends() {
+            assert!(e.contains(b.name()), "{e} does not list {}", b.name());
+        }
+    }
+
+    #[test]
+    fn the_pick_is_a_backend_that_runs_here_preferring_accelerators() {
+        if std::env::var_os("ANYCCL_BACKEND").is_some() {
+            return;
+        }
+        let b = pick_backend(None).expect("the cpu backend runs anywhere");
+        assert!(b.probe().is_ok());
+        let accelerator_runs = backends()
+            .iter()
+            .any(|x| x.probe().is_ok() && x.capabilities().is_ok_and(|c| c.device_kind != DeviceKind::Cpu));
+        assert_eq!(b.capabilities().map(|c| c.device_kind != DeviceKind::Cpu).unwrap_or(false), accelerator_runs);
+    }
+
+    /// A one-rank job with no launcher: the store on a free port, the world communicator of
+    /// one rank, a collective on it.
+    #[test]
+    fn a_single_rank_starts_without_a_launcher() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port());
+        // This crate's only test that reads the launcher's variables.
+        std::env::set_var("MASTER_PORT", port.expect("a free port").to_string());
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        let rank = rt.block_on(start_rank("facade-test", Some("cpu"), CommConfig::default())).expect("start");
+        assert_eq!((rank.env.rank, rank.env.world_size, rank.world.size()), (0, 1, 1));
+        let mut x = rank.platform.alloc(DType::F32, 4).expect("alloc");
+        rank.world
+            .all_reduce(None, x.view_mut(), ReduceOp::Sum)
+            .expect("enqueue")
+            .wait(rank.world.config().op_timeout)
+            .expect("wait");
+        rt.block_on(rank.world.shutdown()).expect("shutdown");
+    }
+}
