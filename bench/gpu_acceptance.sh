@@ -5,6 +5,7 @@
 #
 #   BIN=.gpu bash bench/gpu_acceptance.sh        # BIN: where the anyccl binaries are
 #   PARTS="bench recover" BIN=.gpu bash bench/gpu_acceptance.sh   # some parts only
+#   PARTS=check BIN=.gpu bash bench/gpu_acceptance.sh            # bench wall time, -c 1 vs -c 0
 #   PARTS=reliability BIN=.gpu bash bench/gpu_acceptance.sh      # the launcher killed, a
 #       stopped rank (ANYCCL_TIMEOUT_S=10) with anyccl-trace, detail mode, the lifecycle cases
 #
@@ -46,6 +47,16 @@ rm -rf /tmp/anyccl-acceptance-rec
 grep -E 'exit=|bit-for-bit|failed with' "$OUT/recover.log" | cut -c1-300
 fi
 
+if want check; then
+echo "### the benchmark's check mode: wall time with -c 1 against -c 0 ($(t))"
+for c in 0 1 0 1; do
+  s0=$(date +%s.%N)
+  timeout 200 anyccl-run -n 2 -- anyccl-bench all_reduce --backend nccl -b 64M -e 1G -f 4 -n 40 -c $c 2>&1 \
+    | grep -E '^\[rank 0\] +[0-9]' > "$OUT/check$c.log"
+  echo "-c $c: $(echo "$(date +%s.%N) - $s0" | bc) s; rows: $(wc -l < "$OUT/check$c.log"); wrong (1 GiB row): $(awk '$3 == 1073741824 {print $11, $15}' "$OUT/check$c.log")"
+done
+fi
+
 if want reliability; then
 echo "### reliability ($(t))"
 DEMO="anyccl-demo --backend nccl --count 1048576 --steps 100000000"
@@ -55,7 +66,9 @@ sleep 15
 kill -9 "$(pgrep -x anyccl-run)"
 sleep 5
 echo "kill -9 of the launcher: $(pgrep -fc 'anyccl-demo --backend') rank processes left 5 s later"
-nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader
+ps -eo pid,ppid,stat,cmd | grep -E 'anyccl-(demo|run|reaper)' | grep -v grep
+echo "GPU processes 5 s later (pid, MiB):"; nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader
+sleep 5; echo "GPU processes 10 s later:"; nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader
 pkill -9 -f 'anyccl-demo --backend'; sleep 1
 # 2. SIGSTOP of rank 1 mid-run, ANYCCL_TIMEOUT_S=10: the survivor's error, its time, the
 #    memory release after the abort, and what anyccl-trace says.

@@ -6,6 +6,10 @@
 
 use anyccl_core::{bf16, f16, DType, ReduceOp};
 
+/// Inputs repeat with this period in the element index: `value(r, i + PERIOD, ..)` equals
+/// `value(r, i, ..)`, so a checker can tabulate every expected output once.
+pub const PERIOD: usize = 4;
+
 /// Input element `i` of `rank` for reduce op `op` (`salt` varies inputs between buffers).
 pub fn value(rank: usize, i: usize, op: Option<ReduceOp>, salt: usize) -> f64 {
     match op {
@@ -21,7 +25,19 @@ pub fn values(rank: usize, count: usize, op: Option<ReduceOp>, salt: usize) -> V
 
 /// `v` as it is stored in `dtype` (integers wrap, as the backends' arithmetic does).
 pub fn round_trip(v: f64, dtype: DType) -> f64 {
-    decode(&encode(&[v], dtype), dtype)[0]
+    let i = v as i64;
+    match dtype {
+        DType::I8 => i as i8 as f64,
+        DType::U8 => i as u8 as f64,
+        DType::I32 => i as i32 as f64,
+        DType::U32 => i as u32 as f64,
+        DType::I64 => i as f64,
+        DType::U64 => i as u64 as f64,
+        DType::F16 => f16::from_f64(v).to_f64(),
+        DType::BF16 => bf16::from_f64(v).to_f64(),
+        DType::F32 => v as f32 as f64,
+        DType::F64 => v,
+    }
 }
 
 /// Values as bytes of `dtype`.
@@ -47,21 +63,23 @@ pub fn encode(vals: &[f64], dtype: DType) -> Vec<u8> {
 
 /// Bytes of `dtype` as values.
 pub fn decode(bytes: &[u8], dtype: DType) -> Vec<f64> {
-    bytes
-        .chunks_exact(dtype.size())
-        .map(|b| match dtype {
-            DType::I8 => i8::from_le_bytes([b[0]]) as f64,
-            DType::U8 => b[0] as f64,
-            DType::I32 => i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64,
-            DType::U32 => u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64,
-            DType::I64 => i64::from_le_bytes(b.try_into().unwrap_or_default()) as f64,
-            DType::U64 => u64::from_le_bytes(b.try_into().unwrap_or_default()) as f64,
-            DType::F16 => f16::from_le_bytes([b[0], b[1]]).to_f64(),
-            DType::BF16 => bf16::from_le_bytes([b[0], b[1]]).to_f64(),
-            DType::F32 => f32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64,
-            DType::F64 => f64::from_le_bytes(b.try_into().unwrap_or_default()),
-        })
-        .collect()
+    bytes.chunks_exact(dtype.size()).map(|b| decode_one(b, dtype)).collect()
+}
+
+/// One element's bytes (`dtype.size()` of them) as a value.
+pub fn decode_one(b: &[u8], dtype: DType) -> f64 {
+    match dtype {
+        DType::I8 => i8::from_le_bytes([b[0]]) as f64,
+        DType::U8 => b[0] as f64,
+        DType::I32 => i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64,
+        DType::U32 => u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64,
+        DType::I64 => i64::from_le_bytes(b.try_into().unwrap_or_default()) as f64,
+        DType::U64 => u64::from_le_bytes(b.try_into().unwrap_or_default()) as f64,
+        DType::F16 => f16::from_le_bytes([b[0], b[1]]).to_f64(),
+        DType::BF16 => bf16::from_le_bytes([b[0], b[1]]).to_f64(),
+        DType::F32 => f32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64,
+        DType::F64 => f64::from_le_bytes(b.try_into().unwrap_or_default()),
+    }
 }
 
 /// Element `i` of the reduction over `n` ranks' inputs, as stored in `dtype`.
@@ -116,4 +134,25 @@ pub fn check(what: &str, got: &[f64], want: &[f64], dtype: DType, op: Option<Red
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inputs_repeat_with_the_period_and_round_trips_match_the_encoding() {
+        for op in [None, Some(ReduceOp::Sum), Some(ReduceOp::Prod), Some(ReduceOp::Max)] {
+            for r in 0..8 {
+                for i in 0..64 {
+                    assert_eq!(value(r, i + PERIOD, op, 3), value(r, i, op, 3));
+                }
+            }
+        }
+        for d in DType::ALL {
+            for v in [0.0, 1.0, 4.0, 255.0, 256.0, -1.0, 1e6, 0.1] {
+                assert_eq!(round_trip(v, d).to_bits(), decode(&encode(&[v], d), d)[0].to_bits(), "{d} {v}");
+            }
+        }
+    }
 }
