@@ -50,10 +50,10 @@ fi
 if want check; then
 echo "### the benchmark's check mode: wall time with -c 1 against -c 0 ($(t))"
 for c in 0 1 0 1; do
-  s0=$(date +%s.%N)
+  s0=$(date +%s%N)
   timeout 200 anyccl-run -n 2 -- anyccl-bench all_reduce --backend nccl -b 64M -e 1G -f 4 -n 40 -c $c 2>&1 \
     | grep -E '^\[rank 0\] +[0-9]' > "$OUT/check$c.log"
-  echo "-c $c: $(echo "$(date +%s.%N) - $s0" | bc) s; rows: $(wc -l < "$OUT/check$c.log"); wrong (1 GiB row): $(awk '$3 == 1073741824 {print $11, $15}' "$OUT/check$c.log")"
+  echo "-c $c: $(( ($(date +%s%N) - s0) / 1000000 )) ms; rows: $(wc -l < "$OUT/check$c.log"); wrong (1 GiB row): $(awk '$3 == 1073741824 {print $11, $15}' "$OUT/check$c.log")"
 done
 fi
 
@@ -61,7 +61,7 @@ if want reliability; then
 echo "### reliability ($(t))"
 DEMO="anyccl-demo --backend nccl --count 1048576 --steps 100000000"
 # 1. kill -9 of the launcher: no rank may be left 5 s later.
-anyccl-run -n 2 -- $DEMO 2>&1 | grep -v '\] step ' > "$OUT/kill9.log" &
+anyccl-run -n 2 -- $DEMO 2>&1 | grep --line-buffered -v '\] step ' > "$OUT/kill9.log" &
 sleep 15
 kill -9 "$(pgrep -x anyccl-run)"
 sleep 5
@@ -74,7 +74,7 @@ pkill -9 -f 'anyccl-demo --backend'; sleep 1
 #    memory release after the abort, and what anyccl-trace says.
 rm -rf "$OUT/trace"
 ANYCCL_TIMEOUT_S=10 ANYCCL_TRACE_DIR="$OUT/trace" ANYCCL_LOG=warn anyccl-run -n 2 -- $DEMO 2>&1 \
-  | grep -v '\] step ' | stamp > "$OUT/stop.log" &
+  | grep --line-buffered -v '\] step ' | stamp > "$OUT/stop.log" &
 sleep 15
 P=$(rank_pid 'anyccl-demo --backend' 1)
 S=$(date +%s.%N | cut -c1-14); kill -STOP "$P"; echo "stopped rank 1 (pid $P) at $S"
