@@ -62,6 +62,21 @@ struct Call {
 }
 
 impl Call {
+    /// A call on `count` elements of `dtype` moving `bytes` on this rank.
+    fn new(op: &'static str, dtype: Option<DType>, count: usize, bytes: usize) -> Call {
+        Call { op, dtype, count, bytes, peer: None, redop: None }
+    }
+    /// With its peer (point-to-point) or root (rooted collectives).
+    fn peer(self, p: usize) -> Call {
+        self.peer_opt(Some(p))
+    }
+    fn peer_opt(self, peer: Option<usize>) -> Call {
+        Call { peer, ..self }
+    }
+    /// With its reduce op.
+    fn redop(self, r: ReduceOp) -> Call {
+        Call { redop: Some(r), ..self }
+    }
     /// What detail mode compares across members (see the `detail` module).
     fn fingerprint(&self) -> String {
         let mut f = format!("{} {} x{}", self.op, self.dtype.map(|d| d.name()).unwrap_or("-"), self.count);
@@ -381,14 +396,7 @@ impl Communicator {
         self.check_pair(OP, &send, &recv)?;
         self.check_reduce_op(OP, op)?;
         self.check_same_count(OP, &send, &recv)?;
-        let call = Call {
-            op: OP,
-            dtype: Some(recv.dtype()),
-            count: recv.count(),
-            bytes: recv.bytes(),
-            peer: None,
-            redop: Some(op),
-        };
+        let call = Call::new(OP, Some(recv.dtype()), recv.count(), recv.bytes()).redop(op);
         self.issue(call, |c| c.all_reduce(send, recv, op))
     }
 
@@ -408,14 +416,7 @@ impl Communicator {
         self.check_pair(OP, &send, &recv)?;
         self.check_reduce_op(OP, op)?;
         self.check_same_count(OP, &send, &recv)?;
-        let call = Call {
-            op: OP,
-            dtype: Some(recv.dtype()),
-            count: recv.count(),
-            bytes: recv.bytes(),
-            peer: Some(root),
-            redop: Some(op),
-        };
+        let call = Call::new(OP, Some(recv.dtype()), recv.count(), recv.bytes()).peer(root).redop(op);
         self.issue(call, |c| c.reduce(send, recv, op, root))
     }
 
@@ -428,14 +429,7 @@ impl Communicator {
         self.check_rank(OP, "root", root)?;
         self.check_pair(OP, &send, &recv)?;
         self.check_same_count(OP, &send, &recv)?;
-        let call = Call {
-            op: OP,
-            dtype: Some(recv.dtype()),
-            count: recv.count(),
-            bytes: recv.bytes(),
-            peer: Some(root),
-            redop: None,
-        };
+        let call = Call::new(OP, Some(recv.dtype()), recv.count(), recv.bytes()).peer(root);
         self.issue(call, |c| c.broadcast(send, recv, root))
     }
 
@@ -470,14 +464,7 @@ impl Communicator {
             }
             _ => {}
         }
-        let call = Call {
-            op: OP,
-            dtype: Some(recv.dtype()),
-            count: recv.count(),
-            bytes: recv.bytes(),
-            peer: None,
-            redop: None,
-        };
+        let call = Call::new(OP, Some(recv.dtype()), recv.count(), recv.bytes());
         self.issue(call, |c| c.all_gather(send, recv))
     }
 
@@ -515,14 +502,7 @@ impl Communicator {
             _ => {}
         }
         let count = send.as_ref().map(|s| s.count()).unwrap_or(recv.count());
-        let call = Call {
-            op: OP,
-            dtype: Some(recv.dtype()),
-            count,
-            bytes: count * recv.dtype().size(),
-            peer: None,
-            redop: Some(op),
-        };
+        let call = Call::new(OP, Some(recv.dtype()), count, count * recv.dtype().size()).redop(op);
         self.issue(call, |c| c.reduce_scatter(send, recv, op))
     }
 
@@ -608,14 +588,7 @@ impl Communicator {
                 }
             }
         }
-        let call = Call {
-            op: OP,
-            dtype: Some(recv.dtype()),
-            count: send.count(),
-            bytes: send.bytes(),
-            peer: None,
-            redop: None,
-        };
+        let call = Call::new(OP, Some(recv.dtype()), send.count(), send.bytes());
         self.issue(call, |c| c.all_to_all(send, recv, splits))
     }
 
@@ -628,14 +601,7 @@ impl Communicator {
         self.check_p2p_peer(OP, peer, false)?;
         self.check_dtype(OP, "buf", buf.dtype())?;
         self.check_device(OP, "buf", buf.device())?;
-        let call = Call {
-            op: OP,
-            dtype: Some(buf.dtype()),
-            count: buf.count(),
-            bytes: buf.bytes(),
-            peer: Some(peer),
-            redop: None,
-        };
+        let call = Call::new(OP, Some(buf.dtype()), buf.count(), buf.bytes()).peer(peer);
         self.issue(call, |c| c.send(buf, peer))
     }
 
@@ -648,14 +614,7 @@ impl Communicator {
         self.check_p2p_peer(OP, peer, false)?;
         self.check_dtype(OP, "buf", buf.dtype())?;
         self.check_device(OP, "buf", buf.device())?;
-        let call = Call {
-            op: OP,
-            dtype: Some(buf.dtype()),
-            count: buf.count(),
-            bytes: buf.bytes(),
-            peer: Some(peer),
-            redop: None,
-        };
+        let call = Call::new(OP, Some(buf.dtype()), buf.count(), buf.bytes()).peer(peer);
         self.issue(call, |c| c.recv(buf, peer))
     }
 
@@ -710,7 +669,7 @@ impl Communicator {
         }
         let first = ops[0].peer();
         let peer = ops.iter().all(|o| o.peer() == first).then_some(first);
-        let call = Call { op: OP, dtype, count: ops.len(), bytes, peer, redop: None };
+        let call = Call::new(OP, dtype, ops.len(), bytes).peer_opt(peer);
         self.issue(call, |c| c.p2p_group(ops))
     }
 
@@ -719,7 +678,7 @@ impl Communicator {
     /// # Errors
     /// As the backend's barrier.
     pub fn barrier(&self) -> Result<Work<'_>> {
-        let call = Call { op: "barrier", dtype: None, count: 0, bytes: 0, peer: None, redop: None };
+        let call = Call::new("barrier", None, 0, 0);
         self.issue(call, |c| c.barrier())
     }
 
