@@ -164,7 +164,7 @@ pub struct NcclComm {
     /// The control communicator, when the data one is separate.
     ctrl: Mutex<Handle>,
     /// Copies of both handles for the watchdog, which aborts without taking the locks.
-    raw: [std::sync::atomic::AtomicPtr<cudarc::nccl::sys::ncclComm>; 2],
+    raw: [std::sync::atomic::AtomicPtr<sys::ncclComm>; 2],
     /// Set by whoever frees the NCCL communicators first (abort, shutdown or watchdog).
     freed: AtomicBool,
     /// Set when the watchdog aborted a call that blocked past the enqueue timeout.

@@ -14,9 +14,13 @@ pub fn probe() -> std::result::Result<usize, String> {
     static PROBE: OnceLock<std::result::Result<usize, String>> = OnceLock::new();
     PROBE
         .get_or_init(|| {
-            // SAFETY: only tries to dlopen libcuda; no CUDA call is made when it is absent.
-            if !unsafe { sys::is_culib_present() } {
-                return Err("libcuda.so (the NVIDIA driver) not found".into());
+            // Whether the driver loads at all, before any CUDA call (cudarc's own check exists
+            // only in its dynamic-loading mode; an engine may link CUDA instead).
+            let names = ["libcuda.so.1", "libcuda.so"];
+            // SAFETY: loading the NVIDIA driver library runs its initialisers only, as the
+            // first CUDA call would; the handle is dropped at once (cudarc keeps its own).
+            if !names.iter().any(|n| unsafe { libloading::Library::new(n) }.is_ok()) {
+                return Err(format!("libcuda.so (the NVIDIA driver) not found; tried {}", names.join(", ")));
             }
             cu::init().map_err(|e| format!("cuInit failed: {e:?}"))?;
             let n = cu::device::get_count().map_err(|e| format!("cuDeviceGetCount failed: {e:?}"))?;

@@ -1,4 +1,8 @@
-//! Loading NCCL: our own loader, cudarc's type definitions.
+//! Loading NCCL: our own loader and type definitions.
+//!
+//! Nothing of cudarc's NCCL module is used: its `nccl` feature makes cudarc's build script
+//! link `libnccl` when an engine (candle) selects cudarc's `dynamic-linking`, and a binary
+//! would then not start without NCCL. The three NCCL types anyccl passes are defined here.
 //!
 //! cudarc's NCCL loader tries only names such as `libnccl.so` and `libnccl.so.13`, never
 //! the `libnccl.so.2` soname that NCCL packages (and the Python wheels) ship, and panics
@@ -8,13 +12,56 @@
 //! code in a Rust enum would be undefined behaviour); symbols newer than NCCL 2.18 are
 //! optional and gated on the version.
 
-#![allow(non_snake_case)]
+#![allow(non_snake_case, non_camel_case_types)] // NCCL's C names.
 
-pub use cudarc::nccl::sys::{ncclComm_t, ncclConfig_t, ncclUniqueId};
 use libloading::Library;
 use std::ffi::{c_char, c_int, c_void};
 use std::path::PathBuf;
 use std::sync::OnceLock;
+
+/// `struct ncclComm`, opaque.
+#[repr(C)]
+#[derive(Debug)]
+pub struct ncclComm {
+    _opaque: [u8; 0],
+}
+
+/// `ncclComm_t`.
+pub type ncclComm_t = *mut ncclComm;
+
+/// `ncclUniqueId`: 128 bytes (`NCCL_UNIQUE_ID_BYTES`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ncclUniqueId {
+    /// The id's bytes.
+    pub internal: [c_char; 128],
+}
+
+/// `ncclConfig_t` with the fields of NCCL 2.28 (`ncclConfig_v22800` up to
+/// `nvlinkCentricSched`). [`config`] sets `size` and `version` so that a newer NCCL copies
+/// only these bytes and gives its newer fields their defaults; an older one reads the
+/// fields it knows.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ncclConfig_t {
+    pub size: usize,
+    pub magic: std::ffi::c_uint,
+    pub version: std::ffi::c_uint,
+    pub blocking: c_int,
+    pub cgaClusterSize: c_int,
+    pub minCTAs: c_int,
+    pub maxCTAs: c_int,
+    pub netName: *const c_char,
+    pub splitShare: c_int,
+    pub trafficClass: c_int,
+    pub commName: *const c_char,
+    pub collnetEnable: c_int,
+    pub CTAPolicy: c_int,
+    pub shrinkShare: c_int,
+    pub nvlsCTAs: c_int,
+    pub nChannelsPerNetPeer: c_int,
+    pub nvlinkCentricSched: c_int,
+}
 
 /// `cudaStream_t` / `CUstream`.
 pub type Stream = cudarc::driver::sys::CUstream;
@@ -198,8 +245,8 @@ pub fn lib() -> Result<&'static NcclLib, String> {
 
 /// A config initialised like `NCCL_CONFIG_INITIALIZER`, non-blocking.
 ///
-/// `version` says the caller knows the fields of NCCL 2.28; NCCL resets any newer field of
-/// cudarc's struct to its default, and copies only as many bytes as its own struct has.
+/// `version` and `size` say the caller knows the fields of NCCL 2.28; a newer NCCL gives
+/// its newer fields their defaults.
 pub fn config(comm_name: Option<&std::ffi::CStr>) -> ncclConfig_t {
     // SAFETY: ncclConfig_t is plain C data (integers and raw pointers); all-zero is a
     // valid value of every field.
