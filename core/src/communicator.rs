@@ -16,6 +16,51 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// A communicator of one group: the user API over a backend's [`Collective`].
+///
+/// # Examples
+/// Two ranks as threads of one process (a [`crate::MemoryStore`] for their rendezvous; a
+/// job of processes uses the TCP store), every operation family, and a split:
+/// ```
+/// use anyccl_core::{CommConfig, Communicator, Device, GroupSpec, MemoryStore, P2POp, ReduceOp, Role, Store};
+/// use std::sync::Arc;
+///
+/// fn rank(r: usize, store: Arc<dyn Store>) -> anyccl_core::Result<Vec<f32>> {
+///     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+///     let world = rt.block_on(Communicator::connect(
+///         &anyccl_cpu::Cpu, GroupSpec::world(2, "doc"), r, store, Device::CPU, CommConfig::default(),
+///     ))?;
+///     // Reductions and broadcasts, in place.
+///     let mut x = vec![r as f32 + 1.0; 4];
+///     world.all_reduce_in_place(&mut x, ReduceOp::Sum)?; // [3, 3, 3, 3] on both ranks
+///     world.broadcast_in_place(&mut x, 0)?;
+///     // Gathers: each rank's 2 elements, in rank order.
+///     let mut all = vec![0f32; 4];
+///     world.all_gather_into(&[r as f32; 2], &mut all)?; // [0, 0, 1, 1]
+///     // Point to point, batched so that neither side waits for the other.
+///     let (out, mut inbox) = ([r as f32; 3], [0f32; 3]);
+///     let peer = 1 - r;
+///     let ops = vec![P2POp::Send(anyccl_core::Buf::host(&out), peer), P2POp::Recv(anyccl_core::BufMut::host(&mut inbox), peer)];
+///     world.p2p_group(ops)?.wait(world.config().op_timeout)?;
+///     world.barrier_wait()?;
+///     // A sub-group: here both ranks, as a data-parallel group.
+///     let dp = rt.block_on(world.split(Some(GroupSpec::new("dp", vec![0, 1], "doc", Role::Data))))?;
+///     if let Some(dp) = dp {
+///         dp.all_reduce_in_place(&mut all, ReduceOp::Max)?;
+///         rt.block_on(dp.shutdown())?;
+///     }
+///     rt.block_on(world.shutdown())?;
+///     Ok(x.into_iter().chain(all).chain(inbox).collect())
+/// }
+///
+/// let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+/// let other = { let s = store.clone(); std::thread::spawn(move || rank(1, s)) };
+/// let mine = rank(0, store).expect("rank 0");
+/// let theirs = other.join().expect("thread").expect("rank 1");
+/// assert_eq!(&mine[..4], &[3.0; 4]);
+/// assert_eq!(&mine[4..8], &[0.0, 0.0, 1.0, 1.0]);
+/// assert_eq!(&mine[8..], &[1.0; 3]); // rank 1's message
+/// assert_eq!(&theirs[8..], &[0.0; 3]);
+/// ```
 #[derive(Debug)]
 pub struct Communicator {
     inner: Arc<dyn Collective>,

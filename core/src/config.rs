@@ -54,6 +54,16 @@ fn parse_num(names: &[&str]) -> Result<Option<usize>> {
 impl LaunchEnv {
     /// Read the launcher's variables. Without any, this is a single-rank job.
     ///
+    /// # Examples
+    /// Under `torchrun` or `anyccl-run` (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`,
+    /// ...), under Slurm (`SLURM_PROCID`, ...) or Open MPI (`OMPI_COMM_WORLD_RANK`, ...):
+    /// ```
+    /// let env = anyccl_core::LaunchEnv::from_env()?;
+    /// assert!(env.rank < env.world_size && env.local_rank < env.local_world_size.max(1));
+    /// println!("rank {} of {}, store at {}:{}", env.rank, env.world_size, env.master_addr, env.master_port);
+    /// # Ok::<(), anyccl_core::Error>(())
+    /// ```
+    ///
     /// # Errors
     /// `InvalidArgument` naming the variable when one is malformed or inconsistent.
     pub fn from_env() -> Result<Self> {

@@ -145,6 +145,30 @@ fn err(op: &'static str, rank: usize, group: &str, msg: String) -> Error {
 /// # Cancel safety
 /// Not cancel safe: dropping the future part-way leaves the generation claimed; a later
 /// call with the same generation waits for the recorded outcome and times out.
+///
+/// # Examples
+/// After a restart, before loading the checkpoint: warm the train step's groups, chosen by
+/// owner and role, never a cross-engine group.
+/// ```no_run
+/// use anyccl_core::{Communicator, GroupRegistry, Platform, Role, Store};
+/// use anyccl_warmup::{warmup, Session, Target, WarmupConfig};
+///
+/// async fn recover(
+///     store: &dyn Store, platform: &dyn Platform, registry: &GroupRegistry, comms: &[Communicator],
+///     rank: usize, world_size: usize, restarts: u64,
+/// ) -> anyccl_core::Result<()> {
+///     let train_step = registry.filter("trainer", &[Role::Data, Role::Pipeline, Role::Tensor]);
+///     let targets: Vec<Target<'_>> = comms
+///         .iter()
+///         .filter(|c| train_step.iter().any(|g| g.name == c.spec().name))
+///         .map(Target::new)
+///         .collect();
+///     let session = Session { store, job: "trainer", generation: restarts, rank, world_size, platform };
+///     let report = warmup(&session, &targets, &WarmupConfig::from_env(WarmupConfig::default())?).await?;
+///     print!("{}", report.table());
+///     Ok(())
+/// }
+/// ```
 pub async fn warmup(s: &Session<'_>, targets: &[Target<'_>], cfg: &WarmupConfig) -> Result<Report> {
     let mut report = Report::new(s.job, s.generation, s.rank);
     let mut plans = Vec::new();

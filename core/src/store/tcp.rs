@@ -263,6 +263,20 @@ pub struct TcpStoreServer {
 impl TcpStoreServer {
     /// Bind `bind` (use `127.0.0.1:0` for a free loopback port) and serve until dropped.
     ///
+    /// # Examples
+    /// ```
+    /// use anyccl_core::{Store, TcpStore, TcpStoreOptions, TcpStoreServer};
+    /// use std::time::{Duration, Instant};
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().expect("rt").block_on(async {
+    /// let opts = TcpStoreOptions { token: Some("s3cret".into()), ..Default::default() };
+    /// let server = TcpStoreServer::start(([127, 0, 0, 1], 0).into(), opts.clone())?;
+    /// let client = TcpStore::connect(server.local_addr().to_string(), opts).await?;
+    /// client.set("ready", b"1").await?;
+    /// assert_eq!(client.wait("ready", Instant::now() + Duration::from_secs(5)).await?, b"1");
+    /// assert_eq!(client.add("count", 2).await?, 2);
+    /// # Ok::<(), anyccl_core::Error>(()) }).expect("store");
+    /// ```
+    ///
     /// # Errors
     /// `Store` when the address cannot be bound or the thread cannot start.
     pub fn start(bind: SocketAddr, opts: TcpStoreOptions) -> Result<Self> {
