@@ -36,6 +36,14 @@ use std::time::{Duration, Instant};
 ///     // Gathers: each rank's 2 elements, in rank order.
 ///     let mut all = vec![0f32; 4];
 ///     world.all_gather_into(&[r as f32; 2], &mut all)?; // [0, 0, 1, 1]
+///     // Reduce-scatter (each rank gets its reduced half) and all-to-all (chunk k to rank k).
+///     let t = world.config().op_timeout;
+///     let (mut half, mut swapped) = ([0f32; 2], [0f32; 4]);
+///     let four = [1f32, 2.0, 3.0, 4.0];
+///     let h = anyccl_core::BufMut::host(&mut half);
+///     world.reduce_scatter(Some(anyccl_core::Buf::host(&four)), h, ReduceOp::Sum)?.wait(t)?;
+///     let s = anyccl_core::BufMut::host(&mut swapped);
+///     world.all_to_all(anyccl_core::Buf::host(&four), s, None)?.wait(t)?;
 ///     // Point to point, batched so that neither side waits for the other.
 ///     let (out, mut inbox) = ([r as f32; 3], [0f32; 3]);
 ///     let peer = 1 - r;
@@ -49,6 +57,8 @@ use std::time::{Duration, Instant};
 ///         rt.block_on(dp.shutdown())?;
 ///     }
 ///     rt.block_on(world.shutdown())?;
+///     assert_eq!(half, if r == 0 { [2.0, 4.0] } else { [6.0, 8.0] });
+///     assert_eq!(swapped, if r == 0 { [1.0, 2.0, 1.0, 2.0] } else { [3.0, 4.0, 3.0, 4.0] });
 ///     Ok(x.into_iter().chain(all).chain(inbox).collect())
 /// }
 ///
