@@ -2,9 +2,8 @@
 # anyccl links beside candle: `cargo check` of bench/candle-fixture, a crate that depends on
 # candle-core 0.11 with `cuda` (cudarc's dynamic linking, CUDA version from nvcc) and on
 # anyccl with `nccl`. candle's CUDA kernels need nvcc and the CUDA headers: both come from
-# PyPI (nvidia-cuda-nvcc, -runtime, -crt, -cccl 13.0) into a virtual environment. No GPU is
-# needed. Not part of CI: the kernels take longer to compile than CI's budget allows beside
-# the tests (see the closing notes for the time it took).
+# PyPI (nvidia-cuda-nvcc, -nvvm, -runtime, -crt, -cccl 13.0) into a virtual environment. No
+# GPU is needed. CI runs it (.ci/run); candle's kernels take most of its ~17 minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-/tmp/anyccl-nvcc}
