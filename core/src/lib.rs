@@ -38,6 +38,7 @@ mod dtype;
 mod error;
 mod group;
 mod logging;
+pub mod pattern;
 mod platform;
 mod recorder;
 pub mod store;

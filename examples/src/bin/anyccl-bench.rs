@@ -5,8 +5,8 @@
 //! `anyccl-run` (one rank per process) or alone.
 #![forbid(unsafe_code)]
 
+use anyccl::pattern;
 use anyccl::{CommConfig, Communicator, DType, DeviceKind, DeviceMemory, P2POp, Platform, ReduceOp, Result, Work};
-use anyccl_conformance::pattern;
 use clap::Parser;
 use std::process::ExitCode;
 use std::sync::Arc;
