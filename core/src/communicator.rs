@@ -1,11 +1,11 @@
 //! `Communicator`: what users hold. It validates every call once, numbers operations per
 //! group, traces them and records them in the flight recorder.
 
-use crate::buffer::{overlaps, Buf, BufMut};
+use crate::buffer::{Buf, BufMut};
 use crate::capability::Capabilities;
 use crate::collective::{AllToAllSplits, Backend, Collective, CommInfo, ConnectOptions, P2POp};
 use crate::config::CommConfig;
-use crate::dtype::{DType, Element, ReduceOp};
+use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
 use crate::group::GroupSpec;
 use crate::recorder::{FlightRecorder, OpRecord, OpState};
@@ -14,6 +14,9 @@ use crate::work::{Work, WorkInfo};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+mod helpers;
+mod validate;
 
 /// A communicator of one group: the user API over a backend's [`Collective`].
 ///
@@ -299,86 +302,6 @@ impl Communicator {
     /// Operations issued so far.
     pub fn issued(&self) -> u64 {
         self.seq.load(Ordering::Relaxed)
-    }
-
-    fn invalid(&self, op: &'static str, arg: &'static str, msg: impl Into<String>) -> Error {
-        Error::InvalidArgument { op, arg, rank: self.rank(), group: self.spec.name.clone(), msg: msg.into() }
-    }
-
-    fn check_dtype(&self, op: &'static str, arg: &'static str, dtype: DType) -> Result<()> {
-        if !self.capabilities().supports_dtype(dtype) {
-            return Err(self.invalid(
-                op,
-                arg,
-                format!("dtype {dtype} is not supported by the {} backend", self.info().backend),
-            ));
-        }
-        Ok(())
-    }
-
-    fn check_reduce_op(&self, op: &'static str, rop: ReduceOp) -> Result<()> {
-        if !self.capabilities().supports_reduce_op(rop) {
-            return Err(self.invalid(
-                op,
-                "op",
-                format!("reduce op {rop} is not supported by the {} backend", self.info().backend),
-            ));
-        }
-        Ok(())
-    }
-
-    fn check_device(&self, op: &'static str, arg: &'static str, dev: crate::buffer::Device) -> Result<()> {
-        let want = self.info().device;
-        if dev != want {
-            return Err(self.invalid(op, arg, format!("buffer is on {dev}, the communicator uses {want}")));
-        }
-        Ok(())
-    }
-
-    fn check_rank(&self, op: &'static str, arg: &'static str, r: usize) -> Result<()> {
-        if r >= self.size() {
-            return Err(self.invalid(
-                op,
-                arg,
-                format!("{arg} {r} is out of range for a group of {} ranks", self.size()),
-            ));
-        }
-        Ok(())
-    }
-
-    /// Out of place, send and recv hold the same number of elements.
-    fn check_same_count(&self, op: &'static str, send: &Option<Buf<'_>>, recv: &BufMut<'_>) -> Result<()> {
-        match send {
-            Some(s) if s.count() != recv.count() => Err(self.invalid(
-                op,
-                "recv",
-                format!("send has {} elements, recv {}; they must match", s.count(), recv.count()),
-            )),
-            _ => Ok(()),
-        }
-    }
-
-    fn check_pair(&self, op: &'static str, send: &Option<Buf<'_>>, recv: &BufMut<'_>) -> Result<()> {
-        self.check_dtype(op, "recv", recv.dtype())?;
-        self.check_device(op, "recv", recv.device())?;
-        if let Some(s) = send {
-            self.check_device(op, "send", s.device())?;
-            if s.dtype() != recv.dtype() {
-                return Err(self.invalid(
-                    op,
-                    "send",
-                    format!("send dtype {} differs from recv dtype {}", s.dtype(), recv.dtype()),
-                ));
-            }
-            if overlaps(s.ptr() as usize, s.bytes(), recv.ptr() as usize, recv.bytes()) {
-                return Err(self.invalid(
-                    op,
-                    "send",
-                    "send and recv buffers overlap; pass send = None for an in-place operation",
-                ));
-            }
-        }
-        Ok(())
     }
 
     /// Add `call`'s signature to the recording, keeping one entry per (op, dtype, size
@@ -817,76 +740,6 @@ impl Communicator {
                 recovery: crate::error::Recovery::Fatal,
             }),
         }
-    }
-
-    // ---- typed helpers: enqueue, wait with the configured timeout, abort on timeout ----
-
-    fn finish(&self, mut w: Work<'_>) -> Result<()> {
-        match w.wait(self.config.op_timeout) {
-            Ok(()) => Ok(()),
-            Err(e) => {
-                if matches!(e, Error::Timeout { .. }) {
-                    let _ = self.abort_blocking();
-                }
-                drop(w);
-                Err(e)
-            }
-        }
-    }
-
-    /// All-reduce a host slice in place and wait.
-    ///
-    /// # Errors
-    /// As [`Communicator::all_reduce`] and [`Work::wait`]; on a timeout the communicator
-    /// is aborted.
-    pub fn all_reduce_in_place<T: Element>(&self, data: &mut [T], op: ReduceOp) -> Result<()> {
-        let w = self.all_reduce(None, BufMut::host(data), op)?;
-        self.finish(w)
-    }
-
-    /// Broadcast a host slice from `root` in place and wait.
-    ///
-    /// # Errors
-    /// As [`Communicator::broadcast`] and [`Work::wait`].
-    pub fn broadcast_in_place<T: Element>(&self, data: &mut [T], root: usize) -> Result<()> {
-        let w = self.broadcast(None, BufMut::host(data), root)?;
-        self.finish(w)
-    }
-
-    /// All-gather host slices and wait.
-    ///
-    /// # Errors
-    /// As [`Communicator::all_gather`] and [`Work::wait`].
-    pub fn all_gather_into<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
-        let w = self.all_gather(Some(Buf::host(send)), BufMut::host(recv))?;
-        self.finish(w)
-    }
-
-    /// Send a host slice and wait.
-    ///
-    /// # Errors
-    /// As [`Communicator::send`] and [`Work::wait`].
-    pub fn send_host<T: Element>(&self, data: &[T], peer: usize) -> Result<()> {
-        let w = self.send(Buf::host(data), peer)?;
-        self.finish(w)
-    }
-
-    /// Receive into a host slice and wait.
-    ///
-    /// # Errors
-    /// As [`Communicator::recv`] and [`Work::wait`].
-    pub fn recv_host<T: Element>(&self, data: &mut [T], peer: usize) -> Result<()> {
-        let w = self.recv(BufMut::host(data), peer)?;
-        self.finish(w)
-    }
-
-    /// Barrier and wait.
-    ///
-    /// # Errors
-    /// As [`Communicator::barrier`] and [`Work::wait`].
-    pub fn barrier_wait(&self) -> Result<()> {
-        let w = self.barrier()?;
-        self.finish(w)
     }
 }
 

@@ -1,0 +1,89 @@
+//! Argument checks shared by the operations: every call is validated once, here, before
+//! any communication.
+
+use super::Communicator;
+use crate::buffer::{overlaps, Buf, BufMut};
+use crate::dtype::{DType, ReduceOp};
+use crate::error::{Error, Result};
+
+impl Communicator {
+    pub(super) fn invalid(&self, op: &'static str, arg: &'static str, msg: impl Into<String>) -> Error {
+        Error::InvalidArgument { op, arg, rank: self.rank(), group: self.spec.name.clone(), msg: msg.into() }
+    }
+
+    pub(super) fn check_dtype(&self, op: &'static str, arg: &'static str, dtype: DType) -> Result<()> {
+        if !self.capabilities().supports_dtype(dtype) {
+            return Err(self.invalid(
+                op,
+                arg,
+                format!("dtype {dtype} is not supported by the {} backend", self.info().backend),
+            ));
+        }
+        Ok(())
+    }
+
+    pub(super) fn check_reduce_op(&self, op: &'static str, rop: ReduceOp) -> Result<()> {
+        if !self.capabilities().supports_reduce_op(rop) {
+            return Err(self.invalid(
+                op,
+                "op",
+                format!("reduce op {rop} is not supported by the {} backend", self.info().backend),
+            ));
+        }
+        Ok(())
+    }
+
+    pub(super) fn check_device(&self, op: &'static str, arg: &'static str, dev: crate::buffer::Device) -> Result<()> {
+        let want = self.info().device;
+        if dev != want {
+            return Err(self.invalid(op, arg, format!("buffer is on {dev}, the communicator uses {want}")));
+        }
+        Ok(())
+    }
+
+    pub(super) fn check_rank(&self, op: &'static str, arg: &'static str, r: usize) -> Result<()> {
+        if r >= self.size() {
+            return Err(self.invalid(
+                op,
+                arg,
+                format!("{arg} {r} is out of range for a group of {} ranks", self.size()),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Out of place, send and recv hold the same number of elements.
+    pub(super) fn check_same_count(&self, op: &'static str, send: &Option<Buf<'_>>, recv: &BufMut<'_>) -> Result<()> {
+        match send {
+            Some(s) if s.count() != recv.count() => Err(self.invalid(
+                op,
+                "recv",
+                format!("send has {} elements, recv {}; they must match", s.count(), recv.count()),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    pub(super) fn check_pair(&self, op: &'static str, send: &Option<Buf<'_>>, recv: &BufMut<'_>) -> Result<()> {
+        self.check_dtype(op, "recv", recv.dtype())?;
+        self.check_device(op, "recv", recv.device())?;
+        if let Some(s) = send {
+            self.check_device(op, "send", s.device())?;
+            if s.dtype() != recv.dtype() {
+                return Err(self.invalid(
+                    op,
+                    "send",
+                    format!("send dtype {} differs from recv dtype {}", s.dtype(), recv.dtype()),
+                ));
+            }
+            if overlaps(s.ptr() as usize, s.bytes(), recv.ptr() as usize, recv.bytes()) {
+                return Err(self.invalid(
+                    op,
+                    "send",
+                    "send and recv buffers overlap; pass send = None for an in-place operation",
+                ));
+            }
+        }
+        Ok(())
+    }
+}
