@@ -137,6 +137,10 @@ pub fn snapshot(reason: &str) -> TraceDump {
 /// written while something else already went wrong.
 pub fn dump(reason: &str) -> Option<PathBuf> {
     let dir = PathBuf::from(std::env::var_os("ANYCCL_TRACE_DIR").filter(|d| !d.is_empty())?);
+    // One writer at a time: a signal's dump and an error's may race in one process, and
+    // share the temporary file.
+    static WRITING: Mutex<()> = Mutex::new(());
+    let _one = WRITING.lock().unwrap_or_else(|p| p.into_inner());
     let d = snapshot(reason);
     let path = dir.join(format!("rank{}.json", d.rank));
     let tmp = dir.join(format!(".rank{}.json.{}", d.rank, d.pid));
