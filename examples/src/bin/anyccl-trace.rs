@@ -191,33 +191,35 @@ fn run(args: &Args) -> Result<(), String> {
         }
         // Members that never issued it are behind; so are those that did not finish what
         // others finished. Only when every member is stuck in it do their errors decide.
-        let mut behind: Vec<usize> = never.iter().map(|(r, _)| *r).collect();
-        if !completed.is_empty() {
-            behind.extend(stuck.iter().map(|(r, _)| *r));
-        }
-        behind.sort_unstable();
-        if !behind.is_empty() {
-            suspects.push(format!("rank(s) {behind:?} behind in group '{g}' at {what}"));
+        // Members that never issued it are behind. Otherwise the cause is among those stuck
+        // in it: the one stuck alone where others completed; else the ones that noticed
+        // only after the others (stopped or busy); else the peer their errors name; else
+        // all of them, when others completed it.
+        let never_ranks: Vec<usize> = never.iter().map(|(r, _)| *r).collect();
+        let stuck_ranks: Vec<usize> = stuck.iter().map(|(r, _)| *r).collect();
+        // Timing is judged against every member: the ranks that waited time out together.
+        let late: Vec<usize> =
+            late_noticers(&dumps, by_rank.keys().copied()).into_iter().filter(|r| stuck_ranks.contains(r)).collect();
+        let votes = blamed(&texts);
+        if !never_ranks.is_empty() {
+            suspects.push(format!("rank(s) {never_ranks:?} behind in group '{g}' at {what}"));
+        } else if stuck_ranks.len() == 1 && !completed.is_empty() {
+            suspects.push(format!("rank(s) {stuck_ranks:?} behind in group '{g}' at {what} (the others completed it)"));
+        } else if !late.is_empty() {
+            line.push_str(&format!(
+                "; ranks {late:?} noticed nothing until after the others had failed (stopped, or busy elsewhere)"
+            ));
+            suspects.push(format!(
+                "rank(s) {late:?}: stuck in {what} of group '{g}' like the others, but noticed the trouble only after \
+                 them (a stopped or busy process)"
+            ));
+        } else if let Some((&r, &v)) = votes.iter().max_by_key(|(_, v)| **v) {
+            line.push_str(&format!("; their errors name rank {r} ({v} of {})", texts.len()));
+            suspects.push(format!("rank {r}: the errors in group '{g}' point at it ({v} of {})", texts.len()));
+        } else if !completed.is_empty() {
+            suspects.push(format!("rank(s) {stuck_ranks:?} did not complete {what} of group '{g}', which others did"));
         } else {
-            let votes = blamed(&texts);
-            let late = late_noticers(&dumps, by_rank.keys().copied());
-            match votes.iter().max_by_key(|(_, v)| **v) {
-                Some((&r, &v)) => {
-                    line.push_str(&format!("; their errors name rank {r} ({v} of {})", texts.len()));
-                    suspects.push(format!("rank {r}: the errors in group '{g}' point at it ({v} of {})", texts.len()));
-                }
-                None if !late.is_empty() => {
-                    line.push_str(&format!(
-                        "; every member is stuck in it; ranks {late:?} noticed nothing until after the others had \
-                         failed (stopped, or busy elsewhere)"
-                    ));
-                    suspects.push(format!(
-                        "rank(s) {late:?}: stuck in {what} of group '{g}' like the others, but noticed the trouble \
-                         only after them (a stopped or busy process)"
-                    ));
-                }
-                None => line.push_str("; every member is stuck in it and none names a peer"),
-            }
+            line.push_str("; every member is stuck in it and none names a peer");
         }
         verdicts.push(line);
     }
