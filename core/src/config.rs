@@ -185,8 +185,7 @@ impl LaunchEnv {
                 name(&job)
             )));
         }
-        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-        let me = format!("pid {} on {} ({:016x})", std::process::id(), host.trim(), rand::random::<u64>());
+        let me = format!("pid {} on {} ({:016x})", std::process::id(), host_name(), rand::random::<u64>());
         let key = format!("anyccl/restart{}/rank{}", self.restart, self.rank);
         let cas = store.compare_set(&key, None, me.as_bytes()).await?;
         if !cas.swapped {
@@ -367,6 +366,11 @@ pub fn env_rank() -> usize {
     var(&["ANYCCL_RANK", "RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"])
         .and_then(|(_, v)| v.trim().parse().ok())
         .unwrap_or(0)
+}
+
+/// This machine's name, for errors and dumps that say where a process runs ("" when unknown).
+pub(crate) fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_default()
 }
 
 /// Ranks in the job as the launcher's variables give it (1 when unknown).

@@ -123,7 +123,7 @@ pub fn snapshot(reason: &str) -> TraceDump {
         rank: crate::config::env_rank(),
         world_size: crate::config::env_world_size(),
         pid: std::process::id(),
-        host: std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default().trim().to_string(),
+        host: crate::config::host_name(),
         reason: reason.to_string(),
         unix_ms: unix_ms(wall),
         first_reason: first.1,
