@@ -45,6 +45,7 @@ impl Faulty {
                 code: -99,
                 text: format!("injected failure of operation #{k}"),
                 recovery: Recovery::Rebuild,
+                source: None,
             }),
             Fault::HangAt(h) if h == k => {
                 Ok(Work::new(Box::new(Hang { aborted: self.aborted.clone(), rank: self.inner.info().rank })))

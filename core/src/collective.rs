@@ -141,6 +141,9 @@ pub struct ConnectOptions {
     /// How long one operation may take (`CommConfig::op_timeout`). A backend whose first
     /// call blocks while it connects bounds that call by this.
     pub op_timeout: Duration,
+    /// The communicator's whole configuration, for per-communicator library settings
+    /// (buffer sizes, execution timeouts) that a backend passes to its library.
+    pub config: crate::config::CommConfig,
 }
 
 /// What a successful probe found.

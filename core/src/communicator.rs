@@ -251,6 +251,7 @@ impl Communicator {
             device,
             timeout: config.init_timeout,
             op_timeout: config.op_timeout,
+            config: config.clone(),
         };
         let detail = match config.detail {
             true => Some(crate::detail::Detail::new(opts.store.clone(), &spec.name, rank, spec.ranks.len()).await?),
@@ -738,6 +739,7 @@ impl Communicator {
                 code: -1,
                 text: "backend split disagreed with the requested membership".into(),
                 recovery: crate::error::Recovery::Fatal,
+                source: None,
             }),
         }
     }

@@ -336,6 +336,10 @@ pub struct CommConfig {
     /// through the store before it runs, so ranks issuing different collectives get an
     /// error naming both calls on every backend. Costs a store round trip per collective.
     pub detail: bool,
+    /// Staging buffer a device library reserves per communicator and direction, in MiB
+    /// (`ANYCCL_BUFFER_MB`; HCCL's `hcclBufferSize`, which each communicator holds twice).
+    /// `None` leaves the library's default (HCCL: `HCCL_BUFFSIZE`, else 200).
+    pub buffer_mb: Option<u32>,
 }
 
 impl Default for CommConfig {
@@ -345,6 +349,7 @@ impl Default for CommConfig {
             init_timeout: Duration::from_secs(300),
             flight_recorder: 2048,
             detail: false,
+            buffer_mb: None,
         }
     }
 }
@@ -430,6 +435,16 @@ impl CommConfig {
                     msg: format!("ANYCCL_DEBUG={v:?} is not one of off, info, detail"),
                 })
             }
+        }
+        if let Ok(v) = std::env::var("ANYCCL_BUFFER_MB") {
+            let mb = v.trim().parse::<u32>().ok().filter(|m| (1..u32::MAX).contains(m));
+            c.buffer_mb = Some(mb.ok_or_else(|| Error::InvalidArgument {
+                op: "CommConfig::from_env",
+                arg: "environment",
+                rank: env_rank(),
+                group: String::new(),
+                msg: format!("ANYCCL_BUFFER_MB={v:?} is not a whole number of MiB from 1 to {}", u32::MAX - 1),
+            })?);
         }
         if let Ok(v) = std::env::var("ANYCCL_FLIGHT_RECORDER") {
             c.flight_recorder = v.parse().map_err(|_| Error::InvalidArgument {

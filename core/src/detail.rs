@@ -152,6 +152,7 @@ impl Detail {
             code: -1,
             text: why,
             recovery: crate::error::Recovery::Fatal,
+            source: None,
         };
         checker().map_err(unavailable)?.send(req).map_err(|_| unavailable("the detail-mode thread ended".into()))?;
         // The checker's own store waits end at the deadline; a little more for its answer.

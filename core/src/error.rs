@@ -102,6 +102,9 @@ pub enum Error {
         text: String,
         /// What the caller should do next.
         recovery: Recovery,
+        /// The library's own error value, when there is one (see [`std::error::Error::source`]).
+        #[source]
+        source: Option<std::sync::Arc<dyn std::error::Error + Send + Sync + 'static>>,
     },
     /// The rendezvous store failed (connection, protocol or authentication).
     #[error("store error: {msg}")]

@@ -37,7 +37,14 @@ pub struct ShardId {
 }
 
 fn err(msg: String) -> Error {
-    Error::Backend { backend: "checkpoint", op: "shard".into(), code: -1, text: msg, recovery: Recovery::Fatal }
+    Error::Backend {
+        backend: "checkpoint",
+        op: "shard".into(),
+        code: -1,
+        text: msg,
+        recovery: Recovery::Fatal,
+        source: None,
+    }
 }
 
 /// Where rank `rank`'s shard of step `step` lives under the run directory `dir`.

@@ -234,6 +234,7 @@ impl CpuComm {
                                         code: -1,
                                         text: "an operation panicked; communicator failed".into(),
                                         recovery: anyccl_core::Recovery::Rebuild,
+                                        source: None,
                                     })
                                 });
                             if let Err(e) = &r {

@@ -341,6 +341,7 @@ impl NcclComm {
                 code: -1,
                 text: "NCCL returned no communicator".into(),
                 recovery: anyccl_core::Recovery::Rebuild,
+                source: None,
             });
         }
         wait_init(lib, &data, "ncclCommSplit (data)", rank, label, deadline).await?;
@@ -1107,6 +1108,7 @@ impl Collective for NcclComm {
                 code: -1,
                 text: "cannot read the new communicator's size".into(),
                 recovery: anyccl_core::Recovery::Rebuild,
+                source: None,
             });
         }
         let (ctrl, data) = NcclComm::data_comm(self.lib, child, r as usize, name, deadline).await?;

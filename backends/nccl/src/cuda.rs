@@ -123,6 +123,7 @@ impl Cuda {
             code: -1,
             text: self.lost_text(&why),
             recovery: anyccl_core::Recovery::Fatal,
+            source: None,
         }
     }
 

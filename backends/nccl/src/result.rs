@@ -62,8 +62,22 @@ pub fn error(lib: &NcclLib, op: &str, code: c_int, comm: Option<ncclComm_t>, ran
             detail: text,
         },
         6 => Error::PeerFailed { rank, group: group.to_string(), peer: None, detail: format!("{op}: {text}") },
-        4 | 5 => Error::Backend { backend: "nccl", op: call, code: code as i64, text, recovery: Recovery::Fatal },
-        _ => Error::Backend { backend: "nccl", op: call, code: code as i64, text, recovery: Recovery::Rebuild },
+        4 | 5 => Error::Backend {
+            backend: "nccl",
+            op: call,
+            code: code as i64,
+            text,
+            recovery: Recovery::Fatal,
+            source: None,
+        },
+        _ => Error::Backend {
+            backend: "nccl",
+            op: call,
+            code: code as i64,
+            text,
+            recovery: Recovery::Rebuild,
+            source: None,
+        },
     }
 }
 
@@ -97,5 +111,6 @@ pub fn cuda(op: &str, e: cudarc::driver::DriverError) -> Error {
         } else {
             Recovery::Fatal
         },
+        source: None,
     }
 }

@@ -94,6 +94,7 @@ async fn run(args: &Args) -> anyccl::Result<ExitCode> {
                 code: -1,
                 text: format!("step {step}: element {i} is {}, expected {}", got(i), want(i)),
                 recovery: anyccl::Recovery::Fatal,
+                source: None,
             });
         }
         if env.rank == 0 {

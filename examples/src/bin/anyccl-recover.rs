@@ -146,6 +146,7 @@ fn bad(msg: String) -> Error {
         code: -1,
         text: msg,
         recovery: anyccl::Recovery::Fatal,
+        source: None,
     }
 }
 

@@ -131,5 +131,6 @@ fn no_group() -> anyccl::Error {
         code: -1,
         text: "member got no group".into(),
         recovery: anyccl::Recovery::Fatal,
+        source: None,
     }
 }
