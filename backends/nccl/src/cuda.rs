@@ -2,7 +2,7 @@
 //! driver `result` layer, plus the `Platform` implementation.
 
 use crate::result::cuda as cuda_err;
-use anyccl_core::{Buf, BufMut, DType, Device, DeviceKind, DeviceMemory, Error, MemInfo, Platform, Result};
+use anyccl_core::{Buf, BufMut, DType, Device, DeviceKind, DeviceMemory, Error, MemInfo, Result};
 use cudarc::driver::{result as cu, sys};
 use std::sync::{Arc, OnceLock};
 
@@ -333,89 +333,47 @@ impl DeviceMemory for CudaMemory {
 }
 
 /// The CUDA device layer of one rank.
-#[derive(Debug)]
-pub struct CudaPlatform {
-    cuda: Arc<Cuda>,
-}
+pub type CudaPlatform = anyccl_device::DevicePlatform<Cuda>;
 
-impl CudaPlatform {
-    /// The platform of device `ordinal`.
-    ///
-    /// # Errors
-    /// As [`Cuda::new`].
-    pub fn new(ordinal: i32) -> Result<Self> {
-        Ok(CudaPlatform { cuda: Cuda::new(ordinal)? })
-    }
-    /// The device's context.
-    pub fn cuda(&self) -> &Arc<Cuda> {
-        &self.cuda
-    }
-}
+impl anyccl_device::Runtime for Cuda {
+    type Stream = Stream;
+    type Event = Event;
+    type Memory = CudaMemory;
 
-fn device_ptr(op: &'static str, b: &Buf<'_>, cuda: &Cuda) -> Result<sys::CUdeviceptr> {
-    if b.device() != cuda.device() {
-        return Err(Error::InvalidArgument {
-            op,
-            arg: "buffer",
-            rank: 0,
-            group: String::new(),
-            msg: format!("buffer on {}, platform is {}", b.device(), cuda.device()),
-        });
-    }
-    Ok(b.ptr() as sys::CUdeviceptr)
-}
-
-impl Platform for CudaPlatform {
-    fn kind(&self) -> DeviceKind {
-        DeviceKind::Cuda
-    }
     fn device(&self) -> Device {
-        self.cuda.device()
+        Cuda::device(self)
     }
-    fn alloc(&self, dtype: DType, count: usize) -> Result<Box<dyn DeviceMemory>> {
-        self.cuda.usable("cuMemAlloc")?;
-        Ok(Box::new(CudaMemory::zeroed(&self.cuda, dtype, count)?))
+    fn bind(&self) -> Result<()> {
+        Cuda::bind(self)
     }
-    fn copy_from_host(&self, dst: &mut dyn DeviceMemory, src: &[u8]) -> Result<()> {
-        let v = dst.view();
-        let want = v.bytes();
-        if want != src.len() {
-            return Err(Error::length_mismatch("copy_from_host", "src", want, src.len()));
-        }
-        if want == 0 {
-            return Ok(());
-        }
-        let p = device_ptr("copy_from_host", &v, &self.cuda)?;
-        self.cuda.bind()?;
-        // SAFETY: `p` addresses `want` device bytes owned by `dst`, `src` has as many.
-        self.cuda.usable("cuMemcpyHtoD")?;
-        // SAFETY: as above.
-        self.cuda.check("cuMemcpyHtoD", unsafe { cu::memcpy_htod_sync(p, src) })
+    fn usable(&self, op: &str) -> Result<()> {
+        Cuda::usable(self, op)
     }
-    fn copy_to_host(&self, src: &dyn DeviceMemory, dst: &mut [u8]) -> Result<()> {
-        let v = src.view();
-        if v.bytes() != dst.len() {
-            return Err(Error::length_mismatch("copy_to_host", "dst", v.bytes(), dst.len()));
-        }
-        if dst.is_empty() {
-            return Ok(());
-        }
-        let p = device_ptr("copy_to_host", &v, &self.cuda)?;
-        self.cuda.bind()?;
-        // SAFETY: `p` addresses `dst.len()` device bytes owned by `src`.
-        self.cuda.usable("cuMemcpyDtoH")?;
-        // SAFETY: as above.
-        self.cuda.check("cuMemcpyDtoH", unsafe { cu::memcpy_dtoh_sync(dst, p) })
+    fn stream(self: &Arc<Self>) -> Result<Stream> {
+        Stream::new(self)
+    }
+    fn record(&self, stream: &Stream) -> Result<Event> {
+        Event::record(stream)
+    }
+    fn done(&self, event: &Event) -> Result<bool> {
+        event.done()
+    }
+    fn alloc(self: &Arc<Self>, dtype: DType, count: usize) -> Result<CudaMemory> {
+        CudaMemory::zeroed(self, dtype, count)
+    }
+    unsafe fn copy_to_device(&self, dst: *mut u8, src: &[u8]) -> Result<()> {
+        // SAFETY: per the caller, `dst` addresses `src.len()` bytes of this device.
+        self.check("cuMemcpyHtoD", unsafe { cu::memcpy_htod_sync(dst as sys::CUdeviceptr, src) })
+    }
+    unsafe fn copy_to_host(&self, dst: &mut [u8], src: *const u8) -> Result<()> {
+        // SAFETY: per the caller, `src` addresses `dst.len()` bytes of this device.
+        self.check("cuMemcpyDtoH", unsafe { cu::memcpy_dtoh_sync(dst, src as sys::CUdeviceptr) })
     }
     fn synchronize(&self) -> Result<()> {
-        self.cuda.bind()?;
-        self.cuda.usable("cuCtxSynchronize")?;
-        self.cuda.check("cuCtxSynchronize", cu::ctx::synchronize())
+        self.check("cuCtxSynchronize", cu::ctx::synchronize())
     }
     fn mem_info(&self) -> Result<MemInfo> {
-        self.cuda.bind()?;
-        self.cuda.usable("cuMemGetInfo")?;
-        let (free, total) = self.cuda.check("cuMemGetInfo", cu::mem_get_info())?;
+        let (free, total) = self.check("cuMemGetInfo", cu::mem_get_info())?;
         Ok(MemInfo { free: free as u64, total: total as u64 })
     }
 }

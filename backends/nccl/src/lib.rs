@@ -1,5 +1,5 @@
-//! anyccl-nccl: the NCCL backend: our own RAII communicator on NCCL's C API, with CUDA
-//! through cudarc's driver `result` layer, all loaded at run time.
+//! anyccl-nccl: the NCCL backend: NCCL's C API as an `anyccl-device` library (sys / result /
+//! safe layers), with CUDA through cudarc's driver `result` layer, all loaded at run time.
 //!
 //! # Design choices
 //! - **Builds anywhere, runs where NCCL is.** Nothing links against CUDA or NCCL. The
@@ -12,18 +12,25 @@
 //! - **Stream order.** Each communicator has its own stream; a `Work` records an event and
 //!   its wait checks the event, the communicator's async error and the deadline. Buffers
 //!   must be ready when an operation is enqueued (the platform's copies are synchronous).
+//! - **Written once.** Lifecycle, watchdog, `Work` polling, drain and shutdown are
+//!   `anyccl-device`'s; this crate is NCCL's types (`sys`), one function per symbol
+//!   returning `Result` (`result`), and the adapter (`library`, `cuda`).
 //! - **One rank per GPU.** A process may hold several ranks (one thread each) on
 //!   different GPUs; the device is `LOCAL_RANK` modulo the devices visible.
 #![warn(missing_docs)]
 #![allow(missing_docs)] // sys-level field names mirror nccl.h
 
-mod comm;
 mod cuda;
+mod library;
 mod result;
 mod sys;
 
-pub use comm::{nccl_capabilities, NcclComm};
 pub use cuda::{Cuda, CudaMemory, CudaPlatform};
+pub use library::{nccl_capabilities, NcclHandles, NcclLibrary};
+pub use result::NcclError;
+
+/// The NCCL backend's communicator: the device layer's over [`NcclLibrary`].
+pub type NcclComm = anyccl_device::DeviceComm<NcclLibrary>;
 
 use anyccl_core::{
     async_trait, Backend, BackendInfo, Capabilities, Collective, ConnectOptions, DeviceKind, Error, Platform, Result,
@@ -49,6 +56,12 @@ impl Nccl {
     }
 }
 
+/// The process-wide adapter over the loaded NCCL.
+fn library(lib: &'static sys::NcclLib) -> &'static NcclLibrary {
+    static L: std::sync::OnceLock<NcclLibrary> = std::sync::OnceLock::new();
+    L.get_or_init(|| NcclLibrary { lib })
+}
+
 /// `22803` as `2.28.3`.
 fn version_text(v: i32) -> String {
     format!("{}.{}.{}", v / 10000, (v % 10000) / 100, v % 100)
@@ -69,7 +82,7 @@ impl Backend for Nccl {
     }
     fn platform(&self, local_rank: usize) -> Result<Arc<dyn Platform>> {
         let (_, devices) = Nccl::ready()?;
-        Ok(Arc::new(CudaPlatform::new((local_rank % devices) as i32)?))
+        Ok(Arc::new(CudaPlatform::new(Cuda::new((local_rank % devices) as i32)?)))
     }
     async fn connect(&self, opts: ConnectOptions) -> Result<Arc<dyn Collective>> {
         let (lib, _) = Nccl::ready()?;
@@ -83,7 +96,7 @@ impl Backend for Nccl {
             });
         }
         let cuda = Cuda::new(opts.device.ordinal)?;
-        let c: Arc<dyn Collective> = NcclComm::connect(lib, cuda, opts).await?;
+        let c: Arc<dyn Collective> = NcclComm::connect(library(lib), cuda, opts).await?;
         Ok(c)
     }
 }

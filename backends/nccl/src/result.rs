@@ -1,8 +1,15 @@
-//! NCCL and CUDA return codes turned into anyccl errors, in one place.
+//! One function per NCCL symbol, returning `Result`; NCCL's and CUDA's codes mapped into
+//! anyccl's errors in one place ([`error`], [`cuda`]).
 
-use crate::sys::{self, ncclComm_t, NcclLib};
+#![allow(clippy::too_many_arguments)] // the C signatures
+
+use crate::sys::{self, ncclComm_t, ncclConfig_t, ncclUniqueId, NcclLib, Stream};
 use anyccl_core::{Error, Recovery};
-use std::ffi::{c_int, CStr};
+use anyccl_device::{ErrorKind, LibError};
+use std::ffi::{c_int, c_void, CStr};
+
+/// An NCCL call's error.
+pub type NcclError = LibError;
 
 /// `ncclResult_t` names.
 fn name(code: c_int) -> &'static str {
@@ -21,7 +28,7 @@ fn name(code: c_int) -> &'static str {
 }
 
 /// The library's own text for `code`, plus the communicator's last warning when there is one.
-pub fn text(lib: &NcclLib, code: c_int, comm: Option<ncclComm_t>) -> String {
+fn text(lib: &NcclLib, code: c_int, comm: Option<ncclComm_t>) -> String {
     // SAFETY: ncclGetErrorString returns a static NUL-terminated string for any code.
     let mut t = unsafe {
         let p = (lib.GetErrorString)(code);
@@ -46,58 +53,202 @@ pub fn text(lib: &NcclLib, code: c_int, comm: Option<ncclComm_t>) -> String {
             t = format!("{t}; last error: {l}");
         }
     }
-    format!("{} ({t})", name(code))
+    t
 }
 
-/// Map a failed NCCL call into anyccl's error.
-pub fn error(lib: &NcclLib, op: &str, code: c_int, comm: Option<ncclComm_t>, rank: usize, group: &str) -> Error {
+/// `code`, returned by `call`, as a library error: the one place NCCL's codes get a meaning.
+pub fn error(lib: &NcclLib, call: &str, code: c_int, comm: Option<ncclComm_t>) -> NcclError {
     let text = text(lib, code, comm);
-    let call = format!("{op} on rank {rank} of group '{group}'");
+    let kind = match code {
+        8 => ErrorKind::Timeout,
+        6 => ErrorKind::Remote,
+        4 | 5 => ErrorKind::Usage,
+        _ if text.contains("out of memory") => ErrorKind::OutOfMemory,
+        _ => ErrorKind::Internal,
+    };
+    LibError { library: "NCCL", call: call.to_string(), code: code as i64, name: name(code), text, kind }
+}
+
+/// Whether an NCCL call finished (`Ok(false)`) or goes on asynchronously (`Ok(true)`,
+/// `ncclInProgress`).
+fn progress(lib: &NcclLib, call: &str, code: c_int, comm: Option<ncclComm_t>) -> Result<bool, NcclError> {
     match code {
-        8 => Error::Timeout {
-            op: op.to_string(),
-            rank,
-            group: group.to_string(),
-            after: std::time::Duration::ZERO,
-            detail: text,
-        },
-        6 => Error::PeerFailed { rank, group: group.to_string(), peer: None, detail: format!("{op}: {text}") },
-        4 | 5 => Error::Backend {
-            backend: "nccl",
-            op: call,
-            code: code as i64,
-            text,
-            recovery: Recovery::Fatal,
-            source: None,
-        },
-        _ => Error::Backend {
-            backend: "nccl",
-            op: call,
-            code: code as i64,
-            text,
-            recovery: Recovery::Rebuild,
-            source: None,
-        },
+        sys::SUCCESS => Ok(false),
+        sys::IN_PROGRESS => Ok(true),
+        c => Err(error(lib, call, c, comm)),
     }
 }
 
-/// `Ok` for `ncclSuccess`.
-pub fn check(
+/// `ncclGetUniqueId`.
+pub fn get_unique_id(lib: &NcclLib) -> Result<ncclUniqueId, NcclError> {
+    let mut id = ncclUniqueId { internal: [0; 128] };
+    // SAFETY: `id` is a valid out-parameter.
+    let code = unsafe { (lib.GetUniqueId)(&mut id) };
+    progress(lib, "ncclGetUniqueId", code, None).map(|_| id)
+}
+
+/// `ncclCommInitRankConfig`; `Ok(true)` while it goes on asynchronously.
+///
+/// # Safety
+/// `out` must stay valid until the communicator is ready (NCCL writes it from its job);
+/// the device must be current.
+pub unsafe fn comm_init_rank_config(
     lib: &NcclLib,
-    op: &str,
-    code: c_int,
-    comm: Option<ncclComm_t>,
-    rank: usize,
-    group: &str,
-) -> Result<(), Error> {
-    if code == sys::SUCCESS {
-        Ok(())
-    } else {
-        Err(error(lib, op, code, comm, rank, group))
-    }
+    out: *mut ncclComm_t,
+    n: c_int,
+    id: ncclUniqueId,
+    rank: c_int,
+    cfg: &mut ncclConfig_t,
+) -> Result<bool, NcclError> {
+    // SAFETY: per the caller; NCCL copies the config before returning.
+    let code = unsafe { (lib.CommInitRankConfig)(out, n, id, rank, cfg) };
+    progress(lib, "ncclCommInitRankConfig", code, None)
 }
 
-/// Map a CUDA driver error.
+/// `ncclCommSplit`; `Ok(true)` while it goes on asynchronously.
+///
+/// # Safety
+/// `comm` live and not used concurrently; `out` valid until the split finished.
+pub unsafe fn comm_split(
+    lib: &NcclLib,
+    comm: ncclComm_t,
+    color: c_int,
+    key: c_int,
+    out: *mut ncclComm_t,
+    cfg: &mut ncclConfig_t,
+) -> Result<bool, NcclError> {
+    let Some(split) = lib.CommSplit else {
+        return Err(LibError {
+            library: "NCCL",
+            call: "ncclCommSplit".into(),
+            code: 5,
+            name: "ncclInvalidUsage",
+            text: "ncclCommSplit is missing from the loaded NCCL".into(),
+            kind: ErrorKind::Unsupported,
+        });
+    };
+    // SAFETY: per the caller; NCCL copies the config before returning.
+    let code = unsafe { split(comm, color, key, out, cfg) };
+    progress(lib, "ncclCommSplit", code, Some(comm))
+}
+
+/// `ncclCommGetAsyncError` folded with its own return code: `Ok(true)` in progress.
+///
+/// # Safety
+/// `comm` live and not used concurrently.
+pub unsafe fn comm_get_async_error(lib: &NcclLib, comm: ncclComm_t) -> Result<bool, NcclError> {
+    let mut st: c_int = sys::SUCCESS;
+    // SAFETY: per the caller.
+    let code = unsafe { (lib.CommGetAsyncError)(comm, &mut st) };
+    let code = if code != sys::SUCCESS { code } else { st };
+    progress(lib, "ncclCommGetAsyncError", code, Some(comm))
+}
+
+/// `ncclCommAbort`.
+///
+/// # Safety
+/// `comm` live; it is not used again.
+pub unsafe fn comm_abort(lib: &NcclLib, comm: ncclComm_t) -> Result<(), NcclError> {
+    // SAFETY: per the caller.
+    let code = unsafe { (lib.CommAbort)(comm) };
+    progress(lib, "ncclCommAbort", code, None).map(|_| ())
+}
+
+/// `ncclCommCount` and `ncclCommUserRank`: (rank, size).
+///
+/// # Safety
+/// `comm` live and not used concurrently.
+pub unsafe fn comm_rank_size(lib: &NcclLib, comm: ncclComm_t) -> Result<(usize, usize), NcclError> {
+    let (mut n, mut r): (c_int, c_int) = (0, 0);
+    // SAFETY: per the caller; valid out-parameters.
+    let code = unsafe { (lib.CommCount)(comm, &mut n) };
+    progress(lib, "ncclCommCount", code, Some(comm))?;
+    // SAFETY: as above.
+    let code = unsafe { (lib.CommUserRank)(comm, &mut r) };
+    progress(lib, "ncclCommUserRank", code, Some(comm))?;
+    Ok((r as usize, n as usize))
+}
+
+/// `ncclCommMemStats(ncclStatGpuMemTotal)`; `None` where the library lacks it.
+///
+/// # Safety
+/// `comm` live and not used concurrently.
+pub unsafe fn comm_mem_stats(lib: &NcclLib, comm: ncclComm_t) -> Option<u64> {
+    let f = lib.CommMemStats?;
+    let mut v = 0u64;
+    // SAFETY: per the caller; `v` is a valid out-parameter.
+    let code = unsafe { f(comm, sys::STAT_GPU_MEM_TOTAL, &mut v) };
+    (code == sys::SUCCESS).then_some(v)
+}
+
+/// The data-plane calls: each returns `Ok(true)` when NCCL goes on asynchronously.
+///
+/// # Safety (all of them)
+/// `comm` live and not used concurrently; the buffers are device memory valid for the
+/// counts until the stream passes the operation; the device is current.
+macro_rules! launch_fns {
+    ($($(#[$doc:meta])* $fname:ident => $field:ident ($($arg:ident : $ty:ty),*);)*) => {$(
+        $(#[$doc])*
+        /// # Safety
+        /// See the module's data-plane calls.
+        pub unsafe fn $fname(lib: &NcclLib, $($arg: $ty,)* comm: ncclComm_t, stream: Stream) -> Result<bool, NcclError> {
+            // SAFETY: per the caller.
+            let code = unsafe { (lib.$field)($($arg,)* comm, stream) };
+            progress(lib, concat!("nccl", stringify!($field)), code, Some(comm))
+        }
+    )*};
+}
+
+launch_fns! {
+    /// `ncclAllReduce`.
+    all_reduce => AllReduce(s: *const c_void, r: *mut c_void, n: usize, d: c_int, o: c_int);
+    /// `ncclReduce`.
+    reduce => Reduce(s: *const c_void, r: *mut c_void, n: usize, d: c_int, o: c_int, root: c_int);
+    /// `ncclBroadcast`.
+    broadcast => Broadcast(s: *const c_void, r: *mut c_void, n: usize, d: c_int, root: c_int);
+    /// `ncclAllGather`.
+    all_gather => AllGather(s: *const c_void, r: *mut c_void, n: usize, d: c_int);
+    /// `ncclReduceScatter`.
+    reduce_scatter => ReduceScatter(s: *const c_void, r: *mut c_void, n: usize, d: c_int, o: c_int);
+    /// `ncclSend`.
+    send => Send(s: *const c_void, n: usize, d: c_int, peer: c_int);
+    /// `ncclRecv`.
+    recv => Recv(r: *mut c_void, n: usize, d: c_int, peer: c_int);
+}
+
+/// `ncclAlltoAll`, where the library has it (`None` otherwise).
+///
+/// # Safety
+/// See the module's data-plane calls.
+pub unsafe fn all_to_all(
+    lib: &NcclLib,
+    s: *const c_void,
+    r: *mut c_void,
+    n: usize,
+    d: c_int,
+    comm: ncclComm_t,
+    stream: Stream,
+) -> Option<Result<bool, NcclError>> {
+    let f = lib.AlltoAll?;
+    // SAFETY: per the caller.
+    let code = unsafe { f(s, r, n, d, comm, stream) };
+    Some(progress(lib, "ncclAlltoAll", code, Some(comm)))
+}
+
+/// `ncclGroupStart`, `body`, `ncclGroupEnd` (always closed, whatever `body` returned).
+pub fn group(lib: &NcclLib, body: impl FnOnce() -> Result<bool, NcclError>) -> Result<bool, NcclError> {
+    // SAFETY: group calls only delimit the calls made in `body`.
+    let s = unsafe { (lib.GroupStart)() };
+    progress(lib, "ncclGroupStart", s, None)?;
+    let inner = body();
+    // SAFETY: closes the group opened above.
+    let end = unsafe { (lib.GroupEnd)() };
+    let end = progress(lib, "ncclGroupEnd", end, None);
+    let inner = inner?;
+    Ok(end? || inner)
+}
+
+/// Map a CUDA driver error; the driver's error stays the source.
 pub fn cuda(op: &str, e: cudarc::driver::DriverError) -> Error {
     let s = e.error_string().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
     let n = e.error_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
@@ -111,6 +262,6 @@ pub fn cuda(op: &str, e: cudarc::driver::DriverError) -> Error {
         } else {
             Recovery::Fatal
         },
-        source: None,
+        source: Some(std::sync::Arc::new(e)),
     }
 }

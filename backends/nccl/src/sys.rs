@@ -14,7 +14,7 @@
 
 #![allow(non_snake_case, non_camel_case_types)] // NCCL's C names.
 
-use libloading::Library;
+use anyccl_device::loader::{self, opt, sym, Loaded};
 use std::ffi::{c_char, c_int, c_void};
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -94,7 +94,7 @@ type Recv = unsafe extern "C" fn(*mut c_void, usize, c_int, c_int, ncclComm_t, S
 /// Every NCCL entry point anyccl uses.
 #[derive(Debug)]
 pub struct NcclLib {
-    _lib: Library,
+    _lib: Loaded,
     /// Where it was loaded from.
     pub path: String,
     /// `ncclGetVersion`'s code, e.g. 22803.
@@ -165,34 +165,9 @@ fn site_packages_nccl(prefix: &std::path::Path) -> Vec<PathBuf> {
     out
 }
 
-fn open(candidates: &[PathBuf]) -> Result<(Library, String), String> {
-    let mut tried = Vec::new();
-    for c in candidates {
-        // SAFETY: loading NCCL runs its initialisers, which only set up library state.
-        match unsafe { Library::new(c) } {
-            Ok(l) => return Ok((l, c.display().to_string())),
-            Err(e) => tried.push(format!("{}: {e}", c.display())),
-        }
-    }
-    Err(format!("NCCL not found; tried {}; set ANYCCL_NCCL_LIBRARY to libnccl.so.2", tried.join("; ")))
-}
-
-/// # Safety
-/// `T` must be the C signature of `name` in the loaded NCCL.
-unsafe fn sym<T: Copy>(lib: &Library, name: &str) -> Result<T, String> {
-    // SAFETY: the caller guarantees the signature.
-    unsafe { lib.get::<T>(name.as_bytes()).map(|s| *s).map_err(|e| format!("symbol {name}: {e}")) }
-}
-
-/// # Safety
-/// As [`sym`].
-unsafe fn opt<T: Copy>(lib: &Library, name: &str) -> Option<T> {
-    // SAFETY: the caller guarantees the signature.
-    unsafe { lib.get::<T>(name.as_bytes()).ok().map(|s| *s) }
-}
-
 fn load() -> Result<NcclLib, String> {
-    let (lib, path) = open(&candidates())?;
+    let lib = loader::open("NCCL", &candidates(), "set ANYCCL_NCCL_LIBRARY to libnccl.so.2")?;
+    let path = lib.path.clone();
     // SAFETY: every signature below is NCCL's public C API (nccl.h), with ncclResult_t,
     // ncclDataType_t and ncclRedOp_t as C ints.
     unsafe {

@@ -1,0 +1,969 @@
+//! [`DeviceComm`]: anyccl's `Collective` and `Work` over a [`Library`] and its [`Runtime`].
+//!
+//! Every call on the library's communicator is serialised by one lock (collective
+//! libraries' communicators are not thread-safe); polling loops release it between polls
+//! so that an abort from another thread gets through. `Drop` frees a communicator that was
+//! not shut down and never panics.
+
+use crate::error::{Ctx, LibError};
+use crate::library::{Launched, Library, Op, Plane, Poll, RawP2P, Settings, SplitRequest, SplitStart};
+use crate::runtime::Runtime;
+use crate::watchdog::{self, Watched};
+use anyccl_core::{
+    async_trait, AllToAllSplits, Buf, BufMut, Capabilities, Collective, CommInfo, ConnectOptions, DType, DeviceMemory,
+    Error, P2POp, ReduceOp, Result, Store, Work, WorkImpl,
+};
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// Where a communicator is in its life. It leaves `Live` once; the first transition wins
+/// and fixes what every later call is told.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Lifecycle {
+    /// Usable.
+    Live,
+    /// Shut down by its owner.
+    ShutDown,
+    /// A call blocked inside the library past the enqueue timeout.
+    TimedOut(String),
+    /// An operation failed; the communicator cannot be trusted.
+    Failed(String),
+    /// Aborted by its owner (or by a drop without shutdown).
+    Aborted(String),
+}
+
+type Event<L> = <<L as Library>::Runtime as Runtime>::Event;
+type Stream<L> = <<L as Library>::Runtime as Runtime>::Stream;
+type Memory<L> = <<L as Library>::Runtime as Runtime>::Memory;
+
+/// What a launch that the library answered with [`Launched::InProgress`] became: nothing
+/// yet, the event recorded once the library finished enqueuing it, or why it failed.
+/// Shared by the `Work` and the communicator (which resolves it at the next launch or wait).
+type LaunchSlot<E> = Mutex<Option<std::result::Result<E, String>>>;
+
+/// A device library's communicator as anyccl's `Collective`.
+pub struct DeviceComm<L: Library> {
+    lib: &'static L,
+    rt: Arc<L::Runtime>,
+    ctx: Ctx,
+    info: CommInfo,
+    caps: Capabilities,
+    settings: Settings,
+    store: Arc<dyn Store>,
+    /// Store prefix of this communicator (its splits' keys live under it).
+    ns: String,
+    splits: AtomicU64,
+    stream: Stream<L>,
+    scratch: Memory<L>,
+    comm: L::Comm,
+    /// Held for every call on `comm`.
+    calls: Mutex<()>,
+    state: Mutex<Lifecycle>,
+    /// Whether `comm` was destroyed (it happens once, sometimes after the lifecycle left
+    /// `Live`: a library that cannot stop a blocked call is destroyed when the call returns).
+    freed: AtomicBool,
+    /// Nanoseconds since `epoch` at which a call inside the library began; 0 when none runs.
+    in_call_since: AtomicU64,
+    epoch: Instant,
+    /// The slot of an operation the library is still launching. No other call may be
+    /// made until it clears.
+    pending: Mutex<Option<Arc<LaunchSlot<Event<L>>>>>,
+    in_progress_returns: AtomicU64,
+    /// Operations whose completion a `Work` observed: whether the peers had ever joined
+    /// when a later call blocks.
+    completed: AtomicU64,
+}
+
+impl<L: Library> std::fmt::Debug for DeviceComm<L> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "DeviceComm({}, rank {} of {}, '{}', {})",
+            self.ctx.backend, self.info.rank, self.info.size, self.ctx.group, self.info.device
+        )
+    }
+}
+
+/// How long one library call may block: `ANYCCL_ENQUEUE_TIMEOUT_S`, else the backend's own
+/// `ANYCCL_<BACKEND>_ENQUEUE_TIMEOUT_S`, else the communicator's operation timeout.
+fn enqueue_timeout(backend: &str, op_timeout: Duration) -> Result<Duration> {
+    if let Some(d) = anyccl_core::env_secs("ANYCCL_ENQUEUE_TIMEOUT_S")? {
+        return Ok(d);
+    }
+    let var = format!("ANYCCL_{}_ENQUEUE_TIMEOUT_S", backend.to_uppercase());
+    Ok(anyccl_core::env_secs(&var)?.unwrap_or(op_timeout))
+}
+
+/// Spin briefly, then yield, then sleep: completion is usually microseconds away.
+fn backoff(spins: &mut u32) {
+    *spins += 1;
+    if *spins < 2000 {
+        std::hint::spin_loop();
+    } else if *spins < 20_000 {
+        std::thread::yield_now();
+    } else {
+        std::thread::sleep(Duration::from_micros(50));
+    }
+}
+
+/// Drive an init or split to its end within `deadline`; abandons it on error or expiry.
+async fn drive<L: Library>(
+    lib: &'static L,
+    mut p: L::Pending,
+    deadline: Instant,
+    ctx: &Ctx,
+    op: &str,
+    mut step: impl FnMut(&mut L::Pending) -> std::result::Result<Poll<Option<L::Comm>>, Option<LibError>>,
+) -> Result<Option<L::Comm>> {
+    let started = Instant::now();
+    loop {
+        match step(&mut p) {
+            Ok(Poll::Ready(c)) => return Ok(c),
+            Ok(Poll::Pending) => {}
+            Err(e) => {
+                lib.abandon(p);
+                return Err(match e {
+                    Some(e) => ctx.error(op, e),
+                    None => ctx.aborted(format!("{op} was interrupted: the parent communicator was released")),
+                });
+            }
+        }
+        if Instant::now() >= deadline {
+            lib.abandon(p);
+            return Err(ctx.timeout(
+                op,
+                started.elapsed(),
+                "not every rank joined; the half-built communicator was abandoned",
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+/// Rank 0 makes a root id and publishes it under `key`; the others wait for it.
+async fn exchange_root_id<L: Library>(
+    lib: &'static L,
+    rt: &Arc<L::Runtime>,
+    store: &dyn Store,
+    key: &str,
+    first: bool,
+    deadline: Instant,
+    ctx: &Ctx,
+) -> Result<Vec<u8>> {
+    if first {
+        rt.bind()?;
+        let id = lib.root_id(rt).map_err(|e| ctx.error("connect", e))?;
+        store.set(key, &id).await?;
+        return Ok(id);
+    }
+    let id = match store.wait(key, deadline).await {
+        Ok(b) => b,
+        Err(Error::Timeout { after, .. }) => {
+            return Err(ctx.timeout(
+                "connect",
+                after,
+                format!("the group's first rank never published the {} root id", ctx.backend),
+            ))
+        }
+        Err(e) => return Err(e),
+    };
+    if id.len() != lib.root_id_len() {
+        return Err(Error::store_fatal(format!(
+            "root id under '{key}' has {} bytes, not {}",
+            id.len(),
+            lib.root_id_len()
+        )));
+    }
+    Ok(id)
+}
+
+impl<L: Library> DeviceComm<L> {
+    /// Create the communicator of `opts.rank` among `opts.size` over the store, within
+    /// `opts.timeout`; every rank calls it.
+    ///
+    /// # Errors
+    /// `Timeout` when not every rank joins in time; the library's errors.
+    pub async fn connect(lib: &'static L, rt: Arc<L::Runtime>, opts: ConnectOptions) -> Result<Arc<Self>> {
+        let deadline = anyccl_core::deadline_in(opts.timeout);
+        let (rank, size) = (opts.rank, opts.size);
+        let namespace = opts.namespace.clone();
+        let base = format!("{namespace}/{}", lib.backend());
+        let store = opts.store.clone();
+        let (st, group) = (store.clone(), namespace.clone());
+        anyccl_core::in_new_generation(st.as_ref(), &base, rank, &group, deadline, |ns| async move {
+            let st = store.as_ref();
+            let ctx = Ctx { backend: lib.backend(), rank, group: namespace.clone() };
+            let settings =
+                Settings::from_config(&namespace, &opts.config, enqueue_timeout(lib.backend(), opts.op_timeout)?);
+            let id = exchange_root_id(lib, &rt, st, &format!("{ns}/root-id"), rank == 0, deadline, &ctx).await?;
+            rt.bind()?;
+            let p = lib.init_start(&rt, &id, rank, size, &settings).map_err(|e| ctx.error("connect", e))?;
+            let r2 = rt.clone();
+            let comm = drive(lib, p, deadline, &ctx, "connect", |p| {
+                r2.bind().ok();
+                lib.poll(p).map_err(Some)
+            })
+            .await?;
+            let Some(comm) = comm else { return Err(ctx.aborted("the library built no communicator")) };
+            let caps = lib.capabilities(&rt);
+            Self::wrap(lib, rt, comm, ctx, size, caps, settings, store.clone(), ns)
+        })
+        .await
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn wrap(
+        lib: &'static L,
+        rt: Arc<L::Runtime>,
+        comm: L::Comm,
+        ctx: Ctx,
+        size: usize,
+        caps: Capabilities,
+        settings: Settings,
+        store: Arc<dyn Store>,
+        ns: String,
+    ) -> Result<Arc<Self>> {
+        let made = rt.stream().and_then(|s| Ok((s, rt.alloc(DType::F32, 1)?)));
+        let (stream, scratch) = match made {
+            Ok(v) => v,
+            Err(e) => {
+                lib.destroy(&comm);
+                return Err(e);
+            }
+        };
+        let info = CommInfo { backend: lib.backend(), rank: ctx.rank, size, device: rt.device() };
+        let c = Arc::new(DeviceComm {
+            lib,
+            rt,
+            ctx,
+            info,
+            caps,
+            settings,
+            store,
+            ns,
+            splits: AtomicU64::new(0),
+            stream,
+            scratch,
+            comm,
+            calls: Mutex::new(()),
+            state: Mutex::new(Lifecycle::Live),
+            freed: AtomicBool::new(false),
+            in_call_since: AtomicU64::new(0),
+            epoch: Instant::now(),
+            pending: Mutex::new(None),
+            in_progress_returns: AtomicU64::new(0),
+            completed: AtomicU64::new(0),
+        });
+        let weak: std::sync::Weak<dyn Watched> = Arc::downgrade(&(c.clone() as Arc<dyn Watched>));
+        watchdog::watch(weak);
+        Ok(c)
+    }
+
+    /// The lifecycle state.
+    pub fn lifecycle(&self) -> Lifecycle {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The library communicator's handles (for calls outside the contract, such as a
+    /// backend's own benchmark mode). Only valid while the communicator is live.
+    pub fn library_comm(&self) -> &L::Comm {
+        &self.comm
+    }
+
+    /// Leave `Live` for `to`; `false` when it had already left.
+    fn transition(&self, to: Lifecycle) -> bool {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if *s != Lifecycle::Live {
+            return false;
+        }
+        *s = to;
+        true
+    }
+
+    /// The error for a call on a communicator that left `Live`.
+    fn dead(&self) -> Option<Error> {
+        let why = match &*self.state.lock().unwrap_or_else(|p| p.into_inner()) {
+            Lifecycle::Live => return None,
+            Lifecycle::ShutDown => "the communicator was shut down".to_string(),
+            Lifecycle::TimedOut(w) | Lifecycle::Failed(w) | Lifecycle::Aborted(w) => w.clone(),
+        };
+        Some(self.ctx.aborted(why))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, ()> {
+        self.calls.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The call lock, when the communicator is live and its handles are not freed.
+    fn lock_live(&self) -> Result<MutexGuard<'_, ()>> {
+        if let Some(e) = self.dead() {
+            return Err(e);
+        }
+        let g = self.lock();
+        if self.freed.load(Ordering::Acquire) {
+            return Err(self.dead().unwrap_or_else(|| self.ctx.aborted("communicator released")));
+        }
+        Ok(g)
+    }
+
+    /// Destroy the library communicator once. Callers hold the call lock, or another
+    /// thread is blocked inside a call that the library's destroy releases.
+    fn free(&self) {
+        if self.freed.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let _ = self.rt.bind();
+        self.lib.destroy(&self.comm);
+    }
+
+    /// Free the library communicator under the call lock. When a call is blocked inside
+    /// the library: free beside it where the library's destroy releases it; otherwise
+    /// leave the free to that call, which does it when the library lets go.
+    fn release(&self) {
+        loop {
+            match self.calls.try_lock() {
+                Ok(_g) => return self.free(),
+                Err(std::sync::TryLockError::Poisoned(p)) => {
+                    let _g = p.into_inner();
+                    return self.free();
+                }
+                Err(std::sync::TryLockError::WouldBlock) => {
+                    if self.in_call_since.load(Ordering::Acquire) != 0 {
+                        if self.lib.can_stop_blocked() {
+                            tracing::warn!(
+                                "{} '{}' rank {}: releasing beside a call blocked inside the library",
+                                self.ctx.backend,
+                                self.ctx.group,
+                                self.ctx.rank
+                            );
+                            self.free();
+                        } else {
+                            tracing::warn!(
+                                "{} '{}' rank {}: a call is blocked inside the library, which cannot stop it; the \
+                                 communicator is freed when the library's own timeout returns it",
+                                self.ctx.backend,
+                                self.ctx.group,
+                                self.ctx.rank
+                            );
+                        }
+                        return;
+                    }
+                    std::thread::yield_now();
+                }
+            }
+        }
+    }
+
+    /// Record a failure and free, so every later call fails fast.
+    fn fail(&self, why: &Error) {
+        self.transition(Lifecycle::Failed(format!("failed earlier: {why}")));
+        self.release();
+    }
+
+    fn abort_now(&self, why: &str) {
+        self.transition(Lifecycle::Aborted(why.to_string()));
+        self.release();
+    }
+
+    /// What a call that blocked inside the library means, from what is known.
+    fn blocked_why(&self) -> String {
+        match self.completed.load(Ordering::Relaxed) {
+            0 => "no operation of this communicator has completed yet: a peer never joined (or is still connecting)"
+                .into(),
+            n => format!(
+                "{n} operations of this communicator had completed, so every peer had joined: one stopped taking \
+                 part (stopped, stuck or dead) and the library's queue filled"
+            ),
+        }
+    }
+
+    /// A `Timeout` for `op` that also fails the communicator (it cannot be trusted after).
+    fn timed_out(&self, op: &str, after: Duration, why: &str) -> Error {
+        let e = self.ctx.timeout(op, after, format!("{why}; communicator aborted"));
+        self.fail(&e);
+        e
+    }
+
+    /// The async error on `plane` (`Ok(true)`: an asynchronous step still runs). Never
+    /// waits for the lock: a call blocked on peers holds it, and every caller's own
+    /// deadline must still apply.
+    fn poll_async(&self, plane: Plane, op: &str) -> Result<bool> {
+        if let Some(e) = self.dead() {
+            return Err(e);
+        }
+        let g = match self.calls.try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return Ok(true),
+        };
+        if self.freed.load(Ordering::Acquire) {
+            return Err(self.dead().unwrap_or_else(|| self.ctx.aborted("communicator released")));
+        }
+        match self.lib.async_error(&self.comm, plane) {
+            Ok(b) => Ok(b),
+            Err(e) => {
+                let e = self.ctx.error(op, e);
+                drop(g);
+                self.fail(&e);
+                Err(e)
+            }
+        }
+    }
+
+    /// If an operation is still being launched, see whether the library is done with it
+    /// and, if so, record its event. `Ok(true)` while it is still in progress.
+    fn resolve_pending(&self, op: &str) -> Result<bool> {
+        let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(slot) = p.as_ref() else { return Ok(false) };
+        match self.poll_async(Plane::Data, op) {
+            Ok(true) => Ok(true),
+            Ok(false) => {
+                *slot.lock().unwrap_or_else(|e| e.into_inner()) =
+                    Some(self.rt.record(&self.stream).map_err(|e| e.to_string()));
+                *p = None;
+                Ok(false)
+            }
+            Err(e) => {
+                *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(Err(e.to_string()));
+                *p = None;
+                Err(e)
+            }
+        }
+    }
+
+    /// Wait until no operation is being launched (a previous first call still connecting).
+    fn settle(&self, op: &str) -> Result<()> {
+        let deadline = anyccl_core::deadline_in(self.settings.enqueue_timeout);
+        let mut spins = 0u32;
+        while self.resolve_pending(op)? {
+            if Instant::now() > deadline {
+                return Err(self.timed_out(
+                    op,
+                    self.settings.enqueue_timeout,
+                    "an earlier operation never finished connecting",
+                ));
+            }
+            backoff(&mut spins);
+        }
+        Ok(())
+    }
+
+    /// Put `op` on the stream and return a `Work` for it.
+    ///
+    /// # Safety
+    /// As [`Library::launch`]: the addresses were validated by the `Communicator` and the
+    /// buffers they come from stay borrowed by the returned `Work`.
+    unsafe fn launch(&self, op: Op) -> Result<Work<'_>> {
+        let name = op.name();
+        if let Some(e) = self.dead() {
+            return Err(e);
+        }
+        self.rt.bind()?;
+        self.settle(name)?;
+        let g = self.lock_live()?;
+        self.in_call_since.store(self.epoch.elapsed().as_nanos().max(1) as u64, Ordering::Release);
+        let started = Instant::now();
+        // SAFETY: per this function's contract; the call lock is held.
+        let r = unsafe { self.lib.launch(&self.comm, &self.stream, &op) };
+        self.in_call_since.store(0, Ordering::Release);
+        if let Lifecycle::TimedOut(_) = self.lifecycle() {
+            drop(g);
+            // A library that could not be stopped was left to this call to free.
+            self.release();
+            return Err(self.ctx.timeout(
+                name,
+                started.elapsed(),
+                format!("{}; communicator aborted", self.blocked_why()),
+            ));
+        }
+        if let Some(e) = self.dead() {
+            drop(g);
+            self.release();
+            return Err(e);
+        }
+        let launched = match r {
+            Ok(l) => l,
+            Err(e) => {
+                let e = self.ctx.error(name, e);
+                drop(g);
+                self.fail(&e);
+                return Err(e);
+            }
+        };
+        if launched == Launched::InProgress {
+            self.in_progress_returns.fetch_add(1, Ordering::Relaxed);
+            let slot: Arc<LaunchSlot<Event<L>>> = Arc::default();
+            // Set while the lock is held, so no other launch can slip in between.
+            *self.pending.lock().unwrap_or_else(|e| e.into_inner()) = Some(slot.clone());
+            drop(g);
+            return Ok(Work::new(Box::new(DeviceWork { comm: self, state: WorkState::Launching(slot) })));
+        }
+        drop(g);
+        match self.rt.record(&self.stream) {
+            Ok(ev) => Ok(Work::new(Box::new(DeviceWork { comm: self, state: WorkState::Running(ev) }))),
+            Err(e) => {
+                // On the stream but untracked: stop it rather than let the caller reuse
+                // buffers it may still touch.
+                self.fail(&e);
+                Err(e)
+            }
+        }
+    }
+
+    /// The new group's members (parent ranks, in new-rank order) and this rank's place,
+    /// from every rank's colour and key exchanged under `base`.
+    async fn split_members(
+        &self,
+        base: &str,
+        color: Option<u32>,
+        key: u32,
+        deadline: Instant,
+    ) -> Result<(Vec<usize>, Option<usize>)> {
+        let me = self.info.rank;
+        let mine = match color {
+            Some(c) => format!("{c} {key}"),
+            None => "-".into(),
+        };
+        self.store.set(&format!("{base}/r{me}"), mine.as_bytes()).await?;
+        let Some(color) = color else { return Ok((Vec::new(), None)) };
+        let mut same = Vec::new();
+        for r in 0..self.info.size {
+            let v = match self.store.wait(&format!("{base}/r{r}"), deadline).await {
+                Ok(v) => v,
+                Err(Error::Timeout { after, .. }) => {
+                    return Err(self.ctx.timeout("split", after, format!("rank {r} never entered the split")))
+                }
+                Err(e) => return Err(e),
+            };
+            let text = String::from_utf8_lossy(&v).to_string();
+            let mut it = text.split(' ').map(str::parse::<u32>);
+            if let (Some(Ok(c)), Some(Ok(k))) = (it.next(), it.next()) {
+                if c == color {
+                    same.push((k, r));
+                }
+            }
+        }
+        same.sort();
+        let members: Vec<usize> = same.into_iter().map(|(_, r)| r).collect();
+        let new_rank = members.iter().position(|&r| r == me);
+        Ok((members, new_rank))
+    }
+
+    /// Poll a split the library runs, under the lock and only while this communicator lives.
+    async fn drive_split(&self, p: L::Pending, deadline: Instant, ctx: &Ctx) -> Result<Option<L::Comm>> {
+        drive(self.lib, p, deadline, ctx, "split", |p| {
+            if self.dead().is_some() {
+                return Err(None);
+            }
+            let _g = match self.calls.try_lock() {
+                Ok(g) => g,
+                Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => return Ok(Poll::Pending),
+            };
+            if self.freed.load(Ordering::Acquire) {
+                return Err(None);
+            }
+            let _ = self.rt.bind();
+            self.lib.poll(p).map_err(Some)
+        })
+        .await
+    }
+
+    fn ptr(b: &Buf<'_>) -> *const c_void {
+        b.ptr() as *const c_void
+    }
+    fn ptr_mut(b: &BufMut<'_>) -> *mut c_void {
+        b.ptr() as *mut c_void
+    }
+}
+
+impl<L: Library> Watched for DeviceComm<L> {
+    fn tick(&self) -> bool {
+        if self.freed.load(Ordering::Acquire) {
+            return false;
+        }
+        let since = self.in_call_since.load(Ordering::Acquire);
+        let limit = self.settings.enqueue_timeout;
+        if since != 0 && self.epoch.elapsed().saturating_sub(Duration::from_nanos(since)) > limit {
+            let how = if self.lib.can_stop_blocked() {
+                "communicator aborted"
+            } else {
+                "the library cannot stop the call: it returns when the library's own timeout passes, and the \
+                 communicator is freed then"
+            };
+            let why =
+                format!("a {} call blocked for more than {limit:?}: {}; {how}", self.ctx.backend, self.blocked_why());
+            tracing::error!("'{}' rank {}: {why}", self.ctx.group, self.ctx.rank);
+            if self.transition(Lifecycle::TimedOut(why)) {
+                self.release();
+            }
+            return false;
+        }
+        true
+    }
+}
+
+impl<L: Library> Drop for DeviceComm<L> {
+    fn drop(&mut self) {
+        let n = self.in_progress_returns.load(Ordering::Relaxed);
+        if n > 0 {
+            tracing::debug!("'{}' rank {}: {n} launches answered in progress", self.ctx.group, self.ctx.rank);
+        }
+        if !self.freed.load(Ordering::Acquire) {
+            tracing::debug!("dropping '{}' rank {} without shutdown: freeing", self.ctx.group, self.ctx.rank);
+            self.transition(Lifecycle::Aborted("dropped without shutdown".into()));
+            self.free();
+        }
+    }
+}
+
+enum WorkState<E> {
+    /// The library has not finished putting the operation on the stream.
+    Launching(Arc<LaunchSlot<E>>),
+    /// On the stream; done when the event is.
+    Running(E),
+}
+
+struct DeviceWork<'a, L: Library> {
+    comm: &'a DeviceComm<L>,
+    state: WorkState<Event<L>>,
+}
+
+impl<L: Library> DeviceWork<'_, L> {
+    /// One look at the operation (`Ok(true)`: done). The device must be current.
+    fn step(&mut self) -> Result<bool> {
+        if let WorkState::Launching(slot) = &self.state {
+            self.comm.resolve_pending("wait")?;
+            let mut s = slot.lock().unwrap_or_else(|e| e.into_inner());
+            match s.take() {
+                None => return Ok(false),
+                Some(Err(msg)) => {
+                    // Kept, so every later look reports the same failure.
+                    *s = Some(Err(msg.clone()));
+                    return Err(self.comm.ctx.aborted(msg));
+                }
+                Some(Ok(ev)) => {
+                    drop(s);
+                    self.state = WorkState::Running(ev);
+                }
+            }
+        }
+        match &self.state {
+            WorkState::Running(ev) => self.comm.rt.done(ev),
+            WorkState::Launching(_) => Ok(false),
+        }
+    }
+}
+
+impl<L: Library> WorkImpl for DeviceWork<'_, L> {
+    fn poll(&mut self) -> Result<bool> {
+        self.comm.rt.bind()?;
+        if self.step()? {
+            self.comm.completed.fetch_add(1, Ordering::Relaxed);
+            return Ok(true);
+        }
+        self.comm.poll_async(Plane::Data, "wait")?;
+        Ok(false)
+    }
+
+    fn wait_for(&mut self, timeout: Duration) -> Result<bool> {
+        let deadline = anyccl_core::deadline_in(timeout);
+        self.comm.rt.bind()?;
+        let mut spins = 0u32;
+        loop {
+            if self.step()? {
+                self.comm.completed.fetch_add(1, Ordering::Relaxed);
+                return Ok(true);
+            }
+            if spins % 256 == 255 {
+                self.comm.poll_async(Plane::Data, "wait")?;
+            }
+            if Instant::now() >= deadline {
+                self.comm.poll_async(Plane::Data, "wait")?;
+                return Ok(false);
+            }
+            backoff(&mut spins);
+        }
+    }
+
+    fn drain(&mut self) {
+        // The device may still read or write the caller's buffers: wait for it. A hung
+        // operation is aborted after the operation timeout so this never blocks forever.
+        let c = self.comm;
+        let started = Instant::now();
+        if c.rt.bind().is_err() {
+            return;
+        }
+        let mut spins = 0u32;
+        loop {
+            match self.step() {
+                Ok(true) | Err(_) => return,
+                Ok(false) => {}
+            }
+            if c.poll_async(Plane::Data, "drop").is_err() && started.elapsed() > Duration::from_secs(10) {
+                tracing::error!("operation on '{}' still running 10 s after its communicator failed", c.ctx.group);
+                return;
+            }
+            if started.elapsed() > c.settings.op_timeout && c.dead().is_none() {
+                tracing::error!(
+                    "dropped operation on '{}' did not finish in {:?}: aborting",
+                    c.ctx.group,
+                    c.settings.op_timeout
+                );
+                c.abort_now("a dropped operation did not finish within the operation timeout");
+            }
+            backoff(&mut spins);
+        }
+    }
+}
+
+#[async_trait]
+impl<L: Library> Collective for DeviceComm<L> {
+    fn info(&self) -> &CommInfo {
+        &self.info
+    }
+    fn capabilities(&self) -> &Capabilities {
+        &self.caps
+    }
+
+    fn memory_held(&self) -> Option<u64> {
+        let _g = self.calls.try_lock().ok()?;
+        if self.freed.load(Ordering::Acquire) {
+            return None;
+        }
+        self.lib.memory_held(&self.comm)
+    }
+
+    // SAFETY (for every `launch` below): buffer views were validated by the Communicator
+    // to live on this communicator's device with the given counts, and stay borrowed by
+    // the returned Work until the stream has finished with them (Work's drop waits).
+
+    fn all_reduce<'a>(&'a self, send: Option<Buf<'a>>, recv: BufMut<'a>, op: ReduceOp) -> Result<Work<'a>> {
+        let r = Self::ptr_mut(&recv);
+        let s = send.map(|b| Self::ptr(&b)).unwrap_or(r);
+        // SAFETY: see above.
+        unsafe { self.launch(Op::AllReduce { send: s, recv: r, count: recv.count(), dtype: recv.dtype(), op }) }
+    }
+
+    fn reduce<'a>(&'a self, send: Option<Buf<'a>>, recv: BufMut<'a>, op: ReduceOp, root: usize) -> Result<Work<'a>> {
+        let r = Self::ptr_mut(&recv);
+        let s = send.map(|b| Self::ptr(&b)).unwrap_or(r);
+        // SAFETY: see above.
+        unsafe { self.launch(Op::Reduce { send: s, recv: r, count: recv.count(), dtype: recv.dtype(), op, root }) }
+    }
+
+    fn broadcast<'a>(&'a self, send: Option<Buf<'a>>, recv: BufMut<'a>, root: usize) -> Result<Work<'a>> {
+        let r = Self::ptr_mut(&recv);
+        let s = send.map(|b| Self::ptr(&b)).unwrap_or(r);
+        // SAFETY: see above.
+        unsafe { self.launch(Op::Broadcast { send: s, recv: r, count: recv.count(), dtype: recv.dtype(), root }) }
+    }
+
+    fn all_gather<'a>(&'a self, send: Option<Buf<'a>>, recv: BufMut<'a>) -> Result<Work<'a>> {
+        let r = Self::ptr_mut(&recv);
+        let per = recv.count() / self.info.size;
+        let es = recv.dtype().size();
+        let s = send
+            .map(|b| Self::ptr(&b))
+            .unwrap_or((r as *const u8).wrapping_add(self.info.rank * per * es) as *const c_void);
+        // SAFETY: see above; in place, the input is this rank's chunk of `recv`.
+        unsafe { self.launch(Op::AllGather { send: s, recv: r, count: per, dtype: recv.dtype() }) }
+    }
+
+    fn reduce_scatter<'a>(&'a self, send: Option<Buf<'a>>, recv: BufMut<'a>, op: ReduceOp) -> Result<Work<'a>> {
+        let es = recv.dtype().size();
+        let base = Self::ptr_mut(&recv);
+        let (s, r, per) = match send {
+            Some(b) => (Self::ptr(&b), base, recv.count()),
+            None => {
+                let per = recv.count() / self.info.size;
+                (base as *const c_void, (base as *mut u8).wrapping_add(self.info.rank * per * es) as *mut c_void, per)
+            }
+        };
+        // SAFETY: see above; in place, the output is this rank's chunk of the input.
+        unsafe { self.launch(Op::ReduceScatter { send: s, recv: r, count: per, dtype: recv.dtype(), op }) }
+    }
+
+    fn all_to_all<'a>(&'a self, send: Buf<'a>, recv: BufMut<'a>, splits: Option<&AllToAllSplits>) -> Result<Work<'a>> {
+        let n = self.info.size;
+        let (s, r, dtype) = (Self::ptr(&send), Self::ptr_mut(&recv), send.dtype());
+        let op = match splits {
+            None => Op::AllToAll { send: s, recv: r, count: send.count() / n, dtype },
+            Some(sp) => {
+                let displs = |c: &[usize]| {
+                    c.iter()
+                        .scan(0usize, |acc, &x| {
+                            let d = *acc;
+                            *acc += x;
+                            Some(d)
+                        })
+                        .collect::<Vec<_>>()
+                };
+                Op::AllToAllV {
+                    send: s,
+                    recv: r,
+                    send_displs: displs(&sp.send_counts),
+                    recv_displs: displs(&sp.recv_counts),
+                    send_counts: sp.send_counts.clone(),
+                    recv_counts: sp.recv_counts.clone(),
+                    dtype,
+                }
+            }
+        };
+        // SAFETY: see above; offsets stay within the validated counts.
+        unsafe { self.launch(op) }
+    }
+
+    fn send<'a>(&'a self, buf: Buf<'a>, peer: usize) -> Result<Work<'a>> {
+        // SAFETY: see above.
+        unsafe { self.launch(Op::Send { buf: Self::ptr(&buf), count: buf.count(), dtype: buf.dtype(), peer }) }
+    }
+
+    fn recv<'a>(&'a self, buf: BufMut<'a>, peer: usize) -> Result<Work<'a>> {
+        // SAFETY: see above.
+        unsafe { self.launch(Op::Recv { buf: Self::ptr_mut(&buf), count: buf.count(), dtype: buf.dtype(), peer }) }
+    }
+
+    fn p2p_group<'a>(&'a self, ops: Vec<P2POp<'a>>) -> Result<Work<'a>> {
+        let raw = ops
+            .iter()
+            .map(|o| match o {
+                P2POp::Send(b, p) => RawP2P {
+                    send: true,
+                    ptr: Self::ptr(b) as *mut c_void,
+                    count: b.count(),
+                    dtype: b.dtype(),
+                    peer: *p,
+                },
+                P2POp::Recv(b, p) => {
+                    RawP2P { send: false, ptr: Self::ptr_mut(b), count: b.count(), dtype: b.dtype(), peer: *p }
+                }
+            })
+            .collect();
+        // SAFETY: see above; `ops` are borrowed by the Work through their lifetimes.
+        unsafe { self.launch(Op::Group(raw)) }
+    }
+
+    fn barrier(&self) -> Result<Work<'_>> {
+        let p = self.scratch.view().ptr() as *mut c_void;
+        // SAFETY: the scratch element lives as long as the communicator.
+        unsafe { self.launch(Op::Barrier { scratch: p }) }
+    }
+
+    async fn health(&self, _deadline: Instant) -> Result<()> {
+        self.poll_async(Plane::Data, "health").map(|_| ())
+    }
+
+    async fn abort(&self, _deadline: Instant) -> Result<()> {
+        self.abort_now("aborted by the caller");
+        Ok(())
+    }
+
+    async fn split(
+        &self,
+        color: Option<u32>,
+        key: u32,
+        name: &str,
+        deadline: Instant,
+    ) -> Result<Option<Arc<dyn Collective>>> {
+        if let Some(e) = self.dead() {
+            return Err(e);
+        }
+        if !self.caps.split {
+            return Err(self.ctx.unsupported("split", "the loaded library cannot split communicators"));
+        }
+        self.rt.bind()?;
+        let seq = self.splits.fetch_add(1, Ordering::Relaxed);
+        let base = format!("{}/split{seq}", self.ns);
+        let (members, new_rank) = if self.lib.split_needs_members() {
+            self.split_members(&base, color, key, deadline).await?
+        } else {
+            (Vec::new(), None)
+        };
+        let settings = Settings { name: name.to_string(), ..self.settings.clone() };
+        let req = SplitRequest {
+            color,
+            key,
+            members: &members,
+            new_rank,
+            id: (seq << 32) | u64::from(color.unwrap_or(u32::MAX)),
+            settings: &settings,
+        };
+        let start = {
+            let _g = self.lock_live()?;
+            self.lib.split_start(&self.comm, &req)
+        };
+        let ctx = self.ctx.child(new_rank.unwrap_or(self.info.rank), name);
+        let start = start.map_err(|e| ctx.error("split", e))?;
+        let child = match start {
+            SplitStart::Started(p) => self.drive_split(p, deadline, &ctx).await?,
+            SplitStart::ViaRootId => match (color, new_rank) {
+                (None, _) => None,
+                (Some(c), Some(r)) => {
+                    let key = format!("{base}/c{c}/root-id");
+                    let id =
+                        exchange_root_id(self.lib, &self.rt, self.store.as_ref(), &key, r == 0, deadline, &ctx).await?;
+                    self.rt.bind()?;
+                    let p = self
+                        .lib
+                        .init_start(&self.rt, &id, r, members.len(), &settings)
+                        .map_err(|e| ctx.error("split", e))?;
+                    let rt = self.rt.clone();
+                    let lib = self.lib;
+                    drive(lib, p, deadline, &ctx, "split", |p| {
+                        rt.bind().ok();
+                        lib.poll(p).map_err(Some)
+                    })
+                    .await?
+                }
+                (Some(c), None) => {
+                    return Err(
+                        ctx.aborted(format!("rank {} passed colour {c} but is not among its members", self.info.rank))
+                    )
+                }
+            },
+        };
+        let Some(child) = child else { return Ok(None) };
+        let (r, n) = match self.lib.rank_size(&child) {
+            Ok(v) => v,
+            Err(e) => {
+                self.lib.destroy(&child);
+                return Err(ctx.error("split", e));
+            }
+        };
+        let ctx = ctx.child(r, name);
+        let ns = format!("{base}/c{}", color.unwrap_or(0));
+        let c: Arc<dyn Collective> =
+            Self::wrap(self.lib, self.rt.clone(), child, ctx, n, self.caps.clone(), settings, self.store.clone(), ns)?;
+        Ok(Some(c))
+    }
+
+    async fn shutdown(&self, deadline: Instant) -> Result<()> {
+        if self.freed.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        // Every enqueued operation completes first (bounded by the deadline) ...
+        {
+            self.rt.bind()?;
+            let ev = self.rt.record(&self.stream)?;
+            let mut spins = 0u32;
+            loop {
+                if self.rt.done(&ev)? {
+                    break;
+                }
+                self.poll_async(Plane::Data, "shutdown")?;
+                if Instant::now() > deadline {
+                    return Err(self.timed_out("shutdown", Duration::ZERO, "operations still running at the deadline"));
+                }
+                backoff(&mut spins);
+            }
+        }
+        // ... then the library's communicator is released locally: with the stream
+        // drained there is nothing left to flush, and no peer is waited for.
+        self.transition(Lifecycle::ShutDown);
+        self.release();
+        Ok(())
+    }
+}

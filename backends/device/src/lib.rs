@@ -1,0 +1,39 @@
+//! anyccl-device: what every stream-based device collective library needs, written once,
+//! so the NCCL and HCCL backends are adapters of a few hundred lines each.
+//!
+//! # Design choices
+//! - **Two small traits.** [`Runtime`] is the device runtime (bind a device to the
+//!   calling thread, streams, events, memory, free memory); [`Library`] is the collective
+//!   library (root id, init, split, launch one operation on a stream, async error,
+//!   destroy, memory held). [`DeviceComm`] implements `Collective` and its `Work` over
+//!   them; [`DevicePlatform`] implements `Platform` over a runtime.
+//! - **Differences are data.** Whether a library can stop a call blocked inside it
+//!   (NCCL's abort can, HCCL has no abort), whether a split needs the new group's members
+//!   or a fresh root id (HCCL), and whether a launch may still be in progress when it
+//!   returns (NCCL's non-blocking communicators) are answered by the library, never by
+//!   its name.
+//! - **One lifecycle.** A communicator is [`Lifecycle::Live`] until it shuts down, times
+//!   out, fails or is aborted; the first transition wins, frees the library's
+//!   communicator once and fixes the error every later call gets.
+//! - **Every wait has a deadline.** Init, split and shutdown take one; a launch that
+//!   blocks inside the library (a first call connecting to a peer that never comes) is
+//!   watched by one process-wide watchdog thread, which stops it where the library can
+//!   and otherwise fails the communicator so the call returns an error when the library's
+//!   own timeout (set from the communicator's) releases it.
+//! - **Errors keep their cause.** Libraries report [`LibError`] (code, name, text, kind);
+//!   [`Ctx`] adds op, rank and group once and keeps the `LibError` as the source.
+//! - **Loading at run time.** [`loader`] opens the first of a list of candidates and
+//!   reports every place looked; newer symbols are optional.
+#![warn(missing_docs)]
+
+mod comm;
+mod error;
+mod library;
+pub mod loader;
+mod runtime;
+mod watchdog;
+
+pub use comm::{DeviceComm, Lifecycle};
+pub use error::{Ctx, ErrorKind, LibError};
+pub use library::{Launched, Library, Op, Plane, Poll, RawP2P, Settings, SplitRequest, SplitStart};
+pub use runtime::{DevicePlatform, Runtime};

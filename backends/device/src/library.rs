@@ -1,0 +1,288 @@
+//! The collective library a [`crate::DeviceComm`] drives ([`Library`]), and what passes
+//! between them.
+
+use crate::error::LibError;
+use crate::runtime::Runtime;
+use anyccl_core::{Capabilities, CommConfig, DType, ReduceOp};
+use std::ffi::c_void;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Per-communicator settings a library passes to its own init and split calls.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The group name (NCCL's `commName`, HCCL's `hcclCommName`).
+    pub name: String,
+    /// Staging buffer per direction in MiB (HCCL's `hcclBufferSize`); `None`: the
+    /// library's default.
+    pub buffer_mb: Option<u32>,
+    /// How long one operation may take: libraries that cannot be stopped from outside get
+    /// it as their own execution timeout.
+    pub op_timeout: Duration,
+    /// How long one call may block inside the library (a first call connecting).
+    pub enqueue_timeout: Duration,
+}
+
+impl Settings {
+    /// Settings for group `name` from the communicator's configuration.
+    pub fn from_config(name: &str, c: &CommConfig, enqueue_timeout: Duration) -> Self {
+        Settings { name: name.to_string(), buffer_mb: c.buffer_mb, op_timeout: c.op_timeout, enqueue_timeout }
+    }
+}
+
+/// One send or receive of a batched group, with a device address.
+#[derive(Debug, Clone, Copy)]
+pub struct RawP2P {
+    /// Send (`true`) or receive.
+    pub send: bool,
+    /// Device address.
+    pub ptr: *mut c_void,
+    /// Elements.
+    pub count: usize,
+    /// Element type.
+    pub dtype: DType,
+    /// The other rank.
+    pub peer: usize,
+}
+
+/// One operation to put on a stream, with device addresses. Counts are elements; in-place
+/// operations have `send == recv` (all_gather: `send` is this rank's chunk of `recv`).
+#[derive(Debug)]
+#[allow(missing_docs)] // fields are the C calls' arguments
+pub enum Op {
+    AllReduce {
+        send: *const c_void,
+        recv: *mut c_void,
+        count: usize,
+        dtype: DType,
+        op: ReduceOp,
+    },
+    Reduce {
+        send: *const c_void,
+        recv: *mut c_void,
+        count: usize,
+        dtype: DType,
+        op: ReduceOp,
+        root: usize,
+    },
+    Broadcast {
+        send: *const c_void,
+        recv: *mut c_void,
+        count: usize,
+        dtype: DType,
+        root: usize,
+    },
+    /// `count` per rank.
+    AllGather {
+        send: *const c_void,
+        recv: *mut c_void,
+        count: usize,
+        dtype: DType,
+    },
+    /// `count` per rank (the output's length).
+    ReduceScatter {
+        send: *const c_void,
+        recv: *mut c_void,
+        count: usize,
+        dtype: DType,
+        op: ReduceOp,
+    },
+    /// `count` per peer.
+    AllToAll {
+        send: *const c_void,
+        recv: *mut c_void,
+        count: usize,
+        dtype: DType,
+    },
+    /// Per-peer counts and element offsets.
+    AllToAllV {
+        send: *const c_void,
+        recv: *mut c_void,
+        send_counts: Vec<usize>,
+        send_displs: Vec<usize>,
+        recv_counts: Vec<usize>,
+        recv_displs: Vec<usize>,
+        dtype: DType,
+    },
+    Send {
+        buf: *const c_void,
+        count: usize,
+        dtype: DType,
+        peer: usize,
+    },
+    Recv {
+        buf: *mut c_void,
+        count: usize,
+        dtype: DType,
+        peer: usize,
+    },
+    Group(Vec<RawP2P>),
+    /// `scratch`: one zeroed `f32` of device memory the communicator owns.
+    Barrier {
+        scratch: *mut c_void,
+    },
+}
+
+impl Op {
+    /// The operation's name, for errors.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::AllReduce { .. } => "all_reduce",
+            Op::Reduce { .. } => "reduce",
+            Op::Broadcast { .. } => "broadcast",
+            Op::AllGather { .. } => "all_gather",
+            Op::ReduceScatter { .. } => "reduce_scatter",
+            Op::AllToAll { .. } | Op::AllToAllV { .. } => "all_to_all",
+            Op::Send { .. } => "send",
+            Op::Recv { .. } => "recv",
+            Op::Group(_) => "p2p_group",
+            Op::Barrier { .. } => "barrier",
+        }
+    }
+}
+
+/// How a launch ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Launched {
+    /// On the stream: an event recorded now follows it.
+    Enqueued,
+    /// The library is still putting it on the stream asynchronously (NCCL's
+    /// `ncclInProgress`): no other call may be made until [`Library::async_error`] on the
+    /// data plane says it finished.
+    InProgress,
+}
+
+/// Which of a communicator's library handles a poll concerns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Plane {
+    /// The one launches run on.
+    Data,
+    /// The one init and splits run on (the same as `Data` for most libraries).
+    Control,
+}
+
+/// A step of an asynchronous init or split.
+#[derive(Debug)]
+pub enum Poll<T> {
+    /// Finished.
+    Ready(T),
+    /// Still running: poll again.
+    Pending,
+}
+
+/// How a split begins.
+#[derive(Debug)]
+pub enum SplitStart<P> {
+    /// The library splits: poll `P` to completion ([`Library::split_poll`]).
+    Started(P),
+    /// The library has no split for this: the members exchange a fresh root id through
+    /// the store and init a new communicator ([`Library::init_start`]).
+    ViaRootId,
+}
+
+/// What a split asks for. Every rank of the parent passes one, in the same order.
+#[derive(Debug)]
+pub struct SplitRequest<'a> {
+    /// Ranks with the same colour form one group; `None` joins none.
+    pub color: Option<u32>,
+    /// Order within the new group (ties by parent rank).
+    pub key: u32,
+    /// The new group's parent ranks in new-rank order, when the library asked for them
+    /// ([`Library::split_needs_members`]); empty for ranks that join no group.
+    pub members: &'a [usize],
+    /// This rank's place in `members`.
+    pub new_rank: Option<usize>,
+    /// A number equal on every member and different for every split of this parent.
+    pub id: u64,
+    /// The new communicator's settings.
+    pub settings: &'a Settings,
+}
+
+/// A collective library that enqueues on device streams.
+///
+/// [`crate::DeviceComm`] guarantees: calls on one communicator are never concurrent,
+/// except [`Library::destroy`] while another thread is blocked inside a call when
+/// [`Library::can_stop_blocked`] says that unblocks it; `destroy` is called once, and
+/// nothing is called on a communicator after it.
+pub trait Library: Send + Sync + fmt::Debug + 'static {
+    /// The device runtime.
+    type Runtime: Runtime;
+    /// The library's handles for one communicator.
+    type Comm: Send + Sync + fmt::Debug;
+    /// An init or split in progress.
+    type Pending: Send;
+
+    /// The backend's name (`nccl`, `hccl`).
+    fn backend(&self) -> &'static str;
+    /// What its communicators support on `rt`'s device.
+    fn capabilities(&self, rt: &Self::Runtime) -> Capabilities;
+    /// Bytes of a root id.
+    fn root_id_len(&self) -> usize;
+    /// A new root id; called by the group's first rank, which publishes it.
+    ///
+    /// # Errors
+    /// The library's.
+    fn root_id(&self, rt: &Arc<Self::Runtime>) -> Result<Vec<u8>, LibError>;
+    /// Begin creating rank `rank` of `size` from `id`. The device is current.
+    ///
+    /// # Errors
+    /// The library's.
+    fn init_start(
+        &self,
+        rt: &Arc<Self::Runtime>,
+        id: &[u8],
+        rank: usize,
+        size: usize,
+        settings: &Settings,
+    ) -> Result<Self::Pending, LibError>;
+    /// One look at an init or split in progress: `Ready(None)` when a split put this rank
+    /// in no group.
+    ///
+    /// # Errors
+    /// The library's; the caller then calls [`Library::abandon`].
+    fn poll(&self, pending: &mut Self::Pending) -> Result<Poll<Option<Self::Comm>>, LibError>;
+    /// Give up on an init or split (an error or the deadline): free what it built, now or
+    /// when the library lets go of it, never blocking.
+    fn abandon(&self, pending: Self::Pending);
+    /// Whether a split needs the new group's members ([`SplitRequest::members`]): costs
+    /// one store exchange among the parent's ranks.
+    fn split_needs_members(&self) -> bool;
+    /// Begin a split of `parent` (under the communicator's call lock).
+    ///
+    /// # Errors
+    /// The library's.
+    fn split_start(&self, parent: &Self::Comm, req: &SplitRequest<'_>) -> Result<SplitStart<Self::Pending>, LibError>;
+    /// The size of and this rank's place in a communicator.
+    ///
+    /// # Errors
+    /// The library's.
+    fn rank_size(&self, comm: &Self::Comm) -> Result<(usize, usize), LibError>;
+    /// Put `op` on `stream`. The device is current.
+    ///
+    /// # Safety
+    /// Every address in `op` must be device memory of the communicator's device, valid for
+    /// the counts given until the stream has passed the operation.
+    ///
+    /// # Errors
+    /// The library's.
+    unsafe fn launch(
+        &self,
+        comm: &Self::Comm,
+        stream: &<Self::Runtime as Runtime>::Stream,
+        op: &Op,
+    ) -> Result<Launched, LibError>;
+    /// The communicator's asynchronous error on `plane`: `Ok(true)` while an asynchronous
+    /// step is still in progress, `Ok(false)` when idle and healthy.
+    ///
+    /// # Errors
+    /// The error the communicator reported.
+    fn async_error(&self, comm: &Self::Comm, plane: Plane) -> Result<bool, LibError>;
+    /// Whether [`Library::destroy`] may run while another thread is blocked inside a call on
+    /// the communicator, and releases that call (NCCL's abort does; HCCL has no abort).
+    fn can_stop_blocked(&self) -> bool;
+    /// Free the communicator without waiting for peers.
+    fn destroy(&self, comm: &Self::Comm);
+    /// Device memory the communicator holds, where the library can say.
+    fn memory_held(&self, comm: &Self::Comm) -> Option<u64>;
+}

@@ -1,0 +1,160 @@
+//! The device runtime a collective library runs on ([`Runtime`]), and the `Platform` that
+//! every device backend offers over it ([`DevicePlatform`]).
+
+use anyccl_core::{Buf, DType, Device, DeviceKind, DeviceMemory, Error, MemInfo, Platform, Result};
+use std::fmt;
+use std::sync::Arc;
+
+/// A device runtime (CUDA's driver, Ascend's ACL) for one device.
+///
+/// Errors are anyccl's already: a runtime call has no rank or group, and each runtime
+/// keeps its own error value as the `Backend` error's source.
+pub trait Runtime: Send + Sync + fmt::Debug + 'static {
+    /// A stream that executes in order.
+    type Stream: Send + Sync + fmt::Debug;
+    /// A marker recorded on a stream.
+    type Event: Send + Sync;
+    /// Device memory, freed on drop.
+    type Memory: DeviceMemory + 'static;
+
+    /// The device.
+    fn device(&self) -> Device;
+    /// Make the device current on the calling thread (cheap; before any library call).
+    ///
+    /// # Errors
+    /// A runtime error.
+    fn bind(&self) -> Result<()>;
+    /// `Err` once the device can no longer be used by this process (a lost context).
+    ///
+    /// # Errors
+    /// Why not.
+    fn usable(&self, _op: &str) -> Result<()> {
+        Ok(())
+    }
+    /// A new stream.
+    ///
+    /// # Errors
+    /// A runtime error.
+    fn stream(self: &Arc<Self>) -> Result<Self::Stream>;
+    /// An event at the current end of `stream`; the device is current.
+    ///
+    /// # Errors
+    /// A runtime error.
+    fn record(&self, stream: &Self::Stream) -> Result<Self::Event>;
+    /// Whether the work before `event` has finished; the device is current.
+    ///
+    /// # Errors
+    /// A runtime error (the device failed).
+    fn done(&self, event: &Self::Event) -> Result<bool>;
+    /// `count` zeroed elements of `dtype`.
+    ///
+    /// # Errors
+    /// Out of memory, or another runtime error.
+    fn alloc(self: &Arc<Self>, dtype: DType, count: usize) -> Result<Self::Memory>;
+    /// Copy `src` to device address `dst`.
+    ///
+    /// # Safety
+    /// `dst` must address at least `src.len()` bytes of this device's memory.
+    ///
+    /// # Errors
+    /// A runtime error.
+    unsafe fn copy_to_device(&self, dst: *mut u8, src: &[u8]) -> Result<()>;
+    /// Copy device address `src` to `dst`.
+    ///
+    /// # Safety
+    /// `src` must address at least `dst.len()` bytes of this device's memory.
+    ///
+    /// # Errors
+    /// A runtime error.
+    unsafe fn copy_to_host(&self, dst: &mut [u8], src: *const u8) -> Result<()>;
+    /// Wait for all work on the device.
+    ///
+    /// # Errors
+    /// A runtime error.
+    fn synchronize(&self) -> Result<()>;
+    /// Free and total memory of the device.
+    ///
+    /// # Errors
+    /// A runtime error.
+    fn mem_info(&self) -> Result<MemInfo>;
+}
+
+/// The `Platform` of one device over its runtime.
+#[derive(Debug)]
+pub struct DevicePlatform<R: Runtime> {
+    rt: Arc<R>,
+}
+
+impl<R: Runtime> DevicePlatform<R> {
+    /// The platform of `rt`'s device.
+    pub fn new(rt: Arc<R>) -> Self {
+        DevicePlatform { rt }
+    }
+    /// The runtime.
+    pub fn runtime(&self) -> &Arc<R> {
+        &self.rt
+    }
+    fn check_device(&self, op: &'static str, b: &Buf<'_>) -> Result<()> {
+        if b.device() != self.rt.device() {
+            return Err(Error::InvalidArgument {
+                op,
+                arg: "buffer",
+                rank: 0,
+                group: String::new(),
+                msg: format!("buffer on {}, platform is {}", b.device(), self.rt.device()),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl<R: Runtime> Platform for DevicePlatform<R> {
+    fn kind(&self) -> DeviceKind {
+        self.rt.device().kind
+    }
+    fn device(&self) -> Device {
+        self.rt.device()
+    }
+    fn alloc(&self, dtype: DType, count: usize) -> Result<Box<dyn DeviceMemory>> {
+        self.rt.usable("alloc")?;
+        Ok(Box::new(self.rt.alloc(dtype, count)?))
+    }
+    fn copy_from_host(&self, dst: &mut dyn DeviceMemory, src: &[u8]) -> Result<()> {
+        let v = dst.view();
+        if v.bytes() != src.len() {
+            return Err(Error::length_mismatch("copy_from_host", "src", v.bytes(), src.len()));
+        }
+        if src.is_empty() {
+            return Ok(());
+        }
+        self.check_device("copy_from_host", &v)?;
+        self.rt.usable("copy_from_host")?;
+        self.rt.bind()?;
+        // SAFETY: `v` addresses `src.len()` bytes of this device's memory, owned by `dst`.
+        unsafe { self.rt.copy_to_device(v.ptr() as *mut u8, src) }
+    }
+    fn copy_to_host(&self, src: &dyn DeviceMemory, dst: &mut [u8]) -> Result<()> {
+        let v = src.view();
+        if v.bytes() != dst.len() {
+            return Err(Error::length_mismatch("copy_to_host", "dst", v.bytes(), dst.len()));
+        }
+        if dst.is_empty() {
+            return Ok(());
+        }
+        self.check_device("copy_to_host", &v)?;
+        self.rt.usable("copy_to_host")?;
+        self.rt.bind()?;
+        // SAFETY: `v` addresses `dst.len()` bytes of this device's memory, owned by `src`.
+        unsafe { self.rt.copy_to_host(dst, v.ptr()) }
+    }
+    fn synchronize(&self) -> Result<()> {
+        self.rt.usable("synchronize")?;
+        self.rt.bind()?;
+        self.rt.synchronize()
+    }
+    fn mem_info(&self) -> Result<MemInfo> {
+        self.rt.usable("mem_info")?;
+        self.rt.bind()?;
+        self.rt.mem_info()
+    }
+}
