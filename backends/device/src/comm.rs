@@ -657,12 +657,21 @@ impl<L: Library> DeviceWork<'_, L> {
     }
 }
 
+impl<L: Library> DeviceWork<'_, L> {
+    /// The stream passed the operation: it succeeded unless the library reported an
+    /// asynchronous error (a failed operation still lets the stream move on).
+    fn finished(&self) -> Result<bool> {
+        self.comm.poll_async(Plane::Data, "wait")?;
+        self.comm.completed.fetch_add(1, Ordering::Relaxed);
+        Ok(true)
+    }
+}
+
 impl<L: Library> WorkImpl for DeviceWork<'_, L> {
     fn poll(&mut self) -> Result<bool> {
         self.comm.rt.bind()?;
         if self.step()? {
-            self.comm.completed.fetch_add(1, Ordering::Relaxed);
-            return Ok(true);
+            return self.finished();
         }
         self.comm.poll_async(Plane::Data, "wait")?;
         Ok(false)
@@ -674,8 +683,7 @@ impl<L: Library> WorkImpl for DeviceWork<'_, L> {
         let mut spins = 0u32;
         loop {
             if self.step()? {
-                self.comm.completed.fetch_add(1, Ordering::Relaxed);
-                return Ok(true);
+                return self.finished();
             }
             if spins % 256 == 255 {
                 self.comm.poll_async(Plane::Data, "wait")?;

@@ -1,0 +1,249 @@
+//! The Ascend device runtime (ACL) as an [`anyccl_device::Runtime`]: the device of the
+//! calling thread, streams, events, device memory and `aclrtGetMemInfo`, so the warmup's
+//! memory report works on Ascend.
+
+use crate::result::{acl_check, event_done, record_event};
+use crate::sys::{self, aclrtEvent, aclrtStream, AclLib};
+use anyccl_core::{Buf, BufMut, DType, Device, DeviceKind, DeviceMemory, Error, MemInfo, Result};
+use std::cell::Cell;
+use std::ffi::c_void;
+use std::sync::{Arc, OnceLock};
+
+/// Whether ACL loads and initialises, and how many devices it sees.
+///
+/// # Errors
+/// What is missing, and where it was looked for.
+pub fn probe() -> std::result::Result<(&'static AclLib, usize), String> {
+    static PROBE: OnceLock<std::result::Result<usize, String>> = OnceLock::new();
+    let acl = sys::acl()?;
+    let n = PROBE
+        .get_or_init(|| {
+            // SAFETY: a null config path is allowed; aclInit runs once per process.
+            let code = unsafe { (acl.Init)(std::ptr::null()) };
+            if code != sys::SUCCESS && code != sys::ACL_ERROR_REPEAT_INITIALIZE {
+                return Err(format!("aclInit failed with {code} ({})", acl.path));
+            }
+            let mut n = 0u32;
+            // SAFETY: valid out-parameter.
+            let code = unsafe { (acl.GetDeviceCount)(&mut n) };
+            match (code, n) {
+                (sys::SUCCESS, 0) => Err("no Ascend device".into()),
+                (sys::SUCCESS, n) => Ok(n as usize),
+                (c, _) => Err(format!("aclrtGetDeviceCount failed with {c}")),
+            }
+        })
+        .clone()?;
+    Ok((acl, n))
+}
+
+thread_local! {
+    /// The device this thread last set (ACL's current device is per thread).
+    static BOUND: Cell<i32> = const { Cell::new(-1) };
+}
+
+/// One Ascend device.
+#[derive(Debug)]
+pub struct Acl {
+    lib: &'static AclLib,
+    ordinal: i32,
+}
+
+impl Acl {
+    /// Device `ordinal`, made current on the calling thread.
+    ///
+    /// # Errors
+    /// `Unavailable` without ACL; `Backend` on an ACL error.
+    pub fn new(ordinal: i32) -> Result<Arc<Acl>> {
+        let (lib, _) = probe().map_err(|reason| Error::Unavailable { backend: "hccl", reason })?;
+        let a = Arc::new(Acl { lib, ordinal });
+        anyccl_device::Runtime::bind(&*a)?;
+        Ok(a)
+    }
+    /// The loaded ACL.
+    pub fn lib(&self) -> &'static AclLib {
+        self.lib
+    }
+}
+
+/// A stream, destroyed on drop.
+#[derive(Debug)]
+pub struct AclStream {
+    pub(crate) raw: aclrtStream,
+    acl: Arc<Acl>,
+}
+// SAFETY: ACL streams may be used from any thread with their device set.
+unsafe impl Send for AclStream {}
+// SAFETY: as above; calls on one stream are serialised by the device layer.
+unsafe impl Sync for AclStream {}
+
+impl Drop for AclStream {
+    fn drop(&mut self) {
+        let _ = anyccl_device::Runtime::bind(&*self.acl);
+        // SAFETY: created by us, destroyed once; ACL waits for its queued work.
+        let code = unsafe { (self.acl.lib.DestroyStream)(self.raw) };
+        if code != sys::SUCCESS {
+            tracing::warn!("aclrtDestroyStream: {code}");
+        }
+    }
+}
+
+/// An event, destroyed on drop.
+#[derive(Debug)]
+pub struct AclEvent {
+    raw: aclrtEvent,
+    lib: &'static AclLib,
+}
+// SAFETY: ACL events may be queried from any thread.
+unsafe impl Send for AclEvent {}
+// SAFETY: `&AclEvent` only queries.
+unsafe impl Sync for AclEvent {}
+
+impl Drop for AclEvent {
+    fn drop(&mut self) {
+        // SAFETY: created by us, destroyed once.
+        unsafe { (self.lib.DestroyEvent)(self.raw) };
+    }
+}
+
+/// Device memory, freed on drop.
+#[derive(Debug)]
+pub struct AclMemory {
+    ptr: *mut c_void,
+    dtype: DType,
+    count: usize,
+    acl: Arc<Acl>,
+}
+// SAFETY: plain device memory, addressable from any thread.
+unsafe impl Send for AclMemory {}
+// SAFETY: shared references only expose the address.
+unsafe impl Sync for AclMemory {}
+
+impl Drop for AclMemory {
+    fn drop(&mut self) {
+        if !self.ptr.is_null() {
+            let _ = anyccl_device::Runtime::bind(&*self.acl);
+            // SAFETY: allocated by aclrtMalloc, freed once.
+            let code = unsafe { (self.acl.lib.Free)(self.ptr) };
+            if code != sys::SUCCESS {
+                tracing::warn!("aclrtFree: {code}");
+            }
+        }
+    }
+}
+
+impl DeviceMemory for AclMemory {
+    fn dtype(&self) -> DType {
+        self.dtype
+    }
+    fn count(&self) -> usize {
+        self.count
+    }
+    fn view(&self) -> Buf<'_> {
+        // SAFETY: the allocation holds `count` elements and outlives the borrow of self.
+        unsafe { Buf::from_raw(self.ptr as *const u8, self.count, self.dtype, self.acl.device()) }
+    }
+    fn view_mut(&mut self) -> BufMut<'_> {
+        // SAFETY: as above, and `&mut self` makes the view exclusive.
+        unsafe { BufMut::from_raw(self.ptr as *mut u8, self.count, self.dtype, self.acl.device()) }
+    }
+}
+
+impl Acl {
+    fn device(&self) -> Device {
+        Device { kind: DeviceKind::Npu, ordinal: self.ordinal }
+    }
+}
+
+impl anyccl_device::Runtime for Acl {
+    type Stream = AclStream;
+    type Event = AclEvent;
+    type Memory = AclMemory;
+
+    fn device(&self) -> Device {
+        Acl::device(self)
+    }
+    fn bind(&self) -> Result<()> {
+        if BOUND.with(|b| b.get()) == self.ordinal {
+            return Ok(());
+        }
+        // SAFETY: plain call; the ordinal was checked against the device count.
+        acl_check(self.lib, "aclrtSetDevice", unsafe { (self.lib.SetDevice)(self.ordinal) })?;
+        BOUND.with(|b| b.set(self.ordinal));
+        Ok(())
+    }
+    fn stream(self: &Arc<Self>) -> Result<AclStream> {
+        self.bind()?;
+        let mut raw: aclrtStream = std::ptr::null_mut();
+        // SAFETY: valid out-parameter; the device is set.
+        acl_check(self.lib, "aclrtCreateStream", unsafe { (self.lib.CreateStream)(&mut raw) })?;
+        Ok(AclStream { raw, acl: self.clone() })
+    }
+    fn record(&self, stream: &AclStream) -> Result<AclEvent> {
+        // SAFETY: the stream is live.
+        let raw = unsafe { record_event(self.lib, stream.raw) }?;
+        Ok(AclEvent { raw, lib: self.lib })
+    }
+    fn done(&self, event: &AclEvent) -> Result<bool> {
+        // SAFETY: the event is live.
+        unsafe { event_done(self.lib, event.raw) }
+    }
+    fn alloc(self: &Arc<Self>, dtype: DType, count: usize) -> Result<AclMemory> {
+        self.bind()?;
+        let bytes = count * dtype.size();
+        let mut ptr: *mut c_void = std::ptr::null_mut();
+        if bytes > 0 {
+            // SAFETY: valid out-parameter; the device is set.
+            let code = unsafe { (self.lib.Malloc)(&mut ptr, bytes, sys::ACL_MEM_MALLOC_HUGE_FIRST) };
+            acl_check(self.lib, "aclrtMalloc", code)?;
+            // SAFETY: `ptr` holds `bytes` bytes just allocated.
+            let code = unsafe { (self.lib.Memset)(ptr, bytes, 0, bytes) };
+            if let Err(e) = acl_check(self.lib, "aclrtMemset", code) {
+                // SAFETY: allocated above, freed once.
+                unsafe { (self.lib.Free)(ptr) };
+                return Err(e);
+            }
+        }
+        Ok(AclMemory { ptr, dtype, count, acl: self.clone() })
+    }
+    unsafe fn copy_to_device(&self, dst: *mut u8, src: &[u8]) -> Result<()> {
+        let n = src.len();
+        // SAFETY: per the caller, `dst` addresses `n` bytes of this device.
+        let code = unsafe {
+            (self.lib.Memcpy)(dst as *mut c_void, n, src.as_ptr() as *const c_void, n, sys::ACL_MEMCPY_HOST_TO_DEVICE)
+        };
+        acl_check(self.lib, "aclrtMemcpy", code)
+    }
+    unsafe fn copy_to_host(&self, dst: &mut [u8], src: *const u8) -> Result<()> {
+        let n = dst.len();
+        // SAFETY: per the caller, `src` addresses `n` bytes of this device.
+        let code = unsafe {
+            (self.lib.Memcpy)(
+                dst.as_mut_ptr() as *mut c_void,
+                n,
+                src as *const c_void,
+                n,
+                sys::ACL_MEMCPY_DEVICE_TO_HOST,
+            )
+        };
+        acl_check(self.lib, "aclrtMemcpy", code)
+    }
+    fn synchronize(&self) -> Result<()> {
+        match self.lib.SynchronizeDevice {
+            // SAFETY: no arguments; the device is set.
+            Some(f) => acl_check(self.lib, "aclrtSynchronizeDevice", unsafe { f() }),
+            // Every copy of the platform is synchronous and every operation is waited on
+            // through its event: nothing else can be pending.
+            None => Ok(()),
+        }
+    }
+    fn mem_info(&self) -> Result<MemInfo> {
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: valid out-parameters; the device is set.
+        let code = unsafe { (self.lib.GetMemInfo)(sys::ACL_HBM_MEM, &mut free, &mut total) };
+        acl_check(self.lib, "aclrtGetMemInfo", code)?;
+        Ok(MemInfo { free: free as u64, total: total as u64 })
+    }
+}
+
+/// The Ascend device layer of one rank.
+pub type AclPlatform = anyccl_device::DevicePlatform<Acl>;
