@@ -3,8 +3,8 @@
 //! engine adds; the `anyccl-*` crates behind it are its parts.
 //!
 //! # Design choices
-//! 1. **Features decide what is compiled, probes decide what is used.** `cpu` (default) and
-//!    `nccl` compile a backend in; every backend builds without its vendor SDK and loads its
+//! 1. **Features decide what is compiled, probes decide what is used.** `cpu` (default),
+//!    `nccl` and `hccl` compile a backend in; every backend builds without its vendor SDK and loads its
 //!    libraries at run time, so a build with `nccl` runs on a machine without GPUs and picks
 //!    the CPU backend there ([`pick_backend`]).
 //! 2. **The registry branches on capabilities, never on names.** [`pick_backend`] prefers a
@@ -44,6 +44,8 @@ pub mod warmup {
 
 #[cfg(feature = "cpu")]
 pub use anyccl_cpu::Cpu;
+#[cfg(feature = "hccl")]
+pub use anyccl_hccl::Hccl;
 #[cfg(feature = "nccl")]
 pub use anyccl_nccl::Nccl;
 
@@ -60,6 +62,8 @@ pub fn backends() -> Vec<Arc<dyn Backend>> {
     let mut v: Vec<Arc<dyn Backend>> = Vec::new();
     #[cfg(feature = "nccl")]
     v.push(Arc::new(anyccl_nccl::Nccl));
+    #[cfg(feature = "hccl")]
+    v.push(Arc::new(anyccl_hccl::Hccl));
     #[cfg(feature = "cpu")]
     v.push(Arc::new(anyccl_cpu::Cpu));
     v
@@ -82,7 +86,7 @@ pub fn backend_by_name(name: &str) -> Result<Arc<dyn Backend>> {
         group: String::new(),
         msg: format!(
             "no backend '{name}' in this build (it has: {}); backends are added by the anyccl crate's features \
-             (cpu, nccl)",
+             (cpu, nccl, hccl)",
             known.join(", ")
         ),
     })
@@ -123,7 +127,7 @@ pub fn pick_backend(requested: Option<&str>) -> Result<Arc<dyn Backend>> {
         None => Err(Error::Unavailable {
             backend: "any",
             reason: if why.is_empty() {
-                "this build has no backend (enable the cpu or nccl feature)".into()
+                "this build has no backend (enable the cpu, nccl or hccl feature)".into()
             } else {
                 why.join("; ")
             },

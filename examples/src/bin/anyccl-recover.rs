@@ -427,8 +427,16 @@ impl Dev<'_> {
             return Ok(());
         }
         let mut m = self.upload(data)?;
-        c.all_reduce(None, m.view_mut(), ReduceOp::Avg)?.wait(self.timeout)?;
-        self.download(m.as_ref(), data)
+        // A library without an average (HCCL) sums; the mean is then taken here.
+        let avg = c.capabilities().supports_reduce_op(ReduceOp::Avg);
+        let op = if avg { ReduceOp::Avg } else { ReduceOp::Sum };
+        c.all_reduce(None, m.view_mut(), op)?.wait(self.timeout)?;
+        self.download(m.as_ref(), data)?;
+        if !avg {
+            let n = c.size() as f32;
+            data.iter_mut().for_each(|x| *x /= n);
+        }
+        Ok(())
     }
     fn send(&self, c: &Communicator, data: &[f32], peer: usize) -> Result<()> {
         let m = self.upload(data)?;
