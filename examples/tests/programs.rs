@@ -9,6 +9,7 @@ fn bin(name: &str) -> &'static str {
         "anyccl-run" => env!("CARGO_BIN_EXE_anyccl-run"),
         "anyccl-demo" => env!("CARGO_BIN_EXE_anyccl-demo"),
         "anyccl-recover" => env!("CARGO_BIN_EXE_anyccl-recover"),
+        "anyccl-conformance" => env!("CARGO_BIN_EXE_anyccl-conformance"),
         "anyccl-candle" => env!("CARGO_BIN_EXE_anyccl-candle"),
         _ => unreachable!("unknown program {name}"),
     }
@@ -101,6 +102,29 @@ fn candle_data_parallel_recovers_bit_for_bit() {
 /// run recovers bit for bit and reports each group's connect memory; the cold run fails
 /// with HCCL's out-of-memory error naming the group, and nothing hangs.
 mod hccl {
+    /// With no HCCL anywhere, every case is ignored with the probe's reason, which lists
+    /// every place looked; nothing fails or panics.
+    #[test]
+    fn no_library_ignores_every_case_with_the_places_looked() {
+        let out = std::process::Command::new(super::bin("anyccl-conformance"))
+            .args(["--backend", "hccl"])
+            .env("ANYCCL_HCCL_LIBRARY_DIR", "/nonexistent-hccl")
+            .env_remove("ASCEND_HOME_PATH")
+            .env_remove("ASCEND_TOOLKIT_HOME")
+            .output()
+            .expect("run the conformance runner");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "runner failed:\n{text}\n{}", String::from_utf8_lossy(&out.stderr));
+        let last = text.lines().last().unwrap_or_default();
+        assert!(last.starts_with("0 passed, 0 failed,") && !last.contains(" 0 ignored"), "{last}");
+        let lines: Vec<&str> = text.lines().filter(|l| l.contains("... ")).collect();
+        assert!(!lines.is_empty());
+        for l in lines {
+            assert!(l.contains("ignored: hccl backend unavailable"), "{l}");
+            assert!(l.contains("/nonexistent-hccl/libhccl.so") && l.contains("libascendcl.so"), "{l}");
+        }
+    }
+
     mod recover {
         use super::super::bin;
         use std::process::Command;

@@ -21,7 +21,11 @@ fn inject(lib: &libloading::Library, call: &str, code: i32) {
 fn connect(rt: &tokio::runtime::Runtime, name: &str) -> Communicator {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let platform = Hccl.platform(0).unwrap();
-    let config = CommConfig { op_timeout: Duration::from_secs(20), init_timeout: Duration::from_secs(20), ..CommConfig::default() };
+    let config = CommConfig {
+        op_timeout: Duration::from_secs(20),
+        init_timeout: Duration::from_secs(20),
+        ..CommConfig::default()
+    };
     rt.block_on(Communicator::connect(
         &Hccl,
         GroupSpec::new(name, vec![0], "test", Role::Data),
