@@ -8,6 +8,11 @@
 #   PARTS=check BIN=.gpu bash bench/gpu_acceptance.sh            # bench wall time, -c 1 vs -c 0
 #   PARTS=reliability BIN=.gpu bash bench/gpu_acceptance.sh      # the launcher killed, a
 #       stopped rank (ANYCCL_TIMEOUT_S=10) with anyccl-trace, detail mode, the lifecycle cases
+#   PARTS=warmup BIN=.gpu bash bench/gpu_acceptance.sh           # anyccl-warmup-check, warmed and cold
+#   PARTS=interleave OLD=.gpu/old BIN=.gpu bash bench/gpu_acceptance.sh
+#       all_reduce 8 B-1 GiB, this build and an older one (OLD: its anyccl-run and
+#       anyccl-bench) alternating, three rounds each, out-of-place time per size
+#   SQUEEZE=8: the MiB the recovery demo leaves free (default 16)
 #
 # Logs go to $OUT (default /tmp/anyccl-acceptance), one file per part; a summary is
 # printed. Each part has its own time limit, so one that hangs cannot starve the rest.
@@ -41,8 +46,8 @@ if want recover; then
 echo "### recovery demo with and without warmup ($(t))"
 rm -rf /tmp/anyccl-acceptance-rec
 {
-  timeout 120 anyccl-recover demo --backend nccl --squeeze 16 --out /tmp/anyccl-acceptance-rec; echo "exit=$?"
-  timeout 120 anyccl-recover demo --backend nccl --squeeze 16 --no-warmup --out /tmp/anyccl-acceptance-rec; echo "exit=$?"
+  timeout 120 anyccl-recover demo --backend nccl --squeeze "${SQUEEZE:-16}" --out /tmp/anyccl-acceptance-rec; echo "exit=$?"
+  timeout 120 anyccl-recover demo --backend nccl --squeeze "${SQUEEZE:-16}" --no-warmup --out /tmp/anyccl-acceptance-rec; echo "exit=$?"
 } > "$OUT/recover.log" 2>&1
 grep -E 'exit=|bit-for-bit|failed with' "$OUT/recover.log" | cut -c1-300
 fi
@@ -87,6 +92,30 @@ ANYCCL_DEBUG=detail timeout 60 anyccl-run -n 2 -- anyccl-demo --backend nccl --c
   --mismatch-rank 1 2>&1 | stamp | cut -c1-400
 # 4. The lifecycle cases (detail mode among them) at world size 2.
 timeout 240 anyccl-conformance --backend nccl --world-sizes 2 --filter lifecycle 2>&1 | cut -c1-300
+fi
+
+if want warmup; then
+echo "### anyccl-warmup-check, warmed then cold ($(t))"
+{ timeout 120 anyccl-run -n 2 -- anyccl-warmup-check --backend nccl; echo "exit=$?"
+  timeout 120 anyccl-run -n 2 -- anyccl-warmup-check --backend nccl --no-warmup; echo "exit=$?"; } > "$OUT/warmup.log" 2>&1
+grep -E 'exit=|MiB|step' "$OUT/warmup.log" | grep -v '^\[rank 1\]' | cut -c1-200 | tail -30
+fi
+
+if want interleave; then
+echo "### all_reduce, this build (new) and $OLD (old), alternating ($(t))"
+for round in 1 2 3; do
+  for who in old new; do
+    dir=$BIN; [ "$who" = old ] && dir=$OLD
+    timeout 150 "$dir/anyccl-run" -n 2 -- "$dir/anyccl-bench" all_reduce --backend nccl -b 8 -e 1G -f 2 -n 20 -w 5 2>&1 \
+      | grep -E '^\[rank 0\] +[0-9]' > "$OUT/il-$who-$round.log"
+  done
+done
+# Out-of-place time (us) per size: each round of old and new, then the medians' ratio.
+awk 'FNR == 1 { split(FILENAME, p, "-"); who = p[2]; r = substr(p[3], 1, 1) }
+     { t[$3, who, r] = $8; s[$3] = 1 }
+     END { for (z in s) { printf "%12d", z;
+             for (r = 1; r <= 3; r++) printf "  old %9s new %9s", t[z, "old", r], t[z, "new", r];
+             printf "\n" } }' "$OUT"/il-*.log | sort -n
 fi
 
 if want conformance; then

@@ -486,7 +486,10 @@ impl<L: Library> DeviceComm<L> {
         let launched = match r {
             Ok(l) => l,
             Err(e) => {
-                let e = self.ctx.error(name, e);
+                let mut e = self.ctx.error(name, e);
+                if let Error::Timeout { after, .. } = &mut e {
+                    *after = started.elapsed();
+                }
                 drop(g);
                 self.fail(&e);
                 return Err(e);

@@ -174,7 +174,7 @@ pub enum Poll<T> {
 /// How a split begins.
 #[derive(Debug)]
 pub enum SplitStart<P> {
-    /// The library splits: poll `P` to completion ([`Library::split_poll`]).
+    /// The library splits: poll `P` to completion ([`Library::poll`]).
     Started(P),
     /// The library has no split for this: the members exchange a fresh root id through
     /// the store and init a new communicator ([`Library::init_start`]).
