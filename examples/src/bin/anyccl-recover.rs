@@ -155,7 +155,12 @@ fn bad(msg: String) -> Error {
 fn layout(job: &Job) -> Result<(usize, usize)> {
     // On an accelerator backend: how many ranks this host can run (one per device unless
     // the backend says otherwise) and the backend's name for messages.
-    let accel = anyccl_examples::pick_backend(job.backend.as_deref()).ok().and_then(|b| {
+    // A backend asked for by name must be usable here: say why not before launching ranks.
+    let picked = match anyccl_examples::pick_backend(job.backend.as_deref()) {
+        Err(e) if job.backend.is_some() => return Err(e),
+        r => r.ok(),
+    };
+    let accel = picked.and_then(|b| {
         let caps = b.capabilities().ok().filter(|c| c.device_kind != DeviceKind::Cpu)?;
         let devices = b.probe().ok()?.devices;
         Some((b.name(), devices.min(caps.max_local_ranks), caps.max_local_ranks))
