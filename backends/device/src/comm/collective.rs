@@ -1,0 +1,263 @@
+//! `Collective` for [`DeviceComm`]: each operation as an [`Op`] with device addresses
+//! (in-place offsets worked out once here), and the lifecycle calls.
+
+use super::{backoff, drive, exchange_root_id, DeviceComm, Lifecycle};
+use crate::library::{Library, Op, Plane, RawP2P, Settings, SplitRequest, SplitStart};
+use crate::runtime::Runtime;
+use anyccl_core::{
+    async_trait, AllToAllSplits, Buf, BufMut, Capabilities, Collective, CommInfo, DeviceMemory, P2POp, ReduceOp,
+    Result, Work,
+};
+use std::ffi::c_void;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[async_trait]
+impl<L: Library> Collective for DeviceComm<L> {
+    fn info(&self) -> &CommInfo {
+        &self.info
+    }
+    fn capabilities(&self) -> &Capabilities {
+        &self.caps
+    }
+
+    fn memory_held(&self) -> Option<u64> {
+        let _g = self.calls.try_lock().ok()?;
+        if self.freed.load(Ordering::Acquire) {
+            return None;
+        }
+        self.lib.memory_held(&self.comm)
+    }
+
+    // SAFETY (for every `launch` below): buffer views were validated by the Communicator
+    // to live on this communicator's device with the given counts, and stay borrowed by
+    // the returned Work until the stream has finished with them (Work's drop waits).
+
+    fn all_reduce<'a>(&'a self, send: Option<Buf<'a>>, recv: BufMut<'a>, op: ReduceOp) -> Result<Work<'a>> {
+        let r = Self::ptr_mut(&recv);
+        let s = send.map(|b| Self::ptr(&b)).unwrap_or(r);
+        // SAFETY: see above.
+        unsafe { self.launch(Op::AllReduce { send: s, recv: r, count: recv.count(), dtype: recv.dtype(), op }) }
+    }
+
+    fn reduce<'a>(&'a self, send: Option<Buf<'a>>, recv: BufMut<'a>, op: ReduceOp, root: usize) -> Result<Work<'a>> {
+        let r = Self::ptr_mut(&recv);
+        let s = send.map(|b| Self::ptr(&b)).unwrap_or(r);
+        // SAFETY: see above.
+        unsafe { self.launch(Op::Reduce { send: s, recv: r, count: recv.count(), dtype: recv.dtype(), op, root }) }
+    }
+
+    fn broadcast<'a>(&'a self, send: Option<Buf<'a>>, recv: BufMut<'a>, root: usize) -> Result<Work<'a>> {
+        let r = Self::ptr_mut(&recv);
+        let s = send.map(|b| Self::ptr(&b)).unwrap_or(r);
+        // SAFETY: see above.
+        unsafe { self.launch(Op::Broadcast { send: s, recv: r, count: recv.count(), dtype: recv.dtype(), root }) }
+    }
+
+    fn all_gather<'a>(&'a self, send: Option<Buf<'a>>, recv: BufMut<'a>) -> Result<Work<'a>> {
+        let r = Self::ptr_mut(&recv);
+        let per = recv.count() / self.info.size;
+        let es = recv.dtype().size();
+        let s = send
+            .map(|b| Self::ptr(&b))
+            .unwrap_or((r as *const u8).wrapping_add(self.info.rank * per * es) as *const c_void);
+        // SAFETY: see above; in place, the input is this rank's chunk of `recv`.
+        unsafe { self.launch(Op::AllGather { send: s, recv: r, count: per, dtype: recv.dtype() }) }
+    }
+
+    fn reduce_scatter<'a>(&'a self, send: Option<Buf<'a>>, recv: BufMut<'a>, op: ReduceOp) -> Result<Work<'a>> {
+        let es = recv.dtype().size();
+        let base = Self::ptr_mut(&recv);
+        let (s, r, per) = match send {
+            Some(b) => (Self::ptr(&b), base, recv.count()),
+            None => {
+                let per = recv.count() / self.info.size;
+                (base as *const c_void, (base as *mut u8).wrapping_add(self.info.rank * per * es) as *mut c_void, per)
+            }
+        };
+        // SAFETY: see above; in place, the output is this rank's chunk of the input.
+        unsafe { self.launch(Op::ReduceScatter { send: s, recv: r, count: per, dtype: recv.dtype(), op }) }
+    }
+
+    fn all_to_all<'a>(&'a self, send: Buf<'a>, recv: BufMut<'a>, splits: Option<&AllToAllSplits>) -> Result<Work<'a>> {
+        let n = self.info.size;
+        let (s, r, dtype) = (Self::ptr(&send), Self::ptr_mut(&recv), send.dtype());
+        let op = match splits {
+            None => Op::AllToAll { send: s, recv: r, count: send.count() / n, dtype },
+            Some(sp) => {
+                let displs = |c: &[usize]| {
+                    c.iter()
+                        .scan(0usize, |acc, &x| {
+                            let d = *acc;
+                            *acc += x;
+                            Some(d)
+                        })
+                        .collect::<Vec<_>>()
+                };
+                Op::AllToAllV {
+                    send: s,
+                    recv: r,
+                    send_displs: displs(&sp.send_counts),
+                    recv_displs: displs(&sp.recv_counts),
+                    send_counts: sp.send_counts.clone(),
+                    recv_counts: sp.recv_counts.clone(),
+                    dtype,
+                }
+            }
+        };
+        // SAFETY: see above; offsets stay within the validated counts.
+        unsafe { self.launch(op) }
+    }
+
+    fn send<'a>(&'a self, buf: Buf<'a>, peer: usize) -> Result<Work<'a>> {
+        // SAFETY: see above.
+        unsafe { self.launch(Op::Send { buf: Self::ptr(&buf), count: buf.count(), dtype: buf.dtype(), peer }) }
+    }
+
+    fn recv<'a>(&'a self, buf: BufMut<'a>, peer: usize) -> Result<Work<'a>> {
+        // SAFETY: see above.
+        unsafe { self.launch(Op::Recv { buf: Self::ptr_mut(&buf), count: buf.count(), dtype: buf.dtype(), peer }) }
+    }
+
+    fn p2p_group<'a>(&'a self, ops: Vec<P2POp<'a>>) -> Result<Work<'a>> {
+        let raw = ops
+            .iter()
+            .map(|o| match o {
+                P2POp::Send(b, p) => RawP2P {
+                    send: true,
+                    ptr: Self::ptr(b) as *mut c_void,
+                    count: b.count(),
+                    dtype: b.dtype(),
+                    peer: *p,
+                },
+                P2POp::Recv(b, p) => {
+                    RawP2P { send: false, ptr: Self::ptr_mut(b), count: b.count(), dtype: b.dtype(), peer: *p }
+                }
+            })
+            .collect();
+        // SAFETY: see above; `ops` are borrowed by the Work through their lifetimes.
+        unsafe { self.launch(Op::Group(raw)) }
+    }
+
+    fn barrier(&self) -> Result<Work<'_>> {
+        let p = self.scratch.view().ptr() as *mut c_void;
+        // SAFETY: the scratch element lives as long as the communicator.
+        unsafe { self.launch(Op::Barrier { scratch: p }) }
+    }
+
+    async fn health(&self, _deadline: Instant) -> Result<()> {
+        self.poll_async(Plane::Data, "health").map(|_| ())
+    }
+
+    async fn abort(&self, _deadline: Instant) -> Result<()> {
+        self.abort_now("aborted by the caller");
+        Ok(())
+    }
+
+    async fn split(
+        &self,
+        color: Option<u32>,
+        key: u32,
+        name: &str,
+        deadline: Instant,
+    ) -> Result<Option<Arc<dyn Collective>>> {
+        if let Some(e) = self.dead() {
+            return Err(e);
+        }
+        if !self.caps.split {
+            return Err(self.ctx.unsupported("split", "the loaded library cannot split communicators"));
+        }
+        self.rt.bind()?;
+        let seq = self.splits.fetch_add(1, Ordering::Relaxed);
+        let base = format!("{}/split{seq}", self.ns);
+        let (members, new_rank) = if self.lib.split_needs_members() {
+            self.split_members(&base, color, key, deadline).await?
+        } else {
+            (Vec::new(), None)
+        };
+        let settings = Settings { name: name.to_string(), ..self.settings.clone() };
+        let req = SplitRequest {
+            color,
+            key,
+            members: &members,
+            new_rank,
+            id: (seq << 32) | u64::from(color.unwrap_or(u32::MAX)),
+            settings: &settings,
+        };
+        let start = {
+            let _g = self.lock_live()?;
+            self.lib.split_start(&self.comm, &req)
+        };
+        let ctx = self.ctx.child(new_rank.unwrap_or(self.info.rank), name);
+        let start = start.map_err(|e| ctx.error("split", e))?;
+        let child = match start {
+            SplitStart::Started(p) => self.drive_split(p, deadline, &ctx).await?,
+            SplitStart::ViaRootId => match (color, new_rank) {
+                (None, _) => None,
+                (Some(c), Some(r)) => {
+                    let key = format!("{base}/c{c}/root-id");
+                    let id =
+                        exchange_root_id(self.lib, &self.rt, self.store.as_ref(), &key, r == 0, deadline, &ctx).await?;
+                    self.rt.bind()?;
+                    let p = self
+                        .lib
+                        .init_start(&self.rt, &id, r, members.len(), &settings)
+                        .map_err(|e| ctx.error("split", e))?;
+                    let rt = self.rt.clone();
+                    let lib = self.lib;
+                    drive(lib, p, deadline, &ctx, "split", |p| {
+                        rt.bind().ok();
+                        lib.poll(p).map_err(Some)
+                    })
+                    .await?
+                }
+                (Some(c), None) => {
+                    return Err(
+                        ctx.aborted(format!("rank {} passed colour {c} but is not among its members", self.info.rank))
+                    )
+                }
+            },
+        };
+        let Some(child) = child else { return Ok(None) };
+        let (r, n) = match self.lib.rank_size(&child) {
+            Ok(v) => v,
+            Err(e) => {
+                self.lib.destroy(&child);
+                return Err(ctx.error("split", e));
+            }
+        };
+        let ctx = ctx.child(r, name);
+        let ns = format!("{base}/c{}", color.unwrap_or(0));
+        let c: Arc<dyn Collective> =
+            Self::wrap(self.lib, self.rt.clone(), child, ctx, n, self.caps.clone(), settings, self.store.clone(), ns)?;
+        Ok(Some(c))
+    }
+
+    async fn shutdown(&self, deadline: Instant) -> Result<()> {
+        if self.freed.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        // Every enqueued operation completes first (bounded by the deadline) ...
+        {
+            self.rt.bind()?;
+            let ev = self.rt.record(&self.stream)?;
+            let mut spins = 0u32;
+            loop {
+                if self.rt.done(&ev)? {
+                    break;
+                }
+                self.poll_async(Plane::Data, "shutdown")?;
+                if Instant::now() > deadline {
+                    return Err(self.timed_out("shutdown", Duration::ZERO, "operations still running at the deadline"));
+                }
+                backoff(&mut spins);
+            }
+        }
+        // ... then the library's communicator is released locally: with the stream
+        // drained there is nothing left to flush, and no peer is waited for.
+        self.transition(Lifecycle::ShutDown);
+        self.release();
+        Ok(())
+    }
+}

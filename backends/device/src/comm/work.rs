@@ -1,0 +1,118 @@
+//! The `Work` of an operation on a [`DeviceComm`]: its event, polled against the
+//! communicator's async error and the caller's deadline; drained on drop.
+
+use super::{backoff, DeviceComm, Event, LaunchSlot};
+use crate::library::{Library, Plane};
+use crate::runtime::Runtime;
+use anyccl_core::{Result, WorkImpl};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+pub(super) enum WorkState<E> {
+    /// The library has not finished putting the operation on the stream.
+    Launching(Arc<LaunchSlot<E>>),
+    /// On the stream; done when the event is.
+    Running(E),
+}
+
+pub(super) struct DeviceWork<'a, L: Library> {
+    pub(super) comm: &'a DeviceComm<L>,
+    pub(super) state: WorkState<Event<L>>,
+}
+
+impl<L: Library> DeviceWork<'_, L> {
+    /// One look at the operation (`Ok(true)`: done). The device must be current.
+    fn step(&mut self) -> Result<bool> {
+        if let WorkState::Launching(slot) = &self.state {
+            self.comm.resolve_pending("wait")?;
+            let mut s = slot.lock().unwrap_or_else(|e| e.into_inner());
+            match s.take() {
+                None => return Ok(false),
+                Some(Err(msg)) => {
+                    // Kept, so every later look reports the same failure.
+                    *s = Some(Err(msg.clone()));
+                    return Err(self.comm.ctx.aborted(msg));
+                }
+                Some(Ok(ev)) => {
+                    drop(s);
+                    self.state = WorkState::Running(ev);
+                }
+            }
+        }
+        match &self.state {
+            WorkState::Running(ev) => self.comm.rt.done(ev),
+            WorkState::Launching(_) => Ok(false),
+        }
+    }
+}
+
+impl<L: Library> DeviceWork<'_, L> {
+    /// The stream passed the operation: it succeeded unless the library reported an
+    /// asynchronous error (a failed operation still lets the stream move on).
+    fn finished(&self) -> Result<bool> {
+        self.comm.poll_async(Plane::Data, "wait")?;
+        self.comm.completed.fetch_add(1, Ordering::Relaxed);
+        Ok(true)
+    }
+}
+
+impl<L: Library> WorkImpl for DeviceWork<'_, L> {
+    fn poll(&mut self) -> Result<bool> {
+        self.comm.rt.bind()?;
+        if self.step()? {
+            return self.finished();
+        }
+        self.comm.poll_async(Plane::Data, "wait")?;
+        Ok(false)
+    }
+
+    fn wait_for(&mut self, timeout: Duration) -> Result<bool> {
+        let deadline = anyccl_core::deadline_in(timeout);
+        self.comm.rt.bind()?;
+        let mut spins = 0u32;
+        loop {
+            if self.step()? {
+                return self.finished();
+            }
+            if spins % 256 == 255 {
+                self.comm.poll_async(Plane::Data, "wait")?;
+            }
+            if Instant::now() >= deadline {
+                self.comm.poll_async(Plane::Data, "wait")?;
+                return Ok(false);
+            }
+            backoff(&mut spins);
+        }
+    }
+
+    fn drain(&mut self) {
+        // The device may still read or write the caller's buffers: wait for it. A hung
+        // operation is aborted after the operation timeout so this never blocks forever.
+        let c = self.comm;
+        let started = Instant::now();
+        if c.rt.bind().is_err() {
+            return;
+        }
+        let mut spins = 0u32;
+        loop {
+            match self.step() {
+                Ok(true) | Err(_) => return,
+                Ok(false) => {}
+            }
+            if c.poll_async(Plane::Data, "drop").is_err() && started.elapsed() > Duration::from_secs(10) {
+                tracing::error!("operation on '{}' still running 10 s after its communicator failed", c.ctx.group);
+                return;
+            }
+            if started.elapsed() > c.settings.op_timeout && c.dead().is_none() {
+                tracing::error!(
+                    "dropped operation on '{}' did not finish in {:?}: aborting",
+                    c.ctx.group,
+                    c.settings.op_timeout
+                );
+                c.abort_now("a dropped operation did not finish within the operation timeout");
+            }
+            backoff(&mut spins);
+        }
+    }
+}
