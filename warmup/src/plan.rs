@@ -120,13 +120,25 @@ impl Default for Sizes {
     }
 }
 
-/// The collective kinds a role's train-step use needs connected.
+/// The collective kinds a role's train step issues in the common frameworks, and nothing
+/// more: a library keeps what a warmup connects for the communicator's whole life, so an
+/// extra kind is device memory lost for the job (a caller wanting more passes its own
+/// kinds in [`TargetOptions`]).
+///
+/// - data (and data+context): gradient all_reduce (DDP), or reduce_scatter and all_gather
+///   (ZeRO / FSDP / Megatron's distributed optimizer);
+/// - tensor and context: all_reduce, reduce_scatter and all_gather (Megatron's tensor and
+///   sequence parallelism, ring attention's exchanges);
+/// - pipeline: send/recv with the neighbouring stages in both directions, unbatched and
+///   batched (Megatron's `p2p_communication`); no broadcast, which no common schedule issues;
+/// - expert: all_to_all (token dispatch and combine); no all_reduce, since an expert's
+///   gradients are reduced on its data group.
 pub fn role_kinds(role: &Role) -> Vec<Kind> {
     match role {
         Role::Data | Role::DataContext => vec![Kind::AllReduce, Kind::ReduceScatter, Kind::AllGather],
         Role::Tensor | Role::Context => vec![Kind::AllReduce, Kind::ReduceScatter, Kind::AllGather],
-        Role::Pipeline => vec![Kind::SendRecv, Kind::SendRecvBatched, Kind::Broadcast],
-        Role::Expert => vec![Kind::AllToAll, Kind::AllReduce],
+        Role::Pipeline => vec![Kind::SendRecv, Kind::SendRecvBatched],
+        Role::Expert => vec![Kind::AllToAll],
         Role::World | Role::Custom(_) => vec![Kind::AllReduce],
         Role::CrossEngine => vec![],
     }

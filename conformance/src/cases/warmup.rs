@@ -76,10 +76,11 @@ fn pipeline(cx: &RankCtx) -> CaseResult {
     let r = cx.block_on(warmup(&session(cx, 1), &[Target::new(&g)], &config(Duration::from_secs(30))))?;
     let n = cx.size;
     let neighbours = usize::from(cx.rank > 0) + usize::from(cx.rank + 1 < n);
-    // per size: unbatched send+recv per neighbour, one batch per neighbour, one broadcast
-    let want = 2 * (2 * neighbours + neighbours + 1) as u64;
+    // per size: unbatched send+recv per neighbour, one batch per neighbour; no broadcast
+    let want = 2 * (2 * neighbours + neighbours) as u64;
     ensure!(g.issued() == want, "stage {} of {n}: {} operations issued, expected {want}", cx.rank, g.issued());
     ensure!(ops_of(&r).iter().any(|o| o == "pp:send/recv batched"), "no batched step: {:?}", ops_of(&r));
+    ensure!(!ops_of(&r).iter().any(|o| o == "pp:broadcast"), "a broadcast on the pipeline group: {:?}", ops_of(&r));
     Ok(())
 }
 
@@ -92,6 +93,7 @@ fn expert(cx: &RankCtx) -> CaseResult {
     let ops = ops_of(&r);
     ensure!(ops.iter().filter(|o| *o == "ep:all_to_all").count() == 2, "no all_to_all on the expert group: {ops:?}");
     ensure!(!ops.iter().any(|o| o == "dp:all_to_all"), "all_to_all on the data group: {ops:?}");
+    ensure!(!ops.iter().any(|o| o == "ep:all_reduce"), "all_reduce on the expert group: {ops:?}");
     Ok(())
 }
 
