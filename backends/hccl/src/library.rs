@@ -251,7 +251,7 @@ impl Library for HcclLibrary {
                     // copies it into `recv` first, in stream order.
                     if !std::ptr::eq(send, recv) && r::rank_size(l, c)?.0 == root {
                         let bytes = count * d.size();
-                        r::memcpy_async_d2d(l, recv, send, bytes, st)?;
+                        r::memcpy_async_d2d(recv, send, bytes, st)?;
                     }
                     r::broadcast(l, recv, count as u64, dtype(d), root as u32, c, st)
                 }

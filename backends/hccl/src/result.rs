@@ -350,12 +350,11 @@ pub unsafe fn event_done(acl: &AclLib, e: aclrtEvent) -> Result<bool, Error> {
     Ok(st == sys::ACL_EVENT_RECORDED_STATUS_COMPLETE)
 }
 
-/// `aclrtMemcpyAsync` device to device on `stream`, as an HCCL-side step of `call`.
+/// `aclrtMemcpyAsync` device to device on `stream` (a step of an HCCL operation).
 ///
 /// # Safety
 /// Both addresses hold `bytes` bytes of the stream's device until the stream passes the copy.
 pub unsafe fn memcpy_async_d2d(
-    lib: &HcclLib,
     dst: *mut c_void,
     src: *const c_void,
     bytes: usize,
@@ -374,7 +373,6 @@ pub unsafe fn memcpy_async_d2d(
     if code == sys::SUCCESS {
         return Ok(());
     }
-    let _ = lib;
     Err(LibError {
         library: "ACL",
         call: "aclrtMemcpyAsync".into(),

@@ -1699,6 +1699,25 @@ unsafe fn recv_now(cm: &Comm, from: u32, dst: Ptr, bytes: usize) -> Result<(), (
     Ok(())
 }
 
+/// The checks and the link set-up of a single send or receive with `peer`.
+unsafe fn p2p_prologue<'a>(
+    name: &str,
+    c: *mut c_void,
+    stream: *mut c_void,
+    dtype: u32,
+    peer: u32,
+) -> Result<(&'a Comm, &'a StreamObj), i32> {
+    let (cm, s) = prologue(name, c, stream, dtype)?;
+    if peer >= cm.n {
+        set_error(format!("{name}: peer {peer} of {} ranks", cm.n));
+        return Err(E_PARA);
+    }
+    match link_pairs(cm, &[peer]) {
+        SUCCESS => Ok((cm, s)),
+        r => Err(r),
+    }
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn HcclSend(
     buf: *mut c_void,
@@ -1708,17 +1727,10 @@ pub unsafe extern "C" fn HcclSend(
     c: *mut c_void,
     stream: *mut c_void,
 ) -> i32 {
-    let (cm, s) = match prologue("HcclSend", c, stream, dtype) {
+    let (_, s) = match p2p_prologue("HcclSend", c, stream, dtype, dest) {
         Ok(v) => v,
         Err(e) => return e,
     };
-    if dest >= cm.n {
-        return E_PARA;
-    }
-    let r = link_pairs(cm, &[dest]);
-    if r != SUCCESS {
-        return r;
-    }
     let (p, bytes) = (Ptr(buf as *mut u8), count as usize * dtype_size(dtype).unwrap_or(0));
     enqueue(s, comm_arc(c), move |cm| {
         let p = p;
@@ -1735,17 +1747,10 @@ pub unsafe extern "C" fn HcclRecv(
     c: *mut c_void,
     stream: *mut c_void,
 ) -> i32 {
-    let (cm, s) = match prologue("HcclRecv", c, stream, dtype) {
+    let (_, s) = match p2p_prologue("HcclRecv", c, stream, dtype, src) {
         Ok(v) => v,
         Err(e) => return e,
     };
-    if src >= cm.n {
-        return E_PARA;
-    }
-    let r = link_pairs(cm, &[src]);
-    if r != SUCCESS {
-        return r;
-    }
     let (p, bytes) = (Ptr(buf as *mut u8), count as usize * dtype_size(dtype).unwrap_or(0));
     enqueue(s, comm_arc(c), move |cm| recv_now(cm, src, p, bytes))
 }
