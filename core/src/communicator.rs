@@ -102,7 +102,8 @@ pub struct OpSignature {
     pub size_class: u32,
     /// Largest byte count seen in this class.
     pub bytes: usize,
-    /// Peer (point-to-point) or root (rooted collectives).
+    /// Peer (point-to-point; a batch gives one signature per peer, with the larger of the
+    /// bytes sent to and received from it) or root (rooted collectives).
     pub peer: Option<usize>,
 }
 
@@ -117,12 +118,15 @@ struct Call {
     bytes: usize,
     peer: Option<usize>,
     redop: Option<ReduceOp>,
+    /// A batch's peers with the larger of the bytes sent to and received from each: what a
+    /// recording keeps of a batch (one signature per peer, as the library connects them).
+    batch: Vec<(usize, usize)>,
 }
 
 impl Call {
     /// A call on `count` elements of `dtype` moving `bytes` on this rank.
     fn new(op: &'static str, dtype: Option<DType>, count: usize, bytes: usize) -> Call {
-        Call { op, dtype, count, bytes, peer: None, redop: None }
+        Call { op, dtype, count, bytes, peer: None, redop: None, batch: Vec::new() }
     }
     /// With its peer (point-to-point) or root (rooted collectives).
     fn peer(self, p: usize) -> Call {
@@ -310,9 +314,14 @@ impl Communicator {
     fn record(&self, call: &Call) {
         let Ok(mut rec) = self.recording.lock() else { return };
         let Some(map) = rec.as_mut() else { return };
-        let class = if call.bytes == 0 { 0 } else { usize::BITS - 1 - call.bytes.leading_zeros() };
-        let most = map.entry((call.op, call.dtype, class, call.peer)).or_default();
-        *most = (*most).max(call.bytes);
+        let one: [(Option<usize>, usize); 1] = [(call.peer, call.bytes)];
+        let batch: Vec<(Option<usize>, usize)> = call.batch.iter().map(|&(p, b)| (Some(p), b)).collect();
+        let entries: &[(Option<usize>, usize)] = if batch.is_empty() { &one } else { &batch };
+        for &(peer, bytes) in entries {
+            let class = if bytes == 0 { 0 } else { usize::BITS - 1 - bytes.leading_zeros() };
+            let most = map.entry((call.op, call.dtype, class, peer)).or_default();
+            *most = (*most).max(bytes);
+        }
     }
 
     fn issue<'a>(&'a self, call: Call, f: impl FnOnce(&'a dyn Collective) -> Result<Work<'a>>) -> Result<Work<'a>> {
@@ -648,7 +657,24 @@ impl Communicator {
         }
         let first = ops[0].peer();
         let peer = ops.iter().all(|o| o.peer() == first).then_some(first);
-        let call = Call::new(OP, dtype, ops.len(), bytes).peer_opt(peer);
+        let mut batch: Vec<(usize, usize, usize)> = Vec::new();
+        for o in &ops {
+            let (p, b, send) = match o {
+                P2POp::Send(b, p) => (*p, b.bytes(), true),
+                P2POp::Recv(b, p) => (*p, b.bytes(), false),
+            };
+            let i = batch.iter().position(|e| e.0 == p).unwrap_or_else(|| {
+                batch.push((p, 0, 0));
+                batch.len() - 1
+            });
+            if send {
+                batch[i].1 += b;
+            } else {
+                batch[i].2 += b;
+            }
+        }
+        let mut call = Call::new(OP, dtype, ops.len(), bytes).peer_opt(peer);
+        call.batch = batch.into_iter().map(|(p, s, r)| (p, s.max(r))).collect();
         self.issue(call, |c| c.p2p_group(ops))
     }
 
