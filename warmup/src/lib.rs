@@ -10,6 +10,12 @@
 //!   get point-to-point in both directions, unbatched and batched, expert groups all_to_all.
 //!   Sizes come from the backend's capabilities (a small and a large probe), overridable.
 //!   Plans are data (JSON) with a fingerprint, and can be recorded from a real step.
+//! - **Recorded plans travel with the checkpoint.** A job records its first step
+//!   ([`StepRecorder`]), the members merge their recordings, and the plan is written beside
+//!   each checkpoint ([`PlanFile`]: versioned, checksummed, atomic, carrying the checkpoint's
+//!   identity). Recovery warms from it ([`warmup_saved`]): exactly what the step uses, which
+//!   a library keeps connected for the job's life. A missing or corrupt file falls back to the
+//!   role plans, group by group, and the report says so.
 //! - **Agreement before device work.** Members publish their group's plan under
 //!   `(job, generation)`; a difference or a missing member is an error on every rank.
 //! - **Deadlock-free order.** Groups run in name order, pairs in sorted order, the lower
@@ -33,10 +39,12 @@
 mod plan;
 mod report;
 mod run;
+mod saved;
 
 pub use plan::{
     exclusion, merge, pipeline_pairs, plan_for, plan_from_recording, role_kinds, GroupPlan, Kind, Sizes, Step, Target,
     TargetOptions,
 };
 pub use report::{MemSource, Report, StepReport};
-pub use run::{warmup, warmup_plans, Session, WarmupConfig};
+pub use run::{warmup, warmup_plans, warmup_saved, Session, WarmupConfig};
+pub use saved::{PlanFile, PlanIdentity, RecordedStep, StepCost, StepRecorder, PLAN_FORMAT};

@@ -1,5 +1,6 @@
 //! The warmup report: per group and step, the op, bytes, time and device-memory delta.
 
+use crate::saved::StepCost;
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
 
@@ -36,7 +37,8 @@ pub enum MemSource {
 }
 
 impl MemSource {
-    fn describe(self) -> &'static str {
+    /// How it counts, in words.
+    pub fn describe(self) -> &'static str {
         match self {
             MemSource::Communicator => "the communicators' own count of the device memory they hold",
             MemSource::FreeMemory => "the device's free memory before and after each step",
@@ -59,13 +61,29 @@ pub struct Report {
     pub replayed: bool,
     /// Groups excluded from the plan, with the reason.
     pub excluded: Vec<(String, String)>,
+    /// Where each group's plan came from (role plan, recorded with a checkpoint, or given by
+    /// the caller; a fallback says why).
+    pub sources: Vec<(String, String)>,
+    /// What the step this warmup protects took when it connected lazily, when known (a saved
+    /// plan's recorded cold step, or the caller's measurement): the table gives the ratio.
+    pub cold_step: Option<StepCost>,
     /// Steps run.
     pub steps: Vec<StepReport>,
 }
 
 impl Report {
     pub(crate) fn new(job: &str, generation: u64, rank: usize) -> Self {
-        Report { job: job.into(), generation, rank, skipped: None, replayed: false, excluded: vec![], steps: vec![] }
+        Report {
+            job: job.into(),
+            generation,
+            rank,
+            skipped: None,
+            replayed: false,
+            excluded: vec![],
+            sources: vec![],
+            cold_step: None,
+            steps: vec![],
+        }
     }
 
     /// Total time of all steps, microseconds.
@@ -76,6 +94,24 @@ impl Report {
     /// Total device memory the steps left allocated, bytes.
     pub fn total_mem(&self) -> i64 {
         self.steps.iter().map(|s| s.mem_delta).sum()
+    }
+
+    /// Device memory the steps left allocated, per group, in the order the groups ran.
+    pub fn mem_per_group(&self) -> Vec<(String, i64)> {
+        let mut out: Vec<(String, i64)> = Vec::new();
+        for st in &self.steps {
+            match out.last_mut() {
+                Some((g, m)) if *g == st.group => *m += st.mem_delta,
+                _ => out.push((st.group.clone(), st.mem_delta)),
+            }
+        }
+        out
+    }
+
+    /// Memory warmed over the cold step's (`cold_step`), when that is known and not zero.
+    pub fn cold_ratio(&self) -> Option<f64> {
+        let cold = self.cold_step.as_ref()?.total;
+        (cold > 0).then(|| self.total_mem() as f64 / cold as f64)
     }
 
     /// A human-readable table.
@@ -109,6 +145,11 @@ impl Report {
                 st.mem_delta as f64 / (1 << 20) as f64
             );
         }
+        let mib = |b: i64| b as f64 / (1 << 20) as f64;
+        for (g, m) in self.mem_per_group() {
+            let _ =
+                writeln!(s, "  {:<16} {:<13} {:<18} {:>12} {:>11} {:>12.1}", g, "", "(group total)", "", "", mib(m));
+        }
         let _ = writeln!(
             s,
             "  {:<16} {:<13} {:<18} {:>12} {:>11.2} {:>12.1}",
@@ -128,6 +169,25 @@ impl Report {
         if !sources.is_empty() {
             let how: Vec<&str> = sources.iter().map(|m| m.describe()).collect();
             let _ = writeln!(s, "  memory: from {}", how.join(", and for some steps "));
+        }
+        if let Some(cold) = &self.cold_step {
+            match self.cold_ratio() {
+                Some(r) => {
+                    let _ = writeln!(
+                        s,
+                        "  warmed {:.1} MiB = {r:.3}x the {:.1} MiB the step took cold (counted from {})",
+                        mib(self.total_mem()),
+                        mib(cold.total),
+                        cold.source.describe()
+                    );
+                }
+                None => {
+                    let _ = writeln!(s, "  warmed {:.1} MiB; the step took nothing cold", mib(self.total_mem()));
+                }
+            }
+        }
+        for (g, why) in &self.sources {
+            let _ = writeln!(s, "  plan of '{g}': {why}");
         }
         s
     }

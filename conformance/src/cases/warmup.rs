@@ -7,7 +7,8 @@ use crate::fault::{Fault, Faulty};
 use crate::harness::{CaseError, CaseResult, RankCtx};
 use anyccl_core::{Communicator, Error, GroupRegistry, GroupSpec, Role};
 use anyccl_warmup::{
-    plan_from_recording, warmup, warmup_plans, MemSource, Report, Session, Sizes, Target, WarmupConfig,
+    plan_from_recording, warmup, warmup_plans, warmup_saved, MemSource, PlanFile, PlanIdentity, Report, Session, Sizes,
+    StepRecorder, Target, WarmupConfig,
 };
 use std::time::{Duration, Instant};
 
@@ -196,6 +197,115 @@ fn recorded(cx: &RankCtx) -> CaseResult {
     Ok(())
 }
 
+/// A step on a data group (an all_reduce of 3000 f32) and a pipeline group (a batch with
+/// each neighbour), recorded and merged across the members, as a saved plan of step 10.
+fn record_step(cx: &RankCtx, dp: &Communicator, pp: &Communicator) -> Result<PlanFile, CaseError> {
+    let (n, me) = (cx.size, cx.rank);
+    let rec = StepRecorder::start(&[dp, pp], cx.platform.as_ref());
+    let mut g = cx.zeros(anyccl_core::DType::F32, 3000)?;
+    cx.wait(dp.all_reduce(None, g.view_mut(), anyccl_core::ReduceOp::Sum)?)?;
+    let a = cx.upload(anyccl_core::DType::F32, &vec![1.0; 512])?;
+    let mut b = cx.zeros(anyccl_core::DType::F32, 512)?;
+    for peer in [me.checked_sub(1), (me + 1 < n).then_some(me + 1)].into_iter().flatten() {
+        let ops = vec![anyccl_core::P2POp::Send(a.view(), peer), anyccl_core::P2POp::Recv(b.view_mut(), peer)];
+        cx.wait(pp.p2p_group(ops)?)?;
+    }
+    let recorded = cx.block_on(rec.finish(&session(cx, 1), Duration::from_secs(20)))?;
+    Ok(PlanFile { identity: identity(cx), plans: recorded.plans, cold_step: recorded.cost, path: None })
+}
+
+fn identity(cx: &RankCtx) -> PlanIdentity {
+    PlanIdentity { job: "conformance".into(), step: 10, rank: cx.rank, world_size: cx.size, layout: "dp pp".into() }
+}
+
+/// The plan saved with a checkpoint is what recovery warms: the recorded operations and
+/// sizes, merged across members (each rank saw only its own neighbours), and nothing of the
+/// role plans; the report names the source and carries the cold step's cost.
+fn saved_replay(cx: &RankCtx) -> CaseResult {
+    let dp = as_group(cx, "dp", Role::Data, Fault::None)?;
+    let pp = as_group(cx, "pp", Role::Pipeline, Fault::None)?;
+    let saved = record_step(cx, &dp, &pp)?;
+    let pp_plan = saved.plans.iter().find(|p| p.group == "pp").ok_or("no pipeline plan recorded")?;
+    let pairs: Vec<(usize, usize)> = (0..cx.size - 1).map(|i| (i, i + 1)).collect();
+    ensure!(
+        pp_plan.steps.len() == 1 && pp_plan.steps[0].pairs == pairs && pp_plan.steps[0].count == 512,
+        "the merged pipeline plan should be one batch of 512 over every neighbour pair: {:?}",
+        pp_plan.steps
+    );
+    let (dp0, pp0) = (dp.issued(), pp.issued());
+    let saved = Ok(saved);
+    let r = cx.block_on(warmup_saved(
+        &session(cx, 2),
+        &[Target::new(&dp), Target::new(&pp)],
+        &saved,
+        &config(Duration::from_secs(20)),
+    ))?;
+    let ops = ops_of(&r);
+    ensure!(ops == ["dp:all_reduce", "pp:send/recv batched"], "expected the recorded step only, got {ops:?}");
+    ensure!(r.steps[0].bytes == 3000 * 4, "all_reduce of {} bytes, the step's was 12000", r.steps[0].bytes);
+    let neighbours = u64::from(cx.rank > 0) + u64::from(cx.rank + 1 < cx.size);
+    ensure!(dp.issued() - dp0 == 1, "{} operations on the data group, expected 1", dp.issued() - dp0);
+    ensure!(pp.issued() - pp0 == neighbours, "{} on the pipeline group, expected {neighbours}", pp.issued() - pp0);
+    ensure!(
+        r.sources.len() == 2 && r.sources.iter().all(|(_, s)| s.starts_with("recorded with the checkpoint of step 10")),
+        "sources: {:?}",
+        r.sources
+    );
+    ensure!(
+        r.cold_step == saved.as_ref().ok().and_then(|f| f.cold_step.clone()),
+        "the report lost the cold step's cost"
+    );
+    Ok(())
+}
+
+/// One rank's plan file is missing: every member of every group falls back to the role
+/// plans together (recovery is never blocked), and the report names the file and the rank.
+fn saved_fallback(cx: &RankCtx) -> CaseResult {
+    let dp = as_group(cx, "dp", Role::Data, Fault::None)?;
+    let pp = as_group(cx, "pp", Role::Pipeline, Fault::None)?;
+    let saved = record_step(cx, &dp, &pp)?;
+    let gone = "warmup plan file /ckpt/step000010/warmup-plan-rank1.json: missing or unreadable".to_string();
+    let saved = if cx.rank == 1 { Err(gone.clone()) } else { Ok(saved) };
+    let r = cx.block_on(warmup_saved(
+        &session(cx, 2),
+        &[Target::new(&dp), Target::new(&pp)],
+        &saved,
+        &config(Duration::from_secs(20)),
+    ))?;
+    let ops = ops_of(&r);
+    ensure!(ops.iter().filter(|o| *o == "dp:reduce_scatter").count() == 2, "not the data role plan: {ops:?}");
+    ensure!(ops.iter().any(|o| o == "pp:send/recv"), "not the pipeline role plan: {ops:?}");
+    for (g, why) in &r.sources {
+        ensure!(
+            why.starts_with("role plan") && why.contains("group rank 1") && why.contains(&gone),
+            "group {g}: the fallback does not say why: {why}"
+        );
+    }
+    Ok(())
+}
+
+/// Rank 0's saved plan differs from the others': every rank refuses before any device work.
+fn saved_differ(cx: &RankCtx) -> CaseResult {
+    let dp = as_group(cx, "dp", Role::Data, Fault::None)?;
+    let pp = as_group(cx, "pp", Role::Pipeline, Fault::None)?;
+    let mut saved = record_step(cx, &dp, &pp)?;
+    if cx.rank == 0 {
+        for p in saved.plans.iter_mut().filter(|p| p.group == "dp") {
+            p.steps.iter_mut().for_each(|s| s.count *= 2);
+        }
+    }
+    let (dp0, pp0) = (dp.issued(), pp.issued());
+    let r = cx.block_on(warmup_saved(
+        &session(cx, 2),
+        &[Target::new(&dp), Target::new(&pp)],
+        &Ok(saved),
+        &config(Duration::from_secs(10)),
+    ));
+    ensure!(matches!(r, Err(Error::InvalidArgument { arg: "plan", .. })), "expected a plan mismatch, got {r:?}");
+    ensure!(dp.issued() == dp0 && pp.issued() == pp0, "operations issued despite the mismatch");
+    Ok(())
+}
+
 /// Free memory below the recorded need: every rank refuses before any collective.
 fn memory_refusal(cx: &RankCtx) -> CaseResult {
     let g = as_group(cx, "dp", Role::Data, Fault::None)?;
@@ -223,4 +333,8 @@ pub fn register(v: &mut Vec<crate::registry::Case>) {
     v.push(Case::new("warmup", "cross_engine_group_never_touched", &[2, 3, 4], cross_engine));
     v.push(Case::new("warmup", "recorded_plan_replay", &[2, 3, 4], recorded));
     v.push(Case::new("warmup", "memory_precheck_refuses", &[2], memory_refusal));
+    let batched = |c: &anyccl_core::Capabilities, _: usize| (!c.p2p_group).then(|| "no batched point-to-point".into());
+    v.push(Case::new("warmup", "saved_plan_replays_the_recorded_step", &[2, 3, 4], saved_replay).needs(batched));
+    v.push(Case::new("warmup", "saved_plan_missing_on_one_rank_falls_back", &[2, 3], saved_fallback).needs(batched));
+    v.push(Case::new("warmup", "saved_plans_that_differ_refuse", &[2, 3], saved_differ).needs(batched));
 }

@@ -1,0 +1,120 @@
+//! The saved plan file: round trip, and every way a file can be wrong, each a message that
+//! names the file.
+
+use anyccl_core::{DType, Role};
+use anyccl_warmup::{GroupPlan, Kind, MemSource, PlanFile, PlanIdentity, Step, StepCost};
+use std::path::PathBuf;
+
+fn dir(case: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("anyccl-plan-file-{case}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+fn identity() -> PlanIdentity {
+    PlanIdentity { job: "job-a".into(), step: 10, rank: 1, world_size: 4, layout: "dp2 pp2".into() }
+}
+
+fn file() -> PlanFile {
+    let steps = vec![
+        Step { kind: Kind::AllReduce, dtype: DType::F32, count: 4096, pairs: vec![] },
+        Step { kind: Kind::SendRecv, dtype: DType::F32, count: 2048, pairs: vec![(0, 1)] },
+    ];
+    PlanFile {
+        identity: identity(),
+        plans: vec![GroupPlan {
+            group: "pp-replica0".into(),
+            role: Role::Pipeline,
+            owner: "trainer".into(),
+            size: 2,
+            steps,
+            merge: false,
+        }],
+        cold_step: Some(StepCost {
+            groups: vec![("pp-replica0".into(), 300 << 20)],
+            total: 300 << 20,
+            source: MemSource::Communicator,
+        }),
+        path: None,
+    }
+}
+
+mod warmup {
+    pub mod plan_file {
+        use super::super::*;
+
+        #[test]
+        fn round_trip() {
+            let d = dir("round");
+            let path = d.join("ckpt/step000010/warmup-plan-rank1.json");
+            let f = file();
+            f.write(&path).expect("write");
+            let back = PlanFile::load(&path, &identity()).expect("load");
+            assert_eq!(back.path.as_deref(), Some(path.as_path()));
+            assert_eq!(PlanFile { path: None, ..back.clone() }, f);
+            assert_eq!(back.plans[0].fingerprint(), f.plans[0].fingerprint());
+            // Written again over itself: still one file, no temporary left behind.
+            f.write(&path).expect("rewrite");
+            let names: Vec<_> =
+                std::fs::read_dir(path.parent().unwrap()).unwrap().flatten().map(|e| e.file_name()).collect();
+            assert_eq!(names.len(), 1, "{names:?}");
+            let _ = std::fs::remove_dir_all(&d);
+        }
+
+        #[test]
+        fn missing_names_the_file() {
+            let d = dir("missing");
+            let path = d.join("warmup-plan-rank0.json");
+            let e = PlanFile::read(&path).unwrap_err();
+            assert!(e.contains(&path.display().to_string()) && e.contains("missing"), "{e}");
+        }
+
+        #[test]
+        fn corrupt_byte_is_a_checksum_mismatch() {
+            let d = dir("corrupt");
+            let path = d.join("p.json");
+            file().write(&path).expect("write");
+            let mut raw = std::fs::read(&path).unwrap();
+            let at = raw.len() - 20;
+            raw[at] ^= 0x01;
+            std::fs::write(&path, &raw).unwrap();
+            let e = PlanFile::read(&path).unwrap_err();
+            assert!(e.contains(&path.display().to_string()) && e.contains("checksum"), "{e}");
+            let _ = std::fs::remove_dir_all(&d);
+        }
+
+        #[test]
+        fn truncated_garbage_and_other_formats_are_refused() {
+            let d = dir("garbage");
+            let path = d.join("p.json");
+            file().write(&path).expect("write");
+            let good = std::fs::read(&path).unwrap();
+            let cases: Vec<(Vec<u8>, &str)> = vec![
+                (good[..good.len() / 2].to_vec(), "checksum"),
+                (Vec::new(), "no header"),
+                (b"\x00\x01\x02\n{}".to_vec(), "not a plan file"),
+                (String::from_utf8_lossy(&good).replacen(" 1 sha256", " 9 sha256", 1).into_bytes(), "format"),
+                (String::from_utf8_lossy(&good).replacen("sha256=", "md5=", 1).into_bytes(), "no checksum"),
+            ];
+            for (bytes, want) in cases {
+                std::fs::write(&path, &bytes).unwrap();
+                let e = PlanFile::read(&path).unwrap_err();
+                assert!(e.contains(&path.display().to_string()) && e.contains(want), "want '{want}': {e}");
+            }
+            let _ = std::fs::remove_dir_all(&d);
+        }
+
+        #[test]
+        fn another_checkpoints_plan_is_refused() {
+            let d = dir("identity");
+            let path = d.join("p.json");
+            file().write(&path).expect("write");
+            let want = PlanIdentity { job: "job-b".into(), step: 15, layout: "dp4 pp1".into(), ..identity() };
+            let e = PlanFile::load(&path, &want).unwrap_err();
+            for part in ["job 'job-a'", "step 10", "layout 'dp2 pp2'", &path.display().to_string()] {
+                assert!(e.contains(part), "'{part}' missing: {e}");
+            }
+            let _ = std::fs::remove_dir_all(&d);
+        }
+    }
+}
