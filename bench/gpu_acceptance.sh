@@ -9,6 +9,9 @@
 #   PARTS=reliability BIN=.gpu bash bench/gpu_acceptance.sh      # the launcher killed, a
 #       stopped rank (ANYCCL_TIMEOUT_S=10) with anyccl-trace, detail mode, the lifecycle cases
 #   PARTS=warmup BIN=.gpu bash bench/gpu_acceptance.sh           # anyccl-warmup-check, warmed and cold
+#   PARTS=plan BIN=.gpu bash bench/gpu_acceptance.sh             # warm what the step uses: the
+#       step cold, recorded to a plan file, a fresh run warmed from it, one from the role
+#       plans; the recovery demo replaying the plan saved with its checkpoint (SQUEEZE MiB)
 #   PARTS=interleave OLD=.gpu/old BIN=.gpu bash bench/gpu_acceptance.sh
 #       all_reduce 8 B-1 GiB, this build and an older one (OLD: its anyccl-run and
 #       anyccl-bench) alternating, three rounds each, out-of-place time per size
@@ -99,6 +102,24 @@ echo "### anyccl-warmup-check, warmed then cold ($(t))"
 { timeout 120 anyccl-run -n 2 -- anyccl-warmup-check --backend nccl; echo "exit=$?"
   timeout 120 anyccl-run -n 2 -- anyccl-warmup-check --backend nccl --no-warmup; echo "exit=$?"; } > "$OUT/warmup.log" 2>&1
 grep -E 'exit=|MiB|step' "$OUT/warmup.log" | grep -v '^\[rank 1\]' | cut -c1-200 | tail -30
+fi
+
+if want plan; then
+echo "### anyccl-warmup-check: cold, recorded, warmed from the recorded plan, from the role plans ($(t))"
+D="$OUT/plans"; rm -rf "$D"
+for mode in "--no-warmup" "--record $D" "--plan $D" ""; do
+  echo "=== anyccl-warmup-check $mode"
+  timeout 120 anyccl-run -n 2 -- anyccl-warmup-check --backend nccl $mode; echo "exit=$?"
+done > "$OUT/plan.log" 2>&1
+grep -v '^\[rank 1\]   ' "$OUT/plan.log" | cut -c1-260
+echo "### recovery demo: replaying the plan saved with the checkpoint, then the role plans, then cold ($(t))"
+rm -rf /tmp/anyccl-acceptance-rec
+for mode in "" "--role-plan" "--no-warmup"; do
+  echo "=== anyccl-recover demo --squeeze ${SQUEEZE:-4} $mode"
+  timeout 120 anyccl-recover demo --backend nccl --squeeze "${SQUEEZE:-4}" $mode --out /tmp/anyccl-acceptance-rec; echo "exit=$?"
+done > "$OUT/plan-recover.log" 2>&1
+grep -E '===|exit=|bit-for-bit|failed with|out of memory|recorded the first|warmed |plan of|total  |group total|squeezed|succeeded' \
+  "$OUT/plan-recover.log" | cut -c1-260
 fi
 
 if want interleave; then

@@ -72,12 +72,45 @@ fn recovery_demo_matches_the_uninterrupted_run_bit_for_bit() {
         .output()
         .expect("run the demo");
     let text = String::from_utf8_lossy(&out.stdout);
-    let _ = std::fs::remove_dir_all(&dir);
     assert!(out.status.success(), "demo failed:\n{text}\n{}", String::from_utf8_lossy(&out.stderr));
     assert!(text.contains("crashing at step 9"), "no crash:\n{text}");
     assert!(text.contains("loaded the checkpoint of step 8"), "no recovery from step 8:\n{text}");
     assert!(text.contains("not warmed: weight-sync"), "the cross-engine group is not reported:\n{text}");
     assert!(text.contains("bit-for-bit match"), "no match:\n{text}");
+    // The warmup replayed the plan saved with the checkpoint it loaded.
+    let plan = dir.join("crash/ckpt/step000008/warmup-plan-rank1.json");
+    for g in ["dp-stage0", "pp-replica0"] {
+        let want = format!("plan of '{g}': recorded with the checkpoint of step 8");
+        assert!(text.contains(&want), "'{want}' missing:\n{text}");
+    }
+
+    // Rank 1's plan corrupt: its groups fall back to the role plans, saying why; the
+    // recovery goes on and still matches.
+    let mut raw = std::fs::read(&plan).expect("the saved plan");
+    let at = raw.len() - 10;
+    raw[at] ^= 0x20;
+    std::fs::write(&plan, &raw).expect("corrupt it");
+    let out = Command::new(bin("anyccl-run"))
+        .args(["-n", "4", "--timeout", "120", "--", bin("anyccl-recover"), "train"])
+        .args(["--steps", "12", "--ckpt-every", "4", "--run", "again", "--out", &dir.display().to_string()])
+        .args(["--resume-from", &dir.join("crash").display().to_string()])
+        .env("ANYCCL_BACKEND", "cpu")
+        .output()
+        .expect("run the recovery");
+    let (text, err) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "the recovery failed:\n{text}\n{err}");
+    let why = format!("warmup plan file {}: checksum mismatch", plan.display());
+    assert!(err.contains(&why), "rank 1 does not name its corrupt file:\n{err}");
+    // Rank 0 reports its groups: its pipeline group has rank 1 in it, its data group not.
+    let fell_back = "plan of 'pp-replica0': role plan (pipeline), since no saved plan on every member: group rank 1";
+    assert!(text.contains(fell_back), "{text}");
+    assert!(text.contains("plan of 'dp-stage0': recorded with the checkpoint of step 8"), "{text}");
+    let bits = |run: &str| {
+        let (_, p) = anyccl_examples::checkpoint::read_shard(&dir.join(run).join("final/rank1.bin")).expect("shard");
+        p.iter().map(|x| x.to_bits()).collect::<Vec<u32>>()
+    };
+    assert!(bits("again") == bits("ref"), "the recovery after the fallback differs from the reference");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// A real engine's tensors: candle on the CPU, gradients all-reduced through anyccl from

@@ -8,9 +8,14 @@
 //! The recovery order is the one that keeps the first step from running out of memory:
 //! release what a colocated component holds, warm the train step's groups (never the
 //! cross-engine weight-sync group), load the checkpoint, run the first step.
+//!
+//! What to warm is what the step uses: every launch records its first step, the members of
+//! each group merge their recordings, and the plan is saved beside every checkpoint
+//! (`warmup-plan-rank<r>.json`). Recovery warms from the plan of the checkpoint it loads, and
+//! from the groups' roles where that file is missing or corrupt (saying so).
 #![forbid(unsafe_code)]
 
-use anyccl::warmup::{warmup, Session, Target, WarmupConfig};
+use anyccl::warmup::{warmup, warmup_saved, PlanFile, PlanIdentity, Session, StepRecorder, Target, WarmupConfig};
 use anyccl::{
     CommConfig, Communicator, DType, DeviceKind, DeviceMemory, Error, GroupRegistry, GroupSpec, Platform, ReduceOp,
     Result, Role,
@@ -68,6 +73,9 @@ struct Job {
     /// Do not warm the communicators before the first step after recovery.
     #[arg(long)]
     no_warmup: bool,
+    /// Warm from the groups' roles, not from the plan saved with the checkpoint.
+    #[arg(long, conflicts_with = "no_warmup")]
+    role_plan: bool,
     /// Before the first step after recovery, fill device memory until only this many MiB
     /// are free (GPU backends).
     #[arg(long)]
@@ -264,6 +272,9 @@ fn demo(job: &Job) -> Result<ExitCode> {
     let mut extra = vec!["--run".into(), "recovered".into(), "--resume-from".into(), resume];
     if job.no_warmup {
         extra.push("--no-warmup".into());
+    }
+    if job.role_plan {
+        extra.push("--role-plan".into());
     }
     if let Some(s) = job.squeeze {
         extra.extend(["--squeeze".into(), s.to_string()]);
@@ -463,6 +474,15 @@ fn le_bytes(v: &[f32]) -> Vec<u8> {
 
 // ---------------------------------------------------------------- one rank
 
+/// Where rank `rank`'s warmup plan of step `step`'s checkpoint lives: beside its shard.
+fn plan_path(run_dir: &std::path::Path, step: u64, rank: usize) -> PathBuf {
+    ckpt::step_dir(run_dir, step).join(format!("warmup-plan-rank{rank}.json"))
+}
+
+fn from_dir(job: &Job) -> Result<&std::path::Path> {
+    job.resume_from.as_deref().ok_or_else(|| bad("not recovering".into()))
+}
+
 /// A new training job's identity, recorded in every shard: the launcher's job id
 /// (`ANYCCL_JOB_ID`) or one rank 0 draws, the same on every rank.
 async fn new_job_id(store: &dyn anyccl::Store, me: usize, timeout: Duration) -> Result<String> {
@@ -546,6 +566,25 @@ async fn train(job: &Job) -> Result<ExitCode> {
         Some(l) => l.job.clone(),
         None => new_job_id(store.as_ref(), me, cfg.op_timeout).await?,
     };
+    let plan_id = |step: u64| PlanIdentity {
+        job: job_id.clone(),
+        step,
+        rank: me,
+        world_size: env.world_size,
+        layout: layout.clone(),
+    };
+    let session = Session {
+        store: store.as_ref(),
+        job: OWNER,
+        generation: 1,
+        rank: me,
+        world_size: env.world_size,
+        platform: platform.as_ref(),
+    };
+    // The plan the warmup used, when it came from a checkpoint: its cold step's cost is
+    // carried into the plans this run saves (this run's own first step runs warm).
+    let mut warmed_from: Option<PlanFile> = None;
+    let mut warmed = false;
 
     if let Some(loaded) = resumed {
         // 1. Release what the colocated component holds, so the warmup runs while memory
@@ -560,21 +599,26 @@ async fn train(job: &Job) -> Result<ExitCode> {
             let chosen = registry.filter(OWNER, &roles);
             let by_name = |n: &str| [&dpc, &ppc].into_iter().find(|c| c.spec().name == n);
             let targets: Vec<Target<'_>> = chosen.iter().filter_map(|g| by_name(&g.name)).map(Target::new).collect();
-            let session = Session {
-                store: store.as_ref(),
-                job: OWNER,
-                generation: 1,
-                rank: me,
-                world_size: env.world_size,
-                platform: platform.as_ref(),
-            };
             let wcfg = WarmupConfig {
                 enabled: true,
                 force: true,
                 timeout: Duration::from_secs(120),
                 ..WarmupConfig::from_env(WarmupConfig::default())?
             };
-            let report = warmup(&session, &targets, &wcfg).await?;
+            // The plan saved with the checkpoint being loaded; without one (missing, corrupt,
+            // another job's), the role plans, which the report says.
+            let plan_path = plan_path(from_dir(job)?, loaded.step, me);
+            let saved = PlanFile::load(&plan_path, &plan_id(loaded.step));
+            if let Err(why) = &saved {
+                eprintln!("rank {me}: {why}; warming from the groups' roles instead");
+            }
+            let report = if job.role_plan {
+                warmup(&session, &targets, &wcfg).await?
+            } else {
+                warmup_saved(&session, &targets, &saved, &wcfg).await?
+            };
+            warmed = true;
+            warmed_from = saved.ok();
             if me == 0 {
                 print!("{}", report.table());
                 for g in registry.all().iter().filter(|g| !roles.contains(&g.role)) {
@@ -612,6 +656,8 @@ async fn train(job: &Job) -> Result<ExitCode> {
     }
 
     let h = width;
+    let mut recorder = Some(StepRecorder::start(&[&dpc, &ppc], platform.as_ref()));
+    let mut saved_plan: Option<PlanFile> = None;
     for step in start..job.steps {
         if job.crash_at == Some(step) && me == env.world_size - 1 {
             println!("rank {me}: crashing at step {step} (as asked)");
@@ -654,6 +700,25 @@ async fn train(job: &Job) -> Result<ExitCode> {
         for (p, g) in model.params.iter_mut().zip(&grads) {
             *p -= job.lr * g;
         }
+        // The first step of every launch is recorded; its plan is saved with each checkpoint.
+        if let Some(r) = recorder.take() {
+            let recorded = r.finish(&session, cfg.op_timeout).await?;
+            let cold_step = if warmed {
+                // This step ran warm: the cold figure is the one saved with the plan replayed.
+                warmed_from.as_ref().filter(|f| f.plans == recorded.plans).and_then(|f| f.cold_step.clone())
+            } else {
+                recorded.cost
+            };
+            if me == 0 {
+                if let Some(c) = &cold_step {
+                    println!(
+                        "recorded the first step's plan; it took {:.1} MiB cold",
+                        c.total as f64 / (1 << 20) as f64
+                    );
+                }
+            }
+            saved_plan = Some(PlanFile { identity: plan_id(0), plans: recorded.plans, cold_step, path: None });
+        }
         if !squeezed.is_empty() {
             squeezed.clear();
             println!("rank {me}: first step after recovery succeeded with the squeezed memory");
@@ -672,6 +737,10 @@ async fn train(job: &Job) -> Result<ExitCode> {
         };
         if done % job.ckpt_every == 0 {
             ckpt::write_shard(&ckpt::shard_path(&run_dir, done, me), &id(done), &model.params)?;
+            if let Some(plan) = &saved_plan {
+                let plan = PlanFile { identity: plan_id(done), ..plan.clone() };
+                plan.write(&plan_path(&run_dir, done, me))?;
+            }
             anyccl_examples::meet(
                 store.as_ref(),
                 &format!("ckpt/{}/{done}", job.run_name()),

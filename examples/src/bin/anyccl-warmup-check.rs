@@ -1,10 +1,16 @@
-//! `anyccl-warmup-check [--no-warmup]`: build a data group, a pipeline group and an expert
-//! (token-dispatch) group over all ranks, warm them (unless `--no-warmup`), then run one step
-//! with the same collectives and print the device memory that step took. With the warmup it
-//! should be (close to) nothing; without, it is what NCCL's lazy connects allocate.
+//! `anyccl-warmup-check [--no-warmup | --record DIR | --plan DIR]`: build a data group, a
+//! pipeline group and an expert (token-dispatch) group over all ranks, warm them, then run
+//! one step with the same collectives and print the device memory that step took. With the
+//! warmup it should be (close to) nothing; without, it is what NCCL's lazy connects allocate.
+//!
+//! - default: warm from the groups' roles;
+//! - `--no-warmup`: the step cold;
+//! - `--record DIR`: the step cold, recorded; each rank writes its merged plan (with what the
+//!   cold step took) to `DIR/warmup-plan-rank<r>.json`;
+//! - `--plan DIR`: a fresh run warms from those files (the report gives warmed/cold).
 #![forbid(unsafe_code)]
 
-use anyccl::warmup::{warmup, Session, Target, WarmupConfig};
+use anyccl::warmup::{warmup, warmup_saved, PlanFile, PlanIdentity, Session, StepRecorder, Target, WarmupConfig};
 use anyccl::{CommConfig, DType, GroupSpec, P2POp, Platform, ReduceOp, Result, Role, Work};
 use clap::Parser;
 use std::process::ExitCode;
@@ -15,6 +21,12 @@ struct Args {
     /// Skip the warmup (to see what the step costs cold).
     #[arg(long)]
     no_warmup: bool,
+    /// Run the step cold and record it: each rank writes its plan to DIR.
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["no_warmup", "plan"])]
+    record: Option<std::path::PathBuf>,
+    /// Warm from the plans a `--record` run wrote to DIR.
+    #[arg(long, value_name = "DIR", conflicts_with = "no_warmup")]
+    plan: Option<std::path::PathBuf>,
     /// Backend (default: the best available).
     #[arg(long)]
     backend: Option<String>,
@@ -52,17 +64,37 @@ async fn run(args: &Args) -> Result<()> {
     let es = DType::BF16.size();
     let (small, large) = (caps.warmup_small_bytes / es, caps.warmup_large_bytes / es);
 
-    if !args.no_warmup {
-        let session = Session {
-            store: store.as_ref(),
-            job: owner,
-            generation: 1,
-            rank: me,
-            world_size: n,
-            platform: platform.as_ref(),
-        };
+    let session = Session {
+        store: store.as_ref(),
+        job: owner,
+        generation: 1,
+        rank: me,
+        world_size: n,
+        platform: platform.as_ref(),
+    };
+    // Whose plan a file is: this program's groups at this size, on this backend.
+    let identity = PlanIdentity {
+        job: owner.into(),
+        step: 0,
+        rank: me,
+        world_size: n,
+        layout: format!("dp pp ep over {n} ranks, {}, probes {small}/{large} bf16", world.info().backend),
+    };
+    let plan_file = |dir: &std::path::Path| dir.join(format!("warmup-plan-rank{me}.json"));
+    let cold = args.no_warmup || args.record.is_some();
+    if !cold {
         let cfg = WarmupConfig { enabled: true, force: true, ..WarmupConfig::from_env(WarmupConfig::default())? };
-        let report = warmup(&session, &[Target::new(&dp), Target::new(&pp), Target::new(&ep)], &cfg).await?;
+        let targets = [Target::new(&dp), Target::new(&pp), Target::new(&ep)];
+        let report = match &args.plan {
+            Some(dir) => {
+                let saved = PlanFile::load(&plan_file(dir), &identity);
+                if let Err(why) = &saved {
+                    eprintln!("rank {me}: {why}; warming from the groups' roles instead");
+                }
+                warmup_saved(&session, &targets, &saved, &cfg).await?
+            }
+            None => warmup(&session, &targets, &cfg).await?,
+        };
         if me == 0 {
             print!("{}", report.table());
             if args.json {
@@ -89,6 +121,7 @@ async fn run(args: &Args) -> Result<()> {
     let timeout = world.config().op_timeout;
     anyccl_examples::meet(store.as_ref(), "warmup-check/step", me, n, timeout).await?;
     let before = p.mem_info()?.free;
+    let recorder = args.record.as_ref().map(|_| StepRecorder::start(&[&dp, &pp, &ep], p));
     let t = Instant::now();
     for (a, big, b, x, y) in bufs.iter_mut() {
         done(dp.all_reduce(None, a.view_mut(), ReduceOp::Sum)?)?;
@@ -111,12 +144,32 @@ async fn run(args: &Args) -> Result<()> {
     let took = t.elapsed();
     let after = p.mem_info()?.free;
     let mib = (before as f64 - after as f64) / (1 << 20) as f64;
+    let how = match (&args.record, &args.plan) {
+        (Some(_), _) => "cold, recorded",
+        _ if args.no_warmup => "cold, no warmup",
+        (_, Some(_)) => "after warmup from the saved plan",
+        _ => "after warmup from the role plans",
+    };
     println!(
-        "rank {me}: step ({}, {} ranks, {}) took {mib:.1} MiB of device memory in {took:.2?}",
-        if args.no_warmup { "cold, no warmup" } else { "after warmup" },
-        n,
+        "rank {me}: step ({how}, {n} ranks, {}) took {mib:.1} MiB of device memory in {took:.2?}",
         world.info().backend
     );
+    if let (Some(r), Some(dir)) = (recorder, &args.record) {
+        let recorded = r.finish(&session, timeout).await?;
+        if let Some(c) = &recorded.cost {
+            let per: Vec<String> =
+                c.groups.iter().map(|(g, b)| format!("{g} {:.1}", *b as f64 / (1 << 20) as f64)).collect();
+            println!(
+                "rank {me}: recorded step took {:.1} MiB, counted from {}{}",
+                c.total as f64 / (1 << 20) as f64,
+                c.source.describe(),
+                if per.is_empty() { String::new() } else { format!(" ({})", per.join(", ")) }
+            );
+        }
+        let file = PlanFile { identity: identity.clone(), plans: recorded.plans, cold_step: recorded.cost, path: None };
+        file.write(&plan_file(dir))?;
+        println!("rank {me}: plan written to {}", plan_file(dir).display());
+    }
     anyccl_examples::meet(store.as_ref(), "warmup-check/end", me, n, timeout).await?;
     for c in [&ep, &pp, &dp, &world] {
         c.shutdown().await?;
