@@ -63,6 +63,43 @@ impl GroupPlan {
         GroupPlan { group: spec.name.clone(), role: spec.role.clone(), owner: spec.owner.clone(), size, steps, merge }
     }
 
+    /// Whether every step can run on a group of `size` members: pairs of two distinct
+    /// members, a non-empty count, buffers that fit in memory, all_to_all counts divisible by
+    /// the size. A plan read from a file is checked before it is agreed on, so a bad one falls
+    /// back to the role plan instead of failing the warmup on one rank.
+    ///
+    /// # Errors
+    /// What is wrong with the first bad step.
+    pub fn check(&self) -> std::result::Result<(), String> {
+        const MOST: usize = 1 << 40;
+        let n = self.size;
+        for (i, s) in self.steps.iter().enumerate() {
+            let bad = |why: String| Err(format!("group '{}' step {i} ({:?}): {why}", self.group, s.kind));
+            if s.count == 0 {
+                return bad("count 0".into());
+            }
+            let whole = match s.kind {
+                Kind::ReduceScatter | Kind::AllGather => s.count.checked_mul(n),
+                _ => Some(s.count),
+            };
+            match whole.and_then(|c| c.checked_mul(s.dtype.size())) {
+                Some(b) if b <= MOST => {}
+                _ => return bad(format!("{} elements of {} do not fit in 1 TiB", s.count, s.dtype.name())),
+            }
+            if s.kind == Kind::AllToAll && s.count % n != 0 {
+                return bad(format!("all_to_all count {} is not a multiple of the group size {n}", s.count));
+            }
+            let p2p = matches!(s.kind, Kind::SendRecv | Kind::SendRecvBatched);
+            if p2p == s.pairs.is_empty() {
+                return bad(if p2p { "no pairs".into() } else { "pairs on a collective".into() });
+            }
+            if let Some((a, b)) = s.pairs.iter().find(|(a, b)| a >= b || *b >= n) {
+                return bad(format!("pair ({a}, {b}) is not two members a < b of {n}"));
+            }
+        }
+        Ok(())
+    }
+
     /// SHA-256 of the canonical JSON, hex.
     pub fn fingerprint(&self) -> String {
         let json = serde_json::to_vec(self).unwrap_or_default();

@@ -235,10 +235,13 @@ pub async fn warmup_saved(
                         role.role,
                         role.owner
                     )),
-                    Some(p) => Ok((
-                        p.clone(),
-                        format!("recorded with the checkpoint of step {} ({})", f.identity.step, f.describe()),
-                    )),
+                    Some(p) => match p.check() {
+                        Err(why) => Err(format!("warmup plan file {}: {why}", f.describe())),
+                        Ok(()) => Ok((
+                            p.clone(),
+                            format!("recorded with the checkpoint of step {} ({})", f.identity.step, f.describe()),
+                        )),
+                    },
                 },
             };
             Choice::Saved(found)

@@ -105,6 +105,27 @@ mod warmup {
         }
 
         #[test]
+        fn steps_that_cannot_run_are_found() {
+            assert_eq!(file().plans[0].check(), Ok(()));
+            let bad: Vec<(Step, &str)> = vec![
+                (Step { kind: Kind::SendRecv, dtype: DType::F32, count: 4, pairs: vec![(0, 2)] }, "pair (0, 2)"),
+                (Step { kind: Kind::SendRecv, dtype: DType::F32, count: 4, pairs: vec![(1, 1)] }, "pair (1, 1)"),
+                (Step { kind: Kind::SendRecv, dtype: DType::F32, count: 4, pairs: vec![] }, "no pairs"),
+                (Step { kind: Kind::AllReduce, dtype: DType::F32, count: 0, pairs: vec![] }, "count 0"),
+                (Step { kind: Kind::AllReduce, dtype: DType::F32, count: usize::MAX / 2, pairs: vec![] }, "1 TiB"),
+                (Step { kind: Kind::AllGather, dtype: DType::F64, count: 1 << 38, pairs: vec![] }, "1 TiB"),
+                (Step { kind: Kind::AllToAll, dtype: DType::F32, count: 3, pairs: vec![] }, "multiple"),
+                (Step { kind: Kind::AllReduce, dtype: DType::F32, count: 4, pairs: vec![(0, 1)] }, "pairs on"),
+            ];
+            for (step, want) in bad {
+                let mut p = file().plans[0].clone();
+                p.steps.push(step);
+                let e = p.check().unwrap_err();
+                assert!(e.contains(want) && e.contains("pp-replica0"), "want '{want}': {e}");
+            }
+        }
+
+        #[test]
         fn another_checkpoints_plan_is_refused() {
             let d = dir("identity");
             let path = d.join("p.json");

@@ -609,9 +609,6 @@ async fn train(job: &Job) -> Result<ExitCode> {
             // another job's), the role plans, which the report says.
             let plan_path = plan_path(from_dir(job)?, loaded.step, me);
             let saved = PlanFile::load(&plan_path, &plan_id(loaded.step));
-            if let Err(why) = &saved {
-                eprintln!("rank {me}: {why}; warming from the groups' roles instead");
-            }
             let report = if job.role_plan {
                 warmup(&session, &targets, &wcfg).await?
             } else {

@@ -88,9 +88,6 @@ async fn run(args: &Args) -> Result<()> {
         let report = match &args.plan {
             Some(dir) => {
                 let saved = PlanFile::load(&plan_file(dir), &identity);
-                if let Err(why) = &saved {
-                    eprintln!("rank {me}: {why}; warming from the groups' roles instead");
-                }
                 warmup_saved(&session, &targets, &saved, &cfg).await?
             }
             None => warmup(&session, &targets, &cfg).await?,
@@ -147,7 +144,7 @@ async fn run(args: &Args) -> Result<()> {
     let how = match (&args.record, &args.plan) {
         (Some(_), _) => "cold, recorded",
         _ if args.no_warmup => "cold, no warmup",
-        (_, Some(_)) => "after warmup from the saved plan",
+        (_, Some(_)) => "after warmup with --plan",
         _ => "after warmup from the role plans",
     };
     println!(
