@@ -237,7 +237,20 @@ impl Communicator {
         config: CommConfig,
     ) -> Result<Self> {
         validate_spec(&spec, rank, None)?;
-        let max = backend.capabilities()?.max_world_size;
+        let caps = backend.capabilities()?;
+        let bad_config =
+            |msg: String| Error::InvalidArgument { op: "connect", arg: "config", rank, group: spec.name.clone(), msg };
+        config.check().map_err(bad_config)?;
+        let unsupported = config.cta_settings();
+        if !caps.cta_settings && !unsupported.is_empty() {
+            return Err(bad_config(format!(
+                "the {} backend has no per-communicator thread-block settings; unset CommConfig::{} \
+                 (ANYCCL_MIN_CTAS, ANYCCL_MAX_CTAS, ANYCCL_CGA_CLUSTER_SIZE)",
+                backend.name(),
+                unsupported.join(", ")
+            )));
+        }
+        let max = caps.max_world_size;
         if spec.ranks.len() > max {
             return Err(Error::InvalidArgument {
                 op: "connect",

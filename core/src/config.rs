@@ -340,6 +340,58 @@ pub struct CommConfig {
     /// (`ANYCCL_BUFFER_MB`; HCCL's `hcclBufferSize`, which each communicator holds twice).
     /// `None` leaves the library's default (HCCL: `HCCL_BUFFSIZE`, else 200).
     pub buffer_mb: Option<u32>,
+    /// Fewest thread blocks (CTAs) a collective uses (`ANYCCL_MIN_CTAS`, 1 to 64; NCCL's
+    /// `minCTAs`). More than the library's default buys large-message bandwidth for more
+    /// connect memory (the warmup report shows it). `None`: the library's default. A
+    /// backend without the setting (`Capabilities::cta_settings` false) refuses it.
+    pub min_ctas: Option<u32>,
+    /// Most thread blocks a collective uses (`ANYCCL_MAX_CTAS`, 1 to 64; NCCL's `maxCTAs`).
+    pub max_ctas: Option<u32>,
+    /// Thread-block cluster size (`ANYCCL_CGA_CLUSTER_SIZE`, 0 to 8; NCCL's
+    /// `cgaClusterSize`).
+    pub cga_cluster_size: Option<u32>,
+}
+
+impl CommConfig {
+    /// Whether the settings hold together: CTA counts 1 to 64 with the minimum at most the
+    /// maximum, a cluster size 0 to 8, a buffer of at least 1 MiB.
+    ///
+    /// # Errors
+    /// A message naming the setting.
+    pub fn check(&self) -> std::result::Result<(), String> {
+        for (name, v) in [("min_ctas", self.min_ctas), ("max_ctas", self.max_ctas)] {
+            if let Some(v) = v.filter(|v| !(1..=64).contains(v)) {
+                return Err(format!("CommConfig::{name} = {v} is not from 1 to 64"));
+            }
+        }
+        if let (Some(lo), Some(hi)) = (self.min_ctas, self.max_ctas) {
+            if lo > hi {
+                return Err(format!("CommConfig::min_ctas = {lo} is above max_ctas = {hi}"));
+            }
+        }
+        if let Some(c) = self.cga_cluster_size.filter(|c| *c > 8) {
+            return Err(format!("CommConfig::cga_cluster_size = {c} is not from 0 to 8"));
+        }
+        if self.buffer_mb == Some(0) {
+            return Err("CommConfig::buffer_mb = 0: at least 1 MiB".into());
+        }
+        Ok(())
+    }
+
+    /// The settings that need `Capabilities::cta_settings`, by name, where set.
+    pub fn cta_settings(&self) -> Vec<&'static str> {
+        let mut v = Vec::new();
+        if self.min_ctas.is_some() {
+            v.push("min_ctas");
+        }
+        if self.max_ctas.is_some() {
+            v.push("max_ctas");
+        }
+        if self.cga_cluster_size.is_some() {
+            v.push("cga_cluster_size");
+        }
+        v
+    }
 }
 
 impl Default for CommConfig {
@@ -350,6 +402,9 @@ impl Default for CommConfig {
             flight_recorder: 2048,
             detail: false,
             buffer_mb: None,
+            min_ctas: None,
+            max_ctas: None,
+            cga_cluster_size: None,
         }
     }
 }
@@ -446,6 +501,30 @@ impl CommConfig {
                 msg: format!("ANYCCL_BUFFER_MB={v:?} is not a whole number of MiB from 1 to {}", u32::MAX - 1),
             })?);
         }
+        for (var, slot, most) in [
+            ("ANYCCL_MIN_CTAS", &mut c.min_ctas, 64u32),
+            ("ANYCCL_MAX_CTAS", &mut c.max_ctas, 64),
+            ("ANYCCL_CGA_CLUSTER_SIZE", &mut c.cga_cluster_size, 8),
+        ] {
+            if let Ok(v) = std::env::var(var) {
+                let least = u32::from(var != "ANYCCL_CGA_CLUSTER_SIZE");
+                let n = v.trim().parse::<u32>().ok().filter(|n| (least..=most).contains(n));
+                *slot = Some(n.ok_or_else(|| Error::InvalidArgument {
+                    op: "CommConfig::from_env",
+                    arg: "environment",
+                    rank: env_rank(),
+                    group: String::new(),
+                    msg: format!("{var}={v:?} is not a whole number from {least} to {most}"),
+                })?);
+            }
+        }
+        c.check().map_err(|msg| Error::InvalidArgument {
+            op: "CommConfig::from_env",
+            arg: "environment",
+            rank: env_rank(),
+            group: String::new(),
+            msg: format!("{msg} (ANYCCL_MIN_CTAS, ANYCCL_MAX_CTAS)"),
+        })?;
         if let Ok(v) = std::env::var("ANYCCL_FLIGHT_RECORDER") {
             c.flight_recorder = v.parse().map_err(|_| Error::InvalidArgument {
                 op: "CommConfig::from_env",

@@ -75,3 +75,39 @@ fn a_group_larger_than_the_backend_allows_is_rejected_before_connecting() {
         other => panic!("expected InvalidArgument, got {other:?}"),
     }
 }
+
+#[test]
+fn thread_block_settings_are_checked_and_refused_where_the_backend_has_none() {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let bad = [
+        (CommConfig { min_ctas: Some(0), ..CommConfig::default() }, "min_ctas = 0"),
+        (CommConfig { max_ctas: Some(65), ..CommConfig::default() }, "max_ctas = 65"),
+        (CommConfig { min_ctas: Some(16), max_ctas: Some(8), ..CommConfig::default() }, "above max_ctas"),
+        (CommConfig { cga_cluster_size: Some(9), ..CommConfig::default() }, "cga_cluster_size = 9"),
+        (CommConfig { buffer_mb: Some(0), ..CommConfig::default() }, "buffer_mb = 0"),
+        // Sound, but the CPU backend has no thread blocks: refused, not ignored.
+        (CommConfig { min_ctas: Some(16), ..CommConfig::default() }, "no per-communicator thread-block settings"),
+    ];
+    assert!(!anyccl_cpu::Cpu.capabilities().expect("caps").cta_settings);
+    for (config, needle) in bad {
+        let r = rt.block_on(Communicator::connect(
+            &anyccl_cpu::Cpu as &dyn Backend,
+            GroupSpec::world(1, "test"),
+            0,
+            Arc::new(MemoryStore::new()),
+            Device::CPU,
+            config,
+        ));
+        match r {
+            Err(Error::InvalidArgument { arg, rank, group, msg, .. }) => {
+                assert_eq!((arg, rank, group.as_str()), ("config", 0, "world"));
+                assert!(msg.contains(needle), "'{msg}' lacks '{needle}'");
+            }
+            other => panic!("expected InvalidArgument for '{needle}', got {other:?}"),
+        }
+    }
+    let fine =
+        CommConfig { min_ctas: Some(16), max_ctas: Some(32), cga_cluster_size: Some(0), ..CommConfig::default() };
+    assert_eq!(fine.check(), Ok(()));
+    assert_eq!(fine.cta_settings(), ["min_ctas", "max_ctas", "cga_cluster_size"]);
+}

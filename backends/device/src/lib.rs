@@ -35,5 +35,5 @@ mod watchdog;
 
 pub use comm::{DeviceComm, Lifecycle};
 pub use error::{Ctx, ErrorKind, LibError};
-pub use library::{Launched, Library, Op, Plane, Poll, RawP2P, Settings, SplitRequest, SplitStart};
+pub use library::{Ctas, Launched, Library, Op, Plane, Poll, RawP2P, Settings, SplitRequest, SplitStart};
 pub use runtime::{DevicePlatform, Runtime};

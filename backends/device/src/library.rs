@@ -22,12 +22,32 @@ pub struct Settings {
     pub op_timeout: Duration,
     /// How long one call may block inside the library (a first call connecting).
     pub enqueue_timeout: Duration,
+    /// Thread-block settings (`CommConfig::min_ctas`, `max_ctas`, `cga_cluster_size`), for
+    /// libraries with `Capabilities::cta_settings`.
+    pub ctas: Ctas,
+}
+
+/// Per-communicator thread-block settings; `None`: the library's default.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Ctas {
+    /// Fewest thread blocks per collective.
+    pub min: Option<u32>,
+    /// Most thread blocks per collective.
+    pub max: Option<u32>,
+    /// Thread-block cluster size.
+    pub cga_cluster_size: Option<u32>,
 }
 
 impl Settings {
     /// Settings for group `name` from the communicator's configuration.
     pub fn from_config(name: &str, c: &CommConfig, enqueue_timeout: Duration) -> Self {
-        Settings { name: name.to_string(), buffer_mb: c.buffer_mb, op_timeout: c.op_timeout, enqueue_timeout }
+        Settings {
+            name: name.to_string(),
+            buffer_mb: c.buffer_mb,
+            op_timeout: c.op_timeout,
+            enqueue_timeout,
+            ctas: Ctas { min: c.min_ctas, max: c.max_ctas, cga_cluster_size: c.cga_cluster_size },
+        }
     }
 }
 

@@ -14,7 +14,7 @@ use crate::cuda::{Cuda, Stream};
 use crate::result::{self as r, NcclError};
 use crate::sys::{self, ncclComm_t, ncclUniqueId, NcclLib};
 use anyccl_core::{Capabilities, DType, ReduceOp};
-use anyccl_device::{Launched, Library, Op, Plane, Poll, Settings, SplitRequest, SplitStart};
+use anyccl_device::{Ctas, Launched, Library, Op, Plane, Poll, Settings, SplitRequest, SplitStart};
 use std::ffi::{c_int, c_void, CString};
 use std::sync::Arc;
 
@@ -77,6 +77,7 @@ pub fn nccl_capabilities(lib: &NcclLib, devices: usize) -> Capabilities {
         warmup_large_bytes: 32 << 20,
         max_world_size: usize::MAX,
         max_local_ranks: if per_rank_host_ids() { usize::MAX } else { devices },
+        cta_settings: true,
         // NCCL reports neither: a dead peer leaves kernels waiting, a mismatched collective
         // runs with whatever arrives (NVIDIA/nccl#279).
         detects_peer_failure: false,
@@ -156,20 +157,39 @@ impl OutSlot {
 #[derive(Debug)]
 pub enum NcclPending {
     /// `parent` is splitting into `slot` (a user split, or the data split of `ctrl`).
-    Splitting { parent: ncclComm_t, slot: OutSlot, data: bool, ctrl: Option<CommPtr> },
+    Splitting { parent: ncclComm_t, slot: OutSlot, data: bool, ctrl: Option<CommPtr>, ctas: Ctas },
     /// `comm` is being made ready (init, or after a split); `data` when it is the data
     /// communicator split from `ctrl`.
-    Readying { comm: CommPtr, slot: OutSlot, data: bool, ctrl: Option<CommPtr> },
+    Readying { comm: CommPtr, slot: OutSlot, data: bool, ctrl: Option<CommPtr>, ctas: Ctas },
     /// Taken apart by a poll.
     Done,
 }
 // SAFETY: the handles are only used by the task driving the init or split.
 unsafe impl Send for NcclPending {}
 
+/// The thread-block settings into NCCL's config (unset ones stay `NCCL_CONFIG_UNDEF_INT`:
+/// NCCL's default, or its environment variable).
+fn apply(cfg: &mut sys::ncclConfig_t, ctas: Ctas) {
+    let int = |v: u32| c_int::try_from(v).unwrap_or(c_int::MAX);
+    if let Some(v) = ctas.min {
+        cfg.minCTAs = int(v);
+    }
+    // NCCL compares minCTAs with maxCTAs before filling in defaults, so a minimum alone
+    // needs the default maximum (MAXCHANNELS, 64) spelt out.
+    match (ctas.min, ctas.max) {
+        (_, Some(v)) => cfg.maxCTAs = int(v),
+        (Some(_), None) => cfg.maxCTAs = 64,
+        (None, None) => {}
+    }
+    if let Some(v) = ctas.cga_cluster_size {
+        cfg.cgaClusterSize = int(v);
+    }
+}
+
 impl NcclLibrary {
     /// The state after `ctrl` is ready: its data communicator being split off, or the
     /// finished handles when the data plane runs on the control communicator.
-    fn after_ctrl(&self, ctrl: CommPtr) -> Result<(NcclPending, Option<NcclHandles>), NcclError> {
+    fn after_ctrl(&self, ctrl: CommPtr, ctas: Ctas) -> Result<(NcclPending, Option<NcclHandles>), NcclError> {
         if !(blocking_data_plane() && self.lib.CommSplit.is_some()) {
             return Ok((NcclPending::Done, Some(NcclHandles { data: ctrl.into_raw(), ctrl: None })));
         }
@@ -177,9 +197,10 @@ impl NcclLibrary {
         let mut cfg = sys::config(None);
         cfg.blocking = 1;
         cfg.splitShare = 1;
+        apply(&mut cfg, ctas);
         // SAFETY: `ctrl` is ready and used only by this task; the slot outlives the job.
         unsafe { r::comm_split(self.lib, ctrl.comm, 0, 0, slot.ptr(), &mut cfg) }?;
-        Ok((NcclPending::Splitting { parent: ctrl.comm, slot, data: true, ctrl: Some(ctrl) }, None))
+        Ok((NcclPending::Splitting { parent: ctrl.comm, slot, data: true, ctrl: Some(ctrl), ctas }, None))
     }
 }
 
@@ -222,33 +243,34 @@ impl Library for NcclLibrary {
         let slot = OutSlot::new();
         let name = CString::new(settings.name.replace('\0', "")).unwrap_or_default();
         let mut cfg = sys::config(Some(&name));
+        apply(&mut cfg, settings.ctas);
         // SAFETY: the slot outlives the job; the device is current (the device layer binds).
         unsafe { r::comm_init_rank_config(self.lib, slot.ptr(), size as c_int, uid, rank as c_int, &mut cfg) }?;
         let comm = CommPtr { lib: self.lib, comm: slot.get() };
-        Ok(NcclPending::Readying { comm, slot, data: false, ctrl: None })
+        Ok(NcclPending::Readying { comm, slot, data: false, ctrl: None, ctas: settings.ctas })
     }
 
     fn poll(&self, p: &mut NcclPending) -> Result<Poll<Option<NcclHandles>>, NcclError> {
         match std::mem::replace(p, NcclPending::Done) {
             NcclPending::Done => Ok(Poll::Ready(None)),
-            NcclPending::Splitting { parent, slot, data, ctrl } => {
+            NcclPending::Splitting { parent, slot, data, ctrl, ctas } => {
                 // NCCL writes the child into the slot from the parent's asynchronous job.
                 // SAFETY: `parent` is live: the device layer polls a user split under the
                 // parent's lock, and a data split's parent is `ctrl`, owned here.
                 match unsafe { r::comm_get_async_error(self.lib, parent) } {
                     Ok(true) => {
-                        *p = NcclPending::Splitting { parent, slot, data, ctrl };
+                        *p = NcclPending::Splitting { parent, slot, data, ctrl, ctas };
                         Ok(Poll::Pending)
                     }
                     Err(e) => {
-                        *p = NcclPending::Splitting { parent, slot, data, ctrl };
+                        *p = NcclPending::Splitting { parent, slot, data, ctrl, ctas };
                         Err(e)
                     }
                     Ok(false) => {
                         let child = slot.get();
                         if child.is_null() {
                             if data {
-                                *p = NcclPending::Splitting { parent, slot, data, ctrl };
+                                *p = NcclPending::Splitting { parent, slot, data, ctrl, ctas };
                                 return Err(NcclError {
                                     library: "NCCL",
                                     call: "ncclCommSplit (data)".into(),
@@ -260,20 +282,26 @@ impl Library for NcclLibrary {
                             }
                             return Ok(Poll::Ready(None));
                         }
-                        *p = NcclPending::Readying { comm: CommPtr { lib: self.lib, comm: child }, slot, data, ctrl };
+                        *p = NcclPending::Readying {
+                            comm: CommPtr { lib: self.lib, comm: child },
+                            slot,
+                            data,
+                            ctrl,
+                            ctas,
+                        };
                         Ok(Poll::Pending)
                     }
                 }
             }
-            NcclPending::Readying { comm, slot, data, ctrl } => {
+            NcclPending::Readying { comm, slot, data, ctrl, ctas } => {
                 // SAFETY: `comm` is the new communicator, used only by this task.
                 match unsafe { r::comm_get_async_error(self.lib, comm.comm) } {
                     Ok(true) => {
-                        *p = NcclPending::Readying { comm, slot, data, ctrl };
+                        *p = NcclPending::Readying { comm, slot, data, ctrl, ctas };
                         Ok(Poll::Pending)
                     }
                     Err(e) => {
-                        *p = NcclPending::Readying { comm, slot, data, ctrl };
+                        *p = NcclPending::Readying { comm, slot, data, ctrl, ctas };
                         Err(e)
                     }
                     Ok(false) if data => {
@@ -283,7 +311,7 @@ impl Library for NcclLibrary {
                     }
                     Ok(false) => {
                         drop(slot);
-                        let (next, done) = self.after_ctrl(comm)?;
+                        let (next, done) = self.after_ctrl(comm, ctas)?;
                         *p = next;
                         Ok(match done {
                             Some(h) => Poll::Ready(Some(h)),
@@ -321,9 +349,16 @@ impl Library for NcclLibrary {
         let slot = OutSlot::new();
         let name = CString::new(req.settings.name.replace('\0', "")).unwrap_or_default();
         let mut cfg = sys::config(Some(&name));
+        apply(&mut cfg, req.settings.ctas);
         // SAFETY: live parent under the device layer's lock; the slot outlives the job.
         unsafe { r::comm_split(self.lib, c, color, req.key as c_int, slot.ptr(), &mut cfg) }?;
-        Ok(SplitStart::Started(NcclPending::Splitting { parent: c, slot, data: false, ctrl: None }))
+        Ok(SplitStart::Started(NcclPending::Splitting {
+            parent: c,
+            slot,
+            data: false,
+            ctrl: None,
+            ctas: req.settings.ctas,
+        }))
     }
 
     fn rank_size(&self, comm: &NcclHandles) -> Result<(usize, usize), NcclError> {
