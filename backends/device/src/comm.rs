@@ -42,7 +42,15 @@ type Memory<L> = <<L as Library>::Runtime as Runtime>::Memory;
 /// What a launch that the library answered with [`Launched::InProgress`] became: nothing
 /// yet, the event recorded once the library finished enqueuing it, or why it failed.
 /// Shared by the `Work` and the communicator (which resolves it at the next launch or wait).
-type LaunchSlot<E> = Mutex<Option<std::result::Result<E, String>>>;
+type LaunchSlot<E> = Mutex<Option<std::result::Result<Mark<E>, String>>>;
+
+/// An event recorded on the stream after an operation, numbered in recording order: when
+/// mark `n` is done, every mark up to `n` is too (one stream), which lets one look at the
+/// device settle many `Work`s.
+pub(crate) struct Mark<E> {
+    seq: u64,
+    event: Arc<E>,
+}
 
 /// A device library's communicator as anyccl's `Collective`.
 pub struct DeviceComm<L: Library> {
@@ -75,6 +83,12 @@ pub struct DeviceComm<L: Library> {
     /// Operations whose completion a `Work` observed: whether the peers had ever joined
     /// when a later call blocks.
     completed: AtomicU64,
+    /// The newest mark recorded on the stream (marks are recorded under this lock, so
+    /// their numbers follow the stream's order).
+    newest: Mutex<Option<(u64, Arc<Event<L>>)>>,
+    /// Every mark up to this number is done and the library reported no error after it:
+    /// their `Work`s are finished without asking the device again.
+    finished_upto: AtomicU64,
 }
 
 impl<L: Library> std::fmt::Debug for DeviceComm<L> {
@@ -256,6 +270,8 @@ impl<L: Library> DeviceComm<L> {
             pending: Mutex::new(None),
             in_progress_returns: AtomicU64::new(0),
             completed: AtomicU64::new(0),
+            newest: Mutex::new(None),
+            finished_upto: AtomicU64::new(0),
         });
         let weak: std::sync::Weak<dyn Watched> = Arc::downgrade(&(c.clone() as Arc<dyn Watched>));
         watchdog::watch(weak);
@@ -413,6 +429,39 @@ impl<L: Library> DeviceComm<L> {
         }
     }
 
+    /// Record the next mark at the current end of the stream. The device must be current.
+    fn mark(&self) -> Result<Mark<Event<L>>> {
+        let mut newest = self.newest.lock().unwrap_or_else(|e| e.into_inner());
+        let event = Arc::new(self.rt.record(&self.stream)?);
+        let seq = newest.as_ref().map_or(0, |(s, _)| *s) + 1;
+        *newest = Some((seq, event.clone()));
+        Ok(Mark { seq, event })
+    }
+
+    /// Whether mark `m` is done (the device must be current): `Some(upto)` when it is,
+    /// with the newest mark known done, and the library's asynchronous error checked once
+    /// for all of them.
+    fn settle_mark(&self, m: &Mark<Event<L>>) -> Result<bool> {
+        if self.finished_upto.load(Ordering::Acquire) >= m.seq {
+            return Ok(true);
+        }
+        if !self.rt.done(&m.event)? {
+            return Ok(false);
+        }
+        // Usually the operations after it are done too (waits come after a run of
+        // launches): one more look settles all of them.
+        let newer = self.newest.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let upto = match newer {
+            Some((seq, ev)) if seq > m.seq && self.rt.done(&ev).unwrap_or(false) => seq,
+            _ => m.seq,
+        };
+        // A failed operation still lets the stream move on: finished means succeeded only
+        // if the library reported no error.
+        self.poll_async(Plane::Data, "wait")?;
+        self.finished_upto.fetch_max(upto, Ordering::AcqRel);
+        Ok(true)
+    }
+
     /// If an operation is still being launched, see whether the library is done with it
     /// and, if so, record its event. `Ok(true)` while it is still in progress.
     fn resolve_pending(&self, op: &str) -> Result<bool> {
@@ -421,8 +470,7 @@ impl<L: Library> DeviceComm<L> {
         match self.poll_async(Plane::Data, op) {
             Ok(true) => Ok(true),
             Ok(false) => {
-                *slot.lock().unwrap_or_else(|e| e.into_inner()) =
-                    Some(self.rt.record(&self.stream).map_err(|e| e.to_string()));
+                *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(self.mark().map_err(|e| e.to_string()));
                 *p = None;
                 Ok(false)
             }
@@ -505,8 +553,8 @@ impl<L: Library> DeviceComm<L> {
             return Ok(Work::new(Box::new(DeviceWork { comm: self, state: WorkState::Launching(slot) })));
         }
         drop(g);
-        match self.rt.record(&self.stream) {
-            Ok(ev) => Ok(Work::new(Box::new(DeviceWork { comm: self, state: WorkState::Running(ev) }))),
+        match self.mark() {
+            Ok(m) => Ok(Work::new(Box::new(DeviceWork { comm: self, state: WorkState::Running(m) }))),
             Err(e) => {
                 // On the stream but untracked: stop it rather than let the caller reuse
                 // buffers it may still touch.

@@ -1,7 +1,7 @@
 //! The `Work` of an operation on a [`DeviceComm`]: its event, polled against the
 //! communicator's async error and the caller's deadline; drained on drop.
 
-use super::{backoff, DeviceComm, Event, LaunchSlot};
+use super::{backoff, DeviceComm, Event, LaunchSlot, Mark};
 use crate::library::{Library, Plane};
 use crate::runtime::Runtime;
 use anyccl_core::{Result, WorkImpl};
@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 pub(super) enum WorkState<E> {
     /// The library has not finished putting the operation on the stream.
     Launching(Arc<LaunchSlot<E>>),
-    /// On the stream; done when the event is.
-    Running(E),
+    /// On the stream; done when its mark is.
+    Running(Mark<E>),
 }
 
 pub(super) struct DeviceWork<'a, L: Library> {
@@ -41,17 +41,24 @@ impl<L: Library> DeviceWork<'_, L> {
             }
         }
         match &self.state {
-            WorkState::Running(ev) => self.comm.rt.done(ev),
+            // Done, and the library's asynchronous error checked after it.
+            WorkState::Running(m) => self.comm.settle_mark(m),
             WorkState::Launching(_) => Ok(false),
+        }
+    }
+
+    /// Settled without asking the device: a newer mark was seen done.
+    fn settled(&self) -> bool {
+        match &self.state {
+            WorkState::Running(m) => self.comm.finished_upto.load(Ordering::Acquire) >= m.seq,
+            WorkState::Launching(_) => false,
         }
     }
 }
 
 impl<L: Library> DeviceWork<'_, L> {
-    /// The stream passed the operation: it succeeded unless the library reported an
-    /// asynchronous error (a failed operation still lets the stream move on).
+    /// The stream passed the operation and the library reported no error since.
     fn finished(&self) -> Result<bool> {
-        self.comm.poll_async(Plane::Data, "wait")?;
         self.comm.completed.fetch_add(1, Ordering::Relaxed);
         Ok(true)
     }
@@ -59,6 +66,9 @@ impl<L: Library> DeviceWork<'_, L> {
 
 impl<L: Library> WorkImpl for DeviceWork<'_, L> {
     fn poll(&mut self) -> Result<bool> {
+        if self.settled() {
+            return self.finished();
+        }
         self.comm.rt.bind()?;
         if self.step()? {
             return self.finished();
@@ -68,6 +78,9 @@ impl<L: Library> WorkImpl for DeviceWork<'_, L> {
     }
 
     fn wait_for(&mut self, timeout: Duration) -> Result<bool> {
+        if self.settled() {
+            return self.finished();
+        }
         let deadline = anyccl_core::deadline_in(timeout);
         self.comm.rt.bind()?;
         let mut spins = 0u32;
