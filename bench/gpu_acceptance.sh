@@ -15,6 +15,9 @@
 #   PARTS=interleave OLD=.gpu/old BIN=.gpu bash bench/gpu_acceptance.sh
 #       all_reduce 8 B-1 GiB, this build and an older one (OLD: its anyccl-run and
 #       anyccl-bench) alternating, three rounds each, out-of-place time per size
+#   PARTS=raw BIN=.gpu bash bench/gpu_acceptance.sh              # anyccl beside raw NCCL:
+#       8 B-4 KiB in interleaved pairs; 256 MiB-1 GiB with CTAS (default 32) min CTAs against
+#       raw defaults; first-call memory with and without; the warmup with the setting
 #   SQUEEZE=8: the MiB the recovery demo leaves free (default 16)
 #
 # Logs go to $OUT (default /tmp/anyccl-acceptance), one file per part; a summary is
@@ -120,6 +123,25 @@ for mode in "" "--role-plan" "--no-warmup"; do
 done > "$OUT/plan-recover.log" 2>&1
 grep -E '===|exit=|bit-for-bit|failed with|out of memory|recorded the first|warmed |plan of|total  |group total|squeezed|succeeded' \
   "$OUT/plan-recover.log" | cut -c1-260
+fi
+
+if want raw; then
+echo "### all_reduce 8 B-4 KiB: raw NCCL and anyccl in ${PAIRS:-8} interleaved pairs ($(t))"
+timeout 200 anyccl-run -n 2 -- anyccl-bench all_reduce --backend nccl --vs-raw "${PAIRS:-8}" -b 8 -e 4K -f 2 -n 100 -w 20 2>&1 \
+  | grep -v '^\[rank 1\]' | tee "$OUT/raw-small.log" | cut -c1-250
+echo "### all_reduce 256 MiB-1 GiB: raw NCCL's defaults against anyccl with ANYCCL_MIN_CTAS=${CTAS:-32} ($(t))"
+ANYCCL_MIN_CTAS=${CTAS:-32} timeout 300 anyccl-run -n 2 -- anyccl-bench all_reduce --backend nccl --vs-raw 3 -b 256M -e 1G -f 2 -n 20 -w 5 2>&1 \
+  | grep -v '^\[rank 1\]' | tee "$OUT/raw-large.log" | cut -c1-250
+echo "### the first call's memory and busbw: defaults, then ANYCCL_MIN_CTAS=${CTAS:-32} ($(t))"
+for ctas in "" "${CTAS:-32}"; do
+  env ${ctas:+ANYCCL_MIN_CTAS=$ctas} timeout 200 anyccl-run -n 2 -- anyccl-bench all_reduce --backend nccl -b 8 -e 1G -f 8 -n 20 -w 5 -c 0 2>&1 \
+    | grep -E '^\[rank 0\] +[0-9]' | awk -v c="${ctas:-default}" '{ printf "min_ctas %-8s %12d  busbw %8s  first-call us %9s  MiB %7s\n", c, $3, $10, $16, $17 }'
+done | tee "$OUT/raw-mem.log"
+echo "### warmup with ANYCCL_MIN_CTAS=${CTAS:-32}: warmed memory, then the step ($(t))"
+{ ANYCCL_MIN_CTAS=${CTAS:-32} timeout 120 anyccl-run -n 2 -- anyccl-warmup-check --backend nccl; echo "exit=$?"
+  ANYCCL_MIN_CTAS=${CTAS:-32} timeout 120 anyccl-run -n 2 -- anyccl-warmup-check --backend nccl --no-warmup; echo "exit=$?"; } \
+  > "$OUT/raw-warmup.log" 2>&1
+grep -E 'exit=|total|step \(' "$OUT/raw-warmup.log" | grep -v '^\[rank 1\]   ' | cut -c1-200
 fi
 
 if want interleave; then

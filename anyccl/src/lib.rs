@@ -48,6 +48,10 @@ pub use anyccl_cpu::Cpu;
 pub use anyccl_hccl::Hccl;
 #[cfg(feature = "nccl")]
 pub use anyccl_nccl::Nccl;
+/// NCCL called directly (one communicator, one stream, calls back to back), for measuring
+/// what anyccl adds: `anyccl-bench --vs-raw`.
+#[cfg(feature = "nccl")]
+pub use anyccl_nccl::RawNccl;
 
 /// The level below which [`init_logging`] drops messages when `ANYCCL_LOG` is unset.
 pub use tracing::Level as LogLevel;

@@ -90,6 +90,15 @@ impl Cuda {
         unsafe { cu::ctx::set_current(self.ctx) }.map_err(|e| cuda_err("cuCtxSetCurrent", e))
     }
 
+    /// Whether this device's context is the calling thread's current one.
+    ///
+    /// # Errors
+    /// `Backend` on a driver error.
+    pub fn current(&self) -> Result<bool> {
+        let c = cu::ctx::get_current().map_err(|e| cuda_err("cuCtxGetCurrent", e))?;
+        Ok(c == Some(self.ctx))
+    }
+
     /// `r`'s error as anyccl's; a sticky one marks the context lost, and the error says
     /// plainly what that means.
     pub(crate) fn check<T>(&self, op: &str, r: std::result::Result<T, cudarc::driver::DriverError>) -> Result<T> {
@@ -279,6 +288,11 @@ unsafe impl Send for CudaMemory {}
 unsafe impl Sync for CudaMemory {}
 
 impl CudaMemory {
+    /// The device address.
+    pub(crate) fn ptr(&self) -> u64 {
+        self.ptr
+    }
+
     /// `count` zeroed elements of `dtype` on `cuda`.
     ///
     /// # Errors

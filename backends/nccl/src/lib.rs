@@ -22,11 +22,13 @@
 
 mod cuda;
 mod library;
+mod raw;
 mod result;
 mod sys;
 
 pub use cuda::{Cuda, CudaMemory, CudaPlatform};
 pub use library::{nccl_capabilities, NcclHandles, NcclLibrary};
+pub use raw::{RawNccl, RawTiming};
 pub use result::NcclError;
 
 /// The NCCL backend's communicator: the device layer's over [`NcclLibrary`].

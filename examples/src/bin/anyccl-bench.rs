@@ -1,5 +1,5 @@
 //! `anyccl-bench <op> [--backend B] [-b MIN] [-e MAX] [-f FACTOR] [-n ITERS] [-w WARMUP]
-//! [-d DTYPE] [-o OP] [-c 0|1] [--json]`: nccl-tests-style rows (size, count, type, redop,
+//! [-d DTYPE] [-o OP] [-c 0|1] [--json] [--vs-raw PAIRS]`: nccl-tests-style rows (size, count, type, redop,
 //! root, then time, algbw, busbw and #wrong out of place and in place) plus two columns no
 //! peer prints: the first (cold) call's time and the device memory it took. Runs under
 //! `anyccl-run` (one rank per process) or alone.
@@ -55,6 +55,11 @@ struct Args {
     /// Print rows as JSON lines instead.
     #[arg(long)]
     json: bool,
+    /// all_reduce only: time this many interleaved pairs per size, raw NCCL (its own
+    /// communicator, one stream, calls back to back, one wait) then the same calls through
+    /// anyccl, and print both medians and the ratios (at least 1).
+    #[arg(long, value_name = "PAIRS", value_parser = clap::value_parser!(u32).range(1..=1000))]
+    vs_raw: Option<u32>,
 }
 
 fn parse_size(s: &str) -> std::result::Result<usize, String> {
@@ -384,6 +389,19 @@ async fn run(args: Args) -> Result<()> {
     }
     let timeout = comm.config().op_timeout;
     let print = me == 0;
+    if let Some(pairs) = args.vs_raw {
+        if op != Op::AllReduce {
+            return Err(bad_arg("--vs-raw", format!("the raw mode times all_reduce only, not {}", args.op)));
+        }
+        // The raw side keeps NCCL's defaults: anyccl's thread-block settings are compared to them.
+        let defaults = CommConfig { min_ctas: None, max_ctas: None, cga_cluster_size: None, ..comm.config().clone() };
+        let raw = anyccl::RawNccl::connect(store.as_ref(), "bench/raw-id", me, n, env.local_rank, &defaults).await?;
+        let sizes = Sizes { min, max, factor: args.factor };
+        let r = vs_raw(&args, &raw, &comm, &platform, store.as_ref(), sizes, dtype, rop, pairs as usize).await;
+        drop(raw);
+        comm.shutdown().await?;
+        return r;
+    }
     if print && !args.json {
         let info = backend.probe()?;
         println!(
@@ -540,6 +558,119 @@ async fn run(args: Args) -> Result<()> {
     comm.shutdown().await?;
     if wrong_total > 0 {
         return Err(bad_arg("-c", format!("{wrong_total} wrong elements")));
+    }
+    Ok(())
+}
+
+/// The rows' sizes.
+#[derive(Clone, Copy)]
+struct Sizes {
+    min: usize,
+    max: usize,
+    factor: usize,
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// `--vs-raw`: per size, `pairs` interleaved timings of raw NCCL and of anyccl, the same
+/// calls (out of place, `iters` back to back after `warmup`), then the medians, the median
+/// of the per-pair ratios and the worst pair.
+#[allow(clippy::too_many_arguments)]
+async fn vs_raw(
+    args: &Args,
+    raw: &anyccl::RawNccl,
+    comm: &Communicator,
+    platform: &Arc<dyn Platform>,
+    store: &dyn anyccl::Store,
+    sizes: Sizes,
+    dtype: DType,
+    rop: ReduceOp,
+    pairs: usize,
+) -> Result<()> {
+    let (n, me) = (comm.size(), comm.rank());
+    let timeout = comm.config().op_timeout;
+    let mut sync = StoreBarrier { store, n, me, calls: 0, timeout };
+    if me == 0 && !args.json {
+        println!("# anyccl-bench all_reduce --vs-raw {pairs}: {n} ranks, {} pairs per size (raw NCCL, then anyccl), {} iters after {} warm-up calls", pairs, args.iters, args.warmup);
+        let c = comm.config();
+        println!(
+            "# raw: NCCL's defaults; anyccl: min_ctas {:?} max_ctas {:?} cga_cluster_size {:?}",
+            c.min_ctas, c.max_ctas, c.cga_cluster_size
+        );
+        let costs: Vec<String> =
+            raw.host_costs(20_000)?.into_iter().map(|(what, ns)| format!("{what} {ns:.0}")).collect();
+        println!("# host cost per call, ns: {}", costs.join(", "));
+        println!("#       size         count      type    raw (us)  anyccl (us)  median ratio  worst ratio  raw busbw  anyccl busbw  issue raw/anyccl (us)  raw+events (us)   pairs (raw/anyccl us)");
+    }
+    let mut bytes = sizes.min.max(dtype.size());
+    while bytes <= sizes.max {
+        let count = (bytes / dtype.size()).max(1);
+        let mut b = Bufs { send: platform.alloc(dtype, count)?, recvs: Vec::new(), in_place_input: Vec::new() };
+        // Receive buffers for a run back to back, within an eighth of free memory (4 GiB at
+        // most), as the normal rows do.
+        let free = platform.mem_info().map(|m| m.free).unwrap_or(u64::MAX);
+        let budget = (free / 8).min(4 << 30) as usize;
+        for _ in 0..(budget / (count * dtype.size()).max(1)).clamp(1, args.iters.max(1)) {
+            b.recvs.push(platform.alloc(dtype, count)?);
+        }
+        let (mut raws, mut ours, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut raw_issue, mut our_issue, mut with_events) = (Vec::new(), Vec::new(), Vec::new());
+        let mut shown = Vec::new();
+        for _ in 0..pairs {
+            sync.wait("raw").await?;
+            let r = raw.all_reduce_us(count, dtype, args.iters, args.warmup, false)?;
+            let w = Warmup { calls: args.warmup, min_time: Duration::ZERO };
+            let a =
+                timed(comm, platform, Op::AllReduce, &mut b, rop, 0, w, args.iters, timeout, false, &mut sync).await?;
+            sync.wait("raw-events").await?;
+            let e = raw.all_reduce_us(count, dtype, args.iters, args.warmup, true)?;
+            raws.push(r.us);
+            ours.push(a.us);
+            ratios.push(a.us / r.us);
+            raw_issue.push(r.issue_us);
+            our_issue.push(a.issue_us);
+            with_events.push(e.us);
+            shown.push(format!("{:.1}/{:.1}", r.us, a.us));
+        }
+        let (ri, ai, ev) = (median(&mut raw_issue), median(&mut our_issue), median(&mut with_events));
+        let worst = ratios.iter().copied().fold(f64::NAN, f64::max);
+        let (mr, ma, mq) = (median(&mut raws), median(&mut ours), median(&mut ratios));
+        if me == 0 {
+            if args.json {
+                println!(
+                    "{}",
+                    serde_json::json!({"op": "all_reduce", "mode": "vs_raw", "ranks": n, "size": count * dtype.size(), "count": count,
+                        "type": dtype.name(), "raw_us": mr, "anyccl_us": ma, "median_ratio": mq, "worst_ratio": worst, "pairs": shown,
+                        "raw_issue_us": ri, "anyccl_issue_us": ai, "raw_with_events_us": ev})
+                );
+            } else {
+                let busbw = |us: f64| (count * dtype.size()) as f64 / us / 1e3 * Op::AllReduce.bus_factor(n);
+                println!(
+                    "{:12} {:13} {:>9} {:11.2} {:12.2} {:13.3} {:12.3} {:10.2} {:13.2} {:>22} {:16.2}   {}",
+                    count * dtype.size(),
+                    count,
+                    dtype.name(),
+                    mr,
+                    ma,
+                    mq,
+                    worst,
+                    busbw(mr),
+                    busbw(ma),
+                    format!("{ri:.2}/{ai:.2}"),
+                    ev,
+                    shown.join(" ")
+                );
+            }
+        }
+        drop(b);
+        bytes = bytes.saturating_mul(sizes.factor);
     }
     Ok(())
 }

@@ -1,0 +1,238 @@
+//! NCCL called directly, for measuring what anyccl adds on top of it: a communicator of its
+//! own (made as the backend makes one, with the same deadline), one stream, `ncclAllReduce`
+//! issued back to back and one wait at the end: the loop of nccl-tests and of an engine that
+//! calls NCCL by hand. `anyccl-bench --vs-raw` times it beside the same calls through a
+//! `Communicator`, interleaved.
+
+use crate::cuda::{Cuda, CudaMemory, Event, Stream};
+use crate::library::{NcclHandles, NcclLibrary, NcclPending};
+use crate::Nccl;
+use anyccl_core::{CommConfig, DType, Error, ReduceOp, Result, Store};
+use anyccl_device::{Library, Plane, Poll, Settings};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Microseconds per call: in all, and on the host issuing it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RawTiming {
+    /// Time per call, issue to completion of the last.
+    pub us: f64,
+    /// Host time per call spent issuing.
+    pub issue_us: f64,
+}
+
+/// A raw NCCL communicator with its stream.
+#[derive(Debug)]
+pub struct RawNccl {
+    lib: &'static NcclLibrary,
+    cuda: Arc<Cuda>,
+    handles: Option<NcclHandles>,
+    stream: Stream,
+    rank: usize,
+    timeout: Duration,
+}
+
+fn ctx_err(e: crate::NcclError, op: &str, rank: usize) -> Error {
+    anyccl_device::Ctx { backend: "nccl", rank, group: "raw".into() }.error(op, e)
+}
+
+impl RawNccl {
+    /// Make one on device `LOCAL_RANK` modulo the devices: rank 0 draws the id and
+    /// publishes it under `key`; every rank waits for it, then inits, within
+    /// `config.init_timeout`.
+    ///
+    /// # Errors
+    /// `Unavailable` without NCCL or CUDA, `Timeout` when the ranks do not all arrive,
+    /// `Backend` on a library error.
+    pub async fn connect(
+        store: &dyn Store,
+        key: &str,
+        rank: usize,
+        size: usize,
+        local_rank: usize,
+        config: &CommConfig,
+    ) -> Result<RawNccl> {
+        let (lib, devices) = Nccl::ready()?;
+        let lib = crate::library(lib);
+        let cuda = Cuda::new((local_rank % devices) as i32)?;
+        let deadline = anyccl_core::deadline_in(config.init_timeout);
+        if rank == 0 {
+            let id = lib.root_id(&cuda).map_err(|e| ctx_err(e, "ncclGetUniqueId", rank))?;
+            store.set(key, &id).await?;
+        }
+        let id = store.wait(key, deadline).await?;
+        let settings = Settings::from_config("raw", config, config.op_timeout);
+        cuda.bind()?;
+        let mut pending: NcclPending = lib
+            .init_start(&cuda, &id, rank, size, &settings)
+            .map_err(|e| ctx_err(e, "ncclCommInitRankConfig", rank))?;
+        let handles = loop {
+            match lib.poll(&mut pending) {
+                Ok(Poll::Ready(Some(h))) => break h,
+                Ok(Poll::Ready(None)) => {
+                    return Err(Error::Unavailable { backend: "nccl", reason: "NCCL made no communicator".into() })
+                }
+                Ok(Poll::Pending) if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(1)).await,
+                Ok(Poll::Pending) => {
+                    lib.abandon(pending);
+                    return Err(Error::Timeout {
+                        op: "raw init".into(),
+                        rank,
+                        group: "raw".into(),
+                        after: config.init_timeout,
+                        detail: "the other ranks did not join the raw NCCL communicator".into(),
+                    });
+                }
+                Err(e) => {
+                    lib.abandon(pending);
+                    return Err(ctx_err(e, "ncclCommInitRankConfig", rank));
+                }
+            }
+        };
+        let stream = Stream::new(&cuda)?;
+        Ok(RawNccl { lib, cuda, handles: Some(handles), stream, rank, timeout: config.op_timeout })
+    }
+
+    /// Microseconds per call of `iters` in-place-free `ncclAllReduce` (sum) of `count`
+    /// elements of `dtype`, issued back to back on one stream after `warmup` untimed calls,
+    /// with one wait at the end. Buffers are allocated before and freed after the timing.
+    ///
+    /// # Errors
+    /// `Backend` on a library or driver error, `Timeout` when the calls do not finish
+    /// within the operation timeout.
+    ///
+    /// With `events`, an event is also recorded after each call (what a completion handle
+    /// per operation costs). Returns the time per call and the part of it the host spent
+    /// issuing.
+    pub fn all_reduce_us(
+        &self,
+        count: usize,
+        dtype: DType,
+        iters: usize,
+        warmup: usize,
+        events: bool,
+    ) -> Result<RawTiming> {
+        let send = CudaMemory::zeroed(&self.cuda, dtype, count)?;
+        let recv = CudaMemory::zeroed(&self.cuda, dtype, count)?;
+        self.cuda.bind()?;
+        let run = |k: usize| -> Result<(Duration, Duration)> {
+            let mut marks = Vec::with_capacity(if events { k } else { 0 });
+            let t = Instant::now();
+            for _ in 0..k {
+                self.all_reduce(&send, &recv, count, dtype)?;
+                if events {
+                    marks.push(Event::record(&self.stream)?);
+                }
+            }
+            let issued = t.elapsed();
+            self.wait()?;
+            Ok((t.elapsed(), issued))
+        };
+        run(warmup.max(1))?;
+        let (took, issued) = run(iters.max(1))?;
+        let per = |d: Duration| d.as_secs_f64() * 1e6 / iters.max(1) as f64;
+        Ok(RawTiming { us: per(took), issue_us: per(issued) })
+    }
+
+    /// What the host pays for the pieces of a launch that are not NCCL's, in nanoseconds
+    /// per call over `reps` calls: making the device current (`cuCtxSetCurrent`), asking
+    /// which context is current (`cuCtxGetCurrent`), recording an event, querying a
+    /// finished one, reading the clock, taking an uncontended lock.
+    ///
+    /// # Errors
+    /// `Backend` on a driver error.
+    pub fn host_costs(&self, reps: u32) -> Result<Vec<(&'static str, f64)>> {
+        let reps = reps.max(1);
+        let per = |t: Instant| t.elapsed().as_secs_f64() * 1e9 / f64::from(reps);
+        self.cuda.bind()?;
+        let mut out = Vec::new();
+        let t = Instant::now();
+        for _ in 0..reps {
+            self.cuda.bind()?;
+        }
+        out.push(("cuCtxSetCurrent", per(t)));
+        let t = Instant::now();
+        for _ in 0..reps {
+            std::hint::black_box(self.cuda.current()?);
+        }
+        out.push(("cuCtxGetCurrent", per(t)));
+        let mut events = Vec::with_capacity(reps as usize);
+        let t = Instant::now();
+        for _ in 0..reps {
+            events.push(Event::record(&self.stream)?);
+        }
+        out.push(("cuEventRecord", per(t)));
+        self.wait()?;
+        let t = Instant::now();
+        for e in &events {
+            std::hint::black_box(e.done()?);
+        }
+        out.push(("cuEventQuery (done)", per(t)));
+        drop(events);
+        let t = Instant::now();
+        for _ in 0..reps {
+            std::hint::black_box(Instant::now());
+        }
+        out.push(("Instant::now", per(t)));
+        let m = std::sync::Mutex::new(0u64);
+        let t = Instant::now();
+        for _ in 0..reps {
+            if let Ok(mut g) = m.lock() {
+                *g += 1;
+            }
+        }
+        out.push(("Mutex lock", per(t)));
+        Ok(out)
+    }
+
+    fn all_reduce(&self, send: &CudaMemory, recv: &CudaMemory, count: usize, dtype: DType) -> Result<()> {
+        let h = self.handles.as_ref().ok_or_else(|| Error::Aborted {
+            rank: self.rank,
+            group: "raw".into(),
+            detail: "the raw communicator is gone".into(),
+        })?;
+        let op = anyccl_device::Op::AllReduce {
+            send: send.ptr() as *const std::ffi::c_void,
+            recv: recv.ptr() as *mut std::ffi::c_void,
+            count,
+            dtype,
+            op: ReduceOp::Sum,
+        };
+        // SAFETY: the buffers hold `count` elements and outlive the timing (the caller waits
+        // for the stream before they drop); the communicator is ours alone; the device is
+        // current.
+        unsafe { self.lib.launch(h, &self.stream, &op) }.map_err(|e| ctx_err(e, "ncclAllReduce", self.rank))?;
+        Ok(())
+    }
+
+    /// Wait for the stream, checking NCCL's async error, within the operation timeout.
+    fn wait(&self) -> Result<()> {
+        let ev = Event::record(&self.stream)?;
+        let deadline = anyccl_core::deadline_in(self.timeout);
+        while !ev.done()? {
+            if let Some(h) = &self.handles {
+                self.lib.async_error(h, Plane::Data).map_err(|e| ctx_err(e, "ncclCommGetAsyncError", self.rank))?;
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::Timeout {
+                    op: "raw all_reduce".into(),
+                    rank: self.rank,
+                    group: "raw".into(),
+                    after: self.timeout,
+                    detail: "the raw NCCL calls did not finish".into(),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for RawNccl {
+    fn drop(&mut self) {
+        if let Some(h) = self.handles.take() {
+            let _ = self.cuda.bind();
+            // ncclCommAbort frees without waiting on peers.
+            self.lib.destroy(&h);
+        }
+    }
+}
