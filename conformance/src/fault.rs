@@ -96,6 +96,12 @@ impl Collective for Faulty {
     fn memory_held(&self) -> Option<u64> {
         self.inner.memory_held()
     }
+    fn wait_stream(&self, stream: anyccl_core::StreamRef<'_>) -> Result<()> {
+        self.inner.wait_stream(stream)
+    }
+    fn signal_stream(&self, stream: anyccl_core::StreamRef<'_>) -> Result<()> {
+        self.inner.signal_stream(stream)
+    }
     fn all_reduce<'a>(&'a self, send: Option<Buf<'a>>, recv: BufMut<'a>, op: ReduceOp) -> Result<Work<'a>> {
         self.gate("all_reduce", || self.inner.all_reduce(send, recv, op))
     }

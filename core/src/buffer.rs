@@ -28,6 +28,37 @@ pub struct Device {
     pub ordinal: i32,
 }
 
+/// An engine's own device stream (a `CUstream`, an `aclrtStream`), by its raw handle, for
+/// ordering a communicator's operations with the engine's work without the host waiting:
+/// [`crate::Communicator::wait_stream`] and [`crate::Communicator::signal_stream`].
+/// The lifetime is that of whatever owns the stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct StreamRef<'a> {
+    device: Device,
+    raw: usize,
+    owner: std::marker::PhantomData<&'a ()>,
+}
+
+impl<'a> StreamRef<'a> {
+    /// A reference to stream `raw` of `device`.
+    ///
+    /// # Safety
+    /// `raw` must be a live stream of `device`'s primary context for `'a` (the calls given
+    /// it only enqueue: the stream may be destroyed once they return, as the vendor runtime
+    /// allows).
+    pub unsafe fn from_raw(device: Device, raw: *mut std::ffi::c_void) -> StreamRef<'a> {
+        StreamRef { device, raw: raw as usize, owner: std::marker::PhantomData }
+    }
+    /// The device.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+    /// The raw handle.
+    pub fn as_ptr(&self) -> *mut std::ffi::c_void {
+        self.raw as *mut std::ffi::c_void
+    }
+}
+
 impl Device {
     /// The host.
     pub const CPU: Device = Device { kind: DeviceKind::Cpu, ordinal: 0 };

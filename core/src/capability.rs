@@ -44,6 +44,9 @@ pub struct Capabilities {
     pub detects_mismatch: bool,
     /// Most ranks that can share one host (one per device for GPU backends).
     pub max_local_ranks: usize,
+    /// Operations can be ordered with an engine's own streams without the host waiting
+    /// (`Communicator::wait_stream`, `signal_stream`).
+    pub streams: bool,
     /// The library takes per-communicator thread-block settings (`CommConfig::min_ctas`,
     /// `max_ctas`, `cga_cluster_size`); elsewhere connecting with one set is refused.
     pub cta_settings: bool,

@@ -1,6 +1,6 @@
 //! The implementor contract (`Collective`) and the backend factory (`Backend`).
 
-use crate::buffer::{Buf, BufMut, Device};
+use crate::buffer::{Buf, BufMut, Device, StreamRef};
 use crate::capability::Capabilities;
 use crate::dtype::ReduceOp;
 use crate::error::Result;
@@ -95,6 +95,28 @@ pub trait Collective: Send + Sync + fmt::Debug + 'static {
     fn p2p_group<'a>(&'a self, ops: Vec<P2POp<'a>>) -> Result<Work<'a>>;
     /// Completes once every rank has entered it.
     fn barrier(&self) -> Result<Work<'_>>;
+
+    /// Operations issued on this communicator after this call start only once the device
+    /// has done the work enqueued on `stream` so far; the host does not wait
+    /// (`Capabilities::streams`; `stream` is on this communicator's device).
+    fn wait_stream(&self, stream: StreamRef<'_>) -> Result<()> {
+        let _ = stream;
+        Err(crate::Error::Unsupported {
+            backend: self.info().backend,
+            op: "wait_stream",
+            what: "ordering with an engine's streams".into(),
+        })
+    }
+    /// Work enqueued on `stream` after this call starts only once every operation issued
+    /// on this communicator so far has finished on the device; the host does not wait.
+    fn signal_stream(&self, stream: StreamRef<'_>) -> Result<()> {
+        let _ = stream;
+        Err(crate::Error::Unsupported {
+            backend: self.info().backend,
+            op: "signal_stream",
+            what: "ordering with an engine's streams".into(),
+        })
+    }
 
     /// Report an asynchronous failure of the communicator, if any (`Ok` when healthy).
     async fn health(&self, deadline: Instant) -> Result<()>;

@@ -1,7 +1,7 @@
 //! `Communicator`: what users hold. It validates every call once, numbers operations per
 //! group, traces them and records them in the flight recorder.
 
-use crate::buffer::{Buf, BufMut};
+use crate::buffer::{Buf, BufMut, StreamRef};
 use crate::capability::Capabilities;
 use crate::collective::{AllToAllSplits, Backend, Collective, CommInfo, ConnectOptions, P2POp};
 use crate::config::CommConfig;
@@ -305,6 +305,65 @@ impl Communicator {
     pub fn memory_held(&self) -> Option<u64> {
         self.inner.memory_held()
     }
+    /// Order this communicator after an engine's stream: operations issued after this call
+    /// start only once the device has done the work enqueued on `stream` so far (the
+    /// engine's kernels that produce their inputs). The host does not wait.
+    ///
+    /// Buffers: an operation's `Work` keeps its buffers borrowed as always; with
+    /// [`Communicator::signal_stream`] the engine's stream waits for the result on the
+    /// device, and the `Work` can be dropped once that stream has passed the point (dropping
+    /// it earlier waits on the host, which is safe but gives up the overlap).
+    ///
+    /// # Errors
+    /// `InvalidArgument` for a stream on another device; `Unsupported` where the backend
+    /// has no streams (`Capabilities::streams`); `Aborted` on a dead communicator.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # fn step(comm: &anyccl_core::Communicator, engine: anyccl_core::StreamRef,
+    /// #         grads: anyccl_core::BufMut<'_>) -> anyccl_core::Result<()> {
+    /// comm.wait_stream(engine)?; // after the backward kernels that wrote `grads`
+    /// let work = comm.all_reduce(None, grads, anyccl_core::ReduceOp::Sum)?;
+    /// comm.signal_stream(engine)?; // the optimizer's kernels run after the all_reduce
+    /// // ... enqueue more of the engine's work, then synchronize its stream ...
+    /// drop(work); // done on the device by now: no host wait
+    /// # Ok(()) }
+    /// ```
+    pub fn wait_stream(&self, stream: StreamRef<'_>) -> Result<()> {
+        self.check_stream("wait_stream", stream)?;
+        self.inner.wait_stream(stream)
+    }
+
+    /// Order an engine's stream after this communicator: work enqueued on `stream` after
+    /// this call starts only once every operation issued here so far has finished on the
+    /// device. The host does not wait. See [`Communicator::wait_stream`] for buffers.
+    ///
+    /// # Errors
+    /// As [`Communicator::wait_stream`].
+    pub fn signal_stream(&self, stream: StreamRef<'_>) -> Result<()> {
+        self.check_stream("signal_stream", stream)?;
+        self.inner.signal_stream(stream)
+    }
+
+    fn check_stream(&self, op: &'static str, stream: StreamRef<'_>) -> Result<()> {
+        let mine = self.info().device;
+        if stream.device() != mine {
+            return Err(self.invalid(
+                op,
+                "stream",
+                format!("the stream is on {}, this communicator on {mine}", stream.device()),
+            ));
+        }
+        if !self.capabilities().streams {
+            return Err(Error::Unsupported {
+                backend: self.info().backend,
+                op,
+                what: "ordering with an engine's streams".into(),
+            });
+        }
+        Ok(())
+    }
+
     /// The settings.
     pub fn config(&self) -> &CommConfig {
         &self.config

@@ -45,7 +45,7 @@ pub mod store;
 pub mod trace;
 mod work;
 
-pub use buffer::{overlaps, Buf, BufMut, Device, DeviceKind};
+pub use buffer::{overlaps, Buf, BufMut, Device, DeviceKind, StreamRef};
 pub use capability::Capabilities;
 pub use collective::{abort_all, AllToAllSplits, Backend, BackendInfo, Collective, CommInfo, ConnectOptions, P2POp};
 pub use communicator::{stable_hash, Communicator, OpSignature};

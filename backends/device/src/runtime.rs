@@ -77,6 +77,30 @@ pub trait Runtime: Send + Sync + fmt::Debug + 'static {
     /// # Errors
     /// A runtime error.
     fn mem_info(&self) -> Result<MemInfo>;
+    /// Make `stream` wait, on the device, for the work enqueued on the engine's stream
+    /// `raw` so far (an event recorded there, waited for here). The device is current.
+    ///
+    /// # Safety
+    /// `raw` is a live stream of this device.
+    ///
+    /// # Errors
+    /// `Unsupported` where the runtime has no such ordering; a runtime error.
+    unsafe fn wait_raw(&self, stream: &Self::Stream, raw: *mut std::ffi::c_void) -> Result<()> {
+        let _ = (stream, raw);
+        Err(Error::Unsupported { backend: "device", op: "wait_stream", what: "events between streams".into() })
+    }
+    /// Make the engine's stream `raw` wait, on the device, for the work enqueued on
+    /// `stream` so far. The device is current.
+    ///
+    /// # Safety
+    /// `raw` is a live stream of this device.
+    ///
+    /// # Errors
+    /// `Unsupported` where the runtime has no such ordering; a runtime error.
+    unsafe fn signal_raw(&self, stream: &Self::Stream, raw: *mut std::ffi::c_void) -> Result<()> {
+        let _ = (stream, raw);
+        Err(Error::Unsupported { backend: "device", op: "signal_stream", what: "events between streams".into() })
+    }
 }
 
 /// The `Platform` of one device over its runtime.

@@ -6,7 +6,7 @@ use crate::library::{Library, Op, Plane, RawP2P, Settings, SplitRequest, SplitSt
 use crate::runtime::Runtime;
 use anyccl_core::{
     async_trait, AllToAllSplits, Buf, BufMut, Capabilities, Collective, CommInfo, DeviceMemory, P2POp, ReduceOp,
-    Result, Work,
+    Result, StreamRef, Work,
 };
 use std::ffi::c_void;
 use std::sync::atomic::Ordering;
@@ -20,6 +20,26 @@ impl<L: Library> Collective for DeviceComm<L> {
     }
     fn capabilities(&self) -> &Capabilities {
         &self.caps
+    }
+
+    fn wait_stream(&self, stream: StreamRef<'_>) -> Result<()> {
+        // Under the call lock, so "operations issued after this call" is well defined
+        // against launches from other threads.
+        self.rt.bind()?;
+        self.settle("wait_stream")?;
+        let _g = self.lock_live()?;
+        // SAFETY: the Communicator checked the device; the caller vouched for the stream
+        // (`StreamRef::from_raw`).
+        unsafe { self.rt.wait_raw(&self.stream, stream.as_ptr()) }
+    }
+
+    fn signal_stream(&self, stream: StreamRef<'_>) -> Result<()> {
+        self.rt.bind()?;
+        // An operation the library is still putting on the stream must be there first.
+        self.settle("signal_stream")?;
+        let _g = self.lock_live()?;
+        // SAFETY: as in `wait_stream`.
+        unsafe { self.rt.signal_raw(&self.stream, stream.as_ptr()) }
     }
 
     fn memory_held(&self) -> Option<u64> {
