@@ -90,6 +90,17 @@ impl Cuda {
         unsafe { cu::ctx::set_current(self.ctx) }.map_err(|e| cuda_err("cuCtxSetCurrent", e))
     }
 
+    /// The device's nominal clock, kHz.
+    ///
+    /// # Errors
+    /// `Backend` on a driver error.
+    pub fn clock_khz(&self) -> Result<u32> {
+        // SAFETY: `dev` is a valid device handle.
+        let v = unsafe { cu::device::get_attribute(self.dev, sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CLOCK_RATE) }
+            .map_err(|e| cuda_err("cuDeviceGetAttribute", e))?;
+        Ok(u32::try_from(v).unwrap_or(1_000_000).max(1))
+    }
+
     /// Whether this device's context is the calling thread's current one.
     ///
     /// # Errors
@@ -240,6 +251,17 @@ impl Event {
         Ok(ev)
     }
 
+    /// An event at the current end of a stream that is not one of ours (`raw`, a live
+    /// stream of `cuda`'s device, which must be current); destroyed on drop.
+    pub(crate) fn record_raw(cuda: &Arc<Cuda>, raw: sys::CUstream) -> Result<Event> {
+        let ev =
+            cu::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING).map_err(|e| cuda_err("cuEventCreate", e))?;
+        let ev = Event { raw: ev, cuda: cuda.clone(), pool: std::sync::Weak::new() };
+        // SAFETY: both handles are live (the stream per the caller).
+        unsafe { cu::event::record(ev.raw, raw) }.map_err(|e| cuda_err("cuEventRecord", e))?;
+        Ok(ev)
+    }
+
     /// Whether the work before the event has finished. The device must be current on the
     /// calling thread ([`Cuda::bind`]), once before a polling loop rather than every spin.
     ///
@@ -346,6 +368,22 @@ impl DeviceMemory for CudaMemory {
     }
 }
 
+/// Make `waiter` wait on the device for the work enqueued on `first` so far: an event
+/// recorded on `first`, waited for on `waiter`, then destroyed (CUDA frees it once the
+/// wait is done). The device is current.
+///
+/// # Safety
+/// Both streams are live streams of this device.
+unsafe fn order(cuda: &Cuda, first: sys::CUstream, waiter: sys::CUstream) -> Result<()> {
+    let ev = cuda.check("cuEventCreate", cu::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))?;
+    // SAFETY: `ev` was just created; the streams are live per the caller.
+    let r = unsafe { cu::event::record(ev, first) }
+        .and_then(|()| unsafe { cu::stream::wait_event(waiter, ev, sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT) });
+    // SAFETY: created above, destroyed once; a pending wait keeps what it needs.
+    let _ = unsafe { cu::event::destroy(ev) };
+    cuda.check("cuStreamWaitEvent", r)
+}
+
 /// The CUDA device layer of one rank.
 pub type CudaPlatform = anyccl_device::DevicePlatform<Cuda>;
 
@@ -385,6 +423,14 @@ impl anyccl_device::Runtime for Cuda {
     }
     fn synchronize(&self) -> Result<()> {
         self.check("cuCtxSynchronize", cu::ctx::synchronize())
+    }
+    unsafe fn wait_raw(&self, stream: &Stream, raw: *mut std::ffi::c_void) -> Result<()> {
+        // SAFETY: per the caller, `raw` is a live stream of this device; ours is live.
+        unsafe { order(self, raw as sys::CUstream, stream.raw) }
+    }
+    unsafe fn signal_raw(&self, stream: &Stream, raw: *mut std::ffi::c_void) -> Result<()> {
+        // SAFETY: as above.
+        unsafe { order(self, stream.raw, raw as sys::CUstream) }
     }
     fn mem_info(&self) -> Result<MemInfo> {
         let (free, total) = self.check("cuMemGetInfo", cu::mem_get_info())?;

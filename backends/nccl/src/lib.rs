@@ -21,12 +21,14 @@
 #![allow(missing_docs)] // sys-level field names mirror nccl.h
 
 mod cuda;
+mod engine;
 mod library;
 mod raw;
 mod result;
 mod sys;
 
 pub use cuda::{Cuda, CudaMemory, CudaPlatform};
+pub use engine::EngineStream;
 pub use library::{nccl_capabilities, NcclHandles, NcclLibrary};
 pub use raw::{RawNccl, RawTiming};
 pub use result::NcclError;

@@ -60,6 +60,18 @@ struct Args {
     /// anyccl, and print both medians and the ratios (at least 1).
     #[arg(long, value_name = "PAIRS", value_parser = clap::value_parser!(u32).range(1..=1000))]
     vs_raw: Option<u32>,
+    /// all_reduce only: a step that computes for this many microseconds on the engine's
+    /// own stream beside an all_reduce of an earlier buffer, ordered by events between the
+    /// streams (no host wait), against the two back to back.
+    #[arg(long, value_name = "US", conflicts_with = "vs_raw", value_parser = parse_us)]
+    overlap_us: Option<f64>,
+}
+
+fn parse_us(s: &str) -> std::result::Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && (1.0..=10_000_000.0).contains(&v) => Ok(v),
+        _ => Err(format!("{s:?} is not a number of microseconds from 1 to 10000000")),
+    }
 }
 
 fn parse_size(s: &str) -> std::result::Result<usize, String> {
@@ -389,6 +401,17 @@ async fn run(args: Args) -> Result<()> {
     }
     let timeout = comm.config().op_timeout;
     let print = me == 0;
+    if let Some(us) = args.overlap_us {
+        if op != Op::AllReduce {
+            return Err(bad_arg("--overlap-us", format!("the overlap mode times all_reduce only, not {}", args.op)));
+        }
+        let engine = anyccl::EngineStream::new(platform.device())?;
+        let sizes = Sizes { min, max, factor: args.factor };
+        let r = overlap(&args, &engine, &comm, &platform, store.as_ref(), sizes, dtype, rop, us).await;
+        drop(engine);
+        comm.shutdown().await?;
+        return r;
+    }
     if let Some(pairs) = args.vs_raw {
         if op != Op::AllReduce {
             return Err(bad_arg("--vs-raw", format!("the raw mode times all_reduce only, not {}", args.op)));
@@ -670,6 +693,105 @@ async fn vs_raw(
             }
         }
         drop(b);
+        bytes = bytes.saturating_mul(sizes.factor);
+    }
+    Ok(())
+}
+
+/// `--overlap-us`: per size, the mean over `iters` steps of: the compute alone, the
+/// all_reduce alone, the two back to back (the host waits for the compute, then issues and
+/// waits for the all_reduce), and the two overlapped (the all_reduce ordered after the
+/// engine's stream and the engine's stream after it by events; one wait at the end).
+#[allow(clippy::too_many_arguments)]
+async fn overlap(
+    args: &Args,
+    engine: &anyccl::EngineStream,
+    comm: &Communicator,
+    platform: &Arc<dyn Platform>,
+    store: &dyn anyccl::Store,
+    sizes: Sizes,
+    dtype: DType,
+    rop: ReduceOp,
+    compute_us: f64,
+) -> Result<()> {
+    let (n, me) = (comm.size(), comm.rank());
+    let timeout = comm.config().op_timeout;
+    let mut sync = StoreBarrier { store, n, me, calls: 0, timeout };
+    let es = engine.stream_ref();
+    if me == 0 && !args.json {
+        println!("# anyccl-bench all_reduce --overlap-us {compute_us}: {n} ranks, {} steps per row after {} warm-up steps; compute = a kernel spinning {compute_us} us on the engine's stream", args.iters, args.warmup);
+        println!("#       size         count      type  compute (us)  all_reduce (us)  back to back (us)  overlapped (us)  saved (us)");
+    }
+    let mut bytes = sizes.min.max(dtype.size());
+    while bytes <= sizes.max {
+        let count = (bytes / dtype.size()).max(1);
+        let mut g = platform.alloc(dtype, count)?;
+        // One step of each kind; returns its time.
+        let step = |kind: u8, g: &mut Box<dyn DeviceMemory>| -> Result<Duration> {
+            let t = Instant::now();
+            match kind {
+                0 => {
+                    engine.spin_us(compute_us)?;
+                    engine.synchronize(timeout)?;
+                }
+                1 => comm.all_reduce(None, g.view_mut(), rop)?.wait(timeout)?,
+                2 => {
+                    engine.spin_us(compute_us)?;
+                    engine.synchronize(timeout)?;
+                    comm.all_reduce(None, g.view_mut(), rop)?.wait(timeout)?;
+                }
+                _ => {
+                    comm.wait_stream(es)?;
+                    let mut w = comm.all_reduce(None, g.view_mut(), rop)?;
+                    engine.spin_us(compute_us)?;
+                    comm.signal_stream(es)?;
+                    engine.synchronize(timeout)?;
+                    if !w.is_completed()? {
+                        return Err(bad_arg(
+                            "--overlap-us",
+                            "the engine's stream finished before the all_reduce it was ordered after".into(),
+                        ));
+                    }
+                    drop(w);
+                }
+            }
+            Ok(t.elapsed())
+        };
+        let mut means = [0f64; 4];
+        for (kind, mean) in means.iter_mut().enumerate() {
+            sync.wait(&format!("overlap{kind}")).await?;
+            for _ in 0..args.warmup {
+                step(kind as u8, &mut g)?;
+            }
+            let mut total = Duration::ZERO;
+            for _ in 0..args.iters {
+                total += step(kind as u8, &mut g)?;
+            }
+            *mean = total.as_secs_f64() * 1e6 / args.iters.max(1) as f64;
+        }
+        let [c, a, b, o] = means;
+        if me == 0 {
+            if args.json {
+                println!(
+                    "{}",
+                    serde_json::json!({"op": "all_reduce", "mode": "overlap", "ranks": n, "size": count * dtype.size(), "count": count,
+                        "type": dtype.name(), "compute_us": c, "all_reduce_us": a, "back_to_back_us": b, "overlapped_us": o})
+                );
+            } else {
+                println!(
+                    "{:12} {:13} {:>9} {:13.2} {:16.2} {:18.2} {:16.2} {:11.2}",
+                    count * dtype.size(),
+                    count,
+                    dtype.name(),
+                    c,
+                    a,
+                    b,
+                    o,
+                    b - o
+                );
+            }
+        }
+        drop(g);
         bytes = bytes.saturating_mul(sizes.factor);
     }
     Ok(())

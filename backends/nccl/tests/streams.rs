@@ -1,0 +1,89 @@
+//! Ordering with an engine's own stream, on two GPUs (two ranks as threads of this
+//! process): `wait_stream` holds the all_reduce until the engine's kernel has written its
+//! input, and `signal_stream` holds the engine's stream until the all_reduce is done.
+//! Without two CUDA devices and NCCL the case is reported ignored with the reason.
+
+use anyccl_core::{Backend, CommConfig, Communicator, DType, GroupSpec, MemoryStore, ReduceOp, Store};
+use anyccl_nccl::{EngineStream, Nccl};
+use libtest_mimic::{Arguments, Failed, Trial};
+use std::sync::Arc;
+use std::time::Duration;
+
+const COUNT: usize = 1 << 20;
+
+fn rank(r: usize, store: Arc<dyn Store>) -> Result<(), String> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+    let platform = Nccl.platform(r).map_err(|e| e.to_string())?;
+    let config = CommConfig { op_timeout: Duration::from_secs(60), ..CommConfig::default() };
+    let comm = rt
+        .block_on(Communicator::connect(&Nccl, GroupSpec::world(2, "streams"), r, store, platform.device(), config))
+        .map_err(|e| e.to_string())?;
+    let engine = EngineStream::new(platform.device()).map_err(|e| e.to_string())?;
+    let mut g = platform.alloc(DType::F32, COUNT).map_err(|e| e.to_string())?;
+    let t = Duration::from_secs(60);
+    // Connected first, so that what follows measures ordering, not the first connect.
+    comm.all_reduce(None, g.view_mut(), ReduceOp::Sum).and_then(|mut w| w.wait(t)).map_err(|e| e.to_string())?;
+    // Rank 1's engine writes its input 200 ms late: without wait_stream its all_reduce
+    // would read the zeros; rank 0's all_reduce then finishes 200 ms after its own input
+    // is ready: without signal_stream its engine would finish first.
+    if r == 1 {
+        engine.spin_us(200_000.0).map_err(|e| e.to_string())?;
+    }
+    let ptr = g.view_mut().ptr() as *mut std::ffi::c_void;
+    // SAFETY: `g` holds COUNT f32s and outlives the engine's synchronize below; nothing
+    // else writes it until the all_reduce, which is ordered after the kernel.
+    unsafe { engine.fill_f32(ptr, COUNT, (r + 1) as f32) }.map_err(|e| e.to_string())?;
+    comm.wait_stream(engine.stream_ref()).map_err(|e| e.to_string())?;
+    let mut w = comm.all_reduce(None, g.view_mut(), ReduceOp::Sum).map_err(|e| e.to_string())?;
+    comm.signal_stream(engine.stream_ref()).map_err(|e| e.to_string())?;
+    engine.synchronize(t).map_err(|e| e.to_string())?;
+    if !w.is_completed().map_err(|e| e.to_string())? {
+        return Err(format!("rank {r}: the engine's stream finished before the all_reduce it was ordered after"));
+    }
+    drop(w);
+    let mut host = vec![0u8; COUNT * 4];
+    platform.copy_to_host(g.as_ref(), &mut host).map_err(|e| e.to_string())?;
+    let wrong = host.chunks_exact(4).filter(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) != 3.0).count();
+    if wrong > 0 {
+        return Err(format!(
+            "rank {r}: {wrong} of {COUNT} elements are not 1 + 2 (the all_reduce read its input early)"
+        ));
+    }
+    rt.block_on(comm.shutdown()).map_err(|e| e.to_string())
+}
+
+fn orders_operations() -> Result<(), Failed> {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let ranks: Vec<_> = (0..2)
+        .map(|r| {
+            let s = store.clone();
+            std::thread::spawn(move || rank(r, s))
+        })
+        .collect();
+    let mut errors = Vec::new();
+    for h in ranks {
+        match h.join() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => errors.push(e),
+            Err(_) => errors.push("a rank panicked".into()),
+        }
+    }
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(errors.join("; ").into())
+    }
+}
+
+fn main() -> std::process::ExitCode {
+    let args = Arguments::from_args();
+    let name = "nccl::streams::engine_stream_orders_operations[w=2]";
+    let trial = match Nccl.probe() {
+        Err(e) => Trial::test(name, || Ok(())).with_ignored_flag(true).with_kind(format!("ignored: {e}")),
+        Ok(info) if info.devices < 2 => Trial::test(name, || Ok(()))
+            .with_ignored_flag(true)
+            .with_kind(format!("ignored: {} CUDA device(s), the case needs 2", info.devices)),
+        Ok(_) => Trial::test(name, orders_operations),
+    };
+    libtest_mimic::run(&args, vec![trial]).exit_code()
+}
