@@ -102,6 +102,9 @@ impl Collective for Faulty {
     fn signal_stream(&self, stream: anyccl_core::StreamRef<'_>) -> Result<()> {
         self.inner.signal_stream(stream)
     }
+    fn capture(&self, stream: anyccl_core::StreamRef<'_>, op: anyccl_core::GraphOp) -> Result<()> {
+        self.inner.capture(stream, op)
+    }
     fn all_reduce<'a>(&'a self, send: Option<Buf<'a>>, recv: BufMut<'a>, op: ReduceOp) -> Result<Work<'a>> {
         self.gate("all_reduce", || self.inner.all_reduce(send, recv, op))
     }

@@ -47,6 +47,9 @@ pub struct Capabilities {
     /// Operations can be ordered with an engine's own streams without the host waiting
     /// (`Communicator::wait_stream`, `signal_stream`).
     pub streams: bool,
+    /// Operations can be captured into an engine's CUDA graph and replayed
+    /// (`Communicator::capture_all_reduce`).
+    pub graphs: bool,
     /// The library takes per-communicator thread-block settings (`CommConfig::min_ctas`,
     /// `max_ctas`, `cga_cluster_size`); elsewhere connecting with one set is refused.
     pub cta_settings: bool,

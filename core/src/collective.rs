@@ -25,6 +25,26 @@ pub struct CommInfo {
     pub device: Device,
 }
 
+/// An operation put into an engine's stream capture ([`Collective::capture`]), by device
+/// address: the graph reads and writes these buffers at every replay, long after the call
+/// (the `Captured` the Communicator returns keeps them allocated).
+#[derive(Debug, Clone, Copy)]
+pub enum GraphOp {
+    /// all_reduce of `count` elements; `send == recv` in place.
+    AllReduce {
+        /// Input.
+        send: *const u8,
+        /// Output.
+        recv: *mut u8,
+        /// Elements.
+        count: usize,
+        /// Element type.
+        dtype: crate::dtype::DType,
+        /// Reduction.
+        op: ReduceOp,
+    },
+}
+
 /// One point-to-point operation of a batched group.
 #[derive(Debug)]
 pub enum P2POp<'a> {
@@ -116,6 +136,15 @@ pub trait Collective: Send + Sync + fmt::Debug + 'static {
             op: "signal_stream",
             what: "ordering with an engine's streams".into(),
         })
+    }
+
+    /// Put `op` into the capture under way on `stream` (a CUDA graph being recorded): it
+    /// becomes part of the graph and runs at every replay; nothing runs now and no `Work`
+    /// follows (`Capabilities::graphs`). The addresses were validated by the
+    /// Communicator, which keeps the buffers allocated for as long as the graph may replay.
+    fn capture(&self, stream: StreamRef<'_>, op: GraphOp) -> Result<()> {
+        let _ = (stream, op);
+        Err(crate::Error::Unsupported { backend: self.info().backend, op: "capture", what: "graph capture".into() })
     }
 
     /// Report an asynchronous failure of the communicator, if any (`Ok` when healthy).

@@ -3,7 +3,7 @@
 
 use crate::buffer::{Buf, BufMut, StreamRef};
 use crate::capability::Capabilities;
-use crate::collective::{AllToAllSplits, Backend, Collective, CommInfo, ConnectOptions, P2POp};
+use crate::collective::{AllToAllSplits, Backend, Collective, CommInfo, ConnectOptions, GraphOp, P2POp};
 use crate::config::CommConfig;
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
@@ -105,6 +105,26 @@ pub struct OpSignature {
     /// Peer (point-to-point; a batch gives one signature per peer, with the larger of the
     /// bytes sent to and received from it) or root (rooted collectives).
     pub peer: Option<usize>,
+}
+
+/// An operation captured into an engine's CUDA graph
+/// ([`Communicator::capture_all_reduce`]): it holds the operation's buffers, which the graph
+/// reads and writes at every replay. Keep it as long as the graph may be replayed.
+#[derive(Debug)]
+pub struct Captured {
+    buffers: Vec<Arc<dyn crate::platform::DeviceMemory>>,
+    what: String,
+}
+
+impl Captured {
+    /// What was captured.
+    pub fn describe(&self) -> &str {
+        &self.what
+    }
+    /// The buffers it keeps allocated.
+    pub fn buffers(&self) -> &[Arc<dyn crate::platform::DeviceMemory>] {
+        &self.buffers
+    }
 }
 
 /// An [`OpSignature`] without its byte count.
@@ -343,6 +363,62 @@ impl Communicator {
     pub fn signal_stream(&self, stream: StreamRef<'_>) -> Result<()> {
         self.check_stream("signal_stream", stream)?;
         self.inner.signal_stream(stream)
+    }
+
+    /// Capture an all_reduce into the CUDA graph being recorded on `stream` (the engine
+    /// began capturing it, e.g. for a decode step): the all_reduce becomes part of the graph
+    /// and runs at every replay, in the graph's order; nothing runs now.
+    ///
+    /// The contract differs from issued operations: there is no `Work` (a captured operation
+    /// never completes as such; the engine synchronizes its stream after a replay), and
+    /// the buffers are shared (`Arc`): the returned [`Captured`] keeps them allocated and
+    /// must live as long as the graph may be replayed. Between this call and the end of the
+    /// capture, issue nothing else on this communicator: its stream is part of the capture.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for mismatched buffers, a stream on another device, or a stream
+    /// that is not capturing; `Unsupported` where the backend has no graphs
+    /// (`Capabilities::graphs`); `Backend` when the library refuses.
+    pub fn capture_all_reduce(
+        &self,
+        stream: StreamRef<'_>,
+        send: Option<&Arc<dyn crate::platform::DeviceMemory>>,
+        recv: &Arc<dyn crate::platform::DeviceMemory>,
+        op: ReduceOp,
+    ) -> Result<Captured> {
+        const OP: &str = "capture_all_reduce";
+        self.check_stream(OP, stream)?;
+        if !self.capabilities().graphs {
+            return Err(Error::Unsupported { backend: self.info().backend, op: OP, what: "graph capture".into() });
+        }
+        let r = recv.view();
+        let s = send.map(|b| b.view());
+        if let Some(s) = &s {
+            if s.count() != r.count() || s.dtype() != r.dtype() {
+                return Err(self.invalid(
+                    OP,
+                    "send",
+                    format!("{} x {} against recv's {} x {}", s.count(), s.dtype(), r.count(), r.dtype()),
+                ));
+            }
+        }
+        self.check_reduce_op(OP, op)?;
+        self.check_dtype(OP, "recv", r.dtype())?;
+        self.check_device(OP, "recv", r.device())?;
+        if let Some(s) = &s {
+            self.check_device(OP, "send", s.device())?;
+        }
+        let g = GraphOp::AllReduce {
+            send: s.as_ref().map_or(r.ptr(), |s| s.ptr()),
+            recv: r.ptr() as *mut u8,
+            count: r.count(),
+            dtype: r.dtype(),
+            op,
+        };
+        self.inner.capture(stream, g)?;
+        let mut buffers = vec![recv.clone()];
+        buffers.extend(send.cloned());
+        Ok(Captured { buffers, what: format!("all_reduce of {} x {} on '{}'", r.count(), r.dtype(), self.name) })
     }
 
     fn check_stream(&self, op: &'static str, stream: StreamRef<'_>) -> Result<()> {

@@ -47,8 +47,10 @@ mod work;
 
 pub use buffer::{overlaps, Buf, BufMut, Device, DeviceKind, StreamRef};
 pub use capability::Capabilities;
-pub use collective::{abort_all, AllToAllSplits, Backend, BackendInfo, Collective, CommInfo, ConnectOptions, P2POp};
-pub use communicator::{stable_hash, Communicator, OpSignature};
+pub use collective::{
+    abort_all, AllToAllSplits, Backend, BackendInfo, Collective, CommInfo, ConnectOptions, GraphOp, P2POp,
+};
+pub use communicator::{stable_hash, Captured, Communicator, OpSignature};
 pub use config::{deadline_in, env_rank, env_secs, env_world_size, CommConfig, LaunchEnv, MAX_TIMEOUT};
 pub use dtype::{DType, Element, ReduceOp};
 pub use error::{Error, Recovery, Result};

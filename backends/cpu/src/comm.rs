@@ -172,6 +172,7 @@ pub fn cpu_capabilities() -> Capabilities {
         warmup_large_bytes: 4 << 20,
         max_world_size: 4096,
         max_local_ranks: 4096,
+        graphs: false,
         streams: false,
         cta_settings: false,
         detects_peer_failure: true,

@@ -89,6 +89,17 @@ pub trait Runtime: Send + Sync + fmt::Debug + 'static {
         let _ = (stream, raw);
         Err(Error::Unsupported { backend: "device", op: "wait_stream", what: "events between streams".into() })
     }
+    /// Whether the engine's stream `raw` is recording a graph (a stream capture).
+    ///
+    /// # Safety
+    /// `raw` is a live stream of this device.
+    ///
+    /// # Errors
+    /// A runtime error.
+    unsafe fn capturing(&self, raw: *mut std::ffi::c_void) -> Result<bool> {
+        let _ = raw;
+        Ok(false)
+    }
     /// Make the engine's stream `raw` wait, on the device, for the work enqueued on
     /// `stream` so far. The device is current.
     ///

@@ -66,6 +66,7 @@ pub fn hccl_capabilities(lib: &HcclLib, devices: usize) -> Capabilities {
         warmup_large_bytes: 32 << 20,
         max_world_size: usize::MAX,
         max_local_ranks: devices,
+        graphs: false,
         streams: false,
         cta_settings: false,
         // Not verified on Ascend hardware: claimed only once measured there.

@@ -5,8 +5,8 @@ use super::{backoff, drive, exchange_root_id, DeviceComm, Lifecycle};
 use crate::library::{Library, Op, Plane, RawP2P, Settings, SplitRequest, SplitStart};
 use crate::runtime::Runtime;
 use anyccl_core::{
-    async_trait, AllToAllSplits, Buf, BufMut, Capabilities, Collective, CommInfo, DeviceMemory, P2POp, ReduceOp,
-    Result, StreamRef, Work,
+    async_trait, AllToAllSplits, Buf, BufMut, Capabilities, Collective, CommInfo, DeviceMemory, GraphOp, P2POp,
+    ReduceOp, Result, StreamRef, Work,
 };
 use std::ffi::c_void;
 use std::sync::atomic::Ordering;
@@ -40,6 +40,50 @@ impl<L: Library> Collective for DeviceComm<L> {
         let _g = self.lock_live()?;
         // SAFETY: as in `wait_stream`.
         unsafe { self.rt.signal_raw(&self.stream, stream.as_ptr()) }
+    }
+
+    fn capture(&self, stream: StreamRef<'_>, op: GraphOp) -> Result<()> {
+        let raw = stream.as_ptr();
+        self.rt.bind()?;
+        self.settle("capture")?;
+        let g = self.lock_live()?;
+        // SAFETY: the caller vouched for the stream (`StreamRef::from_raw`).
+        if !unsafe { self.rt.capturing(raw) }? {
+            return Err(anyccl_core::Error::InvalidArgument {
+                op: "capture",
+                arg: "stream",
+                rank: self.info.rank,
+                group: self.ctx.group.clone(),
+                msg: "the stream is not capturing a graph (begin the capture first)".into(),
+            });
+        }
+        let GraphOp::AllReduce { send, recv, count, dtype, op } = op;
+        let op = Op::AllReduce { send: send as *const c_void, recv: recv as *mut c_void, count, dtype, op };
+        // Fork: this communicator's stream joins the capture after the engine's work so
+        // far; the operation is recorded, not run; join: the engine's stream continues
+        // after it.
+        // SAFETY: as above.
+        unsafe { self.rt.wait_raw(&self.stream, raw) }?;
+        // SAFETY: the Communicator validated the addresses, and its `Captured` keeps the
+        // buffers allocated for as long as the graph may replay; the call lock is held.
+        let launched = unsafe { self.lib.launch(&self.comm, &self.stream, &op) };
+        match launched {
+            Ok(crate::library::Launched::Enqueued) => {}
+            Ok(crate::library::Launched::InProgress) => {
+                drop(g);
+                let e = self.ctx.aborted("the library could not put the operation into the graph at once".to_string());
+                self.fail(&e);
+                return Err(e);
+            }
+            Err(e) => {
+                let e = self.ctx.error("capture", e);
+                drop(g);
+                self.fail(&e);
+                return Err(e);
+            }
+        }
+        // SAFETY: as above.
+        unsafe { self.rt.signal_raw(&self.stream, raw) }
     }
 
     fn memory_held(&self) -> Option<u64> {
