@@ -46,16 +46,16 @@ pub mod warmup {
 pub use anyccl_cpu::Cpu;
 #[cfg(feature = "hccl")]
 pub use anyccl_hccl::Hccl;
-/// An engine's own CUDA stream with a spin kernel (its stand-in for compute), for
-/// `Communicator::wait_stream` / `signal_stream`: `anyccl-bench --overlap-us`.
-#[cfg(feature = "nccl")]
-pub use anyccl_nccl::EngineStream;
 #[cfg(feature = "nccl")]
 pub use anyccl_nccl::Nccl;
 /// NCCL called directly (one communicator, one stream, calls back to back), for measuring
 /// what anyccl adds: `anyccl-bench --vs-raw`.
 #[cfg(feature = "nccl")]
 pub use anyccl_nccl::RawNccl;
+/// An engine's own CUDA stream with a spin kernel (its stand-in for compute), for
+/// `Communicator::wait_stream` / `signal_stream`: `anyccl-bench --overlap-us`.
+#[cfg(feature = "nccl")]
+pub use anyccl_nccl::{EngineStream, Graph};
 
 /// The level below which [`init_logging`] drops messages when `ANYCCL_LOG` is unset.
 pub use tracing::Level as LogLevel;

@@ -428,6 +428,11 @@ impl anyccl_device::Runtime for Cuda {
         // SAFETY: per the caller, `raw` is a live stream of this device; ours is live.
         unsafe { order(self, raw as sys::CUstream, stream.raw) }
     }
+    unsafe fn capturing(&self, raw: *mut std::ffi::c_void) -> Result<bool> {
+        // SAFETY: per the caller, `raw` is a live stream of this device.
+        let st = self.check("cuStreamIsCapturing", unsafe { cu::stream::is_capturing(raw as sys::CUstream) })?;
+        Ok(st == sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE)
+    }
     unsafe fn signal_raw(&self, stream: &Stream, raw: *mut std::ffi::c_void) -> Result<()> {
         // SAFETY: as above.
         unsafe { order(self, stream.raw, raw as sys::CUstream) }

@@ -160,6 +160,49 @@ impl EngineStream {
             .map_err(|e| cuda_err("cuLaunchKernel", e))
     }
 
+    /// Start recording a graph on this stream (`cuStreamBeginCapture`, thread-local mode:
+    /// other threads' CUDA calls are not affected). Work enqueued until
+    /// [`EngineStream::end_capture`] is recorded, not run.
+    ///
+    /// # Errors
+    /// `Backend` on a driver error (e.g. a capture already under way).
+    pub fn begin_capture(&self) -> Result<()> {
+        self.cuda.bind()?;
+        // SAFETY: our live stream.
+        unsafe { cu::stream::begin_capture(self.raw, sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL) }
+            .map_err(|e| cuda_err("cuStreamBeginCapture", e))
+    }
+
+    /// Stop recording and instantiate what was recorded, to be replayed on this stream.
+    ///
+    /// # Errors
+    /// `Backend` on a driver error (e.g. a stream that joined the capture and did not
+    /// rejoin this one).
+    pub fn end_capture(&self) -> Result<Graph> {
+        self.cuda.bind()?;
+        // SAFETY: our live stream.
+        let graph = unsafe { cu::stream::end_capture(self.raw) }.map_err(|e| cuda_err("cuStreamEndCapture", e))?;
+        // SAFETY: `graph` was just captured.
+        match unsafe { cu::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0)) } {
+            Ok(exec) => Ok(Graph { cuda: self.cuda.clone(), graph, exec }),
+            Err(e) => {
+                // SAFETY: captured above, not used again.
+                let _ = unsafe { cu::graph::destroy(graph) };
+                Err(cuda_err("cuGraphInstantiate", e))
+            }
+        }
+    }
+
+    /// Replay `graph` on this stream (enqueued; [`EngineStream::synchronize`] waits).
+    ///
+    /// # Errors
+    /// `Backend` on a driver error.
+    pub fn replay(&self, graph: &Graph) -> Result<()> {
+        self.cuda.bind()?;
+        // SAFETY: both live; the graph's buffers are kept by the caller's `Captured`s.
+        unsafe { cu::graph::launch(graph.exec, self.raw) }.map_err(|e| cuda_err("cuGraphLaunch", e))
+    }
+
     /// Wait until the stream has done everything enqueued on it, at most `timeout`.
     ///
     /// # Errors
@@ -193,6 +236,29 @@ impl Drop for EngineStream {
         }
         // SAFETY: loaded in `new`, unloaded once, after the stream that used it.
         let _ = unsafe { cu::module::unload(self.module) };
+    }
+}
+
+/// A recorded and instantiated graph ([`EngineStream::end_capture`]).
+#[derive(Debug)]
+pub struct Graph {
+    cuda: Arc<Cuda>,
+    graph: sys::CUgraph,
+    exec: sys::CUgraphExec,
+}
+
+// SAFETY: graph handles are usable from any thread with the context current.
+unsafe impl Send for Graph {}
+// SAFETY: launches of one executable graph are ordered by the streams they go on.
+unsafe impl Sync for Graph {}
+
+impl Drop for Graph {
+    fn drop(&mut self) {
+        let _ = self.cuda.bind();
+        // SAFETY: created by `end_capture`, destroyed once (CUDA lets launched replays end).
+        let _ = unsafe { cu::graph::exec_destroy(self.exec) };
+        // SAFETY: as above.
+        let _ = unsafe { cu::graph::destroy(self.graph) };
     }
 }
 

@@ -28,7 +28,7 @@ mod result;
 mod sys;
 
 pub use cuda::{Cuda, CudaMemory, CudaPlatform};
-pub use engine::EngineStream;
+pub use engine::{EngineStream, Graph};
 pub use library::{nccl_capabilities, NcclHandles, NcclLibrary};
 pub use raw::{RawNccl, RawTiming};
 pub use result::NcclError;

@@ -77,6 +77,7 @@ pub fn nccl_capabilities(lib: &NcclLib, devices: usize) -> Capabilities {
         warmup_large_bytes: 32 << 20,
         max_world_size: usize::MAX,
         max_local_ranks: if per_rank_host_ids() { usize::MAX } else { devices },
+        graphs: true,
         streams: true,
         cta_settings: true,
         // NCCL reports neither: a dead peer leaves kernels waiting, a mismatched collective

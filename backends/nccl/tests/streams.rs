@@ -1,6 +1,7 @@
 //! Ordering with an engine's own stream, on two GPUs (two ranks as threads of this
 //! process): `wait_stream` holds the all_reduce until the engine's kernel has written its
-//! input, and `signal_stream` holds the engine's stream until the all_reduce is done.
+//! input, and `signal_stream` holds the engine's stream until the all_reduce is done; and
+//! all_reduces captured into the engine's CUDA graph, replayed.
 //! Without two CUDA devices and NCCL the case is reported ignored with the reason.
 
 use anyccl_core::{Backend, CommConfig, Communicator, DType, GroupSpec, MemoryStore, ReduceOp, Store};
@@ -52,12 +53,60 @@ fn rank(r: usize, store: Arc<dyn Store>) -> Result<(), String> {
     rt.block_on(comm.shutdown()).map_err(|e| e.to_string())
 }
 
-fn orders_operations() -> Result<(), Failed> {
+/// Three all_reduces captured into the engine's graph behind a fill kernel, replayed 50
+/// times: each replay refills with `rank + 1` and reduces three times, so every element
+/// ends at 3 x 2 x 2 = 12. Capturing on a stream that is not capturing is refused.
+fn graph_rank(r: usize, store: Arc<dyn Store>) -> Result<(), String> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+    let platform = Nccl.platform(r).map_err(|e| e.to_string())?;
+    let config = CommConfig { op_timeout: Duration::from_secs(60), ..CommConfig::default() };
+    let comm = rt
+        .block_on(Communicator::connect(&Nccl, GroupSpec::world(2, "graphs"), r, store, platform.device(), config))
+        .map_err(|e| e.to_string())?;
+    let engine = EngineStream::new(platform.device()).map_err(|e| e.to_string())?;
+    let t = Duration::from_secs(60);
+    let mut b = platform.alloc(DType::F32, COUNT).map_err(|e| e.to_string())?;
+    comm.all_reduce(None, b.view_mut(), ReduceOp::Sum).and_then(|mut w| w.wait(t)).map_err(|e| e.to_string())?;
+    let g: Arc<dyn anyccl_core::DeviceMemory> = Arc::from(b);
+    match comm.capture_all_reduce(engine.stream_ref(), None, &g, ReduceOp::Sum) {
+        Err(anyccl_core::Error::InvalidArgument { arg: "stream", .. }) => {}
+        other => return Err(format!("capturing outside a capture: expected InvalidArgument, got {other:?}")),
+    }
+    engine.begin_capture().map_err(|e| e.to_string())?;
+    let ptr = g.view().ptr() as *mut std::ffi::c_void;
+    // SAFETY: `g` holds COUNT f32s and outlives the graph (the `Captured`s and `g` are
+    // dropped after the last replay has been synchronized).
+    unsafe { engine.fill_f32(ptr, COUNT, (r + 1) as f32) }.map_err(|e| e.to_string())?;
+    let mut captured = Vec::new();
+    for _ in 0..3 {
+        captured
+            .push(comm.capture_all_reduce(engine.stream_ref(), None, &g, ReduceOp::Sum).map_err(|e| e.to_string())?);
+    }
+    let graph = engine.end_capture().map_err(|e| e.to_string())?;
+    for _ in 0..50 {
+        engine.replay(&graph).map_err(|e| e.to_string())?;
+    }
+    engine.synchronize(t).map_err(|e| e.to_string())?;
+    let mut host = vec![0u8; COUNT * 4];
+    platform.copy_to_host(g.as_ref(), &mut host).map_err(|e| e.to_string())?;
+    let wrong = host.chunks_exact(4).filter(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) != 12.0).count();
+    if wrong > 0 {
+        return Err(format!("rank {r}: {wrong} of {COUNT} elements are not 12 after the replays"));
+    }
+    drop(graph);
+    drop(captured);
+    rt.block_on(comm.shutdown()).map_err(|e| e.to_string())
+}
+
+/// One rank of a case.
+type RankFn = fn(usize, Arc<dyn Store>) -> Result<(), String>;
+
+fn two_ranks(f: RankFn) -> Result<(), Failed> {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let ranks: Vec<_> = (0..2)
         .map(|r| {
             let s = store.clone();
-            std::thread::spawn(move || rank(r, s))
+            std::thread::spawn(move || f(r, s))
         })
         .collect();
     let mut errors = Vec::new();
@@ -77,13 +126,20 @@ fn orders_operations() -> Result<(), Failed> {
 
 fn main() -> std::process::ExitCode {
     let args = Arguments::from_args();
-    let name = "nccl::streams::engine_stream_orders_operations[w=2]";
-    let trial = match Nccl.probe() {
-        Err(e) => Trial::test(name, || Ok(())).with_ignored_flag(true).with_kind(format!("ignored: {e}")),
-        Ok(info) if info.devices < 2 => Trial::test(name, || Ok(()))
-            .with_ignored_flag(true)
-            .with_kind(format!("ignored: {} CUDA device(s), the case needs 2", info.devices)),
-        Ok(_) => Trial::test(name, orders_operations),
-    };
-    libtest_mimic::run(&args, vec![trial]).exit_code()
+    let cases: [(&str, RankFn); 2] = [
+        ("nccl::streams::engine_stream_orders_operations[w=2]", rank),
+        ("nccl::graphs::captured_all_reduce_replays[w=2]", graph_rank),
+    ];
+    let probe = Nccl.probe();
+    let trials = cases
+        .into_iter()
+        .map(|(name, f)| match &probe {
+            Err(e) => Trial::test(name, || Ok(())).with_ignored_flag(true).with_kind(format!("ignored: {e}")),
+            Ok(info) if info.devices < 2 => Trial::test(name, || Ok(()))
+                .with_ignored_flag(true)
+                .with_kind(format!("ignored: {} CUDA device(s), the case needs 2", info.devices)),
+            Ok(_) => Trial::test(name, move || two_ranks(f)),
+        })
+        .collect();
+    libtest_mimic::run(&args, trials).exit_code()
 }

@@ -65,6 +65,11 @@ struct Args {
     /// streams (no host wait), against the two back to back.
     #[arg(long, value_name = "US", conflicts_with = "vs_raw", value_parser = parse_us)]
     overlap_us: Option<f64>,
+    /// all_reduce only: capture this many in-place all_reduces into a CUDA graph on the
+    /// engine's stream and time its replays (per all_reduce), beside the same calls issued.
+    #[arg(long, value_name = "OPS", conflicts_with_all = ["vs_raw", "overlap_us"],
+          value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    graph: Option<u32>,
 }
 
 fn parse_us(s: &str) -> std::result::Result<f64, String> {
@@ -401,6 +406,17 @@ async fn run(args: Args) -> Result<()> {
     }
     let timeout = comm.config().op_timeout;
     let print = me == 0;
+    if let Some(k) = args.graph {
+        if op != Op::AllReduce {
+            return Err(bad_arg("--graph", format!("the graph mode times all_reduce only, not {}", args.op)));
+        }
+        let engine = anyccl::EngineStream::new(platform.device())?;
+        let sizes = Sizes { min, max, factor: args.factor };
+        let r = graph_mode(&args, &engine, &comm, &platform, store.as_ref(), sizes, dtype, rop, k as usize).await;
+        drop(engine);
+        comm.shutdown().await?;
+        return r;
+    }
     if let Some(us) = args.overlap_us {
         if op != Op::AllReduce {
             return Err(bad_arg("--overlap-us", format!("the overlap mode times all_reduce only, not {}", args.op)));
@@ -693,6 +709,99 @@ async fn vs_raw(
             }
         }
         drop(b);
+        bytes = bytes.saturating_mul(sizes.factor);
+    }
+    Ok(())
+}
+
+/// `--graph K`: per size, K in-place all_reduces captured into a graph on the engine's
+/// stream, replayed `iters` times after `warmup` replays (one synchronize at the end): the
+/// time per all_reduce, beside the same all_reduces issued (the normal rows' loop).
+#[allow(clippy::too_many_arguments)]
+async fn graph_mode(
+    args: &Args,
+    engine: &anyccl::EngineStream,
+    comm: &Communicator,
+    platform: &Arc<dyn Platform>,
+    store: &dyn anyccl::Store,
+    sizes: Sizes,
+    dtype: DType,
+    rop: ReduceOp,
+    k: usize,
+) -> Result<()> {
+    let (n, me) = (comm.size(), comm.rank());
+    let timeout = comm.config().op_timeout;
+    let mut sync = StoreBarrier { store, n, me, calls: 0, timeout };
+    let es = engine.stream_ref();
+    if me == 0 && !args.json {
+        println!("# anyccl-bench all_reduce --graph {k}: {n} ranks, {k} in-place all_reduces per graph, {} replays after {} warm-up replays", args.iters, args.warmup);
+        println!("#       size         count      type  issued (us)  replayed (us)   ratio");
+    }
+    let mut bytes = sizes.min.max(dtype.size());
+    while bytes <= sizes.max {
+        let count = (bytes / dtype.size()).max(1);
+        // Issued: the normal rows' loop.
+        let mut b = Bufs { send: platform.alloc(dtype, count)?, recvs: Vec::new(), in_place_input: Vec::new() };
+        for _ in 0..args.iters.clamp(1, 64) {
+            b.recvs.push(platform.alloc(dtype, count)?);
+        }
+        let w = Warmup { calls: args.warmup, min_time: Duration::ZERO };
+        let issued =
+            timed(comm, platform, Op::AllReduce, &mut b, rop, 0, w, args.iters, timeout, false, &mut sync).await?.us;
+        drop(b);
+        // Replayed.
+        let g: Arc<dyn DeviceMemory> = Arc::from(platform.alloc(dtype, count)?);
+        engine.begin_capture()?;
+        let mut captured = Vec::with_capacity(k);
+        let mut failed = None;
+        for _ in 0..k {
+            match comm.capture_all_reduce(es, None, &g, rop) {
+                Ok(c) => captured.push(c),
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            }
+        }
+        // The capture ends whatever happened, so the stream is usable again.
+        let graph = engine.end_capture();
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        let graph = graph?;
+        sync.wait("graph").await?;
+        for _ in 0..args.warmup.max(1) {
+            engine.replay(&graph)?;
+        }
+        engine.synchronize(timeout)?;
+        sync.wait("graph-timed").await?;
+        let t = Instant::now();
+        for _ in 0..args.iters.max(1) {
+            engine.replay(&graph)?;
+        }
+        engine.synchronize(timeout)?;
+        let replayed = t.elapsed().as_secs_f64() * 1e6 / (args.iters.max(1) * k) as f64;
+        drop(graph);
+        drop(captured);
+        if me == 0 {
+            if args.json {
+                println!(
+                    "{}",
+                    serde_json::json!({"op": "all_reduce", "mode": "graph", "ranks": n, "size": count * dtype.size(), "count": count,
+                        "type": dtype.name(), "ops_per_graph": k, "issued_us": issued, "replayed_us": replayed})
+                );
+            } else {
+                println!(
+                    "{:12} {:13} {:>9} {:12.2} {:14.2} {:7.3}",
+                    count * dtype.size(),
+                    count,
+                    dtype.name(),
+                    issued,
+                    replayed,
+                    replayed / issued
+                );
+            }
+        }
         bytes = bytes.saturating_mul(sizes.factor);
     }
     Ok(())
