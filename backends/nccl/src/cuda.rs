@@ -90,6 +90,11 @@ impl Cuda {
         unsafe { cu::ctx::set_current(self.ctx) }.map_err(|e| cuda_err("cuCtxSetCurrent", e))
     }
 
+    /// The device handle.
+    pub(crate) fn dev(&self) -> sys::CUdevice {
+        self.dev
+    }
+
     /// The device's nominal clock, kHz.
     ///
     /// # Errors

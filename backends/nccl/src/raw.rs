@@ -169,6 +169,11 @@ impl RawNccl {
         }
         out.push(("cuEventQuery (done)", per(t)));
         drop(events);
+        // A counter the stream writes to pinned host memory (stream memory operations),
+        // read by the host: an alternative to an event per operation.
+        if let Some(ns) = self.write_value_ns(reps)? {
+            out.push(("cuStreamWriteValue64", ns));
+        }
         let t = Instant::now();
         for _ in 0..reps {
             std::hint::black_box(Instant::now());
@@ -183,6 +188,52 @@ impl RawNccl {
         }
         out.push(("Mutex lock", per(t)));
         Ok(out)
+    }
+
+    /// Nanoseconds per `cuStreamWriteValue64` of a counter in mapped pinned host memory,
+    /// or `None` where the device has no 64-bit stream memory operations.
+    fn write_value_ns(&self, reps: u32) -> Result<Option<f64>> {
+        use cudarc::driver::{result as cu, sys};
+        let io = |op: &'static str| move |e| crate::result::cuda(op, e);
+        // SAFETY: plain attribute query of a valid device.
+        let can = unsafe {
+            cu::device::get_attribute(
+                self.cuda.dev(),
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS,
+            )
+        }
+        .map_err(io("cuDeviceGetAttribute"))?;
+        if can == 0 {
+            return Ok(None);
+        }
+        // CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP.
+        // SAFETY: an 8-byte pinned allocation, freed below.
+        let host = unsafe { cu::malloc_host(8, 0x01 | 0x02) }.map_err(io("cuMemHostAlloc"))?;
+        let mut dptr: sys::CUdeviceptr = 0;
+        // SAFETY: `host` is mapped pinned memory; `dptr` is a valid out-parameter.
+        let r = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dptr, host, 0) };
+        let result = if r != sys::CUresult::CUDA_SUCCESS {
+            Err(crate::result::cuda("cuMemHostGetDevicePointer", cudarc::driver::DriverError(r)))
+        } else {
+            let t = Instant::now();
+            let mut failed = None;
+            for i in 0..u64::from(reps) {
+                // SAFETY: `dptr` maps 8 bytes of live pinned memory; our live stream.
+                let r = unsafe { sys::cuStreamWriteValue64_v2(self.stream.raw, dptr, i + 1, 0) };
+                if r != sys::CUresult::CUDA_SUCCESS {
+                    failed = Some(r);
+                    break;
+                }
+            }
+            let ns = t.elapsed().as_secs_f64() * 1e9 / f64::from(reps);
+            match failed {
+                Some(r) => Err(crate::result::cuda("cuStreamWriteValue64", cudarc::driver::DriverError(r))),
+                None => self.wait().map(|()| Some(ns)),
+            }
+        };
+        // SAFETY: allocated above; the stream was waited for (or failed before using it).
+        let _ = unsafe { cu::free_host(host) };
+        result
     }
 
     fn all_reduce(&self, send: &CudaMemory, recv: &CudaMemory, count: usize, dtype: DType) -> Result<()> {
