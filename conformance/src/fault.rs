@@ -102,6 +102,9 @@ impl Collective for Faulty {
     fn signal_stream(&self, stream: anyccl_core::StreamRef<'_>) -> Result<()> {
         self.inner.signal_stream(stream)
     }
+    fn enqueue(&self, op: anyccl_core::GraphOp) -> Result<()> {
+        self.inner.enqueue(op)
+    }
     fn capture(&self, stream: anyccl_core::StreamRef<'_>, op: anyccl_core::GraphOp) -> Result<()> {
         self.inner.capture(stream, op)
     }

@@ -147,6 +147,18 @@ pub trait Collective: Send + Sync + fmt::Debug + 'static {
         Err(crate::Error::Unsupported { backend: self.info().backend, op: "capture", what: "graph capture".into() })
     }
 
+    /// Run `op` now, in stream order only: no `Work` and no completion marker (the engine
+    /// orders its stream after it with [`Collective::signal_stream`]); `Capabilities::streams`.
+    /// The Communicator keeps the buffers allocated.
+    fn enqueue(&self, op: GraphOp) -> Result<()> {
+        let _ = op;
+        Err(crate::Error::Unsupported {
+            backend: self.info().backend,
+            op: "enqueue",
+            what: "operations in stream order only".into(),
+        })
+    }
+
     /// Report an asynchronous failure of the communicator, if any (`Ok` when healthy).
     async fn health(&self, deadline: Instant) -> Result<()>;
     /// Stop every pending operation on this rank (they fail with `Aborted`); the

@@ -107,23 +107,27 @@ pub struct OpSignature {
     pub peer: Option<usize>,
 }
 
-/// An operation captured into an engine's CUDA graph
-/// ([`Communicator::capture_all_reduce`]): it holds the operation's buffers, which the graph
-/// reads and writes at every replay. Keep it as long as the graph may be replayed.
+/// An operation captured into an engine's CUDA graph ([`Communicator::capture_all_reduce`])
+/// or issued in stream order only ([`Communicator::enqueue_all_reduce`]): it holds the
+/// operation's buffers, which the device reads and writes after the call (at every replay
+/// of a graph). Keep it as long as the graph may be replayed, or until the engine's stream
+/// has passed the operation.
 #[derive(Debug)]
 pub struct Captured {
-    buffers: Vec<Arc<dyn crate::platform::DeviceMemory>>,
-    what: String,
+    recv: Arc<dyn crate::platform::DeviceMemory>,
+    send: Option<Arc<dyn crate::platform::DeviceMemory>>,
+    op: &'static str,
+    group: Arc<str>,
 }
 
 impl Captured {
-    /// What was captured.
-    pub fn describe(&self) -> &str {
-        &self.what
+    /// What it is: the operation, its size and its group.
+    pub fn describe(&self) -> String {
+        format!("{} of {} x {} on '{}'", self.op, self.recv.count(), self.recv.dtype(), self.group)
     }
-    /// The buffers it keeps allocated.
-    pub fn buffers(&self) -> &[Arc<dyn crate::platform::DeviceMemory>] {
-        &self.buffers
+    /// The buffers it keeps allocated (output first).
+    pub fn buffers(&self) -> impl Iterator<Item = &Arc<dyn crate::platform::DeviceMemory>> {
+        std::iter::once(&self.recv).chain(self.send.as_ref())
     }
 }
 
@@ -391,22 +395,70 @@ impl Communicator {
         if !self.capabilities().graphs {
             return Err(Error::Unsupported { backend: self.info().backend, op: OP, what: "graph capture".into() });
         }
+        let g = self.shared_all_reduce(OP, send, recv, op)?;
+        self.inner.capture(stream, g)?;
+        Ok(self.captured("all_reduce", send, recv))
+    }
+
+    /// An all_reduce in stream order only, for engines that order their streams with
+    /// [`Communicator::wait_stream`] and [`Communicator::signal_stream`] and never wait for
+    /// single operations: it runs now on the communicator's stream, with no `Work` and no
+    /// completion marker (nor a flight-recorder entry, which could never be closed), so it
+    /// costs the host what the library's own call costs. The
+    /// buffers are shared; the returned [`Captured`] keeps them allocated and is dropped
+    /// once the engine's stream, signalled after the operation, has passed it.
+    ///
+    /// # Errors
+    /// As [`Communicator::capture_all_reduce`], with `Capabilities::streams`.
+    pub fn enqueue_all_reduce(
+        &self,
+        send: Option<&Arc<dyn crate::platform::DeviceMemory>>,
+        recv: &Arc<dyn crate::platform::DeviceMemory>,
+        op: ReduceOp,
+    ) -> Result<Captured> {
+        const OP: &str = "enqueue_all_reduce";
+        if !self.capabilities().streams {
+            return Err(Error::Unsupported { backend: self.info().backend, op: OP, what: "stream order only".into() });
+        }
+        let g = self.shared_all_reduce(OP, send, recv, op)?;
+        self.seq.fetch_add(1, Ordering::Relaxed);
+        self.inner.enqueue(g)?;
+        Ok(self.captured("all_reduce", send, recv))
+    }
+
+    fn captured(
+        &self,
+        op: &'static str,
+        send: Option<&Arc<dyn crate::platform::DeviceMemory>>,
+        recv: &Arc<dyn crate::platform::DeviceMemory>,
+    ) -> Captured {
+        Captured { recv: recv.clone(), send: send.cloned(), op, group: self.name.clone() }
+    }
+
+    /// Validate an all_reduce on shared buffers and describe it by address.
+    fn shared_all_reduce(
+        &self,
+        op_name: &'static str,
+        send: Option<&Arc<dyn crate::platform::DeviceMemory>>,
+        recv: &Arc<dyn crate::platform::DeviceMemory>,
+        op: ReduceOp,
+    ) -> Result<GraphOp> {
         let r = recv.view();
         let s = send.map(|b| b.view());
         if let Some(s) = &s {
             if s.count() != r.count() || s.dtype() != r.dtype() {
                 return Err(self.invalid(
-                    OP,
+                    op_name,
                     "send",
                     format!("{} x {} against recv's {} x {}", s.count(), s.dtype(), r.count(), r.dtype()),
                 ));
             }
         }
-        self.check_reduce_op(OP, op)?;
-        self.check_dtype(OP, "recv", r.dtype())?;
-        self.check_device(OP, "recv", r.device())?;
+        self.check_reduce_op(op_name, op)?;
+        self.check_dtype(op_name, "recv", r.dtype())?;
+        self.check_device(op_name, "recv", r.device())?;
         if let Some(s) = &s {
-            self.check_device(OP, "send", s.device())?;
+            self.check_device(op_name, "send", s.device())?;
         }
         let g = GraphOp::AllReduce {
             send: s.as_ref().map_or(r.ptr(), |s| s.ptr()),
@@ -415,10 +467,7 @@ impl Communicator {
             dtype: r.dtype(),
             op,
         };
-        self.inner.capture(stream, g)?;
-        let mut buffers = vec![recv.clone()];
-        buffers.extend(send.cloned());
-        Ok(Captured { buffers, what: format!("all_reduce of {} x {} on '{}'", r.count(), r.dtype(), self.name) })
+        Ok(g)
     }
 
     fn check_stream(&self, op: &'static str, stream: StreamRef<'_>) -> Result<()> {

@@ -505,6 +505,26 @@ impl<L: Library> DeviceComm<L> {
     /// As [`Library::launch`]: the addresses were validated by the `Communicator` and the
     /// buffers they come from stay borrowed by the returned `Work`.
     unsafe fn launch(&self, op: Op) -> Result<Work<'_>> {
+        // SAFETY: per this function's contract.
+        let w = unsafe { self.launch_op(op, true) }?;
+        w.ok_or_else(|| self.ctx.aborted("no completion handle for a marked launch".to_string()))
+    }
+
+    /// Put `op` on the stream, in stream order only: no mark and no `Work`.
+    ///
+    /// # Safety
+    /// As [`Library::launch`]; the caller keeps the buffers allocated until the stream has
+    /// passed the operation.
+    pub(crate) unsafe fn launch_unmarked(&self, op: Op) -> Result<()> {
+        // SAFETY: per this function's contract.
+        unsafe { self.launch_op(op, false) }.map(|_| ())
+    }
+
+    /// Put `op` on the stream; with `mark`, a `Work` follows it.
+    ///
+    /// # Safety
+    /// As [`DeviceComm::launch`].
+    unsafe fn launch_op(&self, op: Op, mark: bool) -> Result<Option<Work<'_>>> {
         let name = op.name();
         if let Some(e) = self.dead() {
             return Err(e);
@@ -550,11 +570,17 @@ impl<L: Library> DeviceComm<L> {
             // Set while the lock is held, so no other launch can slip in between.
             *self.pending.lock().unwrap_or_else(|e| e.into_inner()) = Some(slot.clone());
             drop(g);
-            return Ok(Work::new(Box::new(DeviceWork { comm: self, state: WorkState::Launching(slot) })));
+            if !mark {
+                return Ok(None);
+            }
+            return Ok(Some(Work::new(Box::new(DeviceWork { comm: self, state: WorkState::Launching(slot) }))));
         }
         drop(g);
+        if !mark {
+            return Ok(None);
+        }
         match self.mark() {
-            Ok(m) => Ok(Work::new(Box::new(DeviceWork { comm: self, state: WorkState::Running(m) }))),
+            Ok(m) => Ok(Some(Work::new(Box::new(DeviceWork { comm: self, state: WorkState::Running(m) })))),
             Err(e) => {
                 // On the stream but untracked: stop it rather than let the caller reuse
                 // buffers it may still touch.

@@ -42,6 +42,14 @@ impl<L: Library> Collective for DeviceComm<L> {
         unsafe { self.rt.signal_raw(&self.stream, stream.as_ptr()) }
     }
 
+    fn enqueue(&self, op: GraphOp) -> Result<()> {
+        let GraphOp::AllReduce { send, recv, count, dtype, op } = op;
+        let op = Op::AllReduce { send: send as *const c_void, recv: recv as *mut c_void, count, dtype, op };
+        // SAFETY: the Communicator validated the addresses, and its `Captured` keeps the
+        // buffers allocated until the engine's stream has passed the operation.
+        unsafe { self.launch_unmarked(op) }
+    }
+
     fn capture(&self, stream: StreamRef<'_>, op: GraphOp) -> Result<()> {
         let raw = stream.as_ptr();
         self.rt.bind()?;
