@@ -98,6 +98,40 @@ fn graph_rank(r: usize, store: Arc<dyn Store>) -> Result<(), String> {
     rt.block_on(comm.shutdown()).map_err(|e| e.to_string())
 }
 
+/// The same ordering with an all_reduce in stream order only (`enqueue_all_reduce`: no
+/// Work): rank 1's engine writes late, and both engines' streams must see the sum.
+fn enqueued_rank(r: usize, store: Arc<dyn Store>) -> Result<(), String> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+    let platform = Nccl.platform(r).map_err(|e| e.to_string())?;
+    let config = CommConfig { op_timeout: Duration::from_secs(60), ..CommConfig::default() };
+    let comm = rt
+        .block_on(Communicator::connect(&Nccl, GroupSpec::world(2, "enqueued"), r, store, platform.device(), config))
+        .map_err(|e| e.to_string())?;
+    let engine = EngineStream::new(platform.device()).map_err(|e| e.to_string())?;
+    let t = Duration::from_secs(60);
+    let mut b = platform.alloc(DType::F32, COUNT).map_err(|e| e.to_string())?;
+    comm.all_reduce(None, b.view_mut(), ReduceOp::Sum).and_then(|mut w| w.wait(t)).map_err(|e| e.to_string())?;
+    let g: Arc<dyn anyccl_core::DeviceMemory> = Arc::from(b);
+    if r == 1 {
+        engine.spin_us(200_000.0).map_err(|e| e.to_string())?;
+    }
+    let ptr = g.view().ptr() as *mut std::ffi::c_void;
+    // SAFETY: `g` holds COUNT f32s and outlives the engine's synchronize below.
+    unsafe { engine.fill_f32(ptr, COUNT, (r + 1) as f32) }.map_err(|e| e.to_string())?;
+    comm.wait_stream(engine.stream_ref()).map_err(|e| e.to_string())?;
+    let held = comm.enqueue_all_reduce(None, &g, ReduceOp::Sum).map_err(|e| e.to_string())?;
+    comm.signal_stream(engine.stream_ref()).map_err(|e| e.to_string())?;
+    engine.synchronize(t).map_err(|e| e.to_string())?;
+    drop(held);
+    let mut host = vec![0u8; COUNT * 4];
+    platform.copy_to_host(g.as_ref(), &mut host).map_err(|e| e.to_string())?;
+    let wrong = host.chunks_exact(4).filter(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) != 3.0).count();
+    if wrong > 0 {
+        return Err(format!("rank {r}: {wrong} of {COUNT} elements are not 1 + 2"));
+    }
+    rt.block_on(comm.shutdown()).map_err(|e| e.to_string())
+}
+
 /// One rank of a case.
 type RankFn = fn(usize, Arc<dyn Store>) -> Result<(), String>;
 
@@ -126,8 +160,9 @@ fn two_ranks(f: RankFn) -> Result<(), Failed> {
 
 fn main() -> std::process::ExitCode {
     let args = Arguments::from_args();
-    let cases: [(&str, RankFn); 2] = [
+    let cases: [(&str, RankFn); 3] = [
         ("nccl::streams::engine_stream_orders_operations[w=2]", rank),
+        ("nccl::streams::enqueued_all_reduce_in_stream_order[w=2]", enqueued_rank),
         ("nccl::graphs::captured_all_reduce_replays[w=2]", graph_rank),
     ];
     let probe = Nccl.probe();

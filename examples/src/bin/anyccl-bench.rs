@@ -436,7 +436,9 @@ async fn run(args: Args) -> Result<()> {
         let defaults = CommConfig { min_ctas: None, max_ctas: None, cga_cluster_size: None, ..comm.config().clone() };
         let raw = anyccl::RawNccl::connect(store.as_ref(), "bench/raw-id", me, n, env.local_rank, &defaults).await?;
         let sizes = Sizes { min, max, factor: args.factor };
-        let r = vs_raw(&args, &raw, &comm, &platform, store.as_ref(), sizes, dtype, rop, pairs as usize).await;
+        let engine = anyccl::EngineStream::new(platform.device())?;
+        let r = vs_raw(&args, &raw, &engine, &comm, &platform, store.as_ref(), sizes, dtype, rop, pairs as usize).await;
+        drop(engine);
         drop(raw);
         comm.shutdown().await?;
         return r;
@@ -625,6 +627,7 @@ fn median(v: &mut [f64]) -> f64 {
 async fn vs_raw(
     args: &Args,
     raw: &anyccl::RawNccl,
+    engine: &anyccl::EngineStream,
     comm: &Communicator,
     platform: &Arc<dyn Platform>,
     store: &dyn anyccl::Store,
@@ -636,6 +639,7 @@ async fn vs_raw(
     let (n, me) = (comm.size(), comm.rank());
     let timeout = comm.config().op_timeout;
     let mut sync = StoreBarrier { store, n, me, calls: 0, timeout };
+    let es = engine.stream_ref();
     if me == 0 && !args.json {
         println!("# anyccl-bench all_reduce --vs-raw {pairs}: {n} ranks, {} pairs per size (raw NCCL, then anyccl), {} iters after {} warm-up calls", pairs, args.iters, args.warmup);
         let c = comm.config();
@@ -646,7 +650,8 @@ async fn vs_raw(
         let costs: Vec<String> =
             raw.host_costs(20_000)?.into_iter().map(|(what, ns)| format!("{what} {ns:.0}")).collect();
         println!("# host cost per call, ns: {}", costs.join(", "));
-        println!("#       size         count      type    raw (us)  anyccl (us)  median ratio  worst ratio  raw busbw  anyccl busbw  issue raw/anyccl (us)  raw+events (us)   pairs (raw/anyccl us)");
+        println!("# enqueued: the same calls through enqueue_all_reduce (stream order only: no Work), one signal_stream and one wait");
+        println!("#       size         count      type    raw (us)  anyccl (us)  median ratio  worst ratio  raw busbw  anyccl busbw  issue raw/anyccl (us)  raw+events (us)  enqueued (us)  median/worst ratio   pairs (raw/anyccl us)");
     }
     let mut bytes = sizes.min.max(dtype.size());
     while bytes <= sizes.max {
@@ -659,6 +664,23 @@ async fn vs_raw(
         for _ in 0..(budget / (count * dtype.size()).max(1)).clamp(1, args.iters.max(1)) {
             b.recvs.push(platform.alloc(dtype, count)?);
         }
+        // In stream order only: the same calls with no Work, one signal of the engine's
+        // stream and one wait at the end, as the raw loop.
+        let (shared_send, shared_recv): (Arc<dyn DeviceMemory>, Arc<dyn DeviceMemory>) =
+            (Arc::from(platform.alloc(dtype, count)?), Arc::from(platform.alloc(dtype, count)?));
+        let enqueued = |k: usize| -> Result<f64> {
+            let mut held = Vec::with_capacity(k);
+            let t = Instant::now();
+            for _ in 0..k {
+                held.push(comm.enqueue_all_reduce(Some(&shared_send), &shared_recv, rop)?);
+            }
+            comm.signal_stream(es)?;
+            engine.synchronize(timeout)?;
+            let us = t.elapsed().as_secs_f64() * 1e6 / k.max(1) as f64;
+            drop(held);
+            Ok(us)
+        };
+        let (mut enq, mut enq_ratios) = (Vec::new(), Vec::new());
         let (mut raws, mut ours, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
         let (mut raw_issue, mut our_issue, mut with_events) = (Vec::new(), Vec::new(), Vec::new());
         let mut shown = Vec::new();
@@ -670,6 +692,11 @@ async fn vs_raw(
                 timed(comm, platform, Op::AllReduce, &mut b, rop, 0, w, args.iters, timeout, false, &mut sync).await?;
             sync.wait("raw-events").await?;
             let e = raw.all_reduce_us(count, dtype, args.iters, args.warmup, true)?;
+            sync.wait("enqueued").await?;
+            enqueued(args.warmup.max(1))?;
+            let q = enqueued(args.iters.max(1))?;
+            enq.push(q);
+            enq_ratios.push(q / r.us);
             raws.push(r.us);
             ours.push(a.us);
             ratios.push(a.us / r.us);
@@ -679,6 +706,8 @@ async fn vs_raw(
             shown.push(format!("{:.1}/{:.1}", r.us, a.us));
         }
         let (ri, ai, ev) = (median(&mut raw_issue), median(&mut our_issue), median(&mut with_events));
+        let enq_worst = enq_ratios.iter().copied().fold(f64::NAN, f64::max);
+        let (mq_enq, m_enq) = (median(&mut enq_ratios), median(&mut enq));
         let worst = ratios.iter().copied().fold(f64::NAN, f64::max);
         let (mr, ma, mq) = (median(&mut raws), median(&mut ours), median(&mut ratios));
         if me == 0 {
@@ -687,12 +716,13 @@ async fn vs_raw(
                     "{}",
                     serde_json::json!({"op": "all_reduce", "mode": "vs_raw", "ranks": n, "size": count * dtype.size(), "count": count,
                         "type": dtype.name(), "raw_us": mr, "anyccl_us": ma, "median_ratio": mq, "worst_ratio": worst, "pairs": shown,
-                        "raw_issue_us": ri, "anyccl_issue_us": ai, "raw_with_events_us": ev})
+                        "raw_issue_us": ri, "anyccl_issue_us": ai, "raw_with_events_us": ev,
+                        "enqueued_us": m_enq, "enqueued_median_ratio": mq_enq, "enqueued_worst_ratio": enq_worst})
                 );
             } else {
                 let busbw = |us: f64| (count * dtype.size()) as f64 / us / 1e3 * Op::AllReduce.bus_factor(n);
                 println!(
-                    "{:12} {:13} {:>9} {:11.2} {:12.2} {:13.3} {:12.3} {:10.2} {:13.2} {:>22} {:16.2}   {}",
+                    "{:12} {:13} {:>9} {:11.2} {:12.2} {:13.3} {:12.3} {:10.2} {:13.2} {:>22} {:16.2} {:14.2} {:>19}   {}",
                     count * dtype.size(),
                     count,
                     dtype.name(),
@@ -704,6 +734,8 @@ async fn vs_raw(
                     busbw(ma),
                     format!("{ri:.2}/{ai:.2}"),
                     ev,
+                    m_enq,
+                    format!("{mq_enq:.3}/{enq_worst:.3}"),
                     shown.join(" ")
                 );
             }
