@@ -18,6 +18,9 @@
 #   PARTS=raw BIN=.gpu bash bench/gpu_acceptance.sh              # anyccl beside raw NCCL:
 #       8 B-4 KiB in interleaved pairs; 256 MiB-1 GiB with CTAS (default 32) min CTAs against
 #       raw defaults; first-call memory with and without; the warmup with the setting
+#   PARTS=streams BIN=.gpu bash bench/gpu_acceptance.sh          # the two-GPU stream and graph
+#       tests ($BIN/nccl-streams-test: cargo test --release -p anyccl-nccl --test streams
+#       --no-run), compute beside an all_reduce (--overlap-us), replayed graphs (--graph)
 #   SQUEEZE=8: the MiB the recovery demo leaves free (default 16)
 #
 # Logs go to $OUT (default /tmp/anyccl-acceptance), one file per part; a summary is
@@ -142,6 +145,18 @@ echo "### warmup with ANYCCL_MIN_CTAS=${CTAS:-32}: warmed memory, then the step 
   ANYCCL_MIN_CTAS=${CTAS:-32} timeout 120 anyccl-run -n 2 -- anyccl-warmup-check --backend nccl --no-warmup; echo "exit=$?"; } \
   > "$OUT/raw-warmup.log" 2>&1
 grep -E 'exit=|total|step \(' "$OUT/raw-warmup.log" | grep -v '^\[rank 1\]   ' | cut -c1-200
+fi
+
+if want streams; then
+echo "### stream ordering and graphs ($(t))"
+if [ -x "$BIN/nccl-streams-test" ]; then timeout 120 "$BIN/nccl-streams-test" 2>&1 | tail -6
+else echo "no $BIN/nccl-streams-test: build it with cargo test --release -p anyccl-nccl --test streams --no-run"; fi
+for us in 100 1000; do
+  timeout 120 anyccl-run -n 2 -- anyccl-bench all_reduce --backend nccl --overlap-us $us -b 1M -e 256M -f 4 -n 20 -w 3 2>&1 \
+    | grep -v '^\[rank 1\]' | cut -c1-200
+done | tee "$OUT/overlap.log"
+timeout 120 anyccl-run -n 2 -- anyccl-bench all_reduce --backend nccl --graph 20 -b 8 -e 4K -f 8 -n 50 -w 5 2>&1 \
+  | grep -v '^\[rank 1\]' | tee "$OUT/graph.log" | cut -c1-200
 fi
 
 if want interleave; then
