@@ -5,6 +5,8 @@
 //! `anyccl-run` (one rank per process) or alone.
 #![forbid(unsafe_code)]
 
+mod modes;
+
 use anyccl::pattern;
 use anyccl::{CommConfig, Communicator, DType, DeviceKind, DeviceMemory, P2POp, Platform, ReduceOp, Result, Work};
 use clap::Parser;
@@ -406,40 +408,11 @@ async fn run(args: Args) -> Result<()> {
     }
     let timeout = comm.config().op_timeout;
     let print = me == 0;
-    if let Some(k) = args.graph {
+    if let Some(mode) = modes::Mode::of(&args) {
         if op != Op::AllReduce {
-            return Err(bad_arg("--graph", format!("the graph mode times all_reduce only, not {}", args.op)));
+            return Err(bad_arg(mode.flag(), format!("this mode times all_reduce only, not {}", args.op)));
         }
-        let engine = anyccl::EngineStream::new(platform.device())?;
-        let sizes = Sizes { min, max, factor: args.factor };
-        let r = graph_mode(&args, &engine, &comm, &platform, store.as_ref(), sizes, dtype, rop, k as usize).await;
-        drop(engine);
-        comm.shutdown().await?;
-        return r;
-    }
-    if let Some(us) = args.overlap_us {
-        if op != Op::AllReduce {
-            return Err(bad_arg("--overlap-us", format!("the overlap mode times all_reduce only, not {}", args.op)));
-        }
-        let engine = anyccl::EngineStream::new(platform.device())?;
-        let sizes = Sizes { min, max, factor: args.factor };
-        let r = overlap(&args, &engine, &comm, &platform, store.as_ref(), sizes, dtype, rop, us).await;
-        drop(engine);
-        comm.shutdown().await?;
-        return r;
-    }
-    if let Some(pairs) = args.vs_raw {
-        if op != Op::AllReduce {
-            return Err(bad_arg("--vs-raw", format!("the raw mode times all_reduce only, not {}", args.op)));
-        }
-        // The raw side keeps NCCL's defaults: anyccl's thread-block settings are compared to them.
-        let defaults = CommConfig { min_ctas: None, max_ctas: None, cga_cluster_size: None, ..comm.config().clone() };
-        let raw = anyccl::RawNccl::connect(store.as_ref(), "bench/raw-id", me, n, env.local_rank, &defaults).await?;
-        let sizes = Sizes { min, max, factor: args.factor };
-        let engine = anyccl::EngineStream::new(platform.device())?;
-        let r = vs_raw(&args, &raw, &engine, &comm, &platform, store.as_ref(), sizes, dtype, rop, pairs as usize).await;
-        drop(engine);
-        drop(raw);
+        let r = modes::run(mode, &args, &env, &comm, &platform, store.as_ref(), (min, max), dtype, rop).await;
         comm.shutdown().await?;
         return r;
     }
@@ -465,12 +438,7 @@ async fn run(args: Args) -> Result<()> {
         calls: args.warmup,
         min_time: if first { Duration::from_millis(args.warmup_ms) } else { Duration::ZERO },
     };
-    // Host memory is shared by this host's ranks, a device's is its rank's own. The bench
-    // holds up to three copies of the depth (results, in-place inputs, and a backend's copy
-    // of results not yet waited for), so each rank takes an eighth of its share.
-    let free = platform.mem_info().map(|m| m.free).unwrap_or(u64::MAX);
-    let sharing = if platform.kind() == DeviceKind::Cpu { env.local_world_size.max(1) as u64 } else { 1 };
-    let budget = (free / sharing / 8).min(4 << 30) as usize;
+    let budget = budget(platform.as_ref(), env.local_world_size);
     let mut bytes = min.max(dtype.size() * n);
     let mut sum_bus = 0.0;
     let mut wrong_total = 0;
@@ -479,8 +447,7 @@ async fn run(args: Args) -> Result<()> {
         let size_b = rc.max(sc) * dtype.size();
         // Enough receive buffers to enqueue a run back to back without waiting, within the
         // budget above.
-        let depth =
-            |count: usize| budget.checked_div(count.max(1) * dtype.size()).unwrap_or(1).clamp(1, args.iters.max(1));
+        let depth = |count: usize| depth(budget, count * dtype.size(), args.iters);
         let send_input = input(me, sc, dtype, rop);
         let mut b = Bufs { send: platform.alloc(dtype, sc)?, recvs: Vec::new(), in_place_input: Vec::new() };
         platform.copy_from_host(b.send.as_mut(), &send_input)?;
@@ -603,339 +570,19 @@ async fn run(args: Args) -> Result<()> {
     Ok(())
 }
 
-/// The rows' sizes.
-#[derive(Clone, Copy)]
-struct Sizes {
-    min: usize,
-    max: usize,
-    factor: usize,
+/// Bytes of receive buffers a rank may hold for a run back to back: host memory is shared
+/// by this host's ranks, a device's is its rank's own. The bench holds up to three copies of
+/// the depth (results, in-place inputs, and a backend's copy of results not yet waited for),
+/// so each rank takes an eighth of its share, 4 GiB at most.
+fn budget(platform: &dyn Platform, local_world_size: usize) -> usize {
+    let free = platform.mem_info().map(|m| m.free).unwrap_or(u64::MAX);
+    let sharing = if platform.kind() == DeviceKind::Cpu { local_world_size.max(1) as u64 } else { 1 };
+    (free / sharing / 8).min(4 << 30) as usize
 }
 
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
-}
-
-/// `--vs-raw`: per size, `pairs` interleaved timings of raw NCCL and of anyccl, the same
-/// calls (out of place, `iters` back to back after `warmup`), then the medians, the median
-/// of the per-pair ratios and the worst pair.
-#[allow(clippy::too_many_arguments)]
-async fn vs_raw(
-    args: &Args,
-    raw: &anyccl::RawNccl,
-    engine: &anyccl::EngineStream,
-    comm: &Communicator,
-    platform: &Arc<dyn Platform>,
-    store: &dyn anyccl::Store,
-    sizes: Sizes,
-    dtype: DType,
-    rop: ReduceOp,
-    pairs: usize,
-) -> Result<()> {
-    let (n, me) = (comm.size(), comm.rank());
-    let timeout = comm.config().op_timeout;
-    let mut sync = StoreBarrier { store, n, me, calls: 0, timeout };
-    let es = engine.stream_ref();
-    if me == 0 && !args.json {
-        println!("# anyccl-bench all_reduce --vs-raw {pairs}: {n} ranks, {} pairs per size (raw NCCL, then anyccl), {} iters after {} warm-up calls", pairs, args.iters, args.warmup);
-        let c = comm.config();
-        println!(
-            "# raw: NCCL's defaults; anyccl: min_ctas {:?} max_ctas {:?} cga_cluster_size {:?}",
-            c.min_ctas, c.max_ctas, c.cga_cluster_size
-        );
-        let costs: Vec<String> =
-            raw.host_costs(20_000)?.into_iter().map(|(what, ns)| format!("{what} {ns:.0}")).collect();
-        println!("# host cost per call, ns: {}", costs.join(", "));
-        println!("# enqueued: the same calls through enqueue_all_reduce (stream order only: no Work), one signal_stream and one wait");
-        println!("#       size         count      type    raw (us)  anyccl (us)  median ratio  worst ratio  raw busbw  anyccl busbw  issue raw/anyccl (us)  raw+events (us)  enqueued (us)  median/worst ratio   pairs (raw/anyccl us)");
-    }
-    let mut bytes = sizes.min.max(dtype.size());
-    while bytes <= sizes.max {
-        let count = (bytes / dtype.size()).max(1);
-        let mut b = Bufs { send: platform.alloc(dtype, count)?, recvs: Vec::new(), in_place_input: Vec::new() };
-        // Receive buffers for a run back to back, within an eighth of free memory (4 GiB at
-        // most), as the normal rows do.
-        let free = platform.mem_info().map(|m| m.free).unwrap_or(u64::MAX);
-        let budget = (free / 8).min(4 << 30) as usize;
-        for _ in 0..(budget / (count * dtype.size()).max(1)).clamp(1, args.iters.max(1)) {
-            b.recvs.push(platform.alloc(dtype, count)?);
-        }
-        // In stream order only: the same calls with no Work, one signal of the engine's
-        // stream and one wait at the end, as the raw loop.
-        let (shared_send, shared_recv): (Arc<dyn DeviceMemory>, Arc<dyn DeviceMemory>) =
-            (Arc::from(platform.alloc(dtype, count)?), Arc::from(platform.alloc(dtype, count)?));
-        let enqueued = |k: usize| -> Result<f64> {
-            let mut held = Vec::with_capacity(k);
-            let t = Instant::now();
-            for _ in 0..k {
-                held.push(comm.enqueue_all_reduce(Some(&shared_send), &shared_recv, rop)?);
-            }
-            comm.signal_stream(es)?;
-            engine.synchronize(timeout)?;
-            let us = t.elapsed().as_secs_f64() * 1e6 / k.max(1) as f64;
-            drop(held);
-            Ok(us)
-        };
-        let (mut enq, mut enq_ratios) = (Vec::new(), Vec::new());
-        let (mut raws, mut ours, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
-        let (mut raw_issue, mut our_issue, mut with_events) = (Vec::new(), Vec::new(), Vec::new());
-        let mut shown = Vec::new();
-        for _ in 0..pairs {
-            sync.wait("raw").await?;
-            let r = raw.all_reduce_us(count, dtype, args.iters, args.warmup, false)?;
-            let w = Warmup { calls: args.warmup, min_time: Duration::ZERO };
-            let a =
-                timed(comm, platform, Op::AllReduce, &mut b, rop, 0, w, args.iters, timeout, false, &mut sync).await?;
-            sync.wait("raw-events").await?;
-            let e = raw.all_reduce_us(count, dtype, args.iters, args.warmup, true)?;
-            sync.wait("enqueued").await?;
-            enqueued(args.warmup.max(1))?;
-            let q = enqueued(args.iters.max(1))?;
-            enq.push(q);
-            enq_ratios.push(q / r.us);
-            raws.push(r.us);
-            ours.push(a.us);
-            ratios.push(a.us / r.us);
-            raw_issue.push(r.issue_us);
-            our_issue.push(a.issue_us);
-            with_events.push(e.us);
-            shown.push(format!("{:.1}/{:.1}", r.us, a.us));
-        }
-        let (ri, ai, ev) = (median(&mut raw_issue), median(&mut our_issue), median(&mut with_events));
-        let enq_worst = enq_ratios.iter().copied().fold(f64::NAN, f64::max);
-        let (mq_enq, m_enq) = (median(&mut enq_ratios), median(&mut enq));
-        let worst = ratios.iter().copied().fold(f64::NAN, f64::max);
-        let (mr, ma, mq) = (median(&mut raws), median(&mut ours), median(&mut ratios));
-        if me == 0 {
-            if args.json {
-                println!(
-                    "{}",
-                    serde_json::json!({"op": "all_reduce", "mode": "vs_raw", "ranks": n, "size": count * dtype.size(), "count": count,
-                        "type": dtype.name(), "raw_us": mr, "anyccl_us": ma, "median_ratio": mq, "worst_ratio": worst, "pairs": shown,
-                        "raw_issue_us": ri, "anyccl_issue_us": ai, "raw_with_events_us": ev,
-                        "enqueued_us": m_enq, "enqueued_median_ratio": mq_enq, "enqueued_worst_ratio": enq_worst})
-                );
-            } else {
-                let busbw = |us: f64| (count * dtype.size()) as f64 / us / 1e3 * Op::AllReduce.bus_factor(n);
-                println!(
-                    "{:12} {:13} {:>9} {:11.2} {:12.2} {:13.3} {:12.3} {:10.2} {:13.2} {:>22} {:16.2} {:14.2} {:>19}   {}",
-                    count * dtype.size(),
-                    count,
-                    dtype.name(),
-                    mr,
-                    ma,
-                    mq,
-                    worst,
-                    busbw(mr),
-                    busbw(ma),
-                    format!("{ri:.2}/{ai:.2}"),
-                    ev,
-                    m_enq,
-                    format!("{mq_enq:.3}/{enq_worst:.3}"),
-                    shown.join(" ")
-                );
-            }
-        }
-        drop(b);
-        bytes = bytes.saturating_mul(sizes.factor);
-    }
-    Ok(())
-}
-
-/// `--graph K`: per size, K in-place all_reduces captured into a graph on the engine's
-/// stream, replayed `iters` times after `warmup` replays (one synchronize at the end): the
-/// time per all_reduce, beside the same all_reduces issued (the normal rows' loop).
-#[allow(clippy::too_many_arguments)]
-async fn graph_mode(
-    args: &Args,
-    engine: &anyccl::EngineStream,
-    comm: &Communicator,
-    platform: &Arc<dyn Platform>,
-    store: &dyn anyccl::Store,
-    sizes: Sizes,
-    dtype: DType,
-    rop: ReduceOp,
-    k: usize,
-) -> Result<()> {
-    let (n, me) = (comm.size(), comm.rank());
-    let timeout = comm.config().op_timeout;
-    let mut sync = StoreBarrier { store, n, me, calls: 0, timeout };
-    let es = engine.stream_ref();
-    if me == 0 && !args.json {
-        println!("# anyccl-bench all_reduce --graph {k}: {n} ranks, {k} in-place all_reduces per graph, {} replays after {} warm-up replays", args.iters, args.warmup);
-        println!("#       size         count      type  issued (us)  replayed (us)   ratio");
-    }
-    let mut bytes = sizes.min.max(dtype.size());
-    while bytes <= sizes.max {
-        let count = (bytes / dtype.size()).max(1);
-        // Issued: the normal rows' loop.
-        let mut b = Bufs { send: platform.alloc(dtype, count)?, recvs: Vec::new(), in_place_input: Vec::new() };
-        for _ in 0..args.iters.clamp(1, 64) {
-            b.recvs.push(platform.alloc(dtype, count)?);
-        }
-        let w = Warmup { calls: args.warmup, min_time: Duration::ZERO };
-        let issued =
-            timed(comm, platform, Op::AllReduce, &mut b, rop, 0, w, args.iters, timeout, false, &mut sync).await?.us;
-        drop(b);
-        // Replayed.
-        let g: Arc<dyn DeviceMemory> = Arc::from(platform.alloc(dtype, count)?);
-        engine.begin_capture()?;
-        let mut captured = Vec::with_capacity(k);
-        let mut failed = None;
-        for _ in 0..k {
-            match comm.capture_all_reduce(es, None, &g, rop) {
-                Ok(c) => captured.push(c),
-                Err(e) => {
-                    failed = Some(e);
-                    break;
-                }
-            }
-        }
-        // The capture ends whatever happened, so the stream is usable again.
-        let graph = engine.end_capture();
-        if let Some(e) = failed {
-            return Err(e);
-        }
-        let graph = graph?;
-        sync.wait("graph").await?;
-        for _ in 0..args.warmup.max(1) {
-            engine.replay(&graph)?;
-        }
-        engine.synchronize(timeout)?;
-        sync.wait("graph-timed").await?;
-        let t = Instant::now();
-        for _ in 0..args.iters.max(1) {
-            engine.replay(&graph)?;
-        }
-        engine.synchronize(timeout)?;
-        let replayed = t.elapsed().as_secs_f64() * 1e6 / (args.iters.max(1) * k) as f64;
-        drop(graph);
-        drop(captured);
-        if me == 0 {
-            if args.json {
-                println!(
-                    "{}",
-                    serde_json::json!({"op": "all_reduce", "mode": "graph", "ranks": n, "size": count * dtype.size(), "count": count,
-                        "type": dtype.name(), "ops_per_graph": k, "issued_us": issued, "replayed_us": replayed})
-                );
-            } else {
-                println!(
-                    "{:12} {:13} {:>9} {:12.2} {:14.2} {:7.3}",
-                    count * dtype.size(),
-                    count,
-                    dtype.name(),
-                    issued,
-                    replayed,
-                    replayed / issued
-                );
-            }
-        }
-        bytes = bytes.saturating_mul(sizes.factor);
-    }
-    Ok(())
-}
-
-/// `--overlap-us`: per size, the mean over `iters` steps of: the compute alone, the
-/// all_reduce alone, the two back to back (the host waits for the compute, then issues and
-/// waits for the all_reduce), and the two overlapped (the all_reduce ordered after the
-/// engine's stream and the engine's stream after it by events; one wait at the end).
-#[allow(clippy::too_many_arguments)]
-async fn overlap(
-    args: &Args,
-    engine: &anyccl::EngineStream,
-    comm: &Communicator,
-    platform: &Arc<dyn Platform>,
-    store: &dyn anyccl::Store,
-    sizes: Sizes,
-    dtype: DType,
-    rop: ReduceOp,
-    compute_us: f64,
-) -> Result<()> {
-    let (n, me) = (comm.size(), comm.rank());
-    let timeout = comm.config().op_timeout;
-    let mut sync = StoreBarrier { store, n, me, calls: 0, timeout };
-    let es = engine.stream_ref();
-    if me == 0 && !args.json {
-        println!("# anyccl-bench all_reduce --overlap-us {compute_us}: {n} ranks, {} steps per row after {} warm-up steps; compute = a kernel spinning {compute_us} us on the engine's stream", args.iters, args.warmup);
-        println!("#       size         count      type  compute (us)  all_reduce (us)  back to back (us)  overlapped (us)  saved (us)");
-    }
-    let mut bytes = sizes.min.max(dtype.size());
-    while bytes <= sizes.max {
-        let count = (bytes / dtype.size()).max(1);
-        let mut g = platform.alloc(dtype, count)?;
-        // One step of each kind; returns its time.
-        let step = |kind: u8, g: &mut Box<dyn DeviceMemory>| -> Result<Duration> {
-            let t = Instant::now();
-            match kind {
-                0 => {
-                    engine.spin_us(compute_us)?;
-                    engine.synchronize(timeout)?;
-                }
-                1 => comm.all_reduce(None, g.view_mut(), rop)?.wait(timeout)?,
-                2 => {
-                    engine.spin_us(compute_us)?;
-                    engine.synchronize(timeout)?;
-                    comm.all_reduce(None, g.view_mut(), rop)?.wait(timeout)?;
-                }
-                _ => {
-                    comm.wait_stream(es)?;
-                    let mut w = comm.all_reduce(None, g.view_mut(), rop)?;
-                    engine.spin_us(compute_us)?;
-                    comm.signal_stream(es)?;
-                    engine.synchronize(timeout)?;
-                    if !w.is_completed()? {
-                        return Err(bad_arg(
-                            "--overlap-us",
-                            "the engine's stream finished before the all_reduce it was ordered after".into(),
-                        ));
-                    }
-                    drop(w);
-                }
-            }
-            Ok(t.elapsed())
-        };
-        let mut means = [0f64; 4];
-        for (kind, mean) in means.iter_mut().enumerate() {
-            sync.wait(&format!("overlap{kind}")).await?;
-            for _ in 0..args.warmup {
-                step(kind as u8, &mut g)?;
-            }
-            let mut total = Duration::ZERO;
-            for _ in 0..args.iters {
-                total += step(kind as u8, &mut g)?;
-            }
-            *mean = total.as_secs_f64() * 1e6 / args.iters.max(1) as f64;
-        }
-        let [c, a, b, o] = means;
-        if me == 0 {
-            if args.json {
-                println!(
-                    "{}",
-                    serde_json::json!({"op": "all_reduce", "mode": "overlap", "ranks": n, "size": count * dtype.size(), "count": count,
-                        "type": dtype.name(), "compute_us": c, "all_reduce_us": a, "back_to_back_us": b, "overlapped_us": o})
-                );
-            } else {
-                println!(
-                    "{:12} {:13} {:>9} {:13.2} {:16.2} {:18.2} {:16.2} {:11.2}",
-                    count * dtype.size(),
-                    count,
-                    dtype.name(),
-                    c,
-                    a,
-                    b,
-                    o,
-                    b - o
-                );
-            }
-        }
-        drop(g);
-        bytes = bytes.saturating_mul(sizes.factor);
-    }
-    Ok(())
+/// Receive buffers of `bytes` each for `iters` calls back to back within `budget`.
+fn depth(budget: usize, bytes: usize, iters: usize) -> usize {
+    budget.checked_div(bytes.max(1)).unwrap_or(1).clamp(1, iters.max(1))
 }
 
 /// Average time per operation (us) over `iters` calls issued back to back, `depth` at a

@@ -1,0 +1,327 @@
+//! The benchmark's all_reduce modes beside an engine's stream (NCCL): `--vs-raw` (raw NCCL
+//! and anyccl in interleaved pairs), `--graph` (replayed CUDA graphs) and `--overlap-us`
+//! (compute beside an all_reduce, ordered by events).
+
+use super::{bad_arg, budget, depth, timed, Args, Bufs, Op, StoreBarrier, Warmup};
+use anyccl::{CommConfig, Communicator, DType, DeviceMemory, LaunchEnv, Platform, ReduceOp, Result};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Which mode the flags ask for.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Mode {
+    VsRaw(usize),
+    Graph(usize),
+    Overlap(f64),
+}
+
+impl Mode {
+    pub(super) fn of(args: &Args) -> Option<Mode> {
+        args.vs_raw
+            .map(|p| Mode::VsRaw(p as usize))
+            .or(args.graph.map(|k| Mode::Graph(k as usize)))
+            .or(args.overlap_us.map(Mode::Overlap))
+    }
+    pub(super) fn flag(self) -> &'static str {
+        match self {
+            Mode::VsRaw(_) => "--vs-raw",
+            Mode::Graph(_) => "--graph",
+            Mode::Overlap(_) => "--overlap-us",
+        }
+    }
+}
+
+/// What every mode works with.
+struct Ctx<'a> {
+    args: &'a Args,
+    comm: &'a Communicator,
+    platform: &'a Arc<dyn Platform>,
+    engine: anyccl::EngineStream,
+    sync: StoreBarrier<'a>,
+    dtype: DType,
+    rop: ReduceOp,
+    timeout: Duration,
+}
+
+impl Ctx<'_> {
+    fn print_header(&self, lines: &[String]) {
+        if self.comm.rank() == 0 && !self.args.json {
+            lines.iter().for_each(|l| println!("{l}"));
+        }
+    }
+
+    /// One row on rank 0: JSON (with the row's shape added) or text.
+    fn emit(&self, mode: &str, count: usize, json: serde_json::Value, text: impl FnOnce() -> String) {
+        if self.comm.rank() != 0 {
+            return;
+        }
+        if self.args.json {
+            let mut row = serde_json::json!({"op": "all_reduce", "mode": mode, "ranks": self.comm.size(),
+                "size": count * self.dtype.size(), "count": count, "type": self.dtype.name()});
+            if let (Some(r), serde_json::Value::Object(extra)) = (row.as_object_mut(), json) {
+                r.extend(extra);
+            }
+            println!("{row}");
+        } else {
+            println!("{:12} {:13} {:>9} {}", count * self.dtype.size(), count, self.dtype.name(), text());
+        }
+    }
+
+    /// Receive buffers for `iters` issued calls of `count` elements.
+    fn bufs(&self, count: usize) -> Result<Bufs> {
+        let p = self.platform;
+        let mut b = Bufs { send: p.alloc(self.dtype, count)?, recvs: Vec::new(), in_place_input: Vec::new() };
+        for _ in 0..depth(budget(p.as_ref(), 1), count * self.dtype.size(), self.args.iters) {
+            b.recvs.push(p.alloc(self.dtype, count)?);
+        }
+        Ok(b)
+    }
+
+    /// The normal rows' loop on `b`: microseconds per call, and per call on the host.
+    async fn issued(&mut self, b: &mut Bufs) -> Result<(f64, f64)> {
+        let w = Warmup { calls: self.args.warmup, min_time: Duration::ZERO };
+        let (a, comm, p) = (self.args, self.comm, self.platform);
+        let t = timed(comm, p, Op::AllReduce, b, self.rop, 0, w, a.iters, self.timeout, false, &mut self.sync).await?;
+        Ok((t.us, t.issue_us))
+    }
+}
+
+/// Run `mode` over the sizes `min..=max` (factor `-f`).
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn run(
+    mode: Mode,
+    args: &Args,
+    env: &LaunchEnv,
+    comm: &Communicator,
+    platform: &Arc<dyn Platform>,
+    store: &dyn anyccl::Store,
+    (min, max): (usize, usize),
+    dtype: DType,
+    rop: ReduceOp,
+) -> Result<()> {
+    let timeout = comm.config().op_timeout;
+    let sync = StoreBarrier { store, n: comm.size(), me: comm.rank(), calls: 0, timeout };
+    let engine = anyccl::EngineStream::new(platform.device())?;
+    let mut cx = Ctx { args, comm, platform, engine, sync, dtype, rop, timeout };
+    let raw = match mode {
+        // The raw side keeps NCCL's defaults: anyccl's thread-block settings are compared to them.
+        Mode::VsRaw(_) => {
+            let defaults =
+                CommConfig { min_ctas: None, max_ctas: None, cga_cluster_size: None, ..comm.config().clone() };
+            Some(
+                anyccl::RawNccl::connect(store, "bench/raw-id", comm.rank(), comm.size(), env.local_rank, &defaults)
+                    .await?,
+            )
+        }
+        _ => None,
+    };
+    match (mode, &raw) {
+        (Mode::VsRaw(pairs), Some(raw)) => vs_raw_header(&cx, raw, pairs)?,
+        (Mode::Graph(k), _) => graph_header(&cx, k),
+        (Mode::Overlap(us), _) => overlap_header(&cx, us),
+        _ => {}
+    }
+    let mut bytes = min.max(dtype.size());
+    while bytes <= max {
+        let count = (bytes / dtype.size()).max(1);
+        match (mode, &raw) {
+            (Mode::VsRaw(pairs), Some(raw)) => vs_raw(&mut cx, raw, count, pairs).await?,
+            (Mode::Graph(k), _) => graph(&mut cx, count, k).await?,
+            (Mode::Overlap(us), _) => overlap(&mut cx, count, us).await?,
+            _ => {}
+        }
+        bytes = bytes.saturating_mul(args.factor);
+    }
+    Ok(())
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+fn worst(v: &[f64]) -> f64 {
+    v.iter().copied().fold(f64::NAN, f64::max)
+}
+
+fn vs_raw_header(cx: &Ctx<'_>, raw: &anyccl::RawNccl, pairs: usize) -> Result<()> {
+    if cx.comm.rank() != 0 || cx.args.json {
+        return Ok(());
+    }
+    let c = cx.comm.config();
+    let costs: Vec<String> = raw.host_costs(20_000)?.into_iter().map(|(what, ns)| format!("{what} {ns:.0}")).collect();
+    cx.print_header(&[
+        format!("# anyccl-bench all_reduce --vs-raw {pairs}: {} ranks, {pairs} pairs per size (raw NCCL, then anyccl), {} iters after {} warm-up calls", cx.comm.size(), cx.args.iters, cx.args.warmup),
+        format!("# raw: NCCL's defaults; anyccl: min_ctas {:?} max_ctas {:?} cga_cluster_size {:?}", c.min_ctas, c.max_ctas, c.cga_cluster_size),
+        format!("# host cost per call, ns: {}", costs.join(", ")),
+        "# enqueued: the same calls through enqueue_all_reduce (stream order only: no Work), one signal_stream and one wait".into(),
+        "#       size         count      type    raw (us)  anyccl (us)  median ratio  worst ratio  raw busbw  anyccl busbw  issue raw/anyccl (us)  raw+events (us)  enqueued (us)  median/worst ratio   pairs (raw/anyccl us)".into(),
+    ]);
+    Ok(())
+}
+
+/// `--vs-raw`: `pairs` interleaved timings of raw NCCL and of anyccl, the same calls (out of
+/// place, `iters` back to back after `warmup`), then the medians, the median of the
+/// per-pair ratios and the worst pair; also raw with an event per call, and the same calls
+/// in stream order only (no Work, one signal of the engine's stream, one wait).
+async fn vs_raw(cx: &mut Ctx<'_>, raw: &anyccl::RawNccl, count: usize, pairs: usize) -> Result<()> {
+    let (a, dtype) = (cx.args, cx.dtype);
+    let mut b = cx.bufs(count)?;
+    let (shared_send, shared_recv): (Arc<dyn DeviceMemory>, Arc<dyn DeviceMemory>) =
+        (Arc::from(cx.platform.alloc(dtype, count)?), Arc::from(cx.platform.alloc(dtype, count)?));
+    let enqueued = |cx: &Ctx<'_>, k: usize| -> Result<f64> {
+        let mut held = Vec::with_capacity(k);
+        let t = Instant::now();
+        for _ in 0..k {
+            held.push(cx.comm.enqueue_all_reduce(Some(&shared_send), &shared_recv, cx.rop)?);
+        }
+        cx.comm.signal_stream(cx.engine.stream_ref())?;
+        cx.engine.synchronize(cx.timeout)?;
+        let us = t.elapsed().as_secs_f64() * 1e6 / k.max(1) as f64;
+        drop(held);
+        Ok(us)
+    };
+    let [mut raws, mut ours, mut ratios, mut raw_issue, mut our_issue, mut with_events, mut enq, mut enq_ratios]: [Vec<
+        f64,
+    >;
+        8] = Default::default();
+    let mut shown = Vec::new();
+    for _ in 0..pairs {
+        cx.sync.wait("raw").await?;
+        let r = raw.all_reduce_us(count, dtype, a.iters, a.warmup, false)?;
+        let (us, issue_us) = cx.issued(&mut b).await?;
+        cx.sync.wait("raw-events").await?;
+        let e = raw.all_reduce_us(count, dtype, a.iters, a.warmup, true)?;
+        cx.sync.wait("enqueued").await?;
+        enqueued(cx, a.warmup.max(1))?;
+        let q = enqueued(cx, a.iters.max(1))?;
+        enq.push(q);
+        enq_ratios.push(q / r.us);
+        raws.push(r.us);
+        ours.push(us);
+        ratios.push(us / r.us);
+        raw_issue.push(r.issue_us);
+        our_issue.push(issue_us);
+        with_events.push(e.us);
+        shown.push(format!("{:.1}/{us:.1}", r.us));
+    }
+    let (w, enq_w) = (worst(&ratios), worst(&enq_ratios));
+    let (ri, ai, ev) = (median(&mut raw_issue), median(&mut our_issue), median(&mut with_events));
+    let (mr, ma, mq) = (median(&mut raws), median(&mut ours), median(&mut ratios));
+    let (m_enq, mq_enq) = (median(&mut enq), median(&mut enq_ratios));
+    let busbw = |us: f64| (count * dtype.size()) as f64 / us / 1e3 * Op::AllReduce.bus_factor(cx.comm.size());
+    let json = serde_json::json!({"raw_us": mr, "anyccl_us": ma, "median_ratio": mq, "worst_ratio": w, "pairs": shown,
+        "raw_issue_us": ri, "anyccl_issue_us": ai, "raw_with_events_us": ev,
+        "enqueued_us": m_enq, "enqueued_median_ratio": mq_enq, "enqueued_worst_ratio": enq_w});
+    cx.emit("vs_raw", count, json, || {
+        format!(
+            "{mr:11.2} {ma:12.2} {mq:13.3} {w:12.3} {:10.2} {:13.2} {:>22} {ev:16.2} {m_enq:14.2} {:>19}   {}",
+            busbw(mr),
+            busbw(ma),
+            format!("{ri:.2}/{ai:.2}"),
+            format!("{mq_enq:.3}/{enq_w:.3}"),
+            shown.join(" ")
+        )
+    });
+    Ok(())
+}
+
+fn graph_header(cx: &Ctx<'_>, k: usize) {
+    cx.print_header(&[
+        format!("# anyccl-bench all_reduce --graph {k}: {} ranks, {k} in-place all_reduces per graph, {} replays after {} warm-up replays", cx.comm.size(), cx.args.iters, cx.args.warmup),
+        "#       size         count      type  issued (us)  replayed (us)   ratio".into(),
+    ]);
+}
+
+/// `--graph K`: K in-place all_reduces captured into a graph on the engine's stream,
+/// replayed `iters` times after `warmup` replays (one synchronize at the end): the time per
+/// all_reduce, beside the same all_reduces issued (the normal rows' loop).
+async fn graph(cx: &mut Ctx<'_>, count: usize, k: usize) -> Result<()> {
+    let mut b = cx.bufs(count)?;
+    let (issued, _) = cx.issued(&mut b).await?;
+    drop(b);
+    let g: Arc<dyn DeviceMemory> = Arc::from(cx.platform.alloc(cx.dtype, count)?);
+    let es = cx.engine.stream_ref();
+    cx.engine.begin_capture()?;
+    let captured: Result<Vec<_>> = (0..k).map(|_| cx.comm.capture_all_reduce(es, None, &g, cx.rop)).collect();
+    // The capture ends whatever happened, so the stream is usable again.
+    let graph = cx.engine.end_capture();
+    let (captured, graph) = (captured?, graph?);
+    cx.sync.wait("graph").await?;
+    for _ in 0..cx.args.warmup.max(1) {
+        cx.engine.replay(&graph)?;
+    }
+    cx.engine.synchronize(cx.timeout)?;
+    cx.sync.wait("graph-timed").await?;
+    let t = Instant::now();
+    for _ in 0..cx.args.iters.max(1) {
+        cx.engine.replay(&graph)?;
+    }
+    cx.engine.synchronize(cx.timeout)?;
+    let replayed = t.elapsed().as_secs_f64() * 1e6 / (cx.args.iters.max(1) * k) as f64;
+    drop(graph);
+    drop(captured);
+    let json = serde_json::json!({"ops_per_graph": k, "issued_us": issued, "replayed_us": replayed});
+    cx.emit("graph", count, json, || format!("{issued:12.2} {replayed:14.2} {:7.3}", replayed / issued));
+    Ok(())
+}
+
+fn overlap_header(cx: &Ctx<'_>, us: f64) {
+    cx.print_header(&[
+        format!("# anyccl-bench all_reduce --overlap-us {us}: {} ranks, {} steps per row after {} warm-up steps; compute = a kernel spinning {us} us on the engine's stream", cx.comm.size(), cx.args.iters, cx.args.warmup),
+        "#       size         count      type  compute (us)  all_reduce (us)  back to back (us)  overlapped (us)  saved (us)".into(),
+    ]);
+}
+
+/// `--overlap-us`: the mean over `iters` steps of: the compute alone, the all_reduce alone,
+/// the two back to back (the host waits for the compute, then issues and waits for the
+/// all_reduce), and the two overlapped (the all_reduce ordered after the engine's stream and
+/// the engine's stream after it by events; one wait at the end).
+async fn overlap(cx: &mut Ctx<'_>, count: usize, compute_us: f64) -> Result<()> {
+    let mut g = cx.platform.alloc(cx.dtype, count)?;
+    let step = |cx: &Ctx<'_>, kind: usize, g: &mut Box<dyn DeviceMemory>| -> Result<Duration> {
+        let (comm, engine, es, rop, timeout) = (cx.comm, &cx.engine, cx.engine.stream_ref(), cx.rop, cx.timeout);
+        let t = Instant::now();
+        if kind == 0 || kind == 2 {
+            engine.spin_us(compute_us)?;
+            engine.synchronize(timeout)?;
+        }
+        if kind == 1 || kind == 2 {
+            comm.all_reduce(None, g.view_mut(), rop)?.wait(timeout)?;
+        }
+        if kind == 3 {
+            comm.wait_stream(es)?;
+            let mut w = comm.all_reduce(None, g.view_mut(), rop)?;
+            engine.spin_us(compute_us)?;
+            comm.signal_stream(es)?;
+            engine.synchronize(timeout)?;
+            if !w.is_completed()? {
+                return Err(bad_arg(
+                    "--overlap-us",
+                    "the engine's stream finished before the all_reduce it was ordered after".into(),
+                ));
+            }
+        }
+        Ok(t.elapsed())
+    };
+    let mut means = [0f64; 4];
+    for (kind, mean) in means.iter_mut().enumerate() {
+        cx.sync.wait(&format!("overlap{kind}")).await?;
+        for _ in 0..cx.args.warmup {
+            step(cx, kind, &mut g)?;
+        }
+        let mut total = Duration::ZERO;
+        for _ in 0..cx.args.iters {
+            total += step(cx, kind, &mut g)?;
+        }
+        *mean = total.as_secs_f64() * 1e6 / cx.args.iters.max(1) as f64;
+    }
+    let [c, a, b, o] = means;
+    let json = serde_json::json!({"compute_us": c, "all_reduce_us": a, "back_to_back_us": b, "overlapped_us": o});
+    cx.emit("overlap", count, json, || format!("{c:13.2} {a:16.2} {b:18.2} {o:16.2} {:11.2}", b - o));
+    Ok(())
+}
