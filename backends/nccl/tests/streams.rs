@@ -11,125 +11,115 @@ use std::sync::Arc;
 use std::time::Duration;
 
 const COUNT: usize = 1 << 20;
+const T: Duration = Duration::from_secs(60);
+
+fn e(x: impl std::fmt::Display) -> String {
+    x.to_string()
+}
+
+/// A rank's start: its communicator (already connected by one all_reduce, so that what
+/// follows measures ordering, not the first connect), an engine stream, and a buffer of
+/// COUNT f32s (returned beside it).
+struct Rank {
+    rt: tokio::runtime::Runtime,
+    platform: Arc<dyn anyccl_core::Platform>,
+    comm: Communicator,
+    engine: EngineStream,
+}
+
+fn start(r: usize, store: Arc<dyn Store>, name: &str) -> Result<(Rank, Box<dyn anyccl_core::DeviceMemory>), String> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(e)?;
+    let platform = Nccl.platform(r).map_err(e)?;
+    let config = CommConfig { op_timeout: T, ..CommConfig::default() };
+    let comm = rt
+        .block_on(Communicator::connect(&Nccl, GroupSpec::world(2, name), r, store, platform.device(), config))
+        .map_err(e)?;
+    let engine = EngineStream::new(platform.device()).map_err(e)?;
+    let mut buf = platform.alloc(DType::F32, COUNT).map_err(e)?;
+    comm.all_reduce(None, buf.view_mut(), ReduceOp::Sum).and_then(|mut w| w.wait(T)).map_err(e)?;
+    Ok((Rank { rt, platform, comm, engine }, buf))
+}
+
+/// Every element of `m` equals `want`, then the communicator shuts down.
+fn check_and_stop(k: &Rank, r: usize, m: &dyn anyccl_core::DeviceMemory, want: f32, why: &str) -> Result<(), String> {
+    let mut host = vec![0u8; COUNT * 4];
+    k.platform.copy_to_host(m, &mut host).map_err(e)?;
+    let wrong = host.chunks_exact(4).filter(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) != want).count();
+    if wrong > 0 {
+        return Err(format!("rank {r}: {wrong} of {COUNT} elements are not {want} ({why})"));
+    }
+    k.rt.block_on(k.comm.shutdown()).map_err(e)
+}
 
 fn rank(r: usize, store: Arc<dyn Store>) -> Result<(), String> {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
-    let platform = Nccl.platform(r).map_err(|e| e.to_string())?;
-    let config = CommConfig { op_timeout: Duration::from_secs(60), ..CommConfig::default() };
-    let comm = rt
-        .block_on(Communicator::connect(&Nccl, GroupSpec::world(2, "streams"), r, store, platform.device(), config))
-        .map_err(|e| e.to_string())?;
-    let engine = EngineStream::new(platform.device()).map_err(|e| e.to_string())?;
-    let mut g = platform.alloc(DType::F32, COUNT).map_err(|e| e.to_string())?;
-    let t = Duration::from_secs(60);
-    // Connected first, so that what follows measures ordering, not the first connect.
-    comm.all_reduce(None, g.view_mut(), ReduceOp::Sum).and_then(|mut w| w.wait(t)).map_err(|e| e.to_string())?;
+    let (k, mut buf) = start(r, store, "streams")?;
     // Rank 1's engine writes its input 200 ms late: without wait_stream its all_reduce
     // would read the zeros; rank 0's all_reduce then finishes 200 ms after its own input
     // is ready: without signal_stream its engine would finish first.
     if r == 1 {
-        engine.spin_us(200_000.0).map_err(|e| e.to_string())?;
+        k.engine.spin_us(200_000.0).map_err(e)?;
     }
-    let ptr = g.view_mut().ptr() as *mut std::ffi::c_void;
-    // SAFETY: `g` holds COUNT f32s and outlives the engine's synchronize below; nothing
-    // else writes it until the all_reduce, which is ordered after the kernel.
-    unsafe { engine.fill_f32(ptr, COUNT, (r + 1) as f32) }.map_err(|e| e.to_string())?;
-    comm.wait_stream(engine.stream_ref()).map_err(|e| e.to_string())?;
-    let mut w = comm.all_reduce(None, g.view_mut(), ReduceOp::Sum).map_err(|e| e.to_string())?;
-    comm.signal_stream(engine.stream_ref()).map_err(|e| e.to_string())?;
-    engine.synchronize(t).map_err(|e| e.to_string())?;
-    if !w.is_completed().map_err(|e| e.to_string())? {
+    let ptr = buf.view_mut().ptr() as *mut std::ffi::c_void;
+    // SAFETY: the buffer holds COUNT f32s and outlives the engine's synchronize below;
+    // nothing else writes it until the all_reduce, which is ordered after the kernel.
+    unsafe { k.engine.fill_f32(ptr, COUNT, (r + 1) as f32) }.map_err(e)?;
+    k.comm.wait_stream(k.engine.stream_ref()).map_err(e)?;
+    let mut w = k.comm.all_reduce(None, buf.view_mut(), ReduceOp::Sum).map_err(e)?;
+    k.comm.signal_stream(k.engine.stream_ref()).map_err(e)?;
+    k.engine.synchronize(T).map_err(e)?;
+    if !w.is_completed().map_err(e)? {
         return Err(format!("rank {r}: the engine's stream finished before the all_reduce it was ordered after"));
     }
     drop(w);
-    let mut host = vec![0u8; COUNT * 4];
-    platform.copy_to_host(g.as_ref(), &mut host).map_err(|e| e.to_string())?;
-    let wrong = host.chunks_exact(4).filter(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) != 3.0).count();
-    if wrong > 0 {
-        return Err(format!(
-            "rank {r}: {wrong} of {COUNT} elements are not 1 + 2 (the all_reduce read its input early)"
-        ));
-    }
-    rt.block_on(comm.shutdown()).map_err(|e| e.to_string())
+    check_and_stop(&k, r, buf.as_ref(), 3.0, "1 + 2: the all_reduce read its input early")
 }
 
 /// Three all_reduces captured into the engine's graph behind a fill kernel, replayed 50
 /// times: each replay refills with `rank + 1` and reduces three times, so every element
 /// ends at 3 x 2 x 2 = 12. Capturing on a stream that is not capturing is refused.
 fn graph_rank(r: usize, store: Arc<dyn Store>) -> Result<(), String> {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
-    let platform = Nccl.platform(r).map_err(|e| e.to_string())?;
-    let config = CommConfig { op_timeout: Duration::from_secs(60), ..CommConfig::default() };
-    let comm = rt
-        .block_on(Communicator::connect(&Nccl, GroupSpec::world(2, "graphs"), r, store, platform.device(), config))
-        .map_err(|e| e.to_string())?;
-    let engine = EngineStream::new(platform.device()).map_err(|e| e.to_string())?;
-    let t = Duration::from_secs(60);
-    let mut b = platform.alloc(DType::F32, COUNT).map_err(|e| e.to_string())?;
-    comm.all_reduce(None, b.view_mut(), ReduceOp::Sum).and_then(|mut w| w.wait(t)).map_err(|e| e.to_string())?;
-    let g: Arc<dyn anyccl_core::DeviceMemory> = Arc::from(b);
-    match comm.capture_all_reduce(engine.stream_ref(), None, &g, ReduceOp::Sum) {
+    let (k, buf) = start(r, store, "graphs")?;
+    let g: Arc<dyn anyccl_core::DeviceMemory> = Arc::from(buf);
+    match k.comm.capture_all_reduce(k.engine.stream_ref(), None, &g, ReduceOp::Sum) {
         Err(anyccl_core::Error::InvalidArgument { arg: "stream", .. }) => {}
         other => return Err(format!("capturing outside a capture: expected InvalidArgument, got {other:?}")),
     }
-    engine.begin_capture().map_err(|e| e.to_string())?;
+    k.engine.begin_capture().map_err(e)?;
     let ptr = g.view().ptr() as *mut std::ffi::c_void;
     // SAFETY: `g` holds COUNT f32s and outlives the graph (the `Captured`s and `g` are
     // dropped after the last replay has been synchronized).
-    unsafe { engine.fill_f32(ptr, COUNT, (r + 1) as f32) }.map_err(|e| e.to_string())?;
+    unsafe { k.engine.fill_f32(ptr, COUNT, (r + 1) as f32) }.map_err(e)?;
     let mut captured = Vec::new();
     for _ in 0..3 {
-        captured
-            .push(comm.capture_all_reduce(engine.stream_ref(), None, &g, ReduceOp::Sum).map_err(|e| e.to_string())?);
+        captured.push(k.comm.capture_all_reduce(k.engine.stream_ref(), None, &g, ReduceOp::Sum).map_err(e)?);
     }
-    let graph = engine.end_capture().map_err(|e| e.to_string())?;
+    let graph = k.engine.end_capture().map_err(e)?;
     for _ in 0..50 {
-        engine.replay(&graph).map_err(|e| e.to_string())?;
+        k.engine.replay(&graph).map_err(e)?;
     }
-    engine.synchronize(t).map_err(|e| e.to_string())?;
-    let mut host = vec![0u8; COUNT * 4];
-    platform.copy_to_host(g.as_ref(), &mut host).map_err(|e| e.to_string())?;
-    let wrong = host.chunks_exact(4).filter(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) != 12.0).count();
-    if wrong > 0 {
-        return Err(format!("rank {r}: {wrong} of {COUNT} elements are not 12 after the replays"));
-    }
+    k.engine.synchronize(T).map_err(e)?;
     drop(graph);
     drop(captured);
-    rt.block_on(comm.shutdown()).map_err(|e| e.to_string())
+    check_and_stop(&k, r, g.as_ref(), 12.0, "after the replays")
 }
 
 /// The same ordering with an all_reduce in stream order only (`enqueue_all_reduce`: no
 /// Work): rank 1's engine writes late, and both engines' streams must see the sum.
 fn enqueued_rank(r: usize, store: Arc<dyn Store>) -> Result<(), String> {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
-    let platform = Nccl.platform(r).map_err(|e| e.to_string())?;
-    let config = CommConfig { op_timeout: Duration::from_secs(60), ..CommConfig::default() };
-    let comm = rt
-        .block_on(Communicator::connect(&Nccl, GroupSpec::world(2, "enqueued"), r, store, platform.device(), config))
-        .map_err(|e| e.to_string())?;
-    let engine = EngineStream::new(platform.device()).map_err(|e| e.to_string())?;
-    let t = Duration::from_secs(60);
-    let mut b = platform.alloc(DType::F32, COUNT).map_err(|e| e.to_string())?;
-    comm.all_reduce(None, b.view_mut(), ReduceOp::Sum).and_then(|mut w| w.wait(t)).map_err(|e| e.to_string())?;
-    let g: Arc<dyn anyccl_core::DeviceMemory> = Arc::from(b);
+    let (k, buf) = start(r, store, "enqueued")?;
+    let g: Arc<dyn anyccl_core::DeviceMemory> = Arc::from(buf);
     if r == 1 {
-        engine.spin_us(200_000.0).map_err(|e| e.to_string())?;
+        k.engine.spin_us(200_000.0).map_err(e)?;
     }
     let ptr = g.view().ptr() as *mut std::ffi::c_void;
     // SAFETY: `g` holds COUNT f32s and outlives the engine's synchronize below.
-    unsafe { engine.fill_f32(ptr, COUNT, (r + 1) as f32) }.map_err(|e| e.to_string())?;
-    comm.wait_stream(engine.stream_ref()).map_err(|e| e.to_string())?;
-    let held = comm.enqueue_all_reduce(None, &g, ReduceOp::Sum).map_err(|e| e.to_string())?;
-    comm.signal_stream(engine.stream_ref()).map_err(|e| e.to_string())?;
-    engine.synchronize(t).map_err(|e| e.to_string())?;
+    unsafe { k.engine.fill_f32(ptr, COUNT, (r + 1) as f32) }.map_err(e)?;
+    k.comm.wait_stream(k.engine.stream_ref()).map_err(e)?;
+    let held = k.comm.enqueue_all_reduce(None, &g, ReduceOp::Sum).map_err(e)?;
+    k.comm.signal_stream(k.engine.stream_ref()).map_err(e)?;
+    k.engine.synchronize(T).map_err(e)?;
     drop(held);
-    let mut host = vec![0u8; COUNT * 4];
-    platform.copy_to_host(g.as_ref(), &mut host).map_err(|e| e.to_string())?;
-    let wrong = host.chunks_exact(4).filter(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) != 3.0).count();
-    if wrong > 0 {
-        return Err(format!("rank {r}: {wrong} of {COUNT} elements are not 1 + 2"));
-    }
-    rt.block_on(comm.shutdown()).map_err(|e| e.to_string())
+    check_and_stop(&k, r, g.as_ref(), 3.0, "1 + 2")
 }
 
 /// One rank of a case.
