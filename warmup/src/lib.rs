@@ -46,5 +46,5 @@ pub use plan::{
     TargetOptions,
 };
 pub use report::{MemSource, Report, StepReport};
-pub use run::{warmup, warmup_plans, warmup_saved, Session, WarmupConfig};
-pub use saved::{PlanFile, PlanIdentity, RecordedStep, StepCost, StepRecorder, PLAN_FORMAT};
+pub use run::{warmup, warmup_plans, Session, WarmupConfig};
+pub use saved::{warmup_saved, PlanFile, PlanIdentity, RecordedStep, StepCost, StepRecorder, PLAN_FORMAT};

@@ -3,7 +3,7 @@
 
 use crate::plan::{exclusion, merge, plan_for, GroupPlan, Kind, Sizes, Step, Target};
 use crate::report::{MemSource, Report, StepReport};
-use crate::saved::PlanFile;
+use crate::saved::{choose, Choice};
 use anyccl_core::{Collective, Communicator, Error, P2POp, Platform, ReduceOp, Result, Store, Work};
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -113,17 +113,17 @@ enum Outcome {
     Timeout(String),
 }
 
-fn encode<T: Serialize>(v: &T) -> Vec<u8> {
+pub(crate) fn encode<T: Serialize>(v: &T) -> Vec<u8> {
     // Plain data of strings, numbers and enums: serialising it cannot fail.
     serde_json::to_vec(v).unwrap_or_default()
 }
 
-fn decode<T: serde::de::DeserializeOwned>(key: &str, v: &[u8]) -> Result<T> {
+pub(crate) fn decode<T: serde::de::DeserializeOwned>(key: &str, v: &[u8]) -> Result<T> {
     serde_json::from_slice(v).map_err(|e| Error::store_fatal(format!("unreadable warmup value under '{key}': {e}")))
 }
 
 impl Session<'_> {
-    fn key(&self, rest: &str) -> String {
+    pub(crate) fn key(&self, rest: &str) -> String {
         format!("warmup/{}/{}/{rest}", self.job, self.generation)
     }
 }
@@ -176,7 +176,7 @@ pub async fn warmup(s: &Session<'_>, targets: &[Target<'_>], cfg: &WarmupConfig)
     run_plans(s, plans, choices, cfg, report).await
 }
 
-fn role_plans<'a>(
+pub(crate) fn role_plans<'a>(
     s: &Session<'_>,
     targets: &[Target<'a>],
     cfg: &WarmupConfig,
@@ -193,78 +193,6 @@ fn role_plans<'a>(
     (plans, report)
 }
 
-/// Warm `targets` from a saved plan (the one recorded with the checkpoint being restored,
-/// [`PlanFile::load`]), group by group, and from their roles where there is none.
-///
-/// The members of each group first agree on where its plan comes from: the saved plan when
-/// every member has one for the group, else the role plan, for all of them (a missing,
-/// corrupt or foreign file on one rank never blocks recovery; the report names the file and
-/// why). Members whose saved plans differ refuse before any device work, as agreement does
-/// for every plan. The report says each group's source, and carries the saved file's cold
-/// step cost, so its table gives the ratio of warmed to cold memory.
-///
-/// # Errors
-/// As [`warmup`].
-pub async fn warmup_saved(
-    s: &Session<'_>,
-    targets: &[Target<'_>],
-    saved: &std::result::Result<PlanFile, String>,
-    cfg: &WarmupConfig,
-) -> Result<Report> {
-    let (plans, mut report) = role_plans(s, targets, cfg);
-    if let Ok(f) = saved {
-        report.cold_step = f.cold_step.clone();
-    }
-    let choices = plans
-        .iter()
-        .map(|(c, role)| {
-            let spec = c.spec();
-            let found = match saved {
-                Err(why) => Err(why.clone()),
-                Ok(f) => match f.plans.iter().find(|p| p.group == spec.name) {
-                    None => Err(format!("warmup plan file {} has no plan for group '{}'", f.describe(), spec.name)),
-                    Some(p) if p.size != role.size || p.role != role.role || p.owner != role.owner => Err(format!(
-                        "warmup plan file {} plans group '{}' as {} ranks, role {}, owner {}; the group is {} ranks, \
-                         role {}, owner {}",
-                        f.describe(),
-                        spec.name,
-                        p.size,
-                        p.role,
-                        p.owner,
-                        role.size,
-                        role.role,
-                        role.owner
-                    )),
-                    Some(p) => match p.check() {
-                        Err(why) => Err(format!("warmup plan file {}: {why}", f.describe())),
-                        Ok(()) => Ok((
-                            p.clone(),
-                            format!("recorded with the checkpoint of step {} ({})", f.identity.step, f.describe()),
-                        )),
-                    },
-                },
-            };
-            Choice::Saved(found)
-        })
-        .collect();
-    run_plans(s, plans, choices, cfg, report).await
-}
-
-/// Where a group's plan comes from.
-enum Choice {
-    /// The plan given (its source described).
-    Fixed(String),
-    /// A saved plan with its description, or why this rank has none; the members agree.
-    Saved(std::result::Result<(GroupPlan, String), String>),
-}
-
-/// `source/<group>/<rank>`: whether a member has a saved plan for the group.
-#[derive(Debug, Serialize, Deserialize)]
-enum SourceMsg {
-    Saved(String),
-    None(String),
-}
-
 /// Warm explicit plans (e.g. recorded ones), one per communicator.
 ///
 /// # Errors
@@ -278,7 +206,7 @@ pub async fn warmup_plans(
     run_plans(s, plans, choices, cfg, Report::new(s.job, s.generation, s.rank)).await
 }
 
-async fn run_plans(
+pub(crate) async fn run_plans(
     s: &Session<'_>,
     plans: Vec<(&Communicator, GroupPlan)>,
     choices: Vec<Choice>,
@@ -478,69 +406,6 @@ async fn run_claimed(
             detail: format!("warmup failed: {why}; communicators aborted"),
         }
     })
-}
-
-/// Settle where each group's plan comes from. A saved plan is used only when every member
-/// of the group has one; otherwise every member takes the role plan, and the report says
-/// which rank lacked it and why. Store only: no device work.
-async fn choose(
-    s: &Session<'_>,
-    plans: &mut [(&Communicator, GroupPlan)],
-    choices: Vec<Choice>,
-    report: &mut Report,
-    deadline: Instant,
-) -> Result<()> {
-    let mut pending = Vec::new();
-    for ((comm, plan), choice) in plans.iter_mut().zip(choices) {
-        match choice {
-            Choice::Fixed(why) => report.sources.push((plan.group.clone(), why)),
-            Choice::Saved(found) => {
-                let msg = match &found {
-                    Ok((p, _)) => SourceMsg::Saved(p.fingerprint()),
-                    Err(why) => SourceMsg::None(why.clone()),
-                };
-                s.store.set(&source_key(s, comm, comm.rank()), &encode(&msg)).await?;
-                pending.push((comm, plan, found));
-            }
-        }
-    }
-    for (comm, plan, found) in pending {
-        let mut lacking = Vec::new();
-        for r in 0..comm.size() {
-            let key = source_key(s, comm, r);
-            let v = s.store.wait(&key, deadline).await.map_err(|e| match e {
-                Error::Timeout { .. } => Error::Timeout {
-                    op: "warmup agreement".into(),
-                    rank: comm.rank(),
-                    group: plan.group.clone(),
-                    after: Duration::ZERO,
-                    detail: format!("group rank {r} never said whether it has a saved plan"),
-                },
-                e => e,
-            })?;
-            if let SourceMsg::None(why) = decode(&key, &v)? {
-                lacking.push(format!("group rank {r}: {why}"));
-            }
-        }
-        match found {
-            Ok((saved, what)) if lacking.is_empty() => {
-                *plan = saved;
-                report.sources.push((plan.group.clone(), what));
-            }
-            _ => {
-                let why =
-                    format!("role plan ({}), since no saved plan on every member: {}", plan.role, lacking.join("; "));
-                tracing::warn!("warmup of group '{}': {why}", plan.group);
-                report.sources.push((plan.group.clone(), why));
-            }
-        }
-    }
-    Ok(())
-}
-
-fn source_key(s: &Session<'_>, comm: &Communicator, r: usize) -> String {
-    let spec = comm.spec();
-    s.key(&format!("source/{}-{:016x}/{r}", spec.name, spec.id()))
 }
 
 /// Where group rank `r` publishes its plan: by the group's name and members, since two

@@ -1,20 +1,21 @@
 //! Saved plans: what a real step issued, recorded while the job runs, merged across each
 //! group's members and written beside a checkpoint, so the warmup at recovery connects what
-//! the step uses and nothing more.
+//! the step uses and nothing more; and the replay ([`warmup_saved`]), with the members'
+//! agreement on where each group's plan comes from.
 //!
 //! The file is versioned and checksummed, written atomically (temporary file, fsync, rename,
 //! fsync of the folder) and carries the identity of the checkpoint it belongs to (job, step,
 //! rank, world size, layout), so a plan is never replayed against another job's groups.
 
-use crate::plan::{merge, plan_from_recording, GroupPlan};
-use crate::report::MemSource;
-use crate::run::Session;
+use crate::plan::{merge, plan_from_recording, GroupPlan, Target};
+use crate::report::{MemSource, Report};
+use crate::run::{decode, encode, role_plans, run_plans, Session, WarmupConfig};
 use anyccl_core::{Communicator, Error, Platform, Result};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// First word of a plan file.
 const MAGIC: &str = "anyccl-warmup-plan";
@@ -310,4 +311,141 @@ async fn merge_members(s: &Session<'_>, comm: &Communicator, plan: GroupPlan, de
         });
     }
     Ok(merge(&all).unwrap_or(plan))
+}
+
+// ---------------------------------------------------------------- replay
+
+/// Warm `targets` from a saved plan (the one recorded with the checkpoint being restored,
+/// [`PlanFile::load`]), group by group, and from their roles where there is none.
+///
+/// The members of each group first agree on where its plan comes from: the saved plan when
+/// every member has one for the group, else the role plan, for all of them (a missing,
+/// corrupt or foreign file on one rank never blocks recovery; the report names the file and
+/// why). Members whose saved plans differ refuse before any device work, as agreement does
+/// for every plan. The report says each group's source, and carries the saved file's cold
+/// step cost, so its table gives the ratio of warmed to cold memory.
+///
+/// # Errors
+/// As [`warmup`].
+pub async fn warmup_saved(
+    s: &Session<'_>,
+    targets: &[Target<'_>],
+    saved: &std::result::Result<PlanFile, String>,
+    cfg: &WarmupConfig,
+) -> Result<Report> {
+    let (plans, mut report) = role_plans(s, targets, cfg);
+    if let Ok(f) = saved {
+        report.cold_step = f.cold_step.clone();
+    }
+    let choices = plans
+        .iter()
+        .map(|(c, role)| {
+            let spec = c.spec();
+            let found = match saved {
+                Err(why) => Err(why.clone()),
+                Ok(f) => match f.plans.iter().find(|p| p.group == spec.name) {
+                    None => Err(format!("warmup plan file {} has no plan for group '{}'", f.describe(), spec.name)),
+                    Some(p) if p.size != role.size || p.role != role.role || p.owner != role.owner => Err(format!(
+                        "warmup plan file {} plans group '{}' as {} ranks, role {}, owner {}; the group is {} ranks, \
+                         role {}, owner {}",
+                        f.describe(),
+                        spec.name,
+                        p.size,
+                        p.role,
+                        p.owner,
+                        role.size,
+                        role.role,
+                        role.owner
+                    )),
+                    Some(p) => match p.check() {
+                        Err(why) => Err(format!("warmup plan file {}: {why}", f.describe())),
+                        Ok(()) => Ok((
+                            p.clone(),
+                            format!("recorded with the checkpoint of step {} ({})", f.identity.step, f.describe()),
+                        )),
+                    },
+                },
+            };
+            Choice::Saved(found)
+        })
+        .collect();
+    run_plans(s, plans, choices, cfg, report).await
+}
+
+/// Where a group's plan comes from.
+pub(crate) enum Choice {
+    /// The plan given (its source described).
+    Fixed(String),
+    /// A saved plan with its description, or why this rank has none; the members agree.
+    Saved(std::result::Result<(GroupPlan, String), String>),
+}
+
+/// `source/<group>/<rank>`: whether a member has a saved plan for the group.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) enum SourceMsg {
+    Saved(String),
+    None(String),
+}
+
+/// Settle where each group's plan comes from. A saved plan is used only when every member
+/// of the group has one; otherwise every member takes the role plan, and the report says
+/// which rank lacked it and why. Store only: no device work.
+pub(crate) async fn choose(
+    s: &Session<'_>,
+    plans: &mut [(&Communicator, GroupPlan)],
+    choices: Vec<Choice>,
+    report: &mut Report,
+    deadline: Instant,
+) -> Result<()> {
+    let mut pending = Vec::new();
+    for ((comm, plan), choice) in plans.iter_mut().zip(choices) {
+        match choice {
+            Choice::Fixed(why) => report.sources.push((plan.group.clone(), why)),
+            Choice::Saved(found) => {
+                let msg = match &found {
+                    Ok((p, _)) => SourceMsg::Saved(p.fingerprint()),
+                    Err(why) => SourceMsg::None(why.clone()),
+                };
+                s.store.set(&source_key(s, comm, comm.rank()), &encode(&msg)).await?;
+                pending.push((comm, plan, found));
+            }
+        }
+    }
+    for (comm, plan, found) in pending {
+        let mut lacking = Vec::new();
+        for r in 0..comm.size() {
+            let key = source_key(s, comm, r);
+            let v = s.store.wait(&key, deadline).await.map_err(|e| match e {
+                Error::Timeout { .. } => Error::Timeout {
+                    op: "warmup agreement".into(),
+                    rank: comm.rank(),
+                    group: plan.group.clone(),
+                    after: Duration::ZERO,
+                    detail: format!("group rank {r} never said whether it has a saved plan"),
+                },
+                e => e,
+            })?;
+            if let SourceMsg::None(why) = decode(&key, &v)? {
+                lacking.push(format!("group rank {r}: {why}"));
+            }
+        }
+        match found {
+            Ok((saved, what)) if lacking.is_empty() => {
+                *plan = saved;
+                report.sources.push((plan.group.clone(), what));
+            }
+            _ => {
+                let why =
+                    format!("role plan ({}), since no saved plan on every member: {}", plan.role, lacking.join("; "));
+                tracing::warn!("warmup of group '{}': {why}", plan.group);
+                report.sources.push((plan.group.clone(), why));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn source_key(s: &Session<'_>, comm: &Communicator, r: usize) -> String {
+    let spec = comm.spec();
+    s.key(&format!("source/{}-{:016x}/{r}", spec.name, spec.id()))
 }
