@@ -218,6 +218,18 @@ fn identity(cx: &RankCtx) -> PlanIdentity {
     PlanIdentity { job: "conformance".into(), step: 10, rank: cx.rank, world_size: cx.size, layout: "dp pp".into() }
 }
 
+/// The warmup of generation 2 on `dp` and `pp` from `saved`, within `secs`.
+fn warm_saved(
+    cx: &RankCtx,
+    dp: &Communicator,
+    pp: &Communicator,
+    saved: &Result<PlanFile, String>,
+    secs: u64,
+) -> anyccl_core::Result<Report> {
+    let targets = [Target::new(dp), Target::new(pp)];
+    cx.block_on(warmup_saved(&session(cx, 2), &targets, saved, &config(Duration::from_secs(secs))))
+}
+
 /// The plan saved with a checkpoint is what recovery warms: the recorded operations and
 /// sizes, merged across members (each rank saw only its own neighbours), and nothing of the
 /// role plans; the report names the source and carries the cold step's cost.
@@ -234,12 +246,7 @@ fn saved_replay(cx: &RankCtx) -> CaseResult {
     );
     let (dp0, pp0) = (dp.issued(), pp.issued());
     let saved = Ok(saved);
-    let r = cx.block_on(warmup_saved(
-        &session(cx, 2),
-        &[Target::new(&dp), Target::new(&pp)],
-        &saved,
-        &config(Duration::from_secs(20)),
-    ))?;
+    let r = warm_saved(cx, &dp, &pp, &saved, 20)?;
     let ops = ops_of(&r);
     ensure!(ops == ["dp:all_reduce", "pp:send/recv batched"], "expected the recorded step only, got {ops:?}");
     ensure!(r.steps[0].bytes == 3000 * 4, "all_reduce of {} bytes, the step's was 12000", r.steps[0].bytes);
@@ -266,12 +273,7 @@ fn saved_fallback(cx: &RankCtx) -> CaseResult {
     let saved = record_step(cx, &dp, &pp)?;
     let gone = "warmup plan file /ckpt/step000010/warmup-plan-rank1.json: missing or unreadable".to_string();
     let saved = if cx.rank == 1 { Err(gone.clone()) } else { Ok(saved) };
-    let r = cx.block_on(warmup_saved(
-        &session(cx, 2),
-        &[Target::new(&dp), Target::new(&pp)],
-        &saved,
-        &config(Duration::from_secs(20)),
-    ))?;
+    let r = warm_saved(cx, &dp, &pp, &saved, 20)?;
     let ops = ops_of(&r);
     ensure!(ops.iter().filter(|o| *o == "dp:reduce_scatter").count() == 2, "not the data role plan: {ops:?}");
     ensure!(ops.iter().any(|o| o == "pp:send/recv"), "not the pipeline role plan: {ops:?}");
@@ -295,12 +297,7 @@ fn saved_differ(cx: &RankCtx) -> CaseResult {
         }
     }
     let (dp0, pp0) = (dp.issued(), pp.issued());
-    let r = cx.block_on(warmup_saved(
-        &session(cx, 2),
-        &[Target::new(&dp), Target::new(&pp)],
-        &Ok(saved),
-        &config(Duration::from_secs(10)),
-    ));
+    let r = warm_saved(cx, &dp, &pp, &Ok(saved), 10);
     ensure!(matches!(r, Err(Error::InvalidArgument { arg: "plan", .. })), "expected a plan mismatch, got {r:?}");
     ensure!(dp.issued() == dp0 && pp.issued() == pp0, "operations issued despite the mismatch");
     Ok(())
