@@ -326,7 +326,7 @@ async fn merge_members(s: &Session<'_>, comm: &Communicator, plan: GroupPlan, de
 /// step cost, so its table gives the ratio of warmed to cold memory.
 ///
 /// # Errors
-/// As [`warmup`].
+/// As [`crate::warmup`].
 pub async fn warmup_saved(
     s: &Session<'_>,
     targets: &[Target<'_>],
