@@ -133,14 +133,40 @@ impl LaunchEnv {
         parse_rank_env(&spec, rank)
     }
 
-    /// Connect to the job's TCP store. Rank 0 hosts it unless `ANYCCL_STORE_EXTERNAL=1`
-    /// (the launcher sets that when it hosts the store). The server binds
-    /// `ANYCCL_STORE_BIND` (default loopback); the token comes from `ANYCCL_STORE_TOKEN`.
+    /// Connect to the job's store. By default the TCP store: rank 0 hosts it unless
+    /// `ANYCCL_STORE_EXTERNAL=1` (the launcher sets that when it hosts the store). The
+    /// server binds `ANYCCL_STORE_BIND` (default loopback); the token comes from
+    /// `ANYCCL_STORE_TOKEN`. With `ANYCCL_STORE=etcd://host:port[,host:port...]` the job's
+    /// keys live on that etcd cluster instead, under `anyccl/jobs/<job identity>/` (the
+    /// identity is required there: etcd keeps keys across jobs).
     ///
     /// # Errors
-    /// `Store` when the server cannot be bound or reached.
+    /// `InvalidArgument` for a malformed `ANYCCL_STORE` or an etcd store without a job
+    /// identity; `Store` when the server cannot be bound or reached.
     pub async fn connect_store(&self) -> Result<(Arc<dyn Store>, Option<TcpStoreServer>)> {
         let opts = TcpStoreOptions::from_env()?;
+        if let Some(spec) = std::env::var("ANYCCL_STORE").ok().filter(|s| !s.is_empty() && s != "tcp") {
+            let bad = |msg: String| Error::InvalidArgument {
+                op: "LaunchEnv::connect_store",
+                arg: "ANYCCL_STORE",
+                rank: self.rank,
+                group: String::new(),
+                msg,
+            };
+            let endpoints = spec
+                .strip_prefix("etcd://")
+                .ok_or_else(|| bad(format!("{spec:?}: expected tcp or etcd://host:port[,host:port...]")))?;
+            let job = self.job_id.clone().ok_or_else(|| {
+                bad("an etcd store keeps keys across jobs: set a job identity (ANYCCL_JOB_ID, TORCHELASTIC_RUN_ID or \
+                     SLURM_JOB_ID) to keep this job's apart"
+                    .into())
+            })?;
+            let client: Arc<dyn Store> = Arc::new(
+                crate::EtcdStore::connect(endpoints, &format!("anyccl/jobs/{job}"), opts.connect_timeout).await?,
+            );
+            self.join(client.as_ref(), &spec).await?;
+            return Ok((Arc::new(ClaimedStore::watch(client, self.duplicate_key(), self.rank)), None));
+        }
         let external = std::env::var("ANYCCL_STORE_EXTERNAL").map(|v| v == "1").unwrap_or(false);
         let server = if self.rank == 0 && !external {
             let host: IpAddr = std::env::var("ANYCCL_STORE_BIND")
@@ -294,6 +320,16 @@ impl Store for ClaimedStore {
     async fn delete(&self, key: &str) -> Result<bool> {
         self.check()?;
         self.inner.delete(key).await
+    }
+    async fn wait_many(&self, keys: &[String], deadline: Instant) -> Result<Vec<Option<Vec<u8>>>> {
+        let notified = self.duplicate.1.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        self.check()?;
+        tokio::select! {
+            r = self.inner.wait_many(keys, deadline) => r,
+            _ = notified => Err(self.check().err().unwrap_or_else(|| Error::store("duplicate rank"))),
+        }
     }
 }
 

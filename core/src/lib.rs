@@ -59,8 +59,8 @@ pub use logging::init_logging;
 pub use platform::{DeviceMemory, HostMemory, HostPlatform, MemInfo, Platform};
 pub use recorder::{FlightRecorder, OpRecord, OpState, Ticket};
 pub use store::{
-    abandon_generation, connect_generation, in_new_generation, joined_generation, store_barrier, MemoryStore,
-    PrefixStore, Store, TcpStore, TcpStoreOptions, TcpStoreServer,
+    abandon_generation, connect_generation, in_new_generation, joined_generation, store_barrier, CasOutcome, EtcdStore,
+    MemoryStore, PrefixStore, Store, StoreStats, TcpStore, TcpStoreOptions, TcpStoreServer,
 };
 pub use work::{Work, WorkImpl, WorkInfo};
 

@@ -304,3 +304,84 @@ async fn store_barrier_names_the_ranks_that_never_arrive() {
     }
     assert!(t.elapsed() < Duration::from_secs(2), "took {:?}", t.elapsed());
 }
+
+/// `wait_many` returns the keys present, those set while it waits, and `None` for those
+/// still absent at the deadline; with the deadline passed it only reads.
+#[tokio::test]
+async fn store_wait_many_gathers_present_late_and_absent_keys() {
+    let srv = server(None);
+    let tcp: Arc<dyn Store> =
+        Arc::new(TcpStore::connect(srv.local_addr().to_string(), client_opts(None)).await.expect("connect"));
+    for st in [Arc::new(MemoryStore::new()) as Arc<dyn Store>, tcp] {
+        st.set("a", b"1").await.expect("set");
+        let st2 = st.clone();
+        let setter = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            st2.set("b", b"2").await
+        });
+        let keys: Vec<String> = ["a", "b", "c"].iter().map(|k| k.to_string()).collect();
+        let t = Instant::now();
+        let got = st.wait_many(&keys, Instant::now() + Duration::from_millis(300)).await.expect("wait_many");
+        assert_eq!(got, vec![Some(b"1".to_vec()), Some(b"2".to_vec()), None]);
+        assert!(t.elapsed() >= Duration::from_millis(290) && t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+        setter.await.expect("join").expect("set");
+        let t = Instant::now();
+        let got = st.wait_many(&keys, Instant::now()).await.expect("read");
+        assert_eq!(got, vec![Some(b"1".to_vec()), Some(b"2".to_vec()), None]);
+        assert!(t.elapsed() < Duration::from_secs(1), "a read with the deadline passed took {:?}", t.elapsed());
+        assert_eq!(st.wait_many(&[], Instant::now()).await.expect("no keys"), Vec::<Option<Vec<u8>>>::new());
+    }
+}
+
+/// Two thousand clients connected at once, each waiting on its own key: every write wakes
+/// its own waiter, every client gets its value, and the server holds no wait afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tcp_store_serves_two_thousand_waiting_clients() {
+    const N: usize = 2000;
+    let srv = server(Some("t"));
+    let addr = srv.local_addr().to_string();
+    let t = Instant::now();
+    let mut connecting = tokio::task::JoinSet::new();
+    for i in 0..N {
+        let addr = addr.clone();
+        connecting.spawn(async move {
+            let o = TcpStoreOptions { connect_timeout: Duration::from_secs(60), ..client_opts(Some("t")) };
+            (i, TcpStore::connect(addr, o).await.expect("connect"))
+        });
+    }
+    let mut clients = Vec::new();
+    while let Some(c) = connecting.join_next().await {
+        clients.push(c.expect("join"));
+    }
+    let connected = t.elapsed();
+    let mut waiting = tokio::task::JoinSet::new();
+    for (i, c) in clients {
+        waiting.spawn(async move {
+            let v = c.wait(&format!("k/{i}"), Instant::now() + Duration::from_secs(60)).await.expect("wait");
+            assert_eq!(v, i.to_string().into_bytes(), "client {i} got another key's value");
+            // One more, which times out: its registration must go too.
+            let r = c.wait(&format!("never/{i}"), Instant::now() + Duration::from_millis(100)).await;
+            assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
+            c
+        });
+    }
+    let t = Instant::now();
+    while srv.stats().waiting < N && t.elapsed() < Duration::from_secs(60) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(srv.stats().waiting, N, "not every client is waiting");
+    let writer = TcpStore::connect(addr, client_opts(Some("t"))).await.expect("connect");
+    let t = Instant::now();
+    for i in 0..N {
+        writer.set(&format!("k/{i}"), i.to_string().as_bytes()).await.expect("set");
+    }
+    let mut kept = Vec::new();
+    while let Some(c) = waiting.join_next().await {
+        kept.push(c.expect("a client's wait"));
+    }
+    let woken = t.elapsed();
+    let stats = srv.stats();
+    assert_eq!(stats.waiting, 0, "waits left on the server: {stats:?}");
+    assert!(stats.connections_peak > N, "{stats:?}");
+    println!("{N} clients connected in {connected:?}; {N} writes woke their waiters in {woken:?}; {stats:?}");
+}

@@ -1,17 +1,21 @@
 //! Rendezvous key-value stores: unique-id exchange, connection setup, warmup agreement.
 //!
 //! [`MemoryStore`] serves ranks that are threads of one process; [`TcpStore`] serves ranks
-//! that are processes, against a [`TcpStoreServer`] hosted by rank 0 or the launcher.
+//! that are processes, against a [`TcpStoreServer`] hosted by rank 0 or the launcher;
+//! [`EtcdStore`] keeps a job's keys on an etcd cluster, for jobs whose rendezvous outgrows
+//! one store host.
 
+mod etcd;
 mod tcp;
 
-pub use tcp::{TcpStore, TcpStoreOptions, TcpStoreServer, DEFAULT_MAX_FRAME};
+pub use etcd::EtcdStore;
+pub use tcp::{StoreStats, TcpStore, TcpStoreOptions, TcpStoreServer, DEFAULT_MAX_FRAME};
 
 use crate::error::{Error, Result};
 use async_trait::async_trait;
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 use tokio::sync::Notify;
 
@@ -46,6 +50,25 @@ pub trait Store: Send + Sync + fmt::Debug {
     async fn compare_set(&self, key: &str, expected: Option<&[u8]>, new: &[u8]) -> Result<CasOutcome>;
     /// Remove `key`; whether it existed.
     async fn delete(&self, key: &str) -> Result<bool>;
+    /// Wait until every key in `keys` exists or `deadline` passes, in one request where
+    /// the store allows: each key's value, `None` for those still absent at the deadline
+    /// (never a `Timeout`). With a deadline already passed it reads them all at once. A
+    /// group leader gathers its members' values with it, so a group of `n` costs the
+    /// store one request instead of `n`.
+    ///
+    /// # Errors
+    /// Store errors.
+    async fn wait_many(&self, keys: &[String], deadline: Instant) -> Result<Vec<Option<Vec<u8>>>> {
+        let mut out = Vec::with_capacity(keys.len());
+        for k in keys {
+            out.push(match self.wait(k, deadline).await {
+                Ok(v) => Some(v),
+                Err(Error::Timeout { .. }) => None,
+                Err(e) => return Err(e),
+            });
+        }
+        Ok(out)
+    }
 }
 
 /// Wait until all `n` ranks have reached the barrier named `key` (each name once per job),
@@ -190,11 +213,38 @@ where
     r
 }
 
-/// The shared state behind [`MemoryStore`] and [`TcpStoreServer`].
+/// The shared state behind [`MemoryStore`] and [`TcpStoreServer`]. Waiters wait on their
+/// own key: a write wakes only the waiters of the key it wrote, so a store with thousands of
+/// waiting clients does work per write in proportion to that key's waiters, not to all.
 #[derive(Debug, Default)]
 pub(crate) struct KvCore {
-    map: Mutex<HashMap<String, Vec<u8>>>,
-    changed: Notify,
+    state: Mutex<Kv>,
+}
+
+#[derive(Debug, Default)]
+struct Kv {
+    map: HashMap<String, Vec<u8>>,
+    /// The notifier of each key someone waits for; removed when the key is written.
+    waiters: HashMap<String, Arc<Notify>>,
+}
+
+/// A waiter's registration, removed on drop when no other waiter shares it.
+struct Waiting<'a> {
+    core: &'a KvCore,
+    key: &'a str,
+    notify: Arc<Notify>,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut kv) = self.core.state.lock() {
+            // Two references: the map's and this one; none other waits on it.
+            let mine = kv.waiters.get(self.key).is_some_and(|n| Arc::ptr_eq(n, &self.notify));
+            if mine && Arc::strong_count(&self.notify) == 2 {
+                kv.waiters.remove(self.key);
+            }
+        }
+    }
 }
 
 fn poisoned() -> Error {
@@ -212,20 +262,42 @@ pub(crate) fn wait_timeout(key: &str, started: Instant) -> Error {
 }
 
 impl KvCore {
+    fn lock(&self) -> Result<MutexGuard<'_, Kv>> {
+        self.state.lock().map_err(|_| poisoned())
+    }
+    /// Wake the waiters of `key`, after the write under `kv`.
+    fn wrote(kv: MutexGuard<'_, Kv>, key: &str) {
+        let mut kv = kv;
+        let waiters = kv.waiters.remove(key);
+        drop(kv);
+        if let Some(n) = waiters {
+            n.notify_waiters();
+        }
+    }
     pub(crate) fn set(&self, key: &str, value: &[u8]) -> Result<()> {
-        self.map.lock().map_err(|_| poisoned())?.insert(key.to_string(), value.to_vec());
-        self.changed.notify_waiters();
+        let mut kv = self.lock()?;
+        kv.map.insert(key.to_string(), value.to_vec());
+        Self::wrote(kv, key);
         Ok(())
     }
     pub(crate) fn get(&self, key: &str) -> Result<Option<Vec<u8>>> {
-        Ok(self.map.lock().map_err(|_| poisoned())?.get(key).cloned())
+        Ok(self.lock()?.map.get(key).cloned())
     }
     /// `Ok(None)` at the deadline.
     pub(crate) async fn wait(&self, key: &str, deadline: Instant) -> Result<Option<Vec<u8>>> {
         loop {
-            let notified = self.changed.notified();
+            let notify = {
+                let mut kv = self.lock()?;
+                if let Some(v) = kv.map.get(key) {
+                    return Ok(Some(v.clone()));
+                }
+                kv.waiters.entry(key.to_string()).or_default().clone()
+            };
+            let waiting = Waiting { core: self, key, notify };
+            let notified = waiting.notify.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
+            // A write between the lock's release and `enable` woke no one: look again.
             if let Some(v) = self.get(key)? {
                 return Ok(Some(v));
             }
@@ -234,9 +306,17 @@ impl KvCore {
             }
         }
     }
+    /// Each key's value once it exists, `None` for those absent at `deadline`.
+    pub(crate) async fn wait_many(&self, keys: &[String], deadline: Instant) -> Result<Vec<Option<Vec<u8>>>> {
+        let mut out = Vec::with_capacity(keys.len());
+        for k in keys {
+            out.push(self.wait(k, deadline).await?);
+        }
+        Ok(out)
+    }
     pub(crate) fn add(&self, key: &str, delta: i64) -> Result<i64> {
-        let mut m = self.map.lock().map_err(|_| poisoned())?;
-        let cur = match m.get(key) {
+        let mut kv = self.lock()?;
+        let cur = match kv.map.get(key) {
             None => 0,
             Some(v) => std::str::from_utf8(v)
                 .ok()
@@ -244,25 +324,23 @@ impl KvCore {
                 .ok_or_else(|| Error::store_fatal(format!("add: value under '{key}' is not an integer")))?,
         };
         let new = cur.wrapping_add(delta);
-        m.insert(key.to_string(), new.to_string().into_bytes());
-        drop(m);
-        self.changed.notify_waiters();
+        kv.map.insert(key.to_string(), new.to_string().into_bytes());
+        Self::wrote(kv, key);
         Ok(new)
     }
     pub(crate) fn compare_set(&self, key: &str, expected: Option<&[u8]>, new: &[u8]) -> Result<CasOutcome> {
-        let mut m = self.map.lock().map_err(|_| poisoned())?;
-        let cur = m.get(key).map(|v| v.as_slice());
+        let mut kv = self.lock()?;
+        let cur = kv.map.get(key).map(|v| v.as_slice());
         if cur == expected {
-            m.insert(key.to_string(), new.to_vec());
-            drop(m);
-            self.changed.notify_waiters();
+            kv.map.insert(key.to_string(), new.to_vec());
+            Self::wrote(kv, key);
             Ok(CasOutcome { swapped: true, current: Some(new.to_vec()) })
         } else {
             Ok(CasOutcome { swapped: false, current: cur.map(|v| v.to_vec()) })
         }
     }
     pub(crate) fn delete(&self, key: &str) -> Result<bool> {
-        Ok(self.map.lock().map_err(|_| poisoned())?.remove(key).is_some())
+        Ok(self.lock()?.map.remove(key).is_some())
     }
 }
 
@@ -299,6 +377,9 @@ impl Store for MemoryStore {
     }
     async fn delete(&self, key: &str) -> Result<bool> {
         self.core.delete(key)
+    }
+    async fn wait_many(&self, keys: &[String], deadline: Instant) -> Result<Vec<Option<Vec<u8>>>> {
+        self.core.wait_many(keys, deadline).await
     }
 }
 
@@ -338,5 +419,9 @@ impl Store for PrefixStore {
     }
     async fn delete(&self, key: &str) -> Result<bool> {
         self.inner.delete(&self.k(key)).await
+    }
+    async fn wait_many(&self, keys: &[String], deadline: Instant) -> Result<Vec<Option<Vec<u8>>>> {
+        let keys: Vec<String> = keys.iter().map(|k| self.k(k)).collect();
+        self.inner.wait_many(&keys, deadline).await
     }
 }

@@ -9,7 +9,7 @@ use super::{wait_timeout, CasOutcome, KvCore, Store};
 use crate::error::{Error, Recovery, Result};
 use async_trait::async_trait;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -17,7 +17,10 @@ use tokio::net::TcpStream;
 
 /// Largest frame accepted by default (64 MiB).
 pub const DEFAULT_MAX_FRAME: usize = 64 << 20;
-const PROTOCOL_VERSION: u32 = 1;
+/// 2 added multi-key waits (`wait_many`); the server still serves clients of 1, which
+/// never send one.
+const PROTOCOL_VERSION: u32 = 2;
+const OLDEST_VERSION: u32 = 1;
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// Largest hello (version and token): nothing larger is read before a client authenticates.
 const MAX_HELLO_FRAME: usize = 4 << 10;
@@ -79,6 +82,7 @@ enum Request {
     Add { key: String, delta: i64 },
     Cas { key: String, expected: Option<Vec<u8>>, new: Vec<u8> },
     Delete { key: String },
+    WaitMany { keys: Vec<String>, timeout_ms: u64 },
 }
 
 #[derive(Debug)]
@@ -90,6 +94,7 @@ enum Response {
     Int(i64),
     Bool(bool),
     Cas { swapped: bool, current: Option<Vec<u8>> },
+    Many(Vec<Option<Vec<u8>>>),
     Err(String),
 }
 
@@ -169,6 +174,10 @@ impl Request {
             Request::Add { key, delta } => Enc::default().u8(5).bytes(key.as_bytes()).u64(*delta as u64),
             Request::Cas { key, expected, new } => Enc::default().u8(6).bytes(key.as_bytes()).opt(expected).bytes(new),
             Request::Delete { key } => Enc::default().u8(7).bytes(key.as_bytes()),
+            Request::WaitMany { keys, timeout_ms } => keys
+                .iter()
+                .fold(Enc::default().u8(8).u32(keys.len() as u32), |e, k| e.bytes(k.as_bytes()))
+                .u64(*timeout_ms),
         }
         .0
     }
@@ -182,6 +191,16 @@ impl Request {
             5 => Request::Add { key: d.string()?, delta: d.u64()? as i64 },
             6 => Request::Cas { key: d.string()?, expected: d.opt()?, new: d.bytes()? },
             7 => Request::Delete { key: d.string()? },
+            8 => {
+                // Each key takes at least its 4-byte length: a count the frame cannot hold
+                // reserves nothing.
+                let n = d.u32()? as usize;
+                if n > d.0.len() / 4 {
+                    return None;
+                }
+                let keys = (0..n).map(|_| d.string()).collect::<Option<Vec<_>>>()?;
+                Request::WaitMany { keys, timeout_ms: d.u64()? }
+            }
             _ => return None,
         };
         d.end()?;
@@ -199,6 +218,7 @@ impl Response {
             Response::Int(i) => Enc::default().u8(4).u64(*i as u64),
             Response::Bool(b) => Enc::default().u8(5).u8(*b as u8),
             Response::Cas { swapped, current } => Enc::default().u8(6).u8(*swapped as u8).opt(current),
+            Response::Many(vs) => vs.iter().fold(Enc::default().u8(7).u32(vs.len() as u32), |e, v| e.opt(v)),
             Response::Err(m) => Enc::default().u8(255).bytes(m.as_bytes()),
         }
         .0
@@ -213,6 +233,13 @@ impl Response {
             4 => Response::Int(d.u64()? as i64),
             5 => Response::Bool(d.u8()? != 0),
             6 => Response::Cas { swapped: d.u8()? != 0, current: d.opt()? },
+            7 => {
+                let n = d.u32()? as usize;
+                if n > d.0.len() {
+                    return None;
+                }
+                Response::Many((0..n).map(|_| d.opt()).collect::<Option<Vec<_>>>()?)
+            }
             255 => Response::Err(d.string()?),
             _ => return None,
         };
@@ -252,10 +279,46 @@ async fn write_frame(s: &mut TcpStream, body: &[u8]) -> std::io::Result<()> {
     s.write_all(&buf).await
 }
 
+/// What a [`TcpStoreServer`] has served so far.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StoreStats {
+    /// Connections open now (authenticated or not).
+    pub connections: usize,
+    /// The most open at once.
+    pub connections_peak: usize,
+    /// Requests answered (hellos excluded).
+    pub requests: u64,
+    /// Waits (`wait`, `wait_many`) in progress now.
+    pub waiting: usize,
+}
+
+#[derive(Debug, Default)]
+struct Stats {
+    connections: AtomicUsize,
+    peak: AtomicUsize,
+    requests: AtomicU64,
+    waiting: AtomicUsize,
+}
+
+/// One count held while this value lives.
+struct Held<'a>(&'a AtomicUsize);
+impl<'a> Held<'a> {
+    fn new(c: &'a AtomicUsize) -> Self {
+        c.fetch_add(1, Ordering::AcqRel);
+        Held(c)
+    }
+}
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// A TCP store server running on its own thread until dropped.
 #[derive(Debug)]
 pub struct TcpStoreServer {
     addr: SocketAddr,
+    stats: Arc<Stats>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -285,16 +348,29 @@ impl TcpStoreServer {
         let addr = listener.local_addr().map_err(|e| Error::store_fatal(e.to_string()))?;
         listener.set_nonblocking(true).map_err(|e| Error::store_fatal(e.to_string()))?;
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let stats = Arc::new(Stats::default());
+        let counts = stats.clone();
         let thread = std::thread::Builder::new()
             .name(format!("anyccl-store-{}", addr.port()))
-            .spawn(move || serve(listener, opts, stopped))
+            .spawn(move || serve(listener, opts, stopped, counts))
             .map_err(|e| Error::store_fatal(format!("cannot start store thread: {e}")))?;
-        Ok(TcpStoreServer { addr, stop: Some(stop), thread: Some(thread) })
+        Ok(TcpStoreServer { addr, stats, stop: Some(stop), thread: Some(thread) })
     }
 
     /// The bound address.
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// What it has served so far.
+    pub fn stats(&self) -> StoreStats {
+        let s = &self.stats;
+        StoreStats {
+            connections: s.connections.load(Ordering::Acquire),
+            connections_peak: s.peak.load(Ordering::Acquire),
+            requests: s.requests.load(Ordering::Acquire),
+            waiting: s.waiting.load(Ordering::Acquire),
+        }
     }
 }
 
@@ -309,7 +385,12 @@ impl Drop for TcpStoreServer {
     }
 }
 
-fn serve(listener: std::net::TcpListener, opts: TcpStoreOptions, mut stopped: tokio::sync::oneshot::Receiver<()>) {
+fn serve(
+    listener: std::net::TcpListener,
+    opts: TcpStoreOptions,
+    mut stopped: tokio::sync::oneshot::Receiver<()>,
+    stats: Arc<Stats>,
+) {
     let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -339,10 +420,14 @@ fn serve(listener: std::net::TcpListener, opts: TcpStoreOptions, mut stopped: to
                             continue;
                         }
                         let _ = s.set_nodelay(true);
-                        let (core, opts) = (core.clone(), opts.clone());
+                        let (core, opts, stats) = (core.clone(), opts.clone(), stats.clone());
                         let hello = Pending(pending.clone());
                         tokio::spawn(async move {
-                            if let Err(e) = serve_conn(s, &core, &opts, hello).await {
+                            let open = Held::new(&stats.connections);
+                            stats.peak.fetch_max(stats.connections.load(Ordering::Acquire), Ordering::AcqRel);
+                            let served = serve_conn(s, &core, &opts, hello, &stats).await;
+                            drop(open);
+                            if let Err(e) = served {
                                 tracing::debug!("store connection from {peer} closed: {e}");
                             }
                         });
@@ -381,6 +466,7 @@ async fn serve_conn(
     core: &KvCore,
     opts: &TcpStoreOptions,
     pending: Pending,
+    stats: &Stats,
 ) -> std::result::Result<(), String> {
     let hello = tokio::time::timeout(HELLO_TIMEOUT, read_frame(&mut s, MAX_HELLO_FRAME.min(opts.max_frame)))
         .await
@@ -389,8 +475,10 @@ async fn serve_conn(
         .ok_or("closed before hello")?;
     match Request::decode(&hello) {
         Some(Request::Hello { version, token }) => {
-            if version != PROTOCOL_VERSION {
-                let msg = format!("protocol version {version} not supported (server speaks {PROTOCOL_VERSION})");
+            if !(OLDEST_VERSION..=PROTOCOL_VERSION).contains(&version) {
+                let msg = format!(
+                    "protocol version {version} not supported (server speaks {OLDEST_VERSION} to {PROTOCOL_VERSION})"
+                );
                 let _ = write_frame(&mut s, &Response::Err(msg.clone()).encode()).await;
                 return Err(msg);
             }
@@ -411,6 +499,7 @@ async fn serve_conn(
             return Ok(());
         };
         let req = Request::decode(&frame).ok_or("malformed request")?;
+        let waiting = matches!(req, Request::Wait { .. } | Request::WaitMany { .. }).then(|| Held::new(&stats.waiting));
         let resp = match req {
             Request::Hello { .. } => Response::Err("hello sent twice".into()),
             Request::Set { key, value } => {
@@ -434,6 +523,17 @@ async fn serve_conn(
                     Err(e) => Response::Err(e.to_string()),
                 }
             }
+            Request::WaitMany { keys, timeout_ms } => {
+                let deadline = Instant::now() + Duration::from_millis(timeout_ms).min(MAX_WAIT);
+                let waited = tokio::select! {
+                    r = core.wait_many(&keys, deadline) => r,
+                    why = hung_up(&s) => return Err(why),
+                };
+                match waited {
+                    Ok(vs) => Response::Many(vs),
+                    Err(e) => Response::Err(e.to_string()),
+                }
+            }
             Request::Add { key, delta } => {
                 core.add(&key, delta).map(Response::Int).unwrap_or_else(|e| Response::Err(e.to_string()))
             }
@@ -445,6 +545,8 @@ async fn serve_conn(
                 core.delete(&key).map(Response::Bool).unwrap_or_else(|e| Response::Err(e.to_string()))
             }
         };
+        drop(waiting);
+        stats.requests.fetch_add(1, Ordering::Relaxed);
         write_frame(&mut s, &resp.encode()).await.map_err(|e| e.to_string())?;
     }
 }
@@ -604,6 +706,16 @@ impl Store for TcpStore {
     async fn delete(&self, key: &str) -> Result<bool> {
         match self.call(Request::Delete { key: key.into() }, self.std_deadline()).await? {
             Response::Bool(b) => Ok(b),
+            r => Err(unexpected(r)),
+        }
+    }
+    async fn wait_many(&self, keys: &[String], deadline: Instant) -> Result<Vec<Option<Vec<u8>>>> {
+        let timeout_ms = deadline.saturating_duration_since(Instant::now()).as_millis() as u64;
+        let req = Request::WaitMany { keys: keys.to_vec(), timeout_ms };
+        // The answer may be large: allow its transfer past the deadline as for other requests.
+        let answer_by = deadline.max(self.std_deadline());
+        match self.call(req, answer_by.checked_add(Duration::from_secs(5)).unwrap_or(answer_by)).await? {
+            Response::Many(vs) if vs.len() == keys.len() => Ok(vs),
             r => Err(unexpected(r)),
         }
     }
