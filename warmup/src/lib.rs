@@ -17,18 +17,23 @@
 //!   a library keeps connected for the job's life. A missing or corrupt file falls back to the
 //!   role plans, group by group, and the report says so.
 //! - **Agreement before device work.** Members publish their group's plan under
-//!   `(job, generation)`; a difference or a missing member is an error on every rank.
+//!   `(job, generation)`; the group's leader (group rank 0) gathers them in one multi-key
+//!   wait and publishes one verdict; a difference or a missing member is an error on every
+//!   rank. The store cost is linear in the job's ranks (a few requests per rank per group).
 //! - **Deadlock-free order.** Groups run in name order, pairs in sorted order, the lower
 //!   rank of a pair sending first: a global order, so waits cannot form a cycle.
-//! - **All or nothing.** Every rank publishes its outcome; if any failed or did not report,
+//! - **All or nothing.** Every rank reports its outcome; a failure stores the generation's
+//!   verdict at once, rank 0 tallies the reports in one multi-key wait and stores success or
+//!   names those that never reported (another rank does that if rank 0 is gone). If any failed or did not report,
 //!   every rank aborts the plan's communicators and returns an error. There is no "fall
 //!   back to lazy": a communicator that failed mid-collective is not trusted again.
 //! - **Idempotent generations.** A second call with the same generation returns the
 //!   recorded outcome and issues no collective, so an outer retry can never re-enter a
 //!   collective alone.
 //! - **Opt-in, bounded, measured.** Off unless enabled (`ANYCCL_WARMUP=1`); skipped where
-//!   the backend connects at init (no `lazy_connect`) unless forced; a memory pre-check refuses to start below a recorded need; a
-//!   watchdog aborts everything at the deadline; the report gives time and device memory
+//!   the backend connects at init (no `lazy_connect`) unless forced; a memory pre-check
+//!   refuses to start below a recorded need; one watchdog thread per process aborts a
+//!   warmup's communicators at its deadline; the report gives time and device memory
 //!   per group and step.
 //!
 //! Call it where memory is light: after a colocated inference engine has released its
@@ -36,10 +41,12 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod gather;
 mod plan;
 mod report;
 mod run;
 mod saved;
+mod watchdog;
 
 pub use plan::{
     exclusion, merge, pipeline_pairs, plan_for, plan_from_recording, role_kinds, GroupPlan, Kind, Sizes, Step, Target,

@@ -1,12 +1,13 @@
 //! Running a warmup: claim the generation, check memory, agree on the plan, run it under a
 //! deadline, then agree on the outcome: all ranks succeed or all fail.
 
+use crate::gather;
 use crate::plan::{exclusion, merge, plan_for, GroupPlan, Kind, Sizes, Step, Target};
 use crate::report::{MemSource, Report, StepReport};
 use crate::saved::{choose, Choice};
+use crate::watchdog;
 use anyccl_core::{Collective, Communicator, Error, P2POp, Platform, ReduceOp, Result, Store, Work};
 use serde::{Deserialize, Serialize};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -305,35 +306,12 @@ async fn run_claimed(
         Err(e) => Err(e),
     };
 
-    // 4. Execution under a watchdog that aborts everything at the deadline.
+    // 4. Execution under the process's watchdog, which aborts everything at the deadline.
     let exec = match agreed {
         Err(e) => Err(e),
         Ok(()) => {
-            let stop = Arc::new(AtomicBool::new(false));
-            let watchdog = {
-                let (stop, comms) = (stop.clone(), comms.to_vec());
-                std::thread::Builder::new()
-                    .name("anyccl-warmup-watchdog".into())
-                    .spawn(move || {
-                        // A grace second lets every wait report Timeout itself; the watchdog
-                        // is for calls that block inside the backend (a first connect).
-                        while !stop.load(Ordering::Acquire) {
-                            if Instant::now() >= deadline + Duration::from_secs(1) {
-                                tracing::error!("warmup deadline passed: aborting its communicators");
-                                abort_all(&comms);
-                                return;
-                            }
-                            std::thread::sleep(Duration::from_millis(20));
-                        }
-                    })
-                    .ok()
-            };
-            let r = execute(s, plans, report, deadline).await;
-            stop.store(true, Ordering::Release);
-            if let Some(w) = watchdog {
-                let _ = w.join();
-            }
-            r
+            let _watched = watchdog::register(deadline, comms);
+            execute(s, plans, report, deadline).await
         }
     };
     if let Err(e) = &exec {
@@ -345,43 +323,11 @@ async fn run_claimed(
         abort_all(comms);
     }
 
-    // 5. Outcome: all or nothing. Every rank publishes its outcome and reads everyone's;
-    // the first verdict stored wins and every rank adopts it, so ranks whose deadlines fall
-    // on either side of a slow rank's report still agree.
-    let mine = match &exec {
-        Ok(()) => Outcome::Ok,
-        Err(e) => Outcome::Failed(e.to_string()),
-    };
-    let published = s.store.set(&s.key(&format!("outcome/{}", s.rank)), &encode(&mine)).await;
-    let mut failed = Vec::new();
-    let mut missing = Vec::new();
-    if let Err(e) = published {
-        failed.push(format!("rank {} could not publish its outcome: {e}", s.rank));
-    } else {
-        let outcome_deadline = deadline.max(Instant::now()) + Duration::from_secs(2);
-        for r in 0..s.world_size {
-            let key = s.key(&format!("outcome/{r}"));
-            match s.store.wait(&key, outcome_deadline).await.and_then(|v| decode::<Outcome>(&key, &v)) {
-                Ok(Outcome::Ok) => {}
-                Ok(Outcome::Failed(why) | Outcome::Timeout(why)) => failed.push(format!("rank {r} failed: {why}")),
-                Err(_) => missing.push(r),
-            }
-        }
-    }
-    let local = if !failed.is_empty() {
-        Outcome::Failed(failed.join("; "))
-    } else if let Outcome::Failed(why) = &mine {
-        Outcome::Failed(format!("rank {} failed: {why}", s.rank))
-    } else if !missing.is_empty() {
-        Outcome::Timeout(format!("ranks {missing:?} never reported"))
-    } else {
-        Outcome::Ok
-    };
-    let key = s.key("verdict");
-    let verdict = match s.store.compare_set(&key, None, &encode(&local)).await {
-        Ok(o) => o.current.and_then(|v| decode(&key, &v).ok()).unwrap_or(local),
-        Err(_) => local,
-    };
+    // 5. Outcome: all or nothing, decided once for the generation under `verdict` (the
+    // first verdict stored wins and every rank adopts it). A failing rank stores a failure
+    // at once; rank 0 tallies every rank's report and stores success, or names the ranks
+    // that never reported by the deadline.
+    let verdict = outcome(s, &exec, deadline).await;
     let (timed_out, why) = match verdict {
         Outcome::Ok => return Ok(()),
         Outcome::Timeout(t) => (true, t),
@@ -408,13 +354,135 @@ async fn run_claimed(
     })
 }
 
-/// Where group rank `r` publishes its plan: by the group's name and members, since two
-/// groups may share a name (one "tp" per replica).
-fn plan_key(s: &Session<'_>, comm: &Communicator, r: usize) -> String {
-    let spec = comm.spec();
-    s.key(&format!("plan/{}-{:016x}/{r}", spec.name, spec.id()))
+/// This rank's part of the outcome (see step 5 of `run_claimed`): the generation's verdict.
+/// Each rank reports (one request) and waits for the verdict (one); rank 0 tallies the
+/// reports in one multi-key wait, unless a failure stored the verdict first. Should rank 0
+/// never decide (dead or stopped), one rank claims the naming at the deadline and stores
+/// which ranks never reported.
+async fn outcome(s: &Session<'_>, exec: &Result<()>, deadline: Instant) -> Outcome {
+    let key = s.key("verdict");
+    let key = key.as_str();
+    let read = |v: Vec<u8>| decode(key, &v).unwrap_or_else(|e| Outcome::Failed(e.to_string()));
+    let cas = |v: Outcome| async move {
+        match s.store.compare_set(key, None, &encode(&v)).await {
+            Ok(o) => o.current.and_then(|c| decode(key, &c).ok()).unwrap_or(v),
+            Err(_) => v,
+        }
+    };
+    let mine = match exec {
+        Ok(()) => Outcome::Ok,
+        Err(e) => Outcome::Failed(format!("rank {} failed: {e}", s.rank)),
+    };
+    let reported = s.store.set(&s.key(&format!("outcome/{}", s.rank)), &encode(&mine)).await;
+    if let Outcome::Failed(_) = &mine {
+        // No need to hear from anyone else: the generation has failed.
+        return cas(mine).await;
+    }
+    if let Err(e) = reported {
+        return cas(Outcome::Failed(format!("rank {} could not report its outcome: {e}", s.rank))).await;
+    }
+    let keys: Vec<String> = (0..s.world_size).map(|r| s.key(&format!("outcome/{r}"))).collect();
+    let outcome_deadline = deadline.max(Instant::now()) + Duration::from_secs(1);
+    if s.rank == 0 {
+        tokio::select! {
+            Ok(v) = s.store.wait(key, outcome_deadline) => return read(v),
+            all = s.store.wait_many(&keys, outcome_deadline) => if let Ok(all) = all {
+                return cas(tally(&keys, &all)).await;
+            },
+        }
+    }
+    let grace = Duration::from_secs(1);
+    if let Ok(v) = s.store.wait(key, outcome_deadline + grace).await {
+        return read(v);
+    }
+    // No verdict: rank 0 never decided. One rank names the ranks that never reported.
+    let namer = s.store.compare_set(&s.key("outcome/namer"), None, s.rank.to_string().as_bytes()).await;
+    if namer.is_ok_and(|n| n.swapped) {
+        let local = match s.store.wait_many(&keys, Instant::now()).await {
+            Ok(all) => tally(&keys, &all),
+            Err(e) => Outcome::Timeout(format!("rank 0 decided nothing and the reports cannot be read ({e})")),
+        };
+        return cas(local).await;
+    }
+    match s.store.wait(key, Instant::now() + grace).await {
+        Ok(v) => read(v),
+        Err(_) => cas(Outcome::Timeout("ranks never reported (and no rank named them in time)".into())).await,
+    }
 }
 
+/// The verdict the reports `all` (of `keys`, one per rank) give.
+fn tally(keys: &[String], all: &[Option<Vec<u8>>]) -> Outcome {
+    let mut silent = Vec::new();
+    let mut failed = Vec::new();
+    for (r, v) in all.iter().enumerate() {
+        match v.as_deref().map(|v| decode::<Outcome>(&keys[r], v)) {
+            None | Some(Err(_)) => silent.push(r),
+            Some(Ok(Outcome::Ok)) => {}
+            Some(Ok(Outcome::Failed(why) | Outcome::Timeout(why))) => failed.push(why),
+        }
+    }
+    if !failed.is_empty() {
+        Outcome::Failed(failed.join("; "))
+    } else if silent.is_empty() {
+        Outcome::Ok
+    } else {
+        Outcome::Timeout(format!("ranks {} never reported", ranks_text(&silent)))
+    }
+}
+
+/// Ranks as a list, shortened past 32 of them.
+fn ranks_text(r: &[usize]) -> String {
+    if r.len() <= 32 {
+        format!("{r:?}")
+    } else {
+        format!("{:?} and {} more", &r[..32], r.len() - 32)
+    }
+}
+
+/// The leader's verdict on a group's plans.
+#[derive(Debug, Serialize, Deserialize)]
+enum PlanVerdict {
+    /// Every member's plan, merged or (all equal) as the leader's.
+    Agreed(GroupPlan),
+    /// Members refused (their reasons).
+    Refused(Vec<String>),
+    /// Group ranks that published no plan in time.
+    Missing(Vec<usize>),
+    /// Group ranks whose plan differs from the leader's, and the leader's fingerprint.
+    Differ(Vec<usize>, String),
+}
+
+fn decide_plans(theirs: Vec<Option<PlanMsg>>) -> PlanVerdict {
+    let missing = gather::missing(&theirs);
+    if !missing.is_empty() {
+        return PlanVerdict::Missing(missing);
+    }
+    let mut refused = Vec::new();
+    let mut plans = Vec::new();
+    for m in theirs.into_iter().flatten() {
+        match m {
+            PlanMsg::Refused(why) => refused.push(why),
+            PlanMsg::Plan(p) => plans.push(p),
+        }
+    }
+    if !refused.is_empty() {
+        return PlanVerdict::Refused(refused);
+    }
+    let Some(first) = plans.first() else { return PlanVerdict::Missing(Vec::new()) };
+    if first.merge {
+        return PlanVerdict::Agreed(merge(&plans).unwrap_or_else(|| first.clone()));
+    }
+    let differ: Vec<usize> = plans.iter().enumerate().filter(|(_, p)| *p != first).map(|(r, _)| r).collect();
+    if differ.is_empty() {
+        PlanVerdict::Agreed(first.clone())
+    } else {
+        PlanVerdict::Differ(differ, first.fingerprint())
+    }
+}
+
+/// Agree on every group's plan (each group through its leader, [`gather`]) before any device
+/// work: plans that differ, a member's refusal or a member that never publishes fail the
+/// group on every member.
 async fn agree(
     s: &Session<'_>,
     plans: &mut [(&Communicator, GroupPlan)],
@@ -422,59 +490,48 @@ async fn agree(
     deadline: Instant,
 ) -> Result<()> {
     for (comm, plan) in plans.iter() {
-        let me = comm.rank();
         let value = match refusal {
             Some(r) => PlanMsg::Refused(r.to_string()),
             None => PlanMsg::Plan(plan.clone()),
         };
-        s.store.set(&plan_key(s, comm, me), &encode(&value)).await?;
+        gather::publish(s, "plan", comm, &value).await?;
+    }
+    // A refusing rank still leads its groups, so their members learn of the refusal now
+    // rather than at the deadline.
+    for (comm, _) in plans.iter() {
+        gather::lead(s, "plan", comm, deadline, decide_plans).await?;
     }
     if let Some(r) = refusal {
         return Err(err("warmup", s.rank, "", r.to_string()));
     }
     for (comm, plan) in plans.iter_mut() {
-        let (me, n) = (comm.rank(), comm.size());
-        let mut theirs: Vec<Option<GroupPlan>> = vec![None; n];
-        let mut missing = Vec::new();
-        let mut refused = Vec::new();
-        for (r, slot) in theirs.iter_mut().enumerate() {
-            let key = plan_key(s, comm, r);
-            match s.store.wait(&key, deadline).await {
-                Ok(v) => match decode(&key, &v)? {
-                    PlanMsg::Refused(why) => refused.push(why),
-                    PlanMsg::Plan(p) => *slot = Some(p),
-                },
-                Err(Error::Timeout { .. }) => missing.push(r),
-                Err(e) => return Err(e),
+        let me = comm.rank();
+        match gather::verdict::<PlanVerdict>(s, "plan", comm, "warmup agreement", deadline).await? {
+            PlanVerdict::Agreed(p) => *plan = p,
+            PlanVerdict::Refused(why) => {
+                return Err(err("warmup", me, &plan.group, format!("group members refused: {}", why.join("; "))))
             }
-        }
-        if !refused.is_empty() {
-            return Err(err("warmup", me, &plan.group, format!("group members refused: {}", refused.join("; "))));
-        }
-        if !missing.is_empty() {
-            return Err(Error::Timeout {
-                op: "warmup agreement".into(),
-                rank: me,
-                group: plan.group.clone(),
-                after: Duration::ZERO,
-                detail: format!("group ranks {missing:?} never published their plan"),
-            });
-        }
-        let all: Vec<GroupPlan> = theirs.into_iter().flatten().collect();
-        if plan.merge {
-            if let Some(m) = merge(&all) {
-                *plan = m;
+            PlanVerdict::Missing(missing) => {
+                return Err(Error::Timeout {
+                    op: "warmup agreement".into(),
+                    rank: me,
+                    group: plan.group.clone(),
+                    after: Duration::ZERO,
+                    detail: format!("group ranks {missing:?} never published their plan"),
+                })
             }
-        } else {
-            let differ: Vec<usize> = all.iter().enumerate().filter(|(_, p)| *p != plan).map(|(r, _)| r).collect();
-            if !differ.is_empty() {
-                let fp = plan.fingerprint();
+            PlanVerdict::Differ(differ, fp) => {
                 return Err(err(
                     "warmup",
                     me,
                     &plan.group,
-                    format!("the plan of group ranks {differ:?} differs from this rank's (fingerprint {})", &fp[..12]),
-                ));
+                    format!(
+                    "the plan of group ranks {differ:?} differs from the plan of group rank 0 (fingerprint {}; this \
+                         rank's {})",
+                    &fp[..fp.len().min(12)],
+                    &plan.fingerprint()[..12]
+                ),
+                ))
             }
         }
     }

@@ -7,9 +7,10 @@
 //! fsync of the folder) and carries the identity of the checkpoint it belongs to (job, step,
 //! rank, world size, layout), so a plan is never replayed against another job's groups.
 
+use crate::gather;
 use crate::plan::{merge, plan_from_recording, GroupPlan, Target};
 use crate::report::{MemSource, Report};
-use crate::run::{decode, encode, role_plans, run_plans, Session, WarmupConfig};
+use crate::run::{role_plans, run_plans, Session, WarmupConfig};
 use anyccl_core::{Communicator, Error, Platform, Result};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -237,7 +238,7 @@ impl<'a> StepRecorder<'a> {
 
     /// Stop recording (call after the step's operations completed), measure what the step
     /// took, and merge each group's recordings with its other members' through the store
-    /// (keys `warmup/{job}/{generation}/recorded/...`). Every member of every recorded
+    /// (keys `warmup/{job}/{generation}/recorded/...`; each group's leader merges). Every member of every recorded
     /// group calls this. No device work.
     ///
     /// # Errors
@@ -274,43 +275,54 @@ impl<'a> StepRecorder<'a> {
             _ => None,
         };
         mine.sort_by(|a, b| a.1.group.cmp(&b.1.group));
+        // Publish every group's recording before leading any group (see `gather`).
+        for (comm, plan) in &mine {
+            gather::publish(s, "recorded", comm, plan).await?;
+        }
+        for (comm, _) in &mine {
+            lead_recorded(s, comm, deadline).await?;
+        }
         let mut plans = Vec::new();
         for (comm, plan) in mine {
-            plans.push(merge_members(s, comm, plan, deadline).await?);
+            plans.push(merged_recording(s, comm, plan, deadline).await?);
         }
         Ok(RecordedStep { plans, cost })
     }
 }
 
-/// Publish this member's recorded plan of `comm`'s group and merge it with every other
-/// member's.
-async fn merge_members(s: &Session<'_>, comm: &Communicator, plan: GroupPlan, deadline: Instant) -> Result<GroupPlan> {
-    let spec = comm.spec();
-    let key = |r: usize| format!("warmup/{}/{}/recorded/{}-{:016x}/{r}", s.job, s.generation, spec.name, spec.id());
-    let value = serde_json::to_vec(&plan).unwrap_or_default();
-    s.store.set(&key(comm.rank()), &value).await?;
-    let mut all = Vec::with_capacity(comm.size());
-    let mut missing = Vec::new();
-    for r in 0..comm.size() {
-        match s.store.wait(&key(r), deadline).await {
-            Ok(v) => all.push(
-                serde_json::from_slice::<GroupPlan>(&v)
-                    .map_err(|e| Error::store_fatal(format!("unreadable recorded plan under '{}': {e}", key(r))))?,
-            ),
-            Err(Error::Timeout { .. }) => missing.push(r),
-            Err(e) => return Err(e),
+/// The leader's part of merging `comm`'s group's recordings: every member's plan merged, or
+/// the group ranks that published none.
+async fn lead_recorded(s: &Session<'_>, comm: &Communicator, deadline: Instant) -> Result<()> {
+    gather::lead(s, "recorded", comm, deadline, |all: Vec<Option<GroupPlan>>| {
+        let missing = gather::missing(&all);
+        if missing.is_empty() {
+            let all: Vec<GroupPlan> = all.into_iter().flatten().collect();
+            Ok(merge(&all))
+        } else {
+            Err(missing)
         }
-    }
-    if !missing.is_empty() {
-        return Err(Error::Timeout {
+    })
+    .await
+}
+
+/// The merged recording of `comm`'s group (this member's `plan` where nothing merges).
+async fn merged_recording(
+    s: &Session<'_>,
+    comm: &Communicator,
+    plan: GroupPlan,
+    deadline: Instant,
+) -> Result<GroupPlan> {
+    type Merged = std::result::Result<Option<GroupPlan>, Vec<usize>>;
+    match gather::verdict::<Merged>(s, "recorded", comm, "warmup recording", deadline).await? {
+        Ok(merged) => Ok(merged.unwrap_or(plan)),
+        Err(missing) => Err(Error::Timeout {
             op: "warmup recording".into(),
             rank: comm.rank(),
-            group: spec.name.clone(),
+            group: comm.spec().name.clone(),
             after: std::time::Duration::ZERO,
             detail: format!("group ranks {missing:?} never published their recorded step"),
-        });
+        }),
     }
-    Ok(merge(&all).unwrap_or(plan))
 }
 
 // ---------------------------------------------------------------- replay
@@ -380,16 +392,18 @@ pub(crate) enum Choice {
     Saved(std::result::Result<(GroupPlan, String), String>),
 }
 
-/// `source/<group>/<rank>`: whether a member has a saved plan for the group.
+/// `source/<group>/<rank>`: whether a member has a saved plan for the group (its
+/// fingerprint, or why not).
 #[derive(Debug, Serialize, Deserialize)]
 pub(crate) enum SourceMsg {
     Saved(String),
     None(String),
 }
 
-/// Settle where each group's plan comes from. A saved plan is used only when every member
-/// of the group has one; otherwise every member takes the role plan, and the report says
-/// which rank lacked it and why. Store only: no device work.
+/// Settle where each group's plan comes from, each group through its leader
+/// ([`gather`]). A saved plan is used only when every member of the group has one;
+/// otherwise every member takes the role plan, and the report says which rank lacked it
+/// and why. Store only: no device work.
 pub(crate) async fn choose(
     s: &Session<'_>,
     plans: &mut [(&Communicator, GroupPlan)],
@@ -406,29 +420,38 @@ pub(crate) async fn choose(
                     Ok((p, _)) => SourceMsg::Saved(p.fingerprint()),
                     Err(why) => SourceMsg::None(why.clone()),
                 };
-                s.store.set(&source_key(s, comm, comm.rank()), &encode(&msg)).await?;
+                gather::publish(s, "source", comm, &msg).await?;
                 pending.push((comm, plan, found));
             }
         }
     }
-    for (comm, plan, found) in pending {
-        let mut lacking = Vec::new();
-        for r in 0..comm.size() {
-            let key = source_key(s, comm, r);
-            let v = s.store.wait(&key, deadline).await.map_err(|e| match e {
-                Error::Timeout { .. } => Error::Timeout {
-                    op: "warmup agreement".into(),
-                    rank: comm.rank(),
-                    group: plan.group.clone(),
-                    after: Duration::ZERO,
-                    detail: format!("group rank {r} never said whether it has a saved plan"),
-                },
-                e => e,
-            })?;
-            if let SourceMsg::None(why) = decode(&key, &v)? {
-                lacking.push(format!("group rank {r}: {why}"));
+    for (comm, _, _) in &pending {
+        gather::lead(s, "source", comm, deadline, |all: Vec<Option<SourceMsg>>| {
+            let missing = gather::missing(&all);
+            if !missing.is_empty() {
+                return Err(missing);
             }
-        }
+            Ok(all
+                .into_iter()
+                .enumerate()
+                .filter_map(|(r, m)| match m {
+                    Some(SourceMsg::None(why)) => Some(format!("group rank {r}: {why}")),
+                    _ => None,
+                })
+                .collect::<Vec<String>>())
+        })
+        .await?;
+    }
+    for (comm, plan, found) in pending {
+        let verdict: std::result::Result<Vec<String>, Vec<usize>> =
+            gather::verdict(s, "source", comm, "warmup agreement", deadline).await?;
+        let lacking = verdict.map_err(|missing| Error::Timeout {
+            op: "warmup agreement".into(),
+            rank: comm.rank(),
+            group: plan.group.clone(),
+            after: Duration::ZERO,
+            detail: format!("group ranks {missing:?} never said whether they have a saved plan"),
+        })?;
         match found {
             Ok((saved, what)) if lacking.is_empty() => {
                 *plan = saved;
@@ -443,9 +466,4 @@ pub(crate) async fn choose(
         }
     }
     Ok(())
-}
-
-fn source_key(s: &Session<'_>, comm: &Communicator, r: usize) -> String {
-    let spec = comm.spec();
-    s.key(&format!("source/{}-{:016x}/{r}", spec.name, spec.id()))
 }
