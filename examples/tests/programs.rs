@@ -11,6 +11,7 @@ fn bin(name: &str) -> &'static str {
         "anyccl-recover" => env!("CARGO_BIN_EXE_anyccl-recover"),
         "anyccl-conformance" => env!("CARGO_BIN_EXE_anyccl-conformance"),
         "anyccl-candle" => env!("CARGO_BIN_EXE_anyccl-candle"),
+        "anyccl-sim" => env!("CARGO_BIN_EXE_anyccl-sim"),
         _ => unreachable!("unknown program {name}"),
     }
 }
@@ -198,5 +199,46 @@ mod hccl {
             assert!(text.contains("HCCL_E_OOM") && text.contains("of group 'pp-replica"), "{text}");
             assert!(t.elapsed() < std::time::Duration::from_secs(120), "took {:?}", t.elapsed());
         }
+    }
+}
+
+/// The simulation's figures (`anyccl-sim --json`) and whether its own check passed.
+fn simulate(args: &[&str]) -> serde_json::Value {
+    let out = Command::new(bin("anyccl-sim")).args(args).arg("--json").output().expect("run anyccl-sim");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let j: serde_json::Value = serde_json::from_str(text.trim()).unwrap_or_else(|e| {
+        panic!("anyccl-sim {args:?} printed no figures ({e}):\n{text}\n{}", String::from_utf8_lossy(&out.stderr))
+    });
+    assert!(out.status.success() && j["fault"]["passed"] == true, "anyccl-sim {args:?}: {}", j["fault"]["check"]);
+    j
+}
+
+/// The warmup protocol's store requests per rank stay flat as the job grows (64 to 256
+/// ranks, over 2 processes each): no phase reads every rank's key on every rank.
+#[test]
+fn sim_warmup_protocol_cost_is_linear_in_ranks() {
+    let small = simulate(&["--ranks", "64", "--procs", "2", "--layout", "2x8x4", "--connect-ms", "2"]);
+    let large = simulate(&["--ranks", "256", "--procs", "2", "--layout", "8x8x4", "--connect-ms", "2"]);
+    let per_rank = |j: &serde_json::Value| j["store_ops_per_rank"].as_f64().expect("store_ops_per_rank");
+    let (a, b) = (per_rank(&small), per_rank(&large));
+    assert!(a > 0.0 && b <= a * 1.1 && b <= 16.0, "store requests per rank: {a} at 64 ranks, {b} at 256");
+    for j in [&small, &large] {
+        assert_eq!(j["ranks_ok"], j["ranks"], "{j}");
+        for phase in ["claim", "agree", "outcome", "final"] {
+            let ops = j["phases"][phase]["per_rank"].as_f64().expect("per_rank");
+            assert!(ops > 0.0 && ops <= 8.0, "phase {phase}: {ops} requests per rank: {j}");
+        }
+        assert_eq!(j["server"]["waiting_at_end"], 0, "waits left on the store: {j}");
+    }
+}
+
+/// One rank fails, one hangs, one's process dies (with every rank in it, rank 0 included):
+/// every other rank returns an error within the deadline + 5 s (anyccl-sim checks it).
+#[test]
+fn sim_warmup_faults_reach_every_rank() {
+    for fault in ["fail:37", "hang:5", "die:0"] {
+        let j = simulate(&["--ranks", "128", "--procs", "2", "--timeout", "4", "--connect-ms", "2", "--fault", fault]);
+        assert_eq!(j["ranks_ok"], 0, "{fault}: {j}");
+        assert_eq!(j["server"]["waiting_at_end"], 0, "{fault}: waits left on the store: {j}");
     }
 }
