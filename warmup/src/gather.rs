@@ -77,7 +77,7 @@ pub(crate) async fn verdict<V: DeserializeOwned>(
             op: what.into(),
             rank: comm.rank(),
             group: comm.spec().name.clone(),
-            after: Duration::ZERO,
+            after: crate::run::waited(),
             detail: format!(
                 "the group's leader (group rank 0, rank {} of the job) published no verdict",
                 comm.spec().ranks.first().copied().unwrap_or(0)

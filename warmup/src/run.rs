@@ -114,6 +114,21 @@ enum Outcome {
     Timeout(String),
 }
 
+tokio::task_local! {
+    /// When the running warmup (or recording) began, for the `after` of its timeouts.
+    static STARTED: Instant;
+}
+
+/// Run `f` as one warmup (or recording): its timeouts say how long it had run.
+pub(crate) async fn timed<F: std::future::Future>(f: F) -> F::Output {
+    STARTED.scope(Instant::now(), f).await
+}
+
+/// How long the running warmup has run (zero outside one).
+pub(crate) fn waited() -> Duration {
+    STARTED.try_with(|s| s.elapsed()).unwrap_or(Duration::ZERO)
+}
+
 pub(crate) fn encode<T: Serialize>(v: &T) -> Vec<u8> {
     // Plain data of strings, numbers and enums: serialising it cannot fail.
     serde_json::to_vec(v).unwrap_or_default()
@@ -245,7 +260,7 @@ pub(crate) async fn run_plans(
     planned.sort_by(|a, b| a.0 .1.group.cmp(&b.0 .1.group));
     let (mut plans, choices): (Vec<_>, Vec<_>) = planned.into_iter().unzip();
     let comms: Vec<Arc<dyn Collective>> = plans.iter().map(|(c, _)| c.collective().clone()).collect();
-    let result = run_claimed(s, &mut plans, choices, cfg, &mut report, deadline, &comms).await;
+    let result = timed(run_claimed(s, &mut plans, choices, cfg, &mut report, deadline, &comms)).await;
     let fin = match &result {
         Ok(()) => Final::Ok(report.clone()),
         Err(e) => Final::Err { kind: e.kind().into(), msg: e.to_string() },
@@ -341,7 +356,7 @@ async fn run_claimed(
             op: "warmup outcome".into(),
             rank: s.rank,
             group,
-            after: Duration::ZERO,
+            after: waited(),
             detail: format!("{why}; communicators aborted"),
         }
     } else {
@@ -516,7 +531,7 @@ async fn agree(
                     op: "warmup agreement".into(),
                     rank: me,
                     group: plan.group.clone(),
-                    after: Duration::ZERO,
+                    after: waited(),
                     detail: format!("group ranks {missing:?} never published their plan"),
                 })
             }
@@ -597,7 +612,7 @@ async fn wait_slices(
 }
 
 fn warmup_timeout(what: &str, rank: usize, group: &str, detail: String) -> Error {
-    Error::Timeout { op: format!("warmup {what}"), rank, group: group.into(), after: Duration::ZERO, detail }
+    Error::Timeout { op: format!("warmup {what}"), rank, group: group.into(), after: waited(), detail }
 }
 
 fn op_name(k: Kind) -> &'static str {

@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// First word of a plan file.
 const MAGIC: &str = "anyccl-warmup-plan";
@@ -245,6 +245,10 @@ impl<'a> StepRecorder<'a> {
     /// `Timeout` naming the members that never published their recording within `timeout`;
     /// store errors.
     pub async fn finish(self, s: &Session<'_>, timeout: std::time::Duration) -> Result<RecordedStep> {
+        crate::run::timed(self.finish_timed(s, timeout)).await
+    }
+
+    async fn finish_timed(self, s: &Session<'_>, timeout: std::time::Duration) -> Result<RecordedStep> {
         let deadline = anyccl_core::deadline_in(timeout);
         let _ = self.platform.synchronize();
         let mut mine = Vec::new();
@@ -319,7 +323,7 @@ async fn merged_recording(
             op: "warmup recording".into(),
             rank: comm.rank(),
             group: comm.spec().name.clone(),
-            after: std::time::Duration::ZERO,
+            after: crate::run::waited(),
             detail: format!("group ranks {missing:?} never published their recorded step"),
         }),
     }
@@ -449,7 +453,7 @@ pub(crate) async fn choose(
             op: "warmup agreement".into(),
             rank: comm.rank(),
             group: plan.group.clone(),
-            after: Duration::ZERO,
+            after: crate::run::waited(),
             detail: format!("group ranks {missing:?} never said whether they have a saved plan"),
         })?;
         match found {
