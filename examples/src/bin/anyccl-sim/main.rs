@@ -53,6 +53,10 @@ struct Args {
     /// (keys under a prefix of this run's own).
     #[arg(long, default_value = "tcp")]
     store: String,
+    /// Instead of a warmup, measure the store: every rank's client sets and reads its own
+    /// key for this many seconds; prints requests per second.
+    #[arg(long, default_value_t = 0)]
+    store_bench: u64,
     /// Print the figures as one JSON object.
     #[arg(long)]
     json: bool,
@@ -161,6 +165,9 @@ struct RankEnd {
     msg: String,
     /// From the start signal to the warmup's return.
     ms: f64,
+    /// Store requests answered (`--store-bench`).
+    #[serde(default)]
+    ops: u64,
 }
 
 /// What a child reports.
@@ -268,6 +275,9 @@ async fn child(a: &Args, k: usize) -> Result<ExitCode, String> {
         return Err(format!("expected 'go' from the parent, got {go:?}"));
     }
     let started = Instant::now();
+    if a.store_bench > 0 {
+        return store_bench(a, k, &mine, stores, connect_ms, started).await;
+    }
 
     let counters = Arc::new(Counters::default());
     let arrivals = Arc::new(Arrivals::default());
@@ -313,7 +323,7 @@ async fn child(a: &Args, k: usize) -> Result<ExitCode, String> {
             Ok(()) => (true, String::new(), String::new()),
             Err(e) => (false, e.kind().to_string(), e.to_string().chars().take(300).collect()),
         };
-        ends.push(RankEnd { rank, ok, kind, msg, ms: took.as_secs_f64() * 1e3 });
+        ends.push(RankEnd { rank, ok, kind, msg, ms: took.as_secs_f64() * 1e3, ops: 0 });
     }
     let report = ChildReport {
         child: k,
@@ -322,6 +332,50 @@ async fn child(a: &Args, k: usize) -> Result<ExitCode, String> {
         phases: counters.figures(),
         execute_ms: execute.as_secs_f64() * 1e3,
     };
+    println!("{}", serde_json::to_string(&report).map_err(|e| e.to_string())?);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `--store-bench`: every rank's client sets and reads its own key until the time is up.
+async fn store_bench(
+    a: &Args,
+    k: usize,
+    mine: &std::ops::Range<usize>,
+    stores: Vec<Option<Arc<dyn Store>>>,
+    connect_ms: f64,
+    started: Instant,
+) -> Result<ExitCode, String> {
+    let until = started + Duration::from_secs(a.store_bench);
+    let mut tasks = tokio::task::JoinSet::new();
+    for (r, st) in mine.clone().zip(stores) {
+        let st = st.ok_or("a store client is missing")?;
+        tasks.spawn(async move {
+            let key = format!("bench/{r}");
+            let mut ops = 0u64;
+            while Instant::now() < until {
+                st.set(&key, &ops.to_le_bytes()).await?;
+                let v = st.get(&key).await?;
+                if v.as_deref() != Some(&ops.to_le_bytes()[..]) {
+                    return Err(anyccl::Error::store_fatal(format!("rank {r} read back {v:?}")));
+                }
+                ops += 2;
+            }
+            Ok::<_, anyccl::Error>((r, ops))
+        });
+    }
+    let mut ranks = Vec::new();
+    while let Some(j) = tasks.join_next().await {
+        let (rank, ops) = j.map_err(|e| e.to_string())?.map_err(|e| e.to_string())?;
+        ranks.push(RankEnd {
+            rank,
+            ok: true,
+            kind: String::new(),
+            msg: String::new(),
+            ms: started.elapsed().as_secs_f64() * 1e3,
+            ops,
+        });
+    }
+    let report = ChildReport { child: k, connect_ms, ranks, phases: Counters::default().figures(), execute_ms: 0.0 };
     println!("{}", serde_json::to_string(&report).map_err(|e| e.to_string())?);
     Ok(ExitCode::SUCCESS)
 }
@@ -353,6 +407,7 @@ fn parent(a: &Args) -> Result<ExitCode, String> {
         cmd.args(["--ranks", &a.ranks.to_string(), "--layout", &layout_arg(&layout)])
             .args(["--procs", &a.procs.to_string(), "--fault", &a.fault, "--timeout", &a.timeout.to_string()])
             .args(["--connect-ms", &a.connect_ms.to_string(), "--connect-mib", &a.connect_mib.to_string()])
+            .args(["--store-bench", &a.store_bench.to_string()])
             .args(["--child", &k.to_string(), "--store-addr", &addr, "--store-prefix", &prefix])
             .env("ANYCCL_STORE_TOKEN", &token)
             .env("ANYCCL_SIM_PARENT", std::process::id().to_string())
@@ -433,6 +488,29 @@ fn parent(a: &Args) -> Result<ExitCode, String> {
             Ok(s) => died.push((k, s.to_string())),
             Err(e) => died.push((k, e.to_string())),
         }
+    }
+    if a.store_bench > 0 {
+        let ops: u64 = reports.iter().flat_map(|r| &r.ranks).map(|e| e.ops).sum();
+        let clients = reports.iter().map(|r| r.ranks.len()).sum::<usize>();
+        let j = serde_json::json!({
+            "store": if a.store == "tcp" { "tcp" } else { "etcd" },
+            "clients": clients,
+            "clients_connect_ms": round(clients_ms),
+            "seconds": round(wall.as_secs_f64()),
+            "requests": ops,
+            "requests_per_s": round(ops as f64 / wall.as_secs_f64()),
+            "connections_peak": server.as_ref().map(|s| s.stats().connections_peak),
+        });
+        if a.json {
+            println!("{j}");
+        } else {
+            println!(
+                "# store {}: {} clients (connected in {} ms), {} requests (set, get) in {} s: {} requests/s",
+                j["store"], clients, j["clients_connect_ms"], ops, j["seconds"], j["requests_per_s"]
+            );
+        }
+        let all = clients == a.ranks && died.is_empty();
+        return Ok(if all { ExitCode::SUCCESS } else { ExitCode::from(1) });
     }
     let mut summary = summarize(a, &layout, &reports, clients_ms, wall);
     if let Some(s) = &server {
