@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The warmup protocol and the store at scale, by simulation (anyccl-sim): store requests
-# per rank and per phase, and wall time per phase, at 256, 1,024 and 4,096 ranks; three
+# per rank and per phase (claim: the replay check and the claim; final: recording the
+# outcome), and wall time per phase, at 256, 1,024 and 4,096 ranks; three
 # layouts at 4,096; the fault cases at 4,096; the store's throughput; and, when
 # ETCD=host:port names an etcd cluster, the same at 1,024 ranks on etcd beside TCP.
 #   bash bench/sim_scale.sh            (about 3 minutes on 2 cores)

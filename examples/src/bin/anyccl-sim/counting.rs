@@ -15,7 +15,9 @@ fn phase_of(key: &str, read_only: bool) -> usize {
     // warmup/{job}/{generation}/{what}/...
     let what = key.split('/').nth(3).unwrap_or("");
     match what {
+        // The replay check at the start (a read of `final/<rank>`) belongs to the claim.
         "claim" => 0,
+        "final" if read_only => 0,
         "source" => 1,
         "plan" => 2,
         "failed" if read_only => 6,
