@@ -16,6 +16,7 @@ run() { local name=$1; shift; "$sim" "$@" --json >"$out/$name.json" || true; }
 for n in 256 1024 4096; do run "tcp-$n" --ranks "$n"; done
 run tcp-4096-512x8 --ranks 4096 --layout 512x8
 run tcp-4096-8x8x8x8 --ranks 4096 --layout 8x8x8x8
+run tcp-4096-saved-repeat --ranks 4096 --saved --repeat
 for f in fail:1234 hang:777 die:3000 die:0; do run "fault-$f" --ranks 4096 --timeout 20 --fault "$f"; done
 if [ -n "${ETCD:-}" ]; then
   run etcd-1024 --ranks 1024 --store "etcd://$ETCD"

@@ -214,17 +214,20 @@ fn simulate(args: &[&str]) -> serde_json::Value {
 }
 
 /// The warmup protocol's store requests per rank stay flat as the job grows (64 to 256
-/// ranks, over 2 processes each): no phase reads every rank's key on every rank.
+/// ranks, over 2 processes each, warming from saved plans, then repeating the generation,
+/// which must replay): no phase reads every rank's key on every rank.
 #[test]
 fn sim_warmup_protocol_cost_is_linear_in_ranks() {
-    let small = simulate(&["--ranks", "64", "--procs", "2", "--layout", "2x8x4", "--connect-ms", "2"]);
-    let large = simulate(&["--ranks", "256", "--procs", "2", "--layout", "8x8x4", "--connect-ms", "2"]);
+    let small =
+        simulate(&["--ranks", "64", "--procs", "2", "--layout", "2x8x4", "--connect-ms", "2", "--saved", "--repeat"]);
+    let large =
+        simulate(&["--ranks", "256", "--procs", "2", "--layout", "8x8x4", "--connect-ms", "2", "--saved", "--repeat"]);
     let per_rank = |j: &serde_json::Value| j["store_ops_per_rank"].as_f64().expect("store_ops_per_rank");
     let (a, b) = (per_rank(&small), per_rank(&large));
-    assert!(a > 0.0 && b <= a * 1.1 && b <= 16.0, "store requests per rank: {a} at 64 ranks, {b} at 256");
+    assert!(a > 0.0 && b <= a * 1.1 && b <= 24.0, "store requests per rank: {a} at 64 ranks, {b} at 256");
     for j in [&small, &large] {
         assert_eq!(j["ranks_ok"], j["ranks"], "{j}");
-        for phase in ["claim", "agree", "outcome", "final"] {
+        for phase in ["claim", "source", "agree", "outcome", "final"] {
             let ops = j["phases"][phase]["per_rank"].as_f64().expect("per_rank");
             assert!(ops > 0.0 && ops <= 8.0, "phase {phase}: {ops} requests per rank: {j}");
         }

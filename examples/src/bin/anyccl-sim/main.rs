@@ -10,7 +10,7 @@
 mod backend;
 mod counting;
 
-use anyccl::warmup::{warmup, Session, Sizes, Target, WarmupConfig};
+use anyccl::warmup::{plan_for, warmup, warmup_saved, PlanFile, PlanIdentity, Session, Sizes, Target, WarmupConfig};
 use anyccl::{CommConfig, Communicator, EtcdStore, GroupSpec, Role, Store, TcpStore, TcpStoreOptions, TcpStoreServer};
 use backend::{Arrivals, Costs, Fault, SimComm, SimPlatform};
 use clap::Parser;
@@ -53,6 +53,13 @@ struct Args {
     /// (keys under a prefix of this run's own).
     #[arg(long, default_value = "tcp")]
     store: String,
+    /// Warm from a saved plan per rank (`warmup_saved`), so the members first agree on
+    /// each group's plan source.
+    #[arg(long)]
+    saved: bool,
+    /// Call the same generation again afterwards: it must replay the outcome.
+    #[arg(long)]
+    repeat: bool,
     /// Instead of a warmup, measure the store: every rank's client sets and reads its own
     /// key for this many seconds; prints requests per second.
     #[arg(long, default_value_t = 0)]
@@ -168,6 +175,9 @@ struct RankEnd {
     /// Store requests answered (`--store-bench`).
     #[serde(default)]
     ops: u64,
+    /// `--repeat`: what the second call of the generation did (`replayed`, or why not).
+    #[serde(default)]
+    repeat: String,
 }
 
 /// What a child reports.
@@ -288,6 +298,7 @@ async fn child(a: &Args, k: usize) -> Result<ExitCode, String> {
         let store = Arc::new(Counting::new(store, counters.clone()));
         let groups = layout.groups_of(r);
         let (arrivals, mine) = (arrivals.clone(), mine.clone());
+        let (saved, repeat, layout_name) = (a.saved, a.repeat, layout.describe());
         let fault = if r == fault_rank { fault } else { Fault::None };
         let (world, timeout) = (a.ranks, Duration::from_secs(a.timeout));
         tasks.spawn(async move {
@@ -303,27 +314,55 @@ async fn child(a: &Args, k: usize) -> Result<ExitCode, String> {
                     SimComm::new(me, spec.ranks.len(), spec.id(), local, arrivals.clone(), used.clone(), fault, costs);
                 match Communicator::new(Arc::new(sim), spec, config.clone()) {
                     Ok(c) => comms.push(c),
-                    Err(e) => return (r, Err(e), started.elapsed(), store),
+                    Err(e) => return (r, Err(e), started.elapsed(), store, String::new()),
                 }
             }
             let targets: Vec<Target<'_>> = comms.iter().map(Target::new).collect();
             let session =
                 Session { store: &*store, job: "sim", generation: 1, rank: r, world_size: world, platform: &platform };
             let cfg = WarmupConfig { enabled: true, timeout, sizes: Sizes::default(), ..WarmupConfig::default() };
-            let res = warmup(&session, &targets, &cfg).await.map(|_| ());
-            (r, res, started.elapsed(), store)
+            let run = || async {
+                if saved {
+                    let caps = backend::capabilities();
+                    let plans = targets.iter().filter_map(|t| plan_for(t, &caps, &cfg.sizes)).collect();
+                    let identity = PlanIdentity {
+                        job: "sim".into(),
+                        step: 1,
+                        rank: r,
+                        world_size: world,
+                        layout: layout_name.clone(),
+                    };
+                    let file = Ok(PlanFile { identity, plans, cold_step: None, path: None });
+                    warmup_saved(&session, &targets, &file, &cfg).await
+                } else {
+                    warmup(&session, &targets, &cfg).await
+                }
+            };
+            let res = run().await.map(|_| ());
+            let took = started.elapsed();
+            let again = if repeat {
+                match (run().await, &res) {
+                    (Ok(rep), Ok(())) if rep.replayed => "replayed".to_string(),
+                    (Ok(_), Ok(())) => "ran again".to_string(),
+                    (Err(anyccl::Error::Aborted { .. }), Err(_)) => "replayed".to_string(),
+                    (r, _) => format!("{:?}", r.map(|_| ())),
+                }
+            } else {
+                String::new()
+            };
+            (r, res, took, store, again)
         });
     }
     let mut ends = Vec::new();
     let mut execute = Duration::ZERO;
     while let Some(j) = tasks.join_next().await {
-        let (rank, res, took, store) = j.map_err(|e| e.to_string())?;
+        let (rank, res, took, store, repeat) = j.map_err(|e| e.to_string())?;
         execute = execute.max(store.execute());
         let (ok, kind, msg) = match res {
             Ok(()) => (true, String::new(), String::new()),
             Err(e) => (false, e.kind().to_string(), e.to_string().chars().take(300).collect()),
         };
-        ends.push(RankEnd { rank, ok, kind, msg, ms: took.as_secs_f64() * 1e3, ops: 0 });
+        ends.push(RankEnd { rank, ok, kind, msg, ms: took.as_secs_f64() * 1e3, ops: 0, repeat });
     }
     let report = ChildReport {
         child: k,
@@ -373,6 +412,7 @@ async fn store_bench(
             msg: String::new(),
             ms: started.elapsed().as_secs_f64() * 1e3,
             ops,
+            repeat: String::new(),
         });
     }
     let report = ChildReport { child: k, connect_ms, ranks, phases: Counters::default().figures(), execute_ms: 0.0 };
@@ -408,6 +448,8 @@ fn parent(a: &Args) -> Result<ExitCode, String> {
             .args(["--procs", &a.procs.to_string(), "--fault", &a.fault, "--timeout", &a.timeout.to_string()])
             .args(["--connect-ms", &a.connect_ms.to_string(), "--connect-mib", &a.connect_mib.to_string()])
             .args(["--store-bench", &a.store_bench.to_string()])
+            .args(a.saved.then_some("--saved"))
+            .args(a.repeat.then_some("--repeat"))
             .args(["--child", &k.to_string(), "--store-addr", &addr, "--store-prefix", &prefix])
             .env("ANYCCL_STORE_TOKEN", &token)
             .env("ANYCCL_SIM_PARENT", std::process::id().to_string())
@@ -652,6 +694,17 @@ fn judge(
         }
     } else if !died.is_empty() {
         return Err(format!("processes ended badly: {died:?}"));
+    }
+    if a.repeat {
+        let bad: Vec<_> = ends
+            .iter()
+            .filter(|e| e.repeat != "replayed")
+            .take(3)
+            .map(|e| format!("rank {}: {}", e.rank, e.repeat))
+            .collect();
+        if !bad.is_empty() {
+            return Err(format!("the repeated generation did not replay: {}", bad.join(" | ")));
+        }
     }
     let slowest = ends.iter().map(|e| e.ms).fold(0.0, f64::max);
     if fault == Fault::None {
