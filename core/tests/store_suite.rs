@@ -219,6 +219,21 @@ async fn barrier_names_the_missing(f: Fixture) -> Outcome {
     rc.map_err(e)
 }
 
+async fn barrier_of_many_ranks(f: Fixture) -> Outcome {
+    const N: usize = 64;
+    let mut tasks = Vec::new();
+    for r in 0..N {
+        let st = f.client().await?;
+        tasks.push(tokio::spawn(async move { store_barrier(st.as_ref(), "many", r, N, soon(20_000)).await }));
+    }
+    for t in tasks {
+        t.await.map_err(|e| e.to_string())?.map_err(e)?;
+    }
+    let st = f.client().await?;
+    let r = store_barrier(st.as_ref(), "many", N, N, soon(100)).await;
+    check(matches!(r, Err(Error::InvalidArgument { arg: "rank", .. })), || format!("rank {N} of {N}: {r:?}"))
+}
+
 async fn mixed_clients(f: Fixture) -> Outcome {
     let mut tasks = Vec::new();
     for id in 0..4 {
@@ -267,6 +282,7 @@ fn main() -> std::process::ExitCode {
         ("concurrent_adds_count_exactly", |f| Box::pin(concurrent_adds_count_exactly(f))),
         ("one_compare_set_wins", |f| Box::pin(one_compare_set_wins(f))),
         ("barrier_names_the_missing", |f| Box::pin(barrier_names_the_missing(f))),
+        ("barrier_of_many_ranks", |f| Box::pin(barrier_of_many_ranks(f))),
         ("mixed_clients", |f| Box::pin(mixed_clients(f))),
     ];
     let mut trials = Vec::new();

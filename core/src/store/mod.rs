@@ -72,34 +72,47 @@ pub trait Store: Send + Sync + fmt::Debug {
 }
 
 /// Wait until all `n` ranks have reached the barrier named `key` (each name once per job),
-/// without any collective: the last to arrive marks it done.
+/// without any collective. Each rank marks its arrival; rank 0 gathers every mark in one
+/// multi-key wait and marks the barrier done, so the store serves a constant number of
+/// requests per rank however many ranks there are.
 ///
 /// # Errors
-/// `Timeout` at `deadline`, naming `rank` and the ranks that never arrived (the group is left
-/// empty: the caller's barrier belongs to no communicator); store errors.
+/// `InvalidArgument` when `rank` is not below `n`; `Timeout` at `deadline`, naming `rank`
+/// and the ranks that never arrived (the group is left empty: the caller's barrier belongs
+/// to no communicator); store errors.
 pub async fn store_barrier(store: &dyn Store, key: &str, rank: usize, n: usize, deadline: Instant) -> Result<()> {
+    if rank >= n {
+        return Err(Error::InvalidArgument {
+            op: "store_barrier",
+            arg: "rank",
+            rank,
+            group: String::new(),
+            msg: format!("rank {rank} is not one of the barrier's {n} ranks"),
+        });
+    }
     let started = Instant::now();
     let done = format!("{key}/done");
-    store.set(&format!("{key}/rank/{rank}"), b"1").await?;
-    if usize::try_from(store.add(key, 1).await?).is_ok_and(|a| a == n) {
-        store.set(&done, b"1").await?;
+    let marks: Vec<String> = (0..n).map(|r| format!("{key}/rank/{r}")).collect();
+    store.set(&marks[rank], b"1").await?;
+    let timeout = |arrived: &[Option<Vec<u8>>]| {
+        let missing: Vec<usize> = arrived.iter().enumerate().filter(|(_, a)| a.is_none()).map(|(r, _)| r).collect();
+        Error::Timeout {
+            op: format!("store barrier '{key}'"),
+            rank,
+            group: String::new(),
+            after: started.elapsed(),
+            detail: format!("ranks {missing:?} never arrived"),
+        }
+    };
+    if rank == 0 {
+        let arrived = store.wait_many(&marks, deadline).await?;
+        if arrived.iter().any(Option::is_none) {
+            return Err(timeout(&arrived));
+        }
+        return store.set(&done, b"1").await;
     }
     match store.wait(&done, deadline).await {
-        Err(Error::Timeout { .. }) => {
-            let mut missing = Vec::new();
-            for r in 0..n {
-                if store.get(&format!("{key}/rank/{r}")).await?.is_none() {
-                    missing.push(r);
-                }
-            }
-            Err(Error::Timeout {
-                op: format!("store barrier '{key}'"),
-                rank,
-                group: String::new(),
-                after: started.elapsed(),
-                detail: format!("ranks {missing:?} never arrived"),
-            })
-        }
+        Err(Error::Timeout { .. }) => Err(timeout(&store.wait_many(&marks, Instant::now()).await?)),
         r => r.map(|_| ()),
     }
 }
