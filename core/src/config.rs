@@ -264,6 +264,18 @@ impl ClaimedStore {
         ClaimedStore { inner, duplicate, rank, watcher }
     }
 
+    /// A wait of the inner store, ended early when another process claims this rank.
+    async fn waiting<T>(&self, wait: impl std::future::Future<Output = Result<T>>) -> Result<T> {
+        let notified = self.duplicate.1.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        self.check()?;
+        tokio::select! {
+            r = wait => r,
+            _ = notified => Err(self.check().err().unwrap_or_else(|| Error::store("duplicate rank"))),
+        }
+    }
+
     fn check(&self) -> Result<()> {
         match self.duplicate.0.get() {
             None => Ok(()),
@@ -300,14 +312,7 @@ impl Store for ClaimedStore {
         self.inner.get(key).await
     }
     async fn wait(&self, key: &str, deadline: Instant) -> Result<Vec<u8>> {
-        let notified = self.duplicate.1.notified();
-        tokio::pin!(notified);
-        notified.as_mut().enable();
-        self.check()?;
-        tokio::select! {
-            r = self.inner.wait(key, deadline) => r,
-            _ = notified => Err(self.check().err().unwrap_or_else(|| Error::store("duplicate rank"))),
-        }
+        self.waiting(self.inner.wait(key, deadline)).await
     }
     async fn add(&self, key: &str, delta: i64) -> Result<i64> {
         self.check()?;
@@ -322,14 +327,7 @@ impl Store for ClaimedStore {
         self.inner.delete(key).await
     }
     async fn wait_many(&self, keys: &[String], deadline: Instant) -> Result<Vec<Option<Vec<u8>>>> {
-        let notified = self.duplicate.1.notified();
-        tokio::pin!(notified);
-        notified.as_mut().enable();
-        self.check()?;
-        tokio::select! {
-            r = self.inner.wait_many(keys, deadline) => r,
-            _ = notified => Err(self.check().err().unwrap_or_else(|| Error::store("duplicate rank"))),
-        }
+        self.waiting(self.inner.wait_many(keys, deadline)).await
     }
 }
 
