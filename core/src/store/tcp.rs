@@ -461,6 +461,19 @@ async fn hung_up(s: &TcpStream) -> String {
     }
 }
 
+/// When a wait of `timeout_ms` ends.
+fn wait_end(timeout_ms: u64) -> Instant {
+    Instant::now() + Duration::from_millis(timeout_ms).min(MAX_WAIT)
+}
+
+/// `wait`'s result, or why the connection ended first (its client hung up).
+async fn until_hung_up<T>(s: &TcpStream, wait: impl std::future::Future<Output = T>) -> std::result::Result<T, String> {
+    tokio::select! {
+        r = wait => Ok(r),
+        why = hung_up(s) => Err(why),
+    }
+}
+
 async fn serve_conn(
     mut s: TcpStream,
     core: &KvCore,
@@ -510,26 +523,16 @@ async fn serve_conn(
                 Ok(None) => Response::NotFound,
                 Err(e) => Response::Err(e.to_string()),
             },
+            // A client that gives up on its wait frees the connection at once.
             Request::Wait { key, timeout_ms } => {
-                let deadline = Instant::now() + Duration::from_millis(timeout_ms).min(MAX_WAIT);
-                // A client that gives up on its wait frees the connection at once.
-                let waited = tokio::select! {
-                    r = core.wait(&key, deadline) => r,
-                    why = hung_up(&s) => return Err(why),
-                };
-                match waited {
+                match until_hung_up(&s, core.wait(&key, wait_end(timeout_ms))).await? {
                     Ok(Some(v)) => Response::Found(v),
                     Ok(None) => Response::TimedOut,
                     Err(e) => Response::Err(e.to_string()),
                 }
             }
             Request::WaitMany { keys, timeout_ms } => {
-                let deadline = Instant::now() + Duration::from_millis(timeout_ms).min(MAX_WAIT);
-                let waited = tokio::select! {
-                    r = core.wait_many(&keys, deadline) => r,
-                    why = hung_up(&s) => return Err(why),
-                };
-                match waited {
+                match until_hung_up(&s, core.wait_many(&keys, wait_end(timeout_ms))).await? {
                     Ok(vs) => Response::Many(vs),
                     Err(e) => Response::Err(e.to_string()),
                 }
