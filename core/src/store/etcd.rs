@@ -167,9 +167,8 @@ impl EtcdStore {
 
     /// The value under `key` (full key) and the store's revision when read.
     async fn range(&self, key: &str, deadline: Instant) -> Result<(Option<Kv>, i64)> {
-        let v = self.call("/v3/kv/range", json!({ "key": b64(key.as_bytes()) }), deadline).await?;
-        let rev = v.pointer("/header/revision").and_then(num).unwrap_or(0);
-        Ok((v.get("kvs").and_then(|k| k.get(0)).map(Kv::from), rev))
+        let (kvs, rev) = self.read(json!({ "key": b64(key.as_bytes()) }), deadline).await?;
+        Ok((kvs.into_iter().next(), rev))
     }
 
     /// Watch `key` (with `range_end`, every key in `[key, range_end)`) from revision
@@ -235,7 +234,12 @@ impl EtcdStore {
 
     /// Every key in `[key, end)` with the store's revision when read.
     async fn range_prefix(&self, key: &[u8], end: &[u8], deadline: Instant) -> Result<(Vec<Kv>, i64)> {
-        let v = self.call("/v3/kv/range", json!({ "key": b64(key), "range_end": b64(end) }), deadline).await?;
+        self.read(json!({ "key": b64(key), "range_end": b64(end) }), deadline).await
+    }
+
+    /// A range request's key-values and the store's revision when read.
+    async fn read(&self, request: Value, deadline: Instant) -> Result<(Vec<Kv>, i64)> {
+        let v = self.call("/v3/kv/range", request, deadline).await?;
         let rev = v.pointer("/header/revision").and_then(num).unwrap_or(0);
         let kvs = v.get("kvs").and_then(Value::as_array).map(|a| a.iter().map(Kv::from).collect()).unwrap_or_default();
         Ok((kvs, rev))
@@ -323,6 +327,14 @@ async fn read_body(a: &mut Answer) -> std::io::Result<Vec<u8>> {
         }
     }
     Ok(body)
+}
+
+/// The integer `add` keeps under `key`.
+fn integer(key: &str, kv: &Kv) -> Result<i64> {
+    std::str::from_utf8(&kv.value)
+        .ok()
+        .and_then(|s| s.parse::<i64>().ok())
+        .ok_or_else(|| Error::store_fatal(format!("add: value under '{key}' is not an integer")))
 }
 
 /// The longest prefix the keys share (every key has at least the store's prefix and `/`).
@@ -427,13 +439,7 @@ impl Store for EtcdStore {
         let deadline = crate::deadline_in(REQUEST_TIMEOUT);
         if delta == 0 {
             let (kv, _) = self.range(&full, deadline).await?;
-            return match kv {
-                None => Ok(0),
-                Some(kv) => std::str::from_utf8(&kv.value)
-                    .ok()
-                    .and_then(|s| s.parse::<i64>().ok())
-                    .ok_or_else(|| Error::store_fatal(format!("add: value under '{key}' is not an integer"))),
-            };
+            return kv.map_or(Ok(0), |kv| integer(key, &kv));
         }
         for _ in 0..ADD_ATTEMPTS {
             let (kv, _) = self.range(&full, deadline).await?;
@@ -443,10 +449,7 @@ impl Store for EtcdStore {
                     json!({ "key": b64(full.as_bytes()), "target": "CREATE", "result": "EQUAL", "create_revision": "0" }),
                 ),
                 Some(kv) => {
-                    let cur = std::str::from_utf8(&kv.value)
-                        .ok()
-                        .and_then(|s| s.parse::<i64>().ok())
-                        .ok_or_else(|| Error::store_fatal(format!("add: value under '{key}' is not an integer")))?;
+                    let cur = integer(key, kv)?;
                     let c = json!({ "key": b64(full.as_bytes()), "target": "MOD", "result": "EQUAL", "mod_revision": kv.mod_revision.to_string() });
                     (cur, c)
                 }
