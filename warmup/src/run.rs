@@ -396,9 +396,11 @@ async fn outcome(s: &Session<'_>, exec: &Result<()>, deadline: Instant) -> Outco
     if let Err(e) = reported {
         return cas(Outcome::Failed(format!("rank {} could not report its outcome: {e}", s.rank))).await;
     }
-    let keys: Vec<String> = (0..s.world_size).map(|r| s.key(&format!("outcome/{r}"))).collect();
+    // Every rank's report key: read by rank 0, or by the namer, only.
+    let reports = || (0..s.world_size).map(|r| s.key(&format!("outcome/{r}"))).collect::<Vec<String>>();
     let outcome_deadline = deadline.max(Instant::now()) + Duration::from_secs(1);
     if s.rank == 0 {
+        let keys = reports();
         tokio::select! {
             Ok(v) = s.store.wait(key, outcome_deadline) => return read(v),
             all = s.store.wait_many(&keys, outcome_deadline) => if let Ok(all) = all {
@@ -413,6 +415,7 @@ async fn outcome(s: &Session<'_>, exec: &Result<()>, deadline: Instant) -> Outco
     // No verdict: rank 0 never decided. One rank names the ranks that never reported.
     let namer = s.store.compare_set(&s.key("outcome/namer"), None, s.rank.to_string().as_bytes()).await;
     if namer.is_ok_and(|n| n.swapped) {
+        let keys = reports();
         let local = match s.store.wait_many(&keys, Instant::now()).await {
             Ok(all) => tally(&keys, &all),
             Err(e) => Outcome::Timeout(format!("rank 0 decided nothing and the reports cannot be read ({e})")),

@@ -92,8 +92,10 @@ pub async fn store_barrier(store: &dyn Store, key: &str, rank: usize, n: usize, 
     }
     let started = Instant::now();
     let done = format!("{key}/done");
-    let marks: Vec<String> = (0..n).map(|r| format!("{key}/rank/{r}")).collect();
-    store.set(&marks[rank], b"1").await?;
+    let mark = |r: usize| format!("{key}/rank/{r}");
+    store.set(&mark(rank), b"1").await?;
+    // Every rank's mark: read by rank 0, or at the deadline, only.
+    let marks = || (0..n).map(mark).collect::<Vec<String>>();
     let timeout = |arrived: &[Option<Vec<u8>>]| {
         let missing: Vec<usize> = arrived.iter().enumerate().filter(|(_, a)| a.is_none()).map(|(r, _)| r).collect();
         Error::Timeout {
@@ -105,14 +107,14 @@ pub async fn store_barrier(store: &dyn Store, key: &str, rank: usize, n: usize, 
         }
     };
     if rank == 0 {
-        let arrived = store.wait_many(&marks, deadline).await?;
+        let arrived = store.wait_many(&marks(), deadline).await?;
         if arrived.iter().any(Option::is_none) {
             return Err(timeout(&arrived));
         }
         return store.set(&done, b"1").await;
     }
     match store.wait(&done, deadline).await {
-        Err(Error::Timeout { .. }) => Err(timeout(&store.wait_many(&marks, Instant::now()).await?)),
+        Err(Error::Timeout { .. }) => Err(timeout(&store.wait_many(&marks(), Instant::now()).await?)),
         r => r.map(|_| ()),
     }
 }
