@@ -5,7 +5,7 @@
 //! its process at its first operation.
 
 use anyccl::{
-    async_trait, AllToAllSplits, Buf, BufMut, Capabilities, Collective, CommInfo, DType, Device, DeviceKind,
+    async_trait, AllToAllSplits, Backend, Buf, BufMut, Capabilities, Collective, CommInfo, DType, Device, DeviceKind,
     DeviceMemory, Error, HostMemory, MemInfo, P2POp, Platform, Recovery, ReduceOp, Result, Work, WorkImpl,
 };
 use std::collections::{HashMap, HashSet};
@@ -72,17 +72,12 @@ pub struct SimComm {
     costs: Costs,
 }
 
-/// The simulated device's capabilities: lazy connects, memory counted per communicator,
-/// small probes (nothing moves, so size only selects the connection).
-pub fn capabilities() -> Capabilities {
-    Capabilities {
-        device_kind: DeviceKind::Cpu,
-        dtypes: DType::ALL.to_vec(),
-        reduce_ops: ReduceOp::ALL.to_vec(),
-        all_to_all: true,
-        all_to_all_v: true,
-        p2p_group: true,
-        abort_in_flight: true,
+/// The simulated device's capabilities: the CPU backend's host buffers and dtypes, but
+/// lazy connects, memory counted per communicator, small probes (nothing moves, so size
+/// only selects the connection), any rank count, and none of the CPU backend's checks.
+pub fn capabilities() -> Result<Capabilities> {
+    let host = anyccl::Cpu.capabilities()?;
+    Ok(Capabilities {
         split: false,
         lazy_connect: true,
         memory_stats: true,
@@ -91,18 +86,16 @@ pub fn capabilities() -> Capabilities {
         max_world_size: 1 << 20,
         max_local_ranks: 1 << 20,
         detects_peer_failure: false,
-        first_call_may_block: false,
         detects_mismatch: false,
-        streams: false,
-        graphs: false,
-        cta_settings: false,
-    }
+        ..host
+    })
 }
 
 impl SimComm {
     /// Rank `rank` of a group of `size` (id `group`), `local_members` of them in this process.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
+        caps: Capabilities,
         rank: usize,
         size: usize,
         group: u64,
@@ -114,7 +107,7 @@ impl SimComm {
     ) -> Self {
         SimComm {
             info: CommInfo { backend: "sim", rank, size, device: Device::CPU },
-            caps: capabilities(),
+            caps,
             group,
             local_members,
             arrivals,

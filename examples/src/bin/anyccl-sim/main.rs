@@ -289,6 +289,7 @@ async fn child(a: &Args, k: usize) -> Result<ExitCode, String> {
         return store_bench(a, k, &mine, stores, connect_ms, started).await;
     }
 
+    let caps = backend::capabilities().map_err(|e| e.to_string())?;
     let counters = Arc::new(Counters::default());
     let arrivals = Arc::new(Arrivals::default());
     let costs = Costs { connect: Duration::from_millis(a.connect_ms), memory: a.connect_mib << 20 };
@@ -298,7 +299,7 @@ async fn child(a: &Args, k: usize) -> Result<ExitCode, String> {
         let store = Arc::new(Counting::new(store, counters.clone()));
         let groups = layout.groups_of(r);
         let (arrivals, mine) = (arrivals.clone(), mine.clone());
-        let (saved, repeat, layout_name) = (a.saved, a.repeat, layout.describe());
+        let (saved, repeat, layout_name, caps) = (a.saved, a.repeat, layout.describe(), caps.clone());
         let fault = if r == fault_rank { fault } else { Fault::None };
         let (world, timeout) = (a.ranks, Duration::from_secs(a.timeout));
         tasks.spawn(async move {
@@ -310,8 +311,17 @@ async fn child(a: &Args, k: usize) -> Result<ExitCode, String> {
                 let local = members.iter().filter(|m| mine.contains(m)).count();
                 let me = members.iter().position(|&m| m == r).unwrap_or(0);
                 let spec = GroupSpec::new(name, members, "sim", role);
-                let sim =
-                    SimComm::new(me, spec.ranks.len(), spec.id(), local, arrivals.clone(), used.clone(), fault, costs);
+                let sim = SimComm::new(
+                    caps.clone(),
+                    me,
+                    spec.ranks.len(),
+                    spec.id(),
+                    local,
+                    arrivals.clone(),
+                    used.clone(),
+                    fault,
+                    costs,
+                );
                 match Communicator::new(Arc::new(sim), spec, config.clone()) {
                     Ok(c) => comms.push(c),
                     Err(e) => return (r, Err(e), started.elapsed(), store, String::new()),
@@ -323,7 +333,6 @@ async fn child(a: &Args, k: usize) -> Result<ExitCode, String> {
             let cfg = WarmupConfig { enabled: true, timeout, sizes: Sizes::default(), ..WarmupConfig::default() };
             let run = || async {
                 if saved {
-                    let caps = backend::capabilities();
                     let plans = targets.iter().filter_map(|t| plan_for(t, &caps, &cfg.sizes)).collect();
                     let identity = PlanIdentity {
                         job: "sim".into(),
