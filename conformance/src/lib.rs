@@ -59,6 +59,13 @@ pub fn init_tracing(default: tracing::Level) {
 /// Run the registry as a libtest-compatible test binary (`cargo test`), one trial per
 /// case and world size, named `backend::group::case[w=N]`.
 pub fn run_libtest(backend: Arc<dyn Backend>) -> ExitCode {
+    let name = backend.name();
+    run_libtest_as(backend, name)
+}
+
+/// [`run_libtest`] with the trials named `label::group::case[w=N]`: one backend run again
+/// with other settings (`cpu-mixed`, the CPU backend over pretend hosts).
+pub fn run_libtest_as(backend: Arc<dyn Backend>, label: &str) -> ExitCode {
     if let Some(code) = child_main(&backend, &all_cases()) {
         return code;
     }
@@ -69,12 +76,10 @@ pub fn run_libtest(backend: Arc<dyn Backend>) -> ExitCode {
         .into_iter()
         .map(|(case, w)| {
             let b = backend.clone();
-            libtest_mimic::Trial::ignorable_test(case.test_name(backend.name(), w), move || {
-                match run(&b, &case, w, timeout) {
-                    Outcome::Passed => Ok(libtest_mimic::Completion::Completed),
-                    Outcome::Ignored(why) => Ok(libtest_mimic::Completion::ignored_with(why)),
-                    Outcome::Failed(why) => Err(why.into()),
-                }
+            libtest_mimic::Trial::ignorable_test(case.test_name(label, w), move || match run(&b, &case, w, timeout) {
+                Outcome::Passed => Ok(libtest_mimic::Completion::Completed),
+                Outcome::Ignored(why) => Ok(libtest_mimic::Completion::ignored_with(why)),
+                Outcome::Failed(why) => Err(why.into()),
             })
         })
         .collect();

@@ -23,7 +23,7 @@ pub(crate) struct Tuning {
 
 impl Tuning {
     pub(crate) fn from_env(rank: usize, label: &str) -> Result<Self> {
-        Ok(Tuning { all_reduce_direct_max: env_bytes("ANYCCL_CPU_ALLREDUCE_DIRECT_MAX", 64 << 10, rank, label)? })
+        Ok(Tuning { all_reduce_direct_max: env_bytes("ANYCCL_CPU_ALLREDUCE_DIRECT_MAX", 2 << 10, rank, label)? })
     }
 }
 
@@ -61,8 +61,27 @@ impl Coll<'_> {
     fn send(&self, peer: usize, data: &[u8]) -> Result<()> {
         self.mesh.send(peer, Kind::Coll, self.op, self.seq, data)
     }
-    fn recv(&self, peer: usize, bytes: usize) -> Result<Vec<u8>> {
-        self.mesh.recv_coll(peer, self.op, self.seq, Some(bytes))
+    /// Receive `dst.len()` bytes from `peer` straight into `dst`.
+    fn recv_into(&self, peer: usize, dst: &mut [u8]) -> Result<()> {
+        self.mesh
+            .recv_coll_with(peer, self.op, self.seq, dst.len(), &mut |at, b| dst[at..at + b.len()].copy_from_slice(b))
+    }
+    /// Send `out` to `to` while receiving `incoming` bytes from `from` into `sink`.
+    fn exchange(
+        &self,
+        to: usize,
+        out: &[u8],
+        from: usize,
+        incoming: usize,
+        sink: &mut dyn FnMut(usize, &[u8]),
+    ) -> Result<()> {
+        self.mesh.exchange((self.op, self.seq), to, out, from, incoming, sink)
+    }
+    /// Receive `acc.len()` bytes from `peer`, reducing them into `acc` as they arrive.
+    fn recv_reduce(&self, peer: usize, acc: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
+        self.mesh.recv_coll_with(peer, self.op, self.seq, acc.len(), &mut |at, b| {
+            reduce_into(&mut acc[at..at + b.len()], b, dtype, op)
+        })
     }
 }
 
@@ -78,6 +97,18 @@ pub(crate) fn chunks(count: usize, n: usize) -> Vec<(usize, usize)> {
             c
         })
         .collect()
+}
+
+/// `data[a]` to read and `data[b]` to write, two ranges that do not overlap.
+fn disjoint(data: &mut [u8], a: std::ops::Range<usize>, b: std::ops::Range<usize>) -> (&[u8], &mut [u8]) {
+    debug_assert!(a.end <= b.start || b.end <= a.start);
+    if a.start < b.start {
+        let (lo, hi) = data.split_at_mut(b.start);
+        (&lo[a], &mut hi[..b.end - b.start])
+    } else {
+        let (lo, hi) = data.split_at_mut(a.start);
+        (&hi[..a.end - a.start], &mut lo[b])
+    }
 }
 
 fn byte_range(c: (usize, usize), esize: usize) -> std::ops::Range<usize> {
@@ -102,22 +133,22 @@ pub(crate) fn all_reduce(cx: &Coll<'_>, data: &mut [u8], dtype: DType, op: Reduc
     Ok(())
 }
 
-/// Every rank sends its whole buffer to every other and folds all of them in rank order.
+/// Every rank sends its whole buffer to every other and folds all of them in rank order
+/// (the same order on every rank, so the results are bit-identical), each as it arrives.
 fn direct_all_reduce(cx: &Coll<'_>, data: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
     let (n, me) = (cx.size(), cx.rank());
     for k in 1..n {
         cx.send((me + k) % n, data)?;
     }
-    let mut bufs: Vec<Option<Vec<u8>>> = (0..n).map(|_| None).collect();
-    for k in 1..n {
-        let from = (me + n - k) % n;
-        bufs[from] = Some(cx.recv(from, data.len())?);
+    let mine = (me != 0).then(|| data.to_vec());
+    if me != 0 {
+        cx.recv_into(0, data)?;
     }
-    let mine = data.to_vec();
-    let get = |r: usize| -> &[u8] { bufs[r].as_deref().unwrap_or(&mine) };
-    data.copy_from_slice(get(0));
     for r in 1..n {
-        reduce_into(data, get(r), dtype, op);
+        match &mine {
+            Some(m) if r == me => reduce_into(data, m, dtype, op),
+            _ => cx.recv_reduce(r, data, dtype, op)?,
+        }
     }
     Ok(())
 }
@@ -135,9 +166,8 @@ fn ring_reduce_scatter(
     for s in 0..n - 1 {
         let send_c = ch[(me + 2 * n - s - 1) % n];
         let recv_c = ch[(me + 2 * n - s - 2) % n];
-        cx.send(right, &data[byte_range(send_c, es)])?;
-        let incoming = cx.recv(left, recv_c.1 * es)?;
-        reduce_into(&mut data[byte_range(recv_c, es)], &incoming, dtype, op);
+        let (out, acc) = disjoint(data, byte_range(send_c, es), byte_range(recv_c, es));
+        cx.exchange(right, out, left, acc.len(), &mut |at, b| reduce_into(&mut acc[at..at + b.len()], b, dtype, op))?;
     }
     Ok(())
 }
@@ -149,9 +179,8 @@ fn ring_all_gather(cx: &Coll<'_>, data: &mut [u8], es: usize, ch: &[(usize, usiz
     for s in 0..n - 1 {
         let send_c = ch[(me + n - s) % n];
         let recv_c = ch[(me + 2 * n - s - 1) % n];
-        cx.send(right, &data[byte_range(send_c, es)])?;
-        let incoming = cx.recv(left, recv_c.1 * es)?;
-        data[byte_range(recv_c, es)].copy_from_slice(&incoming);
+        let (out, dst) = disjoint(data, byte_range(send_c, es), byte_range(recv_c, es));
+        cx.exchange(right, out, left, dst.len(), &mut |at, b| dst[at..at + b.len()].copy_from_slice(b))?;
     }
     Ok(())
 }
@@ -162,13 +191,14 @@ pub(crate) fn reduce(cx: &Coll<'_>, data: &mut [u8], dtype: DType, op: ReduceOp,
     if me != root {
         return cx.send(root, data);
     }
-    let mine = data.to_vec();
-    for r in 0..n {
-        let other = if r == me { mine.clone() } else { cx.recv(r, data.len())? };
-        if r == 0 {
-            data.copy_from_slice(&other);
-        } else {
-            reduce_into(data, &other, dtype, op);
+    let mine = (me != 0).then(|| data.to_vec());
+    if me != 0 {
+        cx.recv_into(0, data)?;
+    }
+    for r in 1..n {
+        match &mine {
+            Some(m) if r == me => reduce_into(data, m, dtype, op),
+            _ => cx.recv_reduce(r, data, dtype, op)?,
         }
     }
     if op == ReduceOp::Avg {
@@ -185,8 +215,7 @@ pub(crate) fn broadcast(cx: &Coll<'_>, data: &mut [u8], root: usize) -> Result<(
     let mut mask = 1;
     while mask < n {
         if v >= mask && v < 2 * mask {
-            let got = cx.recv(real(v - mask), data.len())?;
-            data.copy_from_slice(&got);
+            cx.recv_into(real(v - mask), data)?;
         } else if v < mask && v + mask < n {
             cx.send(real(v + mask), data)?;
         }
@@ -246,8 +275,7 @@ pub(crate) fn all_to_all(
     recv[ro[me]..ro[me] + recv_bytes[me]].copy_from_slice(&send[so[me]..so[me] + send_bytes[me]]);
     for k in 1..n {
         let from = (me + n - k) % n;
-        let got = cx.recv(from, recv_bytes[from])?;
-        recv[ro[from]..ro[from] + recv_bytes[from]].copy_from_slice(&got);
+        cx.recv_into(from, &mut recv[ro[from]..ro[from] + recv_bytes[from]])?;
     }
     Ok(())
 }
@@ -258,7 +286,7 @@ pub(crate) fn barrier(cx: &Coll<'_>) -> Result<()> {
     let mut k = 1;
     while k < n {
         cx.send((me + k) % n, &[])?;
-        cx.recv((me + n - k) % n, 0)?;
+        cx.recv_into((me + n - k) % n, &mut [])?;
         k <<= 1;
     }
     Ok(())

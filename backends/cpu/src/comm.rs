@@ -10,13 +10,12 @@
 //! `ANYCCL_CPU_MAX_INBOX_BYTES` (default 256 MiB, see the transport).
 
 use crate::algo::{self, Coll, Tuning};
-use crate::transport::{Dead, Kind, Mesh};
+use crate::transport::{Dead, Kind, Links, Mesh};
 use anyccl_core::{
     async_trait, AllToAllSplits, Buf, BufMut, Capabilities, Collective, CommInfo, DType, Device, DeviceKind, Error,
     P2POp, ReduceOp, Result, Store, Work, WorkImpl,
 };
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -25,6 +24,8 @@ type Output = Vec<Option<Vec<u8>>>;
 type JobFn = Box<dyn FnOnce(&mut Engine) -> Result<Output> + Send>;
 
 struct Job {
+    /// Issue order on the communicator.
+    id: u64,
     run: JobFn,
     done: Arc<Completion>,
     /// The job's share of the queue bound, given back when the job is dropped (it has run).
@@ -43,11 +44,198 @@ impl Drop for Admission {
     }
 }
 
+/// How long a queued job is left to a caller that waits for it (it then runs on the
+/// caller's thread, with no hand-over between threads) before the worker takes it; also how
+/// often a worker that ran something recently looks at the queue without being woken.
+const GRACE: Duration = Duration::from_micros(500);
+/// A worker idle this long sleeps until an enqueue wakes it.
+const IDLE: Duration = Duration::from_millis(50);
+
+/// A communicator's operations in issue order and the engine that runs them, one at a time,
+/// on the worker thread or on the thread of a caller waiting for one of them.
+struct Sched {
+    st: Mutex<SchedState>,
+    /// The worker waits here.
+    cv: Condvar,
+}
+
+struct SchedState {
+    jobs: std::collections::VecDeque<Job>,
+    /// The engine, while no thread runs a job (the runner takes it out).
+    engine: Option<Engine>,
+    next_id: u64,
+    closed: bool,
+    /// The worker sleeps until woken (it has been idle for [`IDLE`]).
+    parked: bool,
+}
+
+impl std::fmt::Debug for Sched {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Sched")
+    }
+}
+
+impl Sched {
+    fn lock(&self) -> std::sync::MutexGuard<'_, SchedState> {
+        self.st.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Run the first queued job (the engine must be free), with `st` unlocked meanwhile.
+    fn run_front<'g>(&'g self, mut st: std::sync::MutexGuard<'g, SchedState>) -> std::sync::MutexGuard<'g, SchedState> {
+        let (Some(job), Some(mut engine)) = (st.jobs.pop_front(), st.engine.take()) else { return st };
+        drop(st);
+        let r = run_job(&mut engine, job.run);
+        job.done.set(r);
+        drop(job._admission);
+        let mut st = self.lock();
+        st.engine = Some(engine);
+        st
+    }
+}
+
+/// Run one job on the engine; a failure (or a panic) fails the whole communicator.
+fn run_job(engine: &mut Engine, run: JobFn) -> Result<Output> {
+    if let Some(d) = engine.mesh.mailbox.dead() {
+        return Err(engine.mesh.dead_err(d));
+    }
+    // A panic in an operation must not take the worker (and every later Work) with it: it
+    // fails the communicator like any error.
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(engine))).unwrap_or_else(|_| {
+        Err(Error::Backend {
+            backend: "cpu",
+            op: "worker".into(),
+            code: -1,
+            text: "an operation panicked; communicator failed".into(),
+            recovery: anyccl_core::Recovery::Rebuild,
+            source: None,
+        })
+    });
+    if let Err(e) = &r {
+        // A failed collective leaves peers mid-protocol: fail the whole communicator so
+        // every rank hears of it at once.
+        if !matches!(e, Error::Aborted { .. }) {
+            let peer = if let Error::PeerFailed { peer, .. } = e { *peer } else { None };
+            engine.mesh.kill(Dead { aborted: false, peer, detail: format!("failed earlier: {e}") });
+        }
+    }
+    r
+}
+
+/// The worker: runs queued jobs in order, leaving a job that was just queued to its caller
+/// for [`GRACE`].
+fn worker_loop(sched: &Sched) {
+    let mut st = sched.lock();
+    let mut idle_since = Instant::now();
+    // The front job when the worker first saw it, and when: a job is the worker's once it
+    // has waited [`GRACE`] (no clock is read when a job is queued).
+    let mut seen: Option<(u64, Instant)> = None;
+    loop {
+        if st.closed && st.jobs.is_empty() {
+            return;
+        }
+        let Some(front) = st.jobs.front() else {
+            seen = None;
+            if idle_since.elapsed() >= IDLE && !st.closed {
+                st.parked = true;
+                st = sched.cv.wait(st).unwrap_or_else(|p| p.into_inner());
+                st.parked = false;
+            } else {
+                st = sched.cv.wait_timeout(st, GRACE).unwrap_or_else(|p| p.into_inner()).0;
+            }
+            continue;
+        };
+        let id = front.id;
+        let first_seen = match seen {
+            Some((i, t)) if i == id => t,
+            _ => {
+                let now = Instant::now();
+                seen = Some((id, now));
+                now
+            }
+        };
+        let age = first_seen.elapsed();
+        if st.engine.is_none() || (age < GRACE && !st.closed) {
+            // A caller runs a job, or may take this one: look again shortly.
+            let pause = GRACE.saturating_sub(age).max(Duration::from_micros(50));
+            st = sched.cv.wait_timeout(st, pause).unwrap_or_else(|p| p.into_inner()).0;
+            continue;
+        }
+        st = sched.run_front(st);
+        // The jobs queued behind it are run at once: their callers are not waiting yet, or
+        // wait behind this worker anyway.
+        while st.engine.is_some() && !st.jobs.is_empty() {
+            st = sched.run_front(st);
+        }
+        idle_since = Instant::now();
+    }
+}
+
+/// Buffers of finished operations kept for the next ones: a fresh buffer of MiBs costs a
+/// page fault and a zeroed page every 4 KiB, more than the copy into it. It holds at most
+/// the queue bound (`ANYCCL_CPU_MAX_QUEUED_BYTES`), what operations in flight may hold.
+#[derive(Debug)]
+struct Pool {
+    bufs: Mutex<Vec<Vec<u8>>>,
+    /// Bytes of capacity kept at most.
+    limit: usize,
+}
+
+impl Pool {
+    /// Buffers below this size come from the allocator's own caches.
+    const MIN: usize = 64 << 10;
+    const MAX_BUFS: usize = 1024;
+
+    /// An empty buffer with room for `len` bytes.
+    fn get(&self, len: usize) -> Vec<u8> {
+        if len >= Self::MIN {
+            let mut bufs = self.bufs.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(i) = bufs.iter().position(|b| b.capacity() >= len) {
+                let mut b = bufs.swap_remove(i);
+                b.clear();
+                return b;
+            }
+        }
+        Vec::with_capacity(len)
+    }
+
+    /// A copy of `src`.
+    fn copy(&self, src: &[u8]) -> Vec<u8> {
+        let mut v = self.get(src.len());
+        v.extend_from_slice(src);
+        v
+    }
+
+    /// `len` zero bytes.
+    fn zeroed(&self, len: usize) -> Vec<u8> {
+        let mut v = self.get(len);
+        v.resize(len, 0);
+        v
+    }
+
+    fn put(&self, b: Vec<u8>) {
+        if b.capacity() < Self::MIN || b.capacity() > self.limit {
+            return;
+        }
+        let mut bufs = self.bufs.lock().unwrap_or_else(|p| p.into_inner());
+        let held: usize = bufs.iter().map(|b| b.capacity()).sum();
+        if bufs.len() < Self::MAX_BUFS && held + b.capacity() <= self.limit {
+            bufs.push(b);
+        } else if let Some((i, _)) = bufs.iter().enumerate().min_by_key(|(_, x)| x.capacity()) {
+            // Keep the larger buffers: they are the ones worth keeping.
+            if bufs[i].capacity() < b.capacity() && held - bufs[i].capacity() + b.capacity() <= self.limit {
+                bufs[i] = b;
+            }
+        }
+    }
+}
+
 /// Input bytes of queued jobs, bounded (see the module doc).
 #[derive(Debug)]
 struct Queue {
     bytes: Mutex<usize>,
     cv: Condvar,
+    /// Threads waiting in `admit` (a release with none makes no system call).
+    waiters: AtomicUsize,
     limit: usize,
 }
 
@@ -56,7 +244,9 @@ impl Queue {
         let mut b = self.bytes.lock().unwrap_or_else(|p| p.into_inner());
         *b = b.saturating_sub(n);
         drop(b);
-        self.cv.notify_all();
+        if self.waiters.load(Ordering::SeqCst) > 0 {
+            self.cv.notify_all();
+        }
     }
 }
 
@@ -64,12 +254,16 @@ impl Queue {
 struct Completion {
     slot: Mutex<Option<Result<Output>>>,
     cv: Condvar,
+    /// Threads blocked on `cv` (a completion nobody waits for is set without a wake-up).
+    waiters: AtomicUsize,
 }
 
 impl Completion {
     fn set(&self, r: Result<Output>) {
         *self.slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
-        self.cv.notify_all();
+        if self.waiters.load(Ordering::SeqCst) > 0 {
+            self.cv.notify_all();
+        }
     }
 }
 
@@ -89,6 +283,11 @@ impl Engine {
 }
 
 struct CpuWork<'a> {
+    id: u64,
+    pool: Arc<Pool>,
+    /// The communicator's operation timeout: a wait at least this long may run the job.
+    op_timeout: Duration,
+    sched: Arc<Sched>,
     done: Arc<Completion>,
     targets: Vec<BufMut<'a>>,
 }
@@ -97,11 +296,22 @@ impl CpuWork<'_> {
     fn deliver(&mut self, r: Result<Output>) -> Result<bool> {
         let outs = r?;
         for (t, o) in self.targets.iter_mut().zip(outs) {
-            if let (Some(o), Some(dst)) = (o, t.as_host_bytes_mut()) {
-                dst.copy_from_slice(&o);
+            if let Some(o) = o {
+                if let Some(dst) = t.as_host_bytes_mut() {
+                    dst.copy_from_slice(&o);
+                }
+                self.pool.put(o);
             }
         }
         Ok(true)
+    }
+
+    /// Run queued jobs on this thread up to this one, while the engine is free.
+    fn help(&self) {
+        let mut st = self.sched.lock();
+        while st.engine.is_some() && st.jobs.front().is_some_and(|j| j.id <= self.id) {
+            st = self.sched.run_front(st);
+        }
     }
 }
 
@@ -115,23 +325,41 @@ impl WorkImpl for CpuWork<'_> {
     }
 
     fn wait_for(&mut self, timeout: Duration) -> Result<bool> {
-        let deadline = anyccl_core::deadline_in(timeout);
-        let mut g = self.done.slot.lock().unwrap_or_else(|p| p.into_inner());
+        // A job run on this thread returns when it ends: each of its steps waits at most the
+        // operation timeout, so only a wait at least that long may run it (a shorter wait is
+        // a probe that must return on time; the worker runs the job).
+        let may_help = timeout >= self.op_timeout;
+        // Read the clock only once this wait has to block.
+        let mut deadline: Option<Instant> = None;
         loop {
+            if may_help {
+                self.help();
+            }
+            let mut g = self.done.slot.lock().unwrap_or_else(|p| p.into_inner());
             if let Some(r) = g.take() {
                 drop(g);
                 return self.deliver(r);
             }
             let now = Instant::now();
+            let deadline = *deadline.get_or_insert_with(|| anyccl_core::deadline_in(timeout));
             if now >= deadline {
                 return Ok(false);
             }
-            g = self.done.cv.wait_timeout(g, deadline - now).unwrap_or_else(|p| p.into_inner()).0;
+            // The worker runs it (or an earlier job): wait for it, looking again now and
+            // then in case the engine came free with this job still queued.
+            self.done.waiters.fetch_add(1, Ordering::SeqCst);
+            let slice = (deadline - now).min(Duration::from_millis(5));
+            g = self.done.cv.wait_timeout(g, slice).unwrap_or_else(|p| p.into_inner()).0;
+            self.done.waiters.fetch_sub(1, Ordering::SeqCst);
+            if let Some(r) = g.take() {
+                drop(g);
+                return self.deliver(r);
+            }
         }
     }
 
     fn drain(&mut self) {
-        // The worker only ever touches its own copies; nothing to wait for.
+        // The jobs only ever touch their own copies; nothing to wait for.
     }
 }
 
@@ -141,12 +369,13 @@ pub struct CpuComm {
     info: CommInfo,
     caps: Capabilities,
     mesh: Arc<Mesh>,
-    tx: Mutex<Option<mpsc::Sender<Job>>>,
+    sched: Arc<Sched>,
     worker: Mutex<Option<std::thread::JoinHandle<()>>>,
     store: Arc<dyn Store>,
     ns: String,
     splits: AtomicU64,
     queue: Arc<Queue>,
+    pool: Arc<Pool>,
 }
 
 impl std::fmt::Debug for Job {
@@ -199,6 +428,7 @@ impl CpuComm {
         size: usize,
         deadline: Instant,
         op_timeout: Duration,
+        links: Option<Links>,
     ) -> Result<Arc<CpuComm>> {
         // The group's name in errors is its namespace.
         let label = namespace;
@@ -208,68 +438,44 @@ impl CpuComm {
         let base = format!("{namespace}/cpu");
         let st = store.as_ref();
         let (mesh, ns) = anyccl_core::in_new_generation(st, &base, rank, label, deadline, |ns| async move {
-            Ok((Mesh::connect(st, &ns, label, rank, size, deadline, op_timeout).await?, ns))
+            Ok((Mesh::connect(st, &ns, label, rank, size, deadline, op_timeout, links).await?, ns))
         })
         .await?;
         CpuComm::start(Arc::new(mesh), store, ns)
     }
 
     fn start(mesh: Arc<Mesh>, store: Arc<dyn Store>, ns: String) -> Result<Arc<CpuComm>> {
-        let (tx, rx) = mpsc::channel::<Job>();
         let tune = Tuning::from_env(mesh.rank, &mesh.label)?;
         let limit = algo::env_bytes("ANYCCL_CPU_MAX_QUEUED_BYTES", 256 << 20, mesh.rank, &mesh.label)?;
-        let queue = Arc::new(Queue { bytes: Mutex::new(0), cv: Condvar::new(), limit });
-        let mut engine = Engine { mesh: mesh.clone(), seq: 0, tune };
+        let queue = Arc::new(Queue { bytes: Mutex::new(0), cv: Condvar::new(), waiters: AtomicUsize::new(0), limit });
+        let engine = Engine { mesh: mesh.clone(), seq: 0, tune };
+        let sched = Arc::new(Sched {
+            st: Mutex::new(SchedState {
+                jobs: Default::default(),
+                engine: Some(engine),
+                next_id: 0,
+                closed: false,
+                parked: false,
+            }),
+            cv: Condvar::new(),
+        });
+        let s2 = sched.clone();
         let worker = std::thread::Builder::new()
             .name(format!("anyccl-cpu-{}", mesh.rank))
-            .spawn(move || {
-                while let Ok(job) = rx.recv() {
-                    let r = match engine.mesh.mailbox.dead() {
-                        Some(d) => Err(engine.mesh.dead_err(d)),
-                        None => {
-                            // A panic in an operation must not take the worker (and every
-                            // later Work) with it: it fails the communicator like any error.
-                            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (job.run)(&mut engine)))
-                                .unwrap_or_else(|_| {
-                                    Err(Error::Backend {
-                                        backend: "cpu",
-                                        op: "worker".into(),
-                                        code: -1,
-                                        text: "an operation panicked; communicator failed".into(),
-                                        recovery: anyccl_core::Recovery::Rebuild,
-                                        source: None,
-                                    })
-                                });
-                            if let Err(e) = &r {
-                                // A failed collective leaves peers mid-protocol: fail the whole
-                                // communicator so every rank hears of it at once.
-                                if !matches!(e, Error::Aborted { .. }) {
-                                    let peer = if let Error::PeerFailed { peer, .. } = e { *peer } else { None };
-                                    engine.mesh.kill(Dead {
-                                        aborted: false,
-                                        peer,
-                                        detail: format!("failed earlier: {e}"),
-                                    });
-                                }
-                            }
-                            r
-                        }
-                    };
-                    job.done.set(r);
-                }
-            })
+            .spawn(move || worker_loop(&s2))
             .map_err(|e| Error::Unavailable { backend: "cpu", reason: format!("cannot start worker thread: {e}") })?;
         let info = CommInfo { backend: "cpu", rank: mesh.rank, size: mesh.size, device: Device::CPU };
         Ok(Arc::new(CpuComm {
             info,
             caps: cpu_capabilities(),
             mesh,
-            tx: Mutex::new(Some(tx)),
+            sched,
             worker: Mutex::new(Some(worker)),
             store,
             ns,
             splits: AtomicU64::new(0),
             queue,
+            pool: Arc::new(Pool { bufs: Mutex::new(Vec::new()), limit }),
         }))
     }
 
@@ -278,9 +484,25 @@ impl CpuComm {
     fn admit(&self, bytes: usize) -> Result<Admission> {
         let q = &self.queue;
         let t = self.mesh.op_timeout;
-        let deadline = anyccl_core::deadline_in(t);
         let mut held = q.bytes.lock().unwrap_or_else(|p| p.into_inner());
+        if *held == 0 || held.saturating_add(bytes) <= q.limit {
+            *held += bytes;
+            return Ok(Admission { queue: q.clone(), bytes });
+        }
+        let deadline = anyccl_core::deadline_in(t);
         while *held > 0 && held.saturating_add(bytes) > q.limit {
+            // Run what is queued on this thread while the engine is free: the bound waits for
+            // the queue to shrink.
+            drop(held);
+            let mut st = self.sched.lock();
+            while st.engine.is_some() && !st.jobs.is_empty() {
+                st = self.sched.run_front(st);
+            }
+            drop(st);
+            held = q.bytes.lock().unwrap_or_else(|p| p.into_inner());
+            if *held == 0 || held.saturating_add(bytes) <= q.limit {
+                break;
+            }
             if let Some(d) = self.mesh.mailbox.dead() {
                 return Err(self.mesh.dead_err(d));
             }
@@ -299,7 +521,9 @@ impl CpuComm {
                 });
             }
             let slice = (deadline - now).min(Duration::from_millis(100));
+            q.waiters.fetch_add(1, Ordering::SeqCst);
             held = q.cv.wait_timeout(held, slice).unwrap_or_else(|p| p.into_inner()).0;
+            q.waiters.fetch_sub(1, Ordering::SeqCst);
         }
         *held += bytes;
         Ok(Admission { queue: q.clone(), bytes })
@@ -311,29 +535,44 @@ impl CpuComm {
             return Err(self.mesh.dead_err(d));
         }
         let done = Arc::new(Completion::default());
-        let tx = self.tx.lock().unwrap_or_else(|p| p.into_inner());
-        let sent = tx.as_ref().map(|t| t.send(Job { run, done: done.clone(), _admission: admission }));
-        drop(tx);
-        if !matches!(sent, Some(Ok(()))) {
+        let mut st = self.sched.lock();
+        if st.closed {
             return Err(Error::Aborted {
                 rank: self.info.rank,
                 group: self.mesh.label.clone(),
                 detail: "communicator shut down".into(),
             });
         }
-        Ok(Work::new(Box::new(CpuWork { done, targets })))
+        let id = st.next_id;
+        st.next_id += 1;
+        st.jobs.push_back(Job { id, run, done: done.clone(), _admission: admission });
+        let wake = st.parked;
+        drop(st);
+        if wake {
+            self.sched.cv.notify_one();
+        }
+        let op_timeout = self.mesh.op_timeout;
+        Ok(Work::new(Box::new(CpuWork {
+            id,
+            pool: self.pool.clone(),
+            op_timeout,
+            sched: self.sched.clone(),
+            done,
+            targets,
+        })))
     }
 
     fn host(&self, op: &'static str, b: &Buf<'_>) -> Result<Vec<u8>> {
-        b.as_host_bytes().map(|s| s.to_vec()).ok_or_else(|| not_host(op, self.info.rank, &self.mesh.label))
+        b.as_host_bytes().map(|s| self.pool.copy(s)).ok_or_else(|| not_host(op, self.info.rank, &self.mesh.label))
     }
 
     fn host_mut(&self, op: &'static str, b: &mut BufMut<'_>) -> Result<Vec<u8>> {
-        b.as_host_bytes_mut().map(|s| s.to_vec()).ok_or_else(|| not_host(op, self.info.rank, &self.mesh.label))
+        b.as_host_bytes_mut().map(|s| self.pool.copy(s)).ok_or_else(|| not_host(op, self.info.rank, &self.mesh.label))
     }
 
     fn stop_worker(&self) {
-        self.tx.lock().unwrap_or_else(|p| p.into_inner()).take();
+        self.sched.lock().closed = true;
+        self.sched.cv.notify_all();
     }
 
     fn join_worker(&self) {
@@ -411,7 +650,7 @@ impl Collective for CpuComm {
                 None => self.host_mut("broadcast", &mut recv)?,
             }
         } else {
-            vec![0u8; recv.bytes()]
+            self.pool.zeroed(recv.bytes())
         };
         self.enqueue(
             vec![recv],
@@ -427,10 +666,14 @@ impl Collective for CpuComm {
         let adm = self.admit(recv.bytes())?;
         let (n, me) = (self.info.size, self.info.rank);
         let chunk = recv.bytes() / n;
-        let mut out = self.host_mut("all_gather", &mut recv)?;
-        if let Some(s) = &send {
-            out[me * chunk..(me + 1) * chunk].copy_from_slice(&self.host("all_gather", s)?);
-        }
+        // Only this rank's chunk is input; the others are all overwritten.
+        let mut out = self.pool.zeroed(recv.bytes());
+        let own = match &send {
+            Some(s) => s.as_host_bytes(),
+            None => recv.as_host_bytes_mut().map(|b| &b[me * chunk..(me + 1) * chunk]),
+        };
+        let own = own.ok_or_else(|| not_host("all_gather", me, &self.mesh.label))?;
+        out[me * chunk..(me + 1) * chunk].copy_from_slice(own);
         self.enqueue(
             vec![recv],
             adm,
@@ -478,12 +721,11 @@ impl Collective for CpuComm {
         };
         let adm = self.admit(send.bytes() + recv.bytes())?;
         let data = self.host("all_to_all", &send)?;
-        let rbytes = recv.bytes();
+        let mut out = self.pool.zeroed(recv.bytes());
         self.enqueue(
             vec![recv],
             adm,
             Box::new(move |e| {
-                let mut out = vec![0u8; rbytes];
                 algo::all_to_all(&e.coll(algo::OP_ALL_TO_ALL), &data, &sb, &mut out, &rb)?;
                 Ok(vec![Some(out)])
             }),
@@ -605,7 +847,17 @@ impl Collective for CpuComm {
         let rank = members.iter().position(|&(_, r)| r == me).unwrap_or(0);
         let ns = format!("{base}/c{color}");
         let mesh = Arc::new(
-            Mesh::connect(self.store.as_ref(), &ns, name, rank, members.len(), deadline, self.mesh.op_timeout).await?,
+            Mesh::connect(
+                self.store.as_ref(),
+                &ns,
+                name,
+                rank,
+                members.len(),
+                deadline,
+                self.mesh.op_timeout,
+                Some(self.mesh.links),
+            )
+            .await?,
         );
         let c: Arc<dyn Collective> = CpuComm::start(mesh, self.store.clone(), ns)?;
         Ok(Some(c))

@@ -1,9 +1,19 @@
 //! anyccl-cpu: a Gloo-like CPU backend: ranks are processes (or threads, in tests) joined
-//! by a full mesh of TCP connections, running every anyccl operation on every dtype.
+//! by shared memory on one host and TCP between hosts, running every anyccl operation on
+//! every dtype.
 //!
 //! # Design choices
-//! - **Eager transport.** Each connection has a reader thread that drains messages into
+//! - **Eager transport.** Each TCP connection has a reader thread that drains messages into
 //!   per-peer queues, so sends never wait for receives and no send order can deadlock.
+//! - **Shared memory on one host** (`shm`): a ring per pair of ranks in an anonymous segment
+//!   (nothing to leak); a sender whose ring is full moves what it was sent to the queues
+//!   meanwhile, so the eager rule holds there too, and the ring algorithms' steps stream
+//!   both directions at once with nothing buffered. The TCP connection to each such peer
+//!   stays: it carries failure notices and closes when the peer's process dies.
+//! - **The caller's thread runs its operation.** A `wait` at least as long as the operation
+//!   timeout runs the queued operations up to its own on the calling thread (no hand-over
+//!   between threads, which cost tens of microseconds); the worker thread takes an operation
+//!   nobody waits for after half a millisecond.
 //! - **Ordered execution.** A communicator's operations run in issue order on one worker
 //!   thread, as NCCL runs them in stream order; collectives carry an op code and sequence
 //!   number, so mismatched collectives across ranks are reported, not mixed.
@@ -15,45 +25,65 @@
 //! - **Failure spreads.** A failed operation or a closed connection kills the
 //!   communicator and shuts its sockets, so every other rank's wait ends with an error.
 //!
-//! Performance work (shared memory between ranks of one host, algorithm tuning) comes on
-//! top of this structure without changing it.
-#![forbid(unsafe_code)]
+// `unsafe` only in the shared-memory module (mappings, futexes, the rings' bytes).
+#![deny(unsafe_code)]
 #![warn(missing_docs)]
 
 mod algo;
 mod comm;
 mod reduce;
+mod shm;
 mod transport;
 
 pub use comm::{cpu_capabilities, CpuComm};
+pub use transport::Links;
 
 use anyccl_core::{
     async_trait, Backend, BackendInfo, Capabilities, Collective, ConnectOptions, HostPlatform, Platform, Result,
 };
 use std::sync::Arc;
 
-/// The CPU backend.
+/// The CPU backend: shared memory between ranks of one host, TCP between hosts
+/// (`ANYCCL_CPU_LINKS` chooses otherwise; see [`Links`]).
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Cpu;
 
-#[async_trait]
-impl Backend for Cpu {
-    fn name(&self) -> &'static str {
-        "cpu"
-    }
-    fn probe(&self) -> Result<BackendInfo> {
-        Ok(BackendInfo { name: "cpu", version: env!("CARGO_PKG_VERSION").into(), devices: 1 })
-    }
-    fn capabilities(&self) -> Result<Capabilities> {
-        Ok(cpu_capabilities())
-    }
-    fn platform(&self, _local_rank: usize) -> Result<Arc<dyn Platform>> {
-        Ok(Arc::new(HostPlatform))
-    }
-    async fn connect(&self, opts: ConnectOptions) -> Result<Arc<dyn Collective>> {
-        let deadline = anyccl_core::deadline_in(opts.timeout);
-        let c: Arc<dyn Collective> =
-            CpuComm::connect(opts.store, &opts.namespace, opts.rank, opts.size, deadline, opts.op_timeout).await?;
-        Ok(c)
-    }
+/// The CPU backend with its links chosen here rather than by `ANYCCL_CPU_LINKS` (tests and
+/// benchmarks: `CpuLinks(Links::Hosts(2))` runs the mixed shared-memory and TCP path on one
+/// machine).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct CpuLinks(pub Links);
+
+async fn connect(opts: ConnectOptions, links: Option<Links>) -> Result<Arc<dyn Collective>> {
+    let deadline = anyccl_core::deadline_in(opts.timeout);
+    let c: Arc<dyn Collective> =
+        CpuComm::connect(opts.store, &opts.namespace, opts.rank, opts.size, deadline, opts.op_timeout, links).await?;
+    Ok(c)
 }
+
+macro_rules! cpu_backend {
+    ($t:ty, $links:expr) => {
+        #[async_trait]
+        impl Backend for $t {
+            fn name(&self) -> &'static str {
+                "cpu"
+            }
+            fn probe(&self) -> Result<BackendInfo> {
+                Ok(BackendInfo { name: "cpu", version: env!("CARGO_PKG_VERSION").into(), devices: 1 })
+            }
+            fn capabilities(&self) -> Result<Capabilities> {
+                Ok(cpu_capabilities())
+            }
+            fn platform(&self, _local_rank: usize) -> Result<Arc<dyn Platform>> {
+                Ok(Arc::new(HostPlatform))
+            }
+            async fn connect(&self, opts: ConnectOptions) -> Result<Arc<dyn Collective>> {
+                #[allow(clippy::redundant_closure_call)]
+                connect(opts, ($links)(self)).await
+            }
+        }
+    };
+}
+
+cpu_backend!(Cpu, |_: &Cpu| None);
+cpu_backend!(CpuLinks, |c: &CpuLinks| Some(c.0));

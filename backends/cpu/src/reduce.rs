@@ -3,7 +3,8 @@
 //! Buffers are viewed in place as typed slices when aligned (the common case: they come
 //! from the allocator and chunk offsets are multiples of the element size); otherwise
 //! the elements are copied to an aligned scratch first. Integers wrap on overflow;
-//! 16-bit floats compute in f32 and round once per step.
+//! 16-bit floats compute in f32 and round once per step, a block at a time. Every kernel is
+//! a plain loop over slices that the compiler vectorizes.
 
 use anyccl_core::{bf16, f16, DType, ReduceOp};
 use bytemuck::Pod;
@@ -59,15 +60,76 @@ macro_rules! float_op {
     };
 }
 
+/// 16-bit floats reduce in blocks: both operands widened to f32 in a block on the stack (F16C
+/// where the processor has it, through `half`'s slice conversions; bf16 by a shift), the op
+/// applied by a loop the compiler vectorizes, and the result rounded back once. The results
+/// are those of widening, computing and rounding each element alone.
+const BLOCK: usize = 512;
+
+trait Half: Pod {
+    fn widen(src: &[Self], dst: &mut [f32]);
+    fn narrow(src: &[f32], dst: &mut [Self]);
+}
+
+impl Half for f16 {
+    fn widen(src: &[Self], dst: &mut [f32]) {
+        use half::slice::HalfFloatSliceExt;
+        src.convert_to_f32_slice(dst);
+    }
+    fn narrow(src: &[f32], dst: &mut [Self]) {
+        use half::slice::HalfFloatSliceExt;
+        dst.convert_from_f32_slice(src);
+    }
+}
+
+impl Half for bf16 {
+    fn widen(src: &[Self], dst: &mut [f32]) {
+        for (d, s) in dst.iter_mut().zip(src) {
+            *d = f32::from_bits(u32::from(s.to_bits()) << 16);
+        }
+    }
+    fn narrow(src: &[f32], dst: &mut [Self]) {
+        for (d, s) in dst.iter_mut().zip(src) {
+            // Round to nearest even; a NaN stays a (quiet) NaN.
+            let x = s.to_bits();
+            let rounded = (x.wrapping_add(0x7fff + ((x >> 16) & 1)) >> 16) as u16;
+            let nan = (x & 0x7fff_ffff) > 0x7f80_0000;
+            *d = bf16::from_bits(if nan { ((x >> 16) as u16) | 0x0040 } else { rounded });
+        }
+    }
+}
+
+fn half_zip<T: Half>(acc: &mut [u8], other: &[u8], f: impl Fn(f32, f32) -> f32 + Copy) {
+    let block = |a: &mut [T], b: &[T]| {
+        let (mut x, mut y) = ([0f32; BLOCK], [0f32; BLOCK]);
+        for (ca, cb) in a.chunks_mut(BLOCK).zip(b.chunks(BLOCK)) {
+            let k = ca.len();
+            T::widen(ca, &mut x[..k]);
+            T::widen(cb, &mut y[..k]);
+            for (p, q) in x[..k].iter_mut().zip(&y[..k]) {
+                *p = f(*p, *q);
+            }
+            T::narrow(&x[..k], ca);
+        }
+    };
+    match (bytemuck::try_cast_slice_mut::<u8, T>(acc), bytemuck::try_cast_slice::<u8, T>(other)) {
+        (Ok(a), Ok(b)) => block(a, b),
+        _ => {
+            let mut a: Vec<T> = bytemuck::pod_collect_to_vec(acc);
+            let b: Vec<T> = bytemuck::pod_collect_to_vec(other);
+            block(&mut a, &b);
+            acc.copy_from_slice(bytemuck::cast_slice(&a));
+        }
+    }
+}
+
 macro_rules! half_op {
     ($t:ty, $acc:expr, $other:expr, $op:expr) => {
         match $op {
-            ReduceOp::Sum | ReduceOp::Avg => {
-                zip_with::<$t>($acc, $other, |a, b| <$t>::from_f32(a.to_f32() + b.to_f32()))
-            }
-            ReduceOp::Prod => zip_with::<$t>($acc, $other, |a, b| <$t>::from_f32(a.to_f32() * b.to_f32())),
-            ReduceOp::Min => zip_with::<$t>($acc, $other, |a, b| if b.to_f32() < a.to_f32() { b } else { a }),
-            ReduceOp::Max => zip_with::<$t>($acc, $other, |a, b| if b.to_f32() > a.to_f32() { b } else { a }),
+            ReduceOp::Sum | ReduceOp::Avg => half_zip::<$t>($acc, $other, |a, b| a + b),
+            ReduceOp::Prod => half_zip::<$t>($acc, $other, |a, b| a * b),
+            ReduceOp::Min => half_zip::<$t>($acc, $other, |a, b| if b < a { b } else { a }),
+            ReduceOp::Max => half_zip::<$t>($acc, $other, |a, b| if b > a { b } else { a }),
         }
     };
 }
@@ -120,6 +182,42 @@ mod tests {
         reduce_into(&mut abytes[1..], &bbytes[1..], DType::F32, ReduceOp::Sum);
         let r: Vec<f32> = bytemuck::pod_collect_to_vec(&abytes[1..]);
         assert_eq!(r, vec![11.0, 22.0, 33.0]);
+    }
+
+    /// The blocked 16-bit kernels give exactly what widening, computing and rounding each
+    /// element alone gives (the definition the rest of the backend and the tests use).
+    #[test]
+    fn half_blocks_match_per_element() {
+        let vals: Vec<f32> = (0..2000).map(|i| ((i * 7919) % 4001) as f32 * 0.37 - 700.0).collect();
+        let other: Vec<f32> = (0..2000).map(|i| ((i * 104_729) % 3001) as f32 * -0.21 + 5.0).collect();
+        for op in ReduceOp::ALL {
+            let a: Vec<bf16> = vals.iter().map(|&v| bf16::from_f32(v)).collect();
+            let b: Vec<bf16> = other.iter().map(|&v| bf16::from_f32(v)).collect();
+            let mut got: Vec<u8> = bytemuck::cast_slice(&a).to_vec();
+            reduce_into(&mut got, bytemuck::cast_slice(&b), DType::BF16, op);
+            let f = |x: f32, y: f32| match op {
+                ReduceOp::Sum | ReduceOp::Avg => x + y,
+                ReduceOp::Prod => x * y,
+                ReduceOp::Min => x.min(y),
+                ReduceOp::Max => x.max(y),
+            };
+            let want: Vec<bf16> = a.iter().zip(&b).map(|(x, y)| bf16::from_f32(f(x.to_f32(), y.to_f32()))).collect();
+            assert_eq!(bytemuck::pod_collect_to_vec::<u8, bf16>(&got), want, "bf16 {op:?}");
+            let a: Vec<f16> = vals.iter().map(|&v| f16::from_f32(v)).collect();
+            let b: Vec<f16> = other.iter().map(|&v| f16::from_f32(v)).collect();
+            let mut got: Vec<u8> = bytemuck::cast_slice(&a).to_vec();
+            reduce_into(&mut got, bytemuck::cast_slice(&b), DType::F16, op);
+            let want: Vec<f16> = a.iter().zip(&b).map(|(x, y)| f16::from_f32(f(x.to_f32(), y.to_f32()))).collect();
+            assert_eq!(bytemuck::pod_collect_to_vec::<u8, f16>(&got), want, "f16 {op:?}");
+        }
+        // Rounding ties, overflow and NaN in bf16.
+        for bits in [0x3f80_8000u32, 0x3f81_8000, 0x7f7f_ffff, 0x7fc0_0001, 0xff80_0001, 0x0000_8000] {
+            let x = f32::from_bits(bits);
+            let mut got = [bf16::ZERO];
+            <bf16 as Half>::narrow(&[x], &mut got);
+            let want = bf16::from_f32(x);
+            assert!(got[0].to_bits() == want.to_bits() || (got[0].is_nan() && want.is_nan()), "{bits:#x}");
+        }
     }
 
     #[test]

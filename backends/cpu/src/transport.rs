@@ -12,6 +12,7 @@
 //! with `Timeout` naming the peer. A rank whose communicator fails tells every peer why
 //! before it closes its connections, so the error on every rank names the peer at fault.
 
+use crate::shm;
 use anyccl_core::{Error, Result, Store};
 use std::collections::VecDeque;
 use std::io::{Read, Write};
@@ -107,17 +108,21 @@ pub(crate) struct Mailbox {
     cv: Condvar,
     /// Set once `state.dead` is: every send checks it, without taking the lock.
     is_dead: AtomicBool,
+    /// Set once a peer's connection closed (its inbox's `closed`), read without the lock by
+    /// shared-memory waits.
+    closed: Vec<AtomicBool>,
     /// Bytes a peer's unconsumed messages may hold before its reader stops reading
     /// (`ANYCCL_CPU_MAX_INBOX_BYTES`): the peer's writes then wait, and end at the
     /// operation timeout if this rank consumes nothing.
-    inbox_limit: usize,
+    pub(crate) inbox_limit: usize,
 }
 
 impl Mailbox {
     fn new(n: usize, inbox_limit: usize) -> Self {
         let mut st = State::default();
         st.inbox.resize_with(n, Inbox::default);
-        Mailbox { state: Mutex::new(st), cv: Condvar::new(), is_dead: AtomicBool::new(false), inbox_limit }
+        let closed = (0..n).map(|_| AtomicBool::new(false)).collect();
+        Mailbox { state: Mutex::new(st), cv: Condvar::new(), is_dead: AtomicBool::new(false), closed, inbox_limit }
     }
 
     /// Block the reader of `from` while that peer's unconsumed messages fill the bound (one
@@ -155,6 +160,7 @@ impl Mailbox {
         let mut st = self.lock();
         if st.inbox[from].closed.is_none() {
             st.inbox[from].closed = Some(why);
+            self.closed[from].store(true, Ordering::Release);
         }
         drop(st);
         self.cv.notify_all();
@@ -176,6 +182,31 @@ impl Mailbox {
             return None;
         }
         self.lock().dead.clone()
+    }
+
+    /// Why `from`'s connection closed, once it has.
+    fn closed_why(&self, from: usize) -> Option<String> {
+        if !self.closed[from].load(Ordering::Acquire) {
+            return None;
+        }
+        self.lock().inbox[from].closed.clone()
+    }
+
+    /// The next message `take` selects from what `from` sent and was drained, without waiting.
+    fn try_take<T>(&self, from: usize, take: impl FnOnce(&mut Inbox) -> Option<T>) -> Option<T> {
+        let mut st = self.lock();
+        if st.inbox[from].bytes == 0 && st.inbox[from].coll.is_empty() && st.inbox[from].p2p.is_empty() {
+            return None;
+        }
+        take(&mut st.inbox[from])
+    }
+
+    fn has_coll(&self, from: usize) -> bool {
+        !self.lock().inbox[from].coll.is_empty()
+    }
+
+    fn held(&self, from: usize) -> usize {
+        self.lock().inbox[from].bytes
     }
 
     /// Wait, until `deadline`, for the next message from `from` selected by `take`.
@@ -216,13 +247,95 @@ pub(crate) struct Mesh {
     pub rank: usize,
     pub size: usize,
     pub label: String,
+    /// How this mesh chose its links (a split reuses it).
+    pub links: Links,
     /// The deadline of every blocking step (see the module doc).
     pub op_timeout: Duration,
     writers: Vec<Option<Mutex<TcpStream>>>,
     /// Clones of every socket, to shut them down while a writer is blocked.
     ctl: Vec<Option<TcpStream>>,
+    /// Shared-memory links to the peers of this host (their TCP connections stay, for
+    /// failure notices and to learn that the peer's process exited).
+    shm: Vec<Option<ShmLink>>,
     pub mailbox: Arc<Mailbox>,
     readers: Mutex<Vec<std::thread::JoinHandle<()>>>,
+}
+
+/// Both ends of the rings between this rank and one peer of its host.
+struct ShmLink {
+    tx: Mutex<shm::Tx>,
+    rx: Mutex<RxState>,
+}
+
+/// The reading end of a link and the message a drain left half read.
+struct RxState {
+    rx: shm::Rx,
+    partial: Option<Partial>,
+}
+
+/// A message read in part by a drain (which never waits mid-message: the peer may be
+/// draining too, waiting for the rest of this rank's own message).
+struct Partial {
+    kind: u8,
+    op: u8,
+    seq: u64,
+    data: Vec<u8>,
+    /// Bytes consumed, padding included.
+    done: usize,
+}
+
+/// Which transport links ranks (`ANYCCL_CPU_LINKS`, or [`crate::CpuLinks`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Links {
+    /// Shared memory between ranks of one host, TCP between hosts (the default).
+    #[default]
+    Auto,
+    /// TCP between every pair.
+    Tcp,
+    /// As `Auto`, with rank `r` of each communicator pretending to live on host `r % K`: the
+    /// mixed shared-memory and TCP path on one machine (`hosts:K`).
+    Hosts(usize),
+}
+
+impl Links {
+    /// Parse `auto`, `tcp` or `hosts:K`.
+    pub fn parse(s: &str) -> Option<Links> {
+        match s.trim() {
+            "auto" | "" => Some(Links::Auto),
+            "tcp" => Some(Links::Tcp),
+            x => x.strip_prefix("hosts:")?.parse().ok().filter(|&k| k >= 1).map(Links::Hosts),
+        }
+    }
+
+    fn from_env(rank: usize, label: &str) -> Result<Links> {
+        match std::env::var("ANYCCL_CPU_LINKS") {
+            Err(_) => Ok(Links::Auto),
+            Ok(v) => Links::parse(&v).ok_or_else(|| Error::InvalidArgument {
+                op: "connect",
+                arg: "environment",
+                rank,
+                group: label.into(),
+                msg: format!("ANYCCL_CPU_LINKS={v:?} is not auto, tcp or hosts:K (K at least 1)"),
+            }),
+        }
+    }
+}
+
+/// Data bytes of each ring for `locals` ranks on a host: 4 MiB up to 8 ranks, then less, so
+/// a rank's segment stays near 32 MiB (at least 64 KiB a ring).
+fn ring_bytes(locals: usize, rank: usize, label: &str) -> Result<usize> {
+    let default = (32usize << 20).checked_div(locals.saturating_sub(1)).unwrap_or(4 << 20).clamp(64 << 10, 4 << 20);
+    let v = crate::algo::env_bytes("ANYCCL_CPU_SHM_RING_BYTES", default, rank, label)?;
+    if !(4096..=(1 << 30)).contains(&v) {
+        return Err(Error::InvalidArgument {
+            op: "connect",
+            arg: "environment",
+            rank,
+            group: label.into(),
+            msg: format!("ANYCCL_CPU_SHM_RING_BYTES={v} is outside 4096 ..= 1 GiB"),
+        });
+    }
+    Ok(v.next_power_of_two().min(1 << 30))
 }
 
 impl std::fmt::Debug for Mesh {
@@ -250,9 +363,84 @@ fn timeout(label: &str, rank: usize, what: &str, missing: &[usize], started: Ins
     }
 }
 
+/// Create this rank's segment, learn the segments of the other ranks of its host through
+/// the store, and map them: a link to each.
+#[allow(clippy::too_many_arguments)] // the connect's identity and deadline
+async fn shm_links(
+    store: &dyn Store,
+    ns: &str,
+    label: &str,
+    rank: usize,
+    size: usize,
+    locals: &[usize],
+    deadline: Instant,
+    started: Instant,
+) -> Result<Vec<Option<ShmLink>>> {
+    let fail = |what: String| Error::Unavailable {
+        backend: "cpu",
+        reason: format!(
+            "rank {rank} of '{label}': shared memory with the ranks {locals:?} of its host: {what} (set \
+             ANYCCL_CPU_LINKS=tcp to use TCP between them)"
+        ),
+    };
+    let layout = shm::Layout { locals: locals.len(), ring: ring_bytes(locals.len(), rank, label)? };
+    let own = Arc::new(shm::Segment::create(layout.segment_bytes()).map_err(fail)?);
+    let fd = own.fd().unwrap_or(-1);
+    store.set(&format!("{ns}/seg/{rank}"), format!("{} {fd} {}", std::process::id(), layout.ring).as_bytes()).await?;
+    let keys: Vec<String> = locals.iter().map(|r| format!("{ns}/seg/{r}")).collect();
+    let got = store.wait_many(&keys, deadline).await?;
+    let missing: Vec<usize> = locals.iter().zip(&got).filter(|(_, v)| v.is_none()).map(|(r, _)| *r).collect();
+    if !missing.is_empty() {
+        return Err(timeout(label, rank, "waiting for shared-memory segments", &missing, started));
+    }
+    let patience = shm::Patience::for_host(locals.len());
+    let me_local = locals.iter().position(|&r| r == rank).unwrap_or(0);
+    let mut links: Vec<Option<ShmLink>> = (0..size).map(|_| None).collect();
+    for (i, (&peer, v)) in locals.iter().zip(got).enumerate() {
+        if peer == rank {
+            continue;
+        }
+        let v = String::from_utf8_lossy(&v.unwrap_or_default()).into_owned();
+        let mut it = v.split(' ').map(|x| x.parse::<i64>().ok());
+        let (Some(Some(pid)), Some(Some(fd)), Some(Some(ring))) = (it.next(), it.next(), it.next()) else {
+            return Err(Error::store_fatal(format!("malformed segment under '{ns}/seg/{peer}'")));
+        };
+        if ring as usize != layout.ring {
+            return Err(Error::InvalidArgument {
+                op: "connect",
+                arg: "environment",
+                rank,
+                group: label.into(),
+                msg: format!(
+                    "rank {peer} uses rings of {ring} bytes, this rank {} (ANYCCL_CPU_SHM_RING_BYTES differs)",
+                    layout.ring
+                ),
+            });
+        }
+        let seg = shm::Segment::open(pid as u32, fd as i32, layout.segment_bytes())
+            .map_err(|e| fail(format!("rank {peer}: {e}")))?;
+        let (tx, rx) = shm::link(&own, &Arc::new(seg), layout, me_local, i, patience);
+        links[peer] = Some(ShmLink { tx: Mutex::new(tx), rx: Mutex::new(RxState { rx, partial: None }) });
+    }
+    tracing::debug!(
+        backend = "cpu",
+        group = label,
+        rank,
+        locals = locals.len(),
+        ring_bytes = layout.ring,
+        segment_bytes = layout.segment_bytes(),
+        host_bytes = layout.segment_bytes() * locals.len(),
+        "shared memory connected: {} bytes in this rank's segment, {} on the host",
+        layout.segment_bytes(),
+        layout.segment_bytes() * locals.len()
+    );
+    Ok(links)
+}
+
 impl Mesh {
     /// Build the mesh: publish this rank's listening address under `ns`, connect to lower
     /// ranks, accept higher ranks. Every rank of the communicator calls this.
+    #[allow(clippy::too_many_arguments)] // the connect's identity, deadlines and links
     pub(crate) async fn connect(
         store: &dyn Store,
         ns: &str,
@@ -261,6 +449,7 @@ impl Mesh {
         size: usize,
         deadline: Instant,
         op_timeout: Duration,
+        links: Option<Links>,
     ) -> Result<Mesh> {
         let started = Instant::now();
         let inbox_limit = crate::algo::env_bytes("ANYCCL_CPU_MAX_INBOX_BYTES", 256 << 20, rank, label)?;
@@ -270,25 +459,44 @@ impl Mesh {
             reason: format!("cannot listen on {host}: {e} (set ANYCCL_CPU_HOST)"),
         })?;
         let me = listener.local_addr().map_err(|e| Error::Unavailable { backend: "cpu", reason: e.to_string() })?;
-        store.set(&format!("{ns}/addr/{rank}"), me.to_string().as_bytes()).await?;
+        let links = match links {
+            Some(l) => l,
+            None => Links::from_env(rank, label)?,
+        };
+        let split = if let Links::Hosts(k) = links { Some(k) } else { None };
+        let host_of_me = if links == Links::Tcp { "-".to_string() } else { shm::host_id(rank, split) };
+        store.set(&format!("{ns}/addr/{rank}"), format!("{me} {host_of_me}").as_bytes()).await?;
+        // Every rank's address and host, in one request.
+        let keys: Vec<String> = (0..size).map(|r| format!("{ns}/addr/{r}")).collect();
+        let got = store.wait_many(&keys, deadline).await?;
+        let missing: Vec<usize> = got.iter().enumerate().filter(|(_, v)| v.is_none()).map(|(r, _)| r).collect();
+        if !missing.is_empty() {
+            return Err(timeout(label, rank, "waiting for addresses", &missing, started));
+        }
+        let mut addrs = Vec::with_capacity(size);
+        let mut hosts = Vec::with_capacity(size);
+        for (r, v) in got.into_iter().enumerate() {
+            let v = String::from_utf8_lossy(&v.unwrap_or_default()).into_owned();
+            let (a, h) = v.split_once(' ').unwrap_or((v.as_str(), "-"));
+            let a: SocketAddr =
+                a.parse().map_err(|_| Error::store_fatal(format!("malformed address under '{}'", keys[r])))?;
+            addrs.push(a);
+            hosts.push(h.to_string());
+        }
+        let locals: Vec<usize> =
+            if host_of_me == "-" { vec![rank] } else { (0..size).filter(|&r| hosts[r] == host_of_me).collect() };
+        let shm = if locals.len() > 1 {
+            shm_links(store, ns, label, rank, size, &locals, deadline, started).await?
+        } else {
+            (0..size).map(|_| None).collect()
+        };
 
         let mut streams: Vec<Option<TcpStream>> = (0..size).map(|_| None).collect();
         // Connect to every lower rank.
-        // `peer` is a rank: it names store keys and errors, not only a slot of `streams`.
+        // `peer` is a rank: it names errors, not only a slot of `streams`.
         #[allow(clippy::needless_range_loop)]
         for peer in 0..rank {
-            let key = format!("{ns}/addr/{peer}");
-            let addr = match store.wait(&key, deadline).await {
-                Ok(a) => a,
-                Err(Error::Timeout { .. }) => {
-                    let missing: Vec<usize> = (peer..rank).collect();
-                    return Err(timeout(label, rank, "waiting for addresses", &missing, started));
-                }
-                Err(e) => return Err(e),
-            };
-            let addr: SocketAddr = String::from_utf8_lossy(&addr)
-                .parse()
-                .map_err(|_| Error::store_fatal(format!("malformed address under '{key}'")))?;
+            let addr = addrs[peer];
             let mut s = loop {
                 match tokio::time::timeout_at(deadline.into(), tokio::net::TcpStream::connect(addr)).await {
                     Err(_) => return Err(timeout(label, rank, "connecting", &[peer], started)),
@@ -377,7 +585,18 @@ impl Mesh {
                 }
             }
         }
-        Ok(Mesh { rank, size, label: label.into(), op_timeout, writers, ctl, mailbox, readers: Mutex::new(readers) })
+        Ok(Mesh {
+            rank,
+            size,
+            label: label.into(),
+            links,
+            op_timeout,
+            writers,
+            ctl,
+            shm,
+            mailbox,
+            readers: Mutex::new(readers),
+        })
     }
 
     fn peer_err(&self, peer: usize, detail: String) -> Error {
@@ -405,14 +624,17 @@ impl Mesh {
             }
             return Ok(());
         }
-        let Some(w) = &self.writers[peer] else {
-            return Err(self.peer_err(peer, "no connection".into()));
-        };
         let mut h = [0u8; HEADER];
         h[0] = kind as u8;
         h[1] = op;
         h[8..16].copy_from_slice(&seq.to_le_bytes());
         h[16..24].copy_from_slice(&(data.len() as u64).to_le_bytes());
+        if let Some(link) = &self.shm[peer] {
+            return self.shm_send(peer, link, &h, data, kind, op, seq);
+        }
+        let Some(w) = &self.writers[peer] else {
+            return Err(self.peer_err(peer, "no connection".into()));
+        };
         let mut s = w.lock().unwrap_or_else(|p| p.into_inner());
         let r = s.write_all(&h).and_then(|_| s.write_all(data));
         drop(s);
@@ -459,47 +681,387 @@ impl Mesh {
         })
     }
 
-    /// Receive the next collective message from `peer`, which must be `op` number `seq`
-    /// of `expect` bytes (when given).
-    pub(crate) fn recv_coll(&self, peer: usize, op: u8, seq: u64, expect: Option<usize>) -> Result<Vec<u8>> {
-        let m = self.wait_msg(peer, || what(Kind::Coll, op, seq), Inbox::pop_coll)?;
-        if m.op != op || m.seq != seq {
+    /// Check a collective message's identity against what this rank runs.
+    fn check_coll(&self, peer: usize, op: u8, seq: u64, expect: usize, got: (u8, u64, usize)) -> Result<()> {
+        let (m_op, m_seq, len) = got;
+        if m_op != op || m_seq != seq {
             return Err(Error::PeerFailed {
                 rank: self.rank,
                 group: self.label.clone(),
                 peer: Some(peer),
                 detail: format!(
-                    "collective mismatch: this rank runs {} #{seq}, rank {peer} sent {} #{}",
+                    "collective mismatch: this rank runs {} #{seq}, rank {peer} sent {} #{m_seq}",
                     op_name(op),
-                    op_name(m.op),
-                    m.seq
+                    op_name(m_op),
                 ),
             });
         }
-        if let Some(n) = expect {
-            if m.data.len() != n {
-                return Err(self.peer_err(
-                    peer,
-                    format!(
-                        "{} #{seq}: rank {peer} sent {} bytes, this rank expected {n} (counts differ across ranks)",
-                        op_name(op),
-                        m.data.len()
-                    ),
-                ));
+        if len != expect {
+            return Err(self.peer_err(
+                peer,
+                format!(
+                    "{} #{seq}: rank {peer} sent {len} bytes, this rank expected {expect} (counts differ across ranks)",
+                    op_name(op)
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Receive the next collective message from `peer`, which must be `op` number `seq`
+    /// of `expect` bytes.
+    pub(crate) fn recv_coll(&self, peer: usize, op: u8, seq: u64, expect: usize) -> Result<Vec<u8>> {
+        if self.shm[peer].is_some() {
+            let mut out = vec![0u8; expect];
+            self.recv_coll_with(peer, op, seq, expect, &mut |at, b| out[at..at + b.len()].copy_from_slice(b))?;
+            return Ok(out);
+        }
+        let m = self.wait_msg(peer, || what(Kind::Coll, op, seq), Inbox::pop_coll)?;
+        self.check_coll(peer, op, seq, expect, (m.op, m.seq, m.data.len()))?;
+        Ok(m.data)
+    }
+
+    /// Like [`Mesh::recv_coll`], handing the message to `sink(offset, bytes)` in pieces as
+    /// it arrives (straight from shared memory where the peer is on this host): every piece
+    /// but the last is a multiple of 8 bytes.
+    pub(crate) fn recv_coll_with(
+        &self,
+        peer: usize,
+        op: u8,
+        seq: u64,
+        expect: usize,
+        sink: &mut dyn FnMut(usize, &[u8]),
+    ) -> Result<()> {
+        match &self.shm[peer] {
+            Some(link) => self.shm_recv(peer, link, Kind::Coll, (op, seq), expect, sink),
+            None => {
+                let d = self.recv_coll(peer, op, seq, expect)?;
+                sink(0, &d);
+                Ok(())
             }
         }
-        Ok(m.data)
+    }
+
+    /// Send `data` to `to` and receive an `expect`-byte message from `from` into `sink`, both
+    /// collective message `op` number `seq`, at once: between peers of this host the two
+    /// streams advance together, a piece at a time, so neither waits for the other to finish
+    /// (and nothing is buffered on the way, whatever the size).
+    #[allow(clippy::too_many_arguments)] // the two halves of one step
+    pub(crate) fn exchange(
+        &self,
+        (op, seq): (u8, u64),
+        to: usize,
+        data: &[u8],
+        from: usize,
+        expect: usize,
+        sink: &mut dyn FnMut(usize, &[u8]),
+    ) -> Result<()> {
+        let (Some(out), Some(inc)) = (&self.shm[to], &self.shm[from]) else {
+            self.send(to, Kind::Coll, op, seq, data)?;
+            return self.recv_coll_with(from, op, seq, expect, sink);
+        };
+        if let Some(d) = self.mailbox.dead() {
+            return Err(self.dead_err(d));
+        }
+        let st = inc.rx.lock().unwrap_or_else(|p| p.into_inner());
+        if st.partial.is_some() || self.mailbox.has_coll(from) {
+            // Part of what `from` sent was moved to the inbox already: one after the other.
+            drop(st);
+            self.send(to, Kind::Coll, op, seq, data)?;
+            return self.recv_coll_with(from, op, seq, expect, sink);
+        }
+        let tx = out.tx.lock().unwrap_or_else(|p| p.into_inner());
+        let rx = &st.rx;
+        let mut h = [0u8; HEADER];
+        h[0] = Kind::Coll as u8;
+        h[1] = op;
+        h[8..16].copy_from_slice(&seq.to_le_bytes());
+        h[16..24].copy_from_slice(&(data.len() as u64).to_le_bytes());
+        let parts = [&h[..], data];
+        let mut w = shm::Writing::new(&parts);
+        let mut hdr = [0u8; HEADER];
+        let (mut hdone, mut body, mut bdone) = (0usize, None::<usize>, 0usize);
+        let what = || what(Kind::Coll, op, seq);
+        let mut deadline = anyccl_core::deadline_in(self.op_timeout);
+        loop {
+            let mut progressed = !w.done() && tx.write_some(&mut w);
+            let received = match body {
+                None => {
+                    let d = rx.read_some(hdone, HEADER, &mut |at, b| hdr[at..at + b.len()].copy_from_slice(b));
+                    progressed |= d != hdone;
+                    hdone = d;
+                    if hdone == HEADER {
+                        hdone = 0;
+                        let (k, m_op, m_seq, len) = self.parse_header(from, &hdr)?;
+                        if k != Kind::Coll as u8 {
+                            // A point-to-point message sent before this collective: to the inbox.
+                            let mut d = vec![0u8; len];
+                            let pending = || rx.available() > 0;
+                            rx.read(len, &mut |at, b| d[at..at + b.len()].copy_from_slice(b), &mut || {
+                                self.stop(from, deadline, pending, &what)
+                            })?;
+                            self.mailbox.push_p2p(from, d);
+                        } else {
+                            self.check_coll(from, op, seq, expect, (m_op, m_seq, len))?;
+                            body = Some(len);
+                        }
+                    }
+                    false
+                }
+                Some(len) => {
+                    let d = rx.read_some(bdone, len, sink);
+                    progressed |= d != bdone;
+                    bdone = d;
+                    bdone >= len.next_multiple_of(8)
+                }
+            };
+            if w.done() && received {
+                return Ok(());
+            }
+            if progressed {
+                deadline = anyccl_core::deadline_in(self.op_timeout);
+                continue;
+            }
+            let sending = !w.done();
+            let ready = || (sending && tx.has_room()) || (!received && rx.available() > 0);
+            shm::wait_either(&tx, rx, ready, &mut || {
+                if sending {
+                    self.stop(to, deadline, || false, &what)?;
+                }
+                self.stop(from, deadline, || rx.available() > 0, &what)
+            })?;
+        }
     }
 
     /// Receive the next point-to-point message from `peer`, of exactly `expect` bytes.
     pub(crate) fn recv_p2p(&self, peer: usize, expect: usize) -> Result<Vec<u8>> {
+        if let Some(link) = &self.shm[peer] {
+            let mut out = vec![0u8; expect];
+            self.shm_recv(peer, link, Kind::P2p, (0, 0), expect, &mut |at, b| {
+                out[at..at + b.len()].copy_from_slice(b)
+            })?;
+            return Ok(out);
+        }
         let d = self.wait_msg(peer, || format!("recv from rank {peer}"), Inbox::pop_p2p)?;
         if d.len() != expect {
-            return Err(
-                self.peer_err(peer, format!("recv: rank {peer} sent {} bytes, this rank posted {expect}", d.len()))
-            );
+            return Err(self.p2p_size(peer, d.len(), expect));
         }
         Ok(d)
+    }
+
+    fn p2p_size(&self, peer: usize, got: usize, expect: usize) -> Error {
+        self.peer_err(peer, format!("recv: rank {peer} sent {got} bytes, this rank posted {expect}"))
+    }
+
+    /// Why a wait on `peer` must end now, if it must: the communicator died, the peer's
+    /// process went away (its connection closed and `pending` says nothing it sent is left
+    /// to read), or `deadline` passed.
+    fn stop(
+        &self,
+        peer: usize,
+        deadline: Instant,
+        pending: impl Fn() -> bool,
+        what: &dyn Fn() -> String,
+    ) -> Result<()> {
+        if let Some(d) = self.mailbox.dead() {
+            return Err(self.dead_err(d));
+        }
+        if let Some(why) = self.mailbox.closed_why(peer) {
+            if !pending() {
+                return Err(self.dead_err(Dead { aborted: false, peer: Some(peer), detail: why }));
+            }
+        }
+        if Instant::now() >= deadline {
+            let t = self.op_timeout;
+            return Err(Error::Timeout {
+                op: what(),
+                rank: self.rank,
+                group: self.label.clone(),
+                after: t,
+                detail: format!(
+                    "rank {peer} made no progress for {t:?} (over shared memory): it has not reached this operation \
+                     (a stopped, stuck or slower rank, or one that issued other operations)"
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Write one message to a peer of this host. While its ring is full, the messages other
+    /// peers of this host wrote to this rank are moved to the inbox, so ranks that send to
+    /// each other before receiving never wait on each other.
+    #[allow(clippy::too_many_arguments)] // one message's identity
+    fn shm_send(
+        &self,
+        peer: usize,
+        link: &ShmLink,
+        h: &[u8; HEADER],
+        data: &[u8],
+        kind: Kind,
+        op: u8,
+        seq: u64,
+    ) -> Result<()> {
+        let tx = link.tx.lock().unwrap_or_else(|p| p.into_inner());
+        let what = || what(kind, op, seq);
+        // The deadline is for a peer that takes nothing: it moves while the peer reads.
+        let mut deadline = anyccl_core::deadline_in(self.op_timeout);
+        let mut taken = tx.consumed();
+        let mut stalled = || -> Result<()> {
+            if tx.consumed() != taken {
+                taken = tx.consumed();
+                deadline = anyccl_core::deadline_in(self.op_timeout);
+            }
+            self.stop(peer, deadline, || false, &what)?;
+            self.drain()
+        };
+        tx.write(&[h, data], &mut stalled)
+    }
+
+    /// Move what has arrived in this rank's rings to the inbox (as far as each peer's inbox
+    /// bound allows), without waiting: a message that has arrived in part stays half read.
+    fn drain(&self) -> Result<()> {
+        for (q, link) in self.shm.iter().enumerate() {
+            let Some(link) = link else { continue };
+            let Ok(mut st) = link.rx.try_lock() else { continue };
+            loop {
+                if st.partial.is_none() {
+                    if st.rx.available() < HEADER as u64 || self.mailbox.held(q) >= self.mailbox.inbox_limit {
+                        break;
+                    }
+                    let mut h = [0u8; HEADER];
+                    st.rx.read_some(0, HEADER, &mut |at, b| h[at..at + b.len()].copy_from_slice(b));
+                    let (kind, op, seq, len) = self.parse_header(q, &h)?;
+                    let mut data = Vec::new();
+                    if data.try_reserve_exact(len).is_err() {
+                        return Err(self.peer_err(q, format!("a {len}-byte message from rank {q} cannot be allocated")));
+                    }
+                    data.resize(len, 0);
+                    st.partial = Some(Partial { kind, op, seq, data, done: 0 });
+                }
+                let RxState { rx, partial } = &mut *st;
+                let Some(p) = partial.as_mut() else { break };
+                let len = p.data.len();
+                let data = &mut p.data;
+                p.done = rx.read_some(p.done, len, &mut |at, b| data[at..at + b.len()].copy_from_slice(b));
+                if p.done < len.next_multiple_of(8) {
+                    break;
+                }
+                if let Some(p) = partial.take() {
+                    self.deliver(q, p.kind, p.op, p.seq, p.data);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn deliver(&self, peer: usize, kind: u8, op: u8, seq: u64, data: Vec<u8>) {
+        if kind == Kind::Coll as u8 {
+            self.mailbox.push_coll(peer, CollMsg { op, seq, data });
+        } else {
+            self.mailbox.push_p2p(peer, data);
+        }
+    }
+
+    fn parse_header(&self, peer: usize, h: &[u8; HEADER]) -> Result<(u8, u8, u64, usize)> {
+        let seq = u64::from_le_bytes(h[8..16].try_into().unwrap_or_default());
+        let len = u64::from_le_bytes(h[16..24].try_into().unwrap_or_default()) as usize;
+        if h[0] != Kind::Coll as u8 && h[0] != Kind::P2p as u8 {
+            return Err(self.peer_err(peer, format!("rank {peer} wrote an unknown message kind {}", h[0])));
+        }
+        Ok((h[0], h[1], seq, len))
+    }
+
+    /// Read the next message header from `peer`'s ring (waiting for it until `deadline`).
+    fn shm_header(
+        &self,
+        peer: usize,
+        rx: &shm::Rx,
+        deadline: Instant,
+        what: &dyn Fn() -> String,
+    ) -> Result<(u8, u8, u64, usize)> {
+        let pending = || rx.available() >= HEADER as u64;
+        let mut h = [0u8; HEADER];
+        rx.wait_for(HEADER, &mut || self.stop(peer, deadline, pending, what))?;
+        rx.read(HEADER, &mut |at, b| h[at..at + b.len()].copy_from_slice(b), &mut || {
+            self.stop(peer, deadline, pending, what)
+        })?;
+        self.parse_header(peer, &h)
+    }
+
+    /// Receive the next message of `kind` from a peer of this host into `sink`: first what
+    /// was moved to the inbox, then its ring (messages of the other kind found on the way
+    /// go to the inbox).
+    fn shm_recv(
+        &self,
+        peer: usize,
+        link: &ShmLink,
+        kind: Kind,
+        (op, seq): (u8, u64),
+        expect: usize,
+        sink: &mut dyn FnMut(usize, &[u8]),
+    ) -> Result<()> {
+        let coll = kind == Kind::Coll;
+        if coll {
+            if let Some(m) = self.mailbox.try_take(peer, Inbox::pop_coll) {
+                self.check_coll(peer, op, seq, expect, (m.op, m.seq, m.data.len()))?;
+                sink(0, &m.data);
+                return Ok(());
+            }
+        } else if let Some(d) = self.mailbox.try_take(peer, Inbox::pop_p2p) {
+            if d.len() != expect {
+                return Err(self.p2p_size(peer, d.len(), expect));
+            }
+            sink(0, &d);
+            return Ok(());
+        }
+        let deadline = anyccl_core::deadline_in(self.op_timeout);
+        let mut st = link.rx.lock().unwrap_or_else(|p| p.into_inner());
+        let what = || if coll { what(Kind::Coll, op, seq) } else { format!("recv from rank {peer}") };
+        if let Some(mut p) = st.partial.take() {
+            // A drain began the next message: finish it, then look again.
+            let len = p.data.len();
+            let data = &mut p.data;
+            let rx = &st.rx;
+            let done = p.done;
+            let pending = || rx.available() > 0;
+            rx.read(
+                len.next_multiple_of(8) - done,
+                &mut |at, b| {
+                    let at = at + done;
+                    let n = b.len().min(len.saturating_sub(at));
+                    data[at..at + n].copy_from_slice(&b[..n]);
+                },
+                &mut || self.stop(peer, deadline, pending, &what),
+            )?;
+            self.deliver(peer, p.kind, p.op, p.seq, p.data);
+            drop(st);
+            return self.shm_recv(peer, link, kind, (op, seq), expect, sink);
+        }
+        let rx = &st.rx;
+        loop {
+            let (k, m_op, m_seq, len) = self.shm_header(peer, rx, deadline, &what)?;
+            let pending = || rx.available() > 0;
+            // The deadline is for a peer that sends nothing: it moves while data arrives.
+            let (mut deadline, mut got) = (deadline, rx.consumed());
+            let mut stop = || {
+                if rx.consumed() != got {
+                    got = rx.consumed();
+                    deadline = anyccl_core::deadline_in(self.op_timeout);
+                }
+                self.stop(peer, deadline, pending, &what)
+            };
+            if k == kind as u8 {
+                if coll {
+                    self.check_coll(peer, op, seq, expect, (m_op, m_seq, len))?;
+                } else if len != expect {
+                    return Err(self.p2p_size(peer, len, expect));
+                }
+                return rx.read(len, sink, &mut stop);
+            }
+            let mut data = vec![0u8; len];
+            rx.read(len, &mut |at, b| data[at..at + b.len()].copy_from_slice(b), &mut stop)?;
+            self.deliver(peer, k, m_op, m_seq, data);
+        }
     }
 
     /// Mark the mesh dead and shut every socket, so local waits and every peer's reader

@@ -48,6 +48,11 @@ struct Args {
     /// Reduce op.
     #[arg(short = 'o', long = "op", default_value = "sum")]
     redop: String,
+    /// Calls in flight at most: 1 issues each call and waits for it (latency, as an MPI
+    /// benchmark's blocking loop measures); the default issues as many as the memory budget
+    /// allows back to back, then waits (pipelined, as nccl-tests does).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    depth: Option<u32>,
     /// Root for broadcast and reduce.
     #[arg(short = 'r', long = "root", default_value_t = 0)]
     root: usize,
@@ -426,7 +431,7 @@ async fn run(args: Args) -> Result<()> {
             info.version,
             platform.device()
         );
-        println!("#  nThread 1 nGpus 1 minBytes {min} maxBytes {max} step: {}(factor) warmup iters: {} iters: {} validation: {}", args.factor, args.warmup, args.iters, args.check);
+        println!("#  nThread 1 nGpus 1 minBytes {min} maxBytes {max} step: {}(factor) warmup iters: {} iters: {} validation: {} in flight: {}", args.factor, args.warmup, args.iters, args.check, args.depth.map_or("as many as fit".to_string(), |d| d.to_string()));
         println!("#");
         println!("#                                                              out-of-place                       in-place                    cold first call");
         println!("#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong     time   devmem");
@@ -447,7 +452,9 @@ async fn run(args: Args) -> Result<()> {
         let size_b = rc.max(sc) * dtype.size();
         // Enough receive buffers to enqueue a run back to back without waiting, within the
         // budget above.
-        let depth = |count: usize| depth(budget, count * dtype.size(), args.iters);
+        let depth = |count: usize| {
+            depth(budget, count * dtype.size(), args.iters).min(args.depth.map_or(usize::MAX, |d| d as usize))
+        };
         let send_input = input(me, sc, dtype, rop);
         let mut b = Bufs { send: platform.alloc(dtype, sc)?, recvs: Vec::new(), in_place_input: Vec::new() };
         platform.copy_from_host(b.send.as_mut(), &send_input)?;

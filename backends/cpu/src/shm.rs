@@ -1,0 +1,549 @@
+//! Shared memory between the ranks of one host: each rank owns one anonymous segment
+//! (`memfd_create`) holding a single-producer single-consumer byte ring for every other rank
+//! of its host; a peer maps it through `/proc/<pid>/fd/<fd>` and writes its messages there.
+//!
+//! - **Nothing to leak.** The segment has no name in any file system: it lives while a
+//!   process maps it or holds its descriptor, so `kill -9` of every rank leaves nothing
+//!   behind (no `/dev/shm` entry to clean up).
+//! - **Waiting.** A waiter spins briefly (less when the host's ranks outnumber its cores),
+//!   then yields, then sleeps on a futex in the segment; a writer wakes it only when it
+//!   announced that it sleeps, so the fast path makes no system call.
+//! - **Liveness** is not this module's job: the caller's `check` closure, run between waits,
+//!   ends a wait when the communicator died, the peer's control connection closed (its
+//!   process exited), or the deadline passed.
+//!
+//! The byte stream in a ring is the same framing the TCP transport uses; every message is
+//! padded to 8 bytes, so every piece a reader sees starts 8-byte aligned.
+#![allow(unsafe_code)]
+
+use anyccl_core::Error;
+use std::ffi::CString;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// Bytes of a ring's control block (two cache-line pairs: the writer's and the reader's).
+const CTL: usize = 256;
+/// The largest piece a writer publishes at once, so a reader starts on a large message
+/// before all of it is written.
+const PIECE: usize = 256 << 10;
+
+/// One side of a ring's control block: a position in the stream, a futex word bumped when
+/// a sleeper on this side must wake, and whether the other side sleeps.
+#[repr(C, align(128))]
+struct Side {
+    /// Bytes written (writer's side) or consumed (reader's side) since the start.
+    pos: AtomicU64,
+    /// Bumped before a wake; sleepers of the *other* side wait on it.
+    bell: AtomicU32,
+    /// Set by this side while it sleeps, waiting for the other side.
+    sleeping: AtomicU32,
+}
+
+#[repr(C)]
+struct Ctl {
+    writer: Side,
+    reader: Side,
+}
+
+/// A mapping of a segment.
+pub(crate) struct Segment {
+    base: *mut u8,
+    len: usize,
+    /// The creator keeps its descriptor so that peers can open it through `/proc`.
+    fd: Option<libc::c_int>,
+}
+
+// SAFETY: the mapping is plain shared memory; every access to it goes through the atomics of
+// the ring control blocks or through byte ranges the ring protocol hands to one side at a time.
+unsafe impl Send for Segment {}
+// SAFETY: as above.
+unsafe impl Sync for Segment {}
+
+impl std::fmt::Debug for Segment {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Segment({} bytes)", self.len)
+    }
+}
+
+fn os_err(what: &str) -> String {
+    format!("{what}: {}", std::io::Error::last_os_error())
+}
+
+impl Segment {
+    /// Create a segment of `len` bytes (zeroed, allocated as it is touched).
+    pub(crate) fn create(len: usize) -> Result<Segment, String> {
+        let name = CString::new("anyccl-cpu").map_err(|e| e.to_string())?;
+        // SAFETY: `name` is a valid NUL-terminated string; the flags are valid.
+        let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(os_err("memfd_create"));
+        }
+        // SAFETY: `fd` is the descriptor just created and owned here.
+        if unsafe { libc::ftruncate(fd, len as libc::off_t) } != 0 {
+            let e = os_err(&format!("ftruncate to {len} bytes"));
+            // SAFETY: closing the descriptor owned here, once.
+            unsafe { libc::close(fd) };
+            return Err(e);
+        }
+        match Self::map(fd, len) {
+            Ok(base) => Ok(Segment { base, len, fd: Some(fd) }),
+            Err(e) => {
+                // SAFETY: closing the descriptor owned here, once.
+                unsafe { libc::close(fd) };
+                Err(e)
+            }
+        }
+    }
+
+    /// Map the segment of process `pid`, descriptor `fd`, which must hold `len` bytes.
+    pub(crate) fn open(pid: u32, fd: i32, len: usize) -> Result<Segment, String> {
+        let path = CString::new(format!("/proc/{pid}/fd/{fd}")).map_err(|e| e.to_string())?;
+        // SAFETY: `path` is a valid NUL-terminated string.
+        let own = unsafe { libc::open(path.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+        if own < 0 {
+            return Err(os_err(&format!("open /proc/{pid}/fd/{fd}")));
+        }
+        // SAFETY: an all-zero `stat` is a valid value to be overwritten.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: `own` is open and `st` is a valid out-pointer.
+        let r = if unsafe { libc::fstat(own, &mut st) } != 0 {
+            Err(os_err("fstat"))
+        } else if (st.st_size as u64) < len as u64 {
+            Err(format!("the segment of process {pid} holds {} bytes, {len} expected", st.st_size))
+        } else {
+            Self::map(own, len)
+        };
+        // SAFETY: closing the descriptor opened here, once; the mapping outlives it.
+        unsafe { libc::close(own) };
+        r.map(|base| Segment { base, len, fd: None })
+    }
+
+    fn map(fd: libc::c_int, len: usize) -> Result<*mut u8, String> {
+        // SAFETY: a fresh shared mapping of an open descriptor; the kernel picks the address.
+        let p = unsafe {
+            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0)
+        };
+        if p == libc::MAP_FAILED {
+            return Err(os_err(&format!("mmap of {len} bytes")));
+        }
+        Ok(p.cast())
+    }
+
+    /// This process's descriptor of a segment it created.
+    pub(crate) fn fd(&self) -> Option<i32> {
+        self.fd
+    }
+
+    /// The ring at byte `offset` with `cap` data bytes.
+    fn ring(&self, offset: usize, cap: usize) -> RingPtr {
+        debug_assert!(offset + CTL + cap <= self.len && cap.is_power_of_two());
+        // SAFETY: the range lies inside the mapping (checked by the layout that computed it).
+        let ctl = unsafe { self.base.add(offset) };
+        // SAFETY: as above.
+        let data = unsafe { ctl.add(CTL) };
+        RingPtr { ctl: ctl.cast(), data, cap }
+    }
+}
+
+impl Drop for Segment {
+    fn drop(&mut self) {
+        // SAFETY: unmapping the mapping made in `map`; no ring of it outlives the segment
+        // (rings hold an `Arc` of it).
+        unsafe { libc::munmap(self.base.cast(), self.len) };
+        if let Some(fd) = self.fd {
+            // SAFETY: closing the descriptor this segment owns, once.
+            unsafe { libc::close(fd) };
+        }
+    }
+}
+
+/// How the rings of one host are laid out in a segment: one ring per *sending* local rank,
+/// in the receiving rank's segment.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Layout {
+    /// Ranks on the host.
+    pub locals: usize,
+    /// Data bytes of each ring (a power of two).
+    pub ring: usize,
+}
+
+impl Layout {
+    /// Bytes of one rank's segment.
+    pub(crate) fn segment_bytes(&self) -> usize {
+        self.locals * (CTL + self.ring)
+    }
+    fn offset(&self, sender_local: usize) -> usize {
+        sender_local * (CTL + self.ring)
+    }
+}
+
+#[derive(Clone, Copy)]
+struct RingPtr {
+    ctl: *const Ctl,
+    data: *mut u8,
+    cap: usize,
+}
+
+impl RingPtr {
+    fn ctl(&self) -> &Ctl {
+        // SAFETY: `ctl` points into a live mapping (the ring's owner keeps the segment) and
+        // the control block is only ever accessed through atomics.
+        unsafe { &*self.ctl }
+    }
+}
+
+/// What a waiting loop hears from its caller between waits.
+pub(crate) type Check<'a> = &'a mut dyn FnMut() -> Result<(), Error>;
+
+/// How long to spin and yield before sleeping.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Patience {
+    spin: Duration,
+    yield_for: Duration,
+}
+
+impl Patience {
+    /// Ranks of one host beyond its cores must not spin: they would take the core from the
+    /// rank they wait for.
+    pub(crate) fn for_host(locals: usize) -> Patience {
+        let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+        if locals <= cores {
+            Patience { spin: Duration::from_micros(50), yield_for: Duration::from_micros(500) }
+        } else {
+            Patience { spin: Duration::from_micros(1), yield_for: Duration::from_micros(200) }
+        }
+    }
+}
+
+/// Spin, then yield, until `ready()` holds (`Ok(true)`) or the patience is spent
+/// (`Ok(false)`: time to sleep); `check` runs every few rounds.
+fn spin_then_yield(patience: Patience, ready: &mut impl FnMut() -> bool, check: Check<'_>) -> Result<bool, Error> {
+    if ready() {
+        return Ok(true);
+    }
+    let start = Instant::now();
+    let mut i = 0u32;
+    loop {
+        for _ in 0..64 {
+            std::hint::spin_loop();
+            if ready() {
+                return Ok(true);
+            }
+        }
+        i += 1;
+        if i.is_multiple_of(16) {
+            check()?;
+        }
+        let spent = start.elapsed();
+        if spent < patience.spin {
+            continue;
+        }
+        if spent < patience.spin + patience.yield_for {
+            std::thread::yield_now();
+            continue;
+        }
+        return Ok(false);
+    }
+}
+
+/// Sleep on `bell` (with `sleeping` raised, so that the other side rings it) until `ready()`
+/// holds, at most `nap` at a time; `check` runs before each sleep.
+fn sleep_until(
+    bell: &AtomicU32,
+    sleeping: &AtomicU32,
+    nap: Duration,
+    ready: &mut impl FnMut() -> bool,
+    check: Check<'_>,
+) -> Result<(), Error> {
+    loop {
+        check()?;
+        let seen = bell.load(Ordering::SeqCst);
+        sleeping.store(1, Ordering::SeqCst);
+        if !ready() {
+            futex_wait(bell, seen, nap);
+        }
+        sleeping.store(0, Ordering::SeqCst);
+        if ready() {
+            return Ok(());
+        }
+    }
+}
+
+/// Wait until `ready()` holds, spinning, then yielding, then sleeping on `bell` with
+/// `sleeping` raised; `check` runs between sleeps and every few yields.
+fn wait_until(
+    patience: Patience,
+    bell: &AtomicU32,
+    sleeping: &AtomicU32,
+    mut ready: impl FnMut() -> bool,
+    check: Check<'_>,
+) -> Result<(), Error> {
+    if spin_then_yield(patience, &mut ready, check)? {
+        return Ok(());
+    }
+    sleep_until(bell, sleeping, Duration::from_millis(2), &mut ready, check)
+}
+
+fn futex_wait(word: &AtomicU32, expect: u32, timeout: Duration) {
+    let ts = libc::timespec { tv_sec: timeout.as_secs() as libc::time_t, tv_nsec: timeout.subsec_nanos() as _ };
+    // SAFETY: `word` is a valid, aligned u32 in a shared mapping (not a private futex, so
+    // waiters and wakers of other processes meet); the timeout is a valid timespec.
+    unsafe {
+        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAIT, expect, &ts as *const libc::timespec);
+    }
+}
+
+fn futex_wake(word: &AtomicU32) {
+    word.fetch_add(1, Ordering::SeqCst);
+    // SAFETY: `word` is a valid, aligned u32 in a shared mapping.
+    unsafe {
+        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX);
+    }
+}
+
+/// The writing end of a ring (in the receiver's segment).
+pub(crate) struct Tx {
+    ring: RingPtr,
+    _seg: std::sync::Arc<Segment>,
+    patience: Patience,
+}
+
+// SAFETY: the ring's writer side is used by one thread at a time (the caller holds `Tx`
+// behind a mutex); the segment is kept alive by the `Arc`.
+unsafe impl Send for Tx {}
+
+/// The reading end of a ring (in this rank's own segment).
+pub(crate) struct Rx {
+    ring: RingPtr,
+    _seg: std::sync::Arc<Segment>,
+    patience: Patience,
+}
+
+// SAFETY: as for `Tx`, for the reader side.
+unsafe impl Send for Rx {}
+
+/// The two ends between this rank and one peer of its host.
+pub(crate) fn link(
+    own: &std::sync::Arc<Segment>,
+    peer: &std::sync::Arc<Segment>,
+    layout: Layout,
+    me_local: usize,
+    peer_local: usize,
+    patience: Patience,
+) -> (Tx, Rx) {
+    let tx = Tx { ring: peer.ring(layout.offset(me_local), layout.ring), _seg: peer.clone(), patience };
+    let rx = Rx { ring: own.ring(layout.offset(peer_local), layout.ring), _seg: own.clone(), patience };
+    (tx, rx)
+}
+
+impl Tx {
+    /// Append `parts` (one message: header and payload) to the stream, padded to 8 bytes,
+    /// waiting for room as the reader consumes; `stalled` runs while there is no room (the
+    /// caller drains its own incoming rings there, so two ranks sending to each other never
+    /// wait on each other) and ends the wait with its error.
+    pub(crate) fn write(&self, parts: &[&[u8]], stalled: Check<'_>) -> Result<(), Error> {
+        let mut w = Writing::new(parts);
+        loop {
+            self.write_some(&mut w);
+            if w.done() {
+                return Ok(());
+            }
+            self.wait_room(stalled)?;
+        }
+    }
+
+    /// Bytes the reader has consumed since the start (it moves while the reader reads).
+    pub(crate) fn consumed(&self) -> u64 {
+        self.ring.ctl().reader.pos.load(Ordering::Acquire)
+    }
+
+    /// Whether there is room for a word in the ring.
+    pub(crate) fn has_room(&self) -> bool {
+        let ctl = self.ring.ctl();
+        self.ring.cap as u64 - (ctl.writer.pos.load(Ordering::Relaxed) - ctl.reader.pos.load(Ordering::Acquire)) >= 8
+    }
+
+    /// Wait until there is room for a word in the ring.
+    pub(crate) fn wait_room(&self, check: Check<'_>) -> Result<(), Error> {
+        let ctl = self.ring.ctl();
+        let cap = self.ring.cap as u64;
+        let room = || cap - (ctl.writer.pos.load(Ordering::Relaxed) - ctl.reader.pos.load(Ordering::Acquire)) >= 8;
+        wait_until(self.patience, &ctl.reader.bell, &ctl.writer.sleeping, room, check)
+    }
+
+    /// Without waiting: write as much of the message as there is room for (whole words).
+    /// Returns whether anything was written.
+    pub(crate) fn write_some(&self, w: &mut Writing<'_>) -> bool {
+        let ctl = self.ring.ctl();
+        let cap = self.ring.cap as u64;
+        let mut head = ctl.writer.pos.load(Ordering::Relaxed);
+        let tail = ctl.reader.pos.load(Ordering::Acquire);
+        let room = (cap - (head - tail)) as usize;
+        let mut n = room.min(w.left).min(PIECE) & !7;
+        if n == 0 {
+            return false;
+        }
+        w.left -= n;
+        while n > 0 {
+            let at = (head % cap) as usize;
+            let contiguous = n.min(self.ring.cap - at);
+            let mut filled = 0;
+            while filled < contiguous {
+                let (len, src): (usize, Option<&[u8]>) = match w.parts.get(w.part) {
+                    Some(p) => {
+                        let k = (p.len() - w.off).min(contiguous - filled);
+                        (k, Some(&p[w.off..w.off + k]))
+                    }
+                    None => (contiguous - filled, None), // padding
+                };
+                // SAFETY: `at + filled .. + len` lies inside the ring's data (at most
+                // `contiguous` bytes from `at`), a range the reader does not touch until the
+                // head is published past it.
+                let dst = unsafe { self.ring.data.add(at + filled) };
+                match src {
+                    // SAFETY: `dst` has `s.len()` writable bytes (above); the source is a
+                    // distinct slice.
+                    Some(s) => unsafe { std::ptr::copy_nonoverlapping(s.as_ptr(), dst, s.len()) },
+                    // SAFETY: as above, for the padding bytes.
+                    None => unsafe { std::ptr::write_bytes(dst, 0, len) },
+                }
+                filled += len;
+                if src.is_some() {
+                    w.off += len;
+                    w.skip_finished();
+                }
+            }
+            head += contiguous as u64;
+            n -= contiguous;
+        }
+        ctl.writer.pos.store(head, Ordering::SeqCst);
+        if ctl.reader.sleeping.load(Ordering::SeqCst) != 0 {
+            futex_wake(&ctl.writer.bell);
+        }
+        true
+    }
+}
+
+/// A message being written: its parts, where the writer is, and the bytes (padding
+/// included) still to write.
+pub(crate) struct Writing<'a> {
+    parts: &'a [&'a [u8]],
+    part: usize,
+    off: usize,
+    left: usize,
+}
+
+impl<'a> Writing<'a> {
+    pub(crate) fn new(parts: &'a [&'a [u8]]) -> Self {
+        let total: usize = parts.iter().map(|p| p.len()).sum();
+        let mut w = Writing { parts, part: 0, off: 0, left: total.next_multiple_of(8) };
+        w.skip_finished();
+        w
+    }
+    fn skip_finished(&mut self) {
+        while self.parts.get(self.part).is_some_and(|p| self.off == p.len()) {
+            self.part += 1;
+            self.off = 0;
+        }
+    }
+    pub(crate) fn done(&self) -> bool {
+        self.left == 0
+    }
+}
+
+/// Wait until `ready()` holds for a thread that both writes to `tx` and reads from `rx`:
+/// it spins and yields, then sleeps briefly (either side's progress may be what it waits for,
+/// so it cannot sleep on one futex alone).
+pub(crate) fn wait_either(tx: &Tx, rx: &Rx, mut ready: impl FnMut() -> bool, check: Check<'_>) -> Result<(), Error> {
+    if spin_then_yield(tx.patience, &mut ready, check)? {
+        return Ok(());
+    }
+    // Sleep on the incoming ring's bell, briefly: its writer rings it, and room that the
+    // reader of `tx` frees is seen at the next look.
+    let ctl = rx.ring.ctl();
+    sleep_until(&ctl.writer.bell, &ctl.reader.sleeping, Duration::from_micros(200), &mut ready, check)
+}
+
+impl Rx {
+    /// Bytes this reader has consumed since the start.
+    pub(crate) fn consumed(&self) -> u64 {
+        self.ring.ctl().reader.pos.load(Ordering::Relaxed)
+    }
+
+    /// Unread bytes in the ring.
+    pub(crate) fn available(&self) -> u64 {
+        let ctl = self.ring.ctl();
+        ctl.writer.pos.load(Ordering::Acquire) - ctl.reader.pos.load(Ordering::Relaxed)
+    }
+
+    /// Wait until at least `n` bytes (at most the ring's capacity) are unread.
+    pub(crate) fn wait_for(&self, n: usize, check: Check<'_>) -> Result<(), Error> {
+        let n = (n as u64).min(self.ring.cap as u64);
+        let ctl = self.ring.ctl();
+        wait_until(self.patience, &ctl.writer.bell, &ctl.reader.sleeping, || self.available() >= n, check)
+    }
+
+    /// Consume the next `len` bytes of the stream (and the padding to 8 after them), giving
+    /// them to `sink` in pieces as they arrive: `sink(offset, bytes)`. Every piece but the
+    /// last holds a multiple of 8 bytes and starts 8-byte aligned in memory.
+    pub(crate) fn read(&self, len: usize, sink: &mut dyn FnMut(usize, &[u8]), check: Check<'_>) -> Result<(), Error> {
+        let mut done = 0;
+        loop {
+            done = self.read_some(done, len, sink);
+            if done >= len.next_multiple_of(8) {
+                return Ok(());
+            }
+            self.wait_for(8, check)?;
+        }
+    }
+
+    /// Without waiting: consume what has arrived of a `len`-byte message of which `done`
+    /// bytes (padding included) were consumed before, giving it to `sink` as [`Rx::read`]
+    /// does. Returns the bytes consumed so far; the message is complete at `len` rounded up
+    /// to 8.
+    pub(crate) fn read_some(&self, mut done: usize, len: usize, sink: &mut dyn FnMut(usize, &[u8])) -> usize {
+        let padded = len.next_multiple_of(8);
+        let ctl = self.ring.ctl();
+        let cap = self.ring.cap as u64;
+        let avail = self.available();
+        let mut tail = ctl.reader.pos.load(Ordering::Relaxed);
+        let mut take = (avail as usize).min(padded.saturating_sub(done));
+        if take == 0 {
+            return done;
+        }
+        while take > 0 {
+            let at = (tail % cap) as usize;
+            let contiguous = take.min(self.ring.cap - at);
+            let useful = contiguous.min(len.saturating_sub(done));
+            if useful > 0 {
+                // SAFETY: `at .. at + contiguous` lies inside the ring's data and holds bytes
+                // the writer published (below the head) and will not touch until the tail
+                // moves past them.
+                let piece = unsafe { std::slice::from_raw_parts(self.ring.data.add(at), useful) };
+                sink(done, piece);
+            }
+            done += contiguous;
+            tail += contiguous as u64;
+            take -= contiguous;
+        }
+        ctl.reader.pos.store(tail, Ordering::SeqCst);
+        if ctl.writer.sleeping.load(Ordering::SeqCst) != 0 {
+            futex_wake(&ctl.reader.bell);
+        }
+        done
+    }
+}
+
+/// This host's identity: ranks that report the same one share memory. The boot id and the
+/// PID namespace, so that containers of one machine that cannot see each other's processes
+/// count as different hosts; `split` (from `ANYCCL_CPU_LINKS=hosts:K`) makes rank `r` of a
+/// communicator look like host `r % K`, so the mixed path runs on one machine.
+pub(crate) fn host_id(rank: usize, split: Option<usize>) -> String {
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+    let pidns = std::fs::read_link("/proc/self/ns/pid").map(|p| p.display().to_string()).unwrap_or_default();
+    let mut id = format!("{}:{}", boot.trim(), pidns);
+    if let Some(k) = split {
+        id.push_str(&format!(":split{}", rank % k.max(1)));
+    }
+    id.replace(' ', "_")
+}

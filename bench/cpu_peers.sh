@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# The CPU backend beside Open MPI (shared memory) and Gloo (PyTorch, TCP), side by side in
+# one run on this machine: each collective at each world size, float32 sum, every call
+# issued and waited (the latency an MPI blocking loop measures), one row per size with
+# each peer's time and bus bandwidth and anyccl's ratios to them (busbw ratio: above 1 is
+# faster). anyccl's pipelined time per call (calls issued back to back, then waited, as
+# nccl-tests measures) is printed beside its latency.
+#
+#   bash bench/cpu_peers.sh                      # everything (about 20 minutes on 2 cores)
+#   OPS="all_reduce" RANKS="2" MAXB=64M bash bench/cpu_peers.sh
+#
+# Installs what it needs: Debian's Open MPI (run as root with --allow-run-as-root and
+# --oversubscribe), PyTorch from PyPI for Gloo; builds anyccl's release binaries.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OPS=${OPS:-"all_reduce all_gather reduce_scatter broadcast all_to_all sendrecv"}
+RANKS=${RANKS:-"2 4"}
+MINB=${MINB:-8}
+MAXB=${MAXB:-256M}
+ITERS=${ITERS:-1000}
+WORK=${WORK:-$(mktemp -d /tmp/cpu-peers.XXXXXX)}
+
+bytes() { numfmt --from=iec "$1"; }
+minb=$(bytes "$MINB"); maxb=$(bytes "$MAXB")
+
+if ! command -v mpicc >/dev/null || ! command -v mpirun >/dev/null; then
+  echo "# installing Open MPI (apt)" >&2
+  (apt-get update -qq && apt-get install -y -qq openmpi-bin libopenmpi-dev) >"$WORK/apt.log" 2>&1
+fi
+if ! python3 -c "import torch" 2>/dev/null; then
+  echo "# installing PyTorch (pip, about 5 GB)" >&2
+  python3 -m pip install -q torch >"$WORK/pip.log" 2>&1
+fi
+cargo build -q --release -p anyccl-examples --bin anyccl-run --bin anyccl-bench
+mpicc -O2 -o "$WORK/mpi_coll" bench/peers/mpi_coll.c
+R=target/release
+
+echo "# $(nproc) cores, $(uname -r); Open MPI $(mpirun --allow-run-as-root --version 2>/dev/null | head -1 | awk '{print $NF}'), torch $(python3 -c 'import torch; print(torch.__version__)' 2>/dev/null)"
+echo "# float32 sum; time in us per call, busbw in GB/s; ratio = anyccl busbw / peer busbw"
+port=29700
+for n in $RANKS; do
+  for op in $OPS; do
+    a="$WORK/anyccl-$op-$n"; m="$WORK/mpi-$op-$n"; g="$WORK/gloo-$op-$n"; p="$WORK/pipe-$op-$n"
+    # anyccl: latency (one call in flight), small sizes with many calls, large with few.
+    split=$(( 1 << 22 ))
+    : >"$a"
+    for range in "$minb $(( split / 2 )) $ITERS" "$split $maxb $(( ITERS / 100 > 5 ? ITERS / 100 : 5 ))"; do
+      set -- $range
+      [ "$1" -le "$maxb" ] || continue
+      hi=$2; [ "$hi" -le "$maxb" ] || hi=$maxb
+      $R/anyccl-run -n "$n" --no-prefix -- $R/anyccl-bench "$op" --backend cpu -b "$1" -e "$hi" -n "$3" -w 5 --depth 1 \
+        | awk '!/^#/ && NF > 8 {print $1, $6, $7, $8}' >>"$a"
+    done
+    # anyccl pipelined, small sizes only (what the latency rows do not show).
+    $R/anyccl-run -n "$n" --no-prefix -- $R/anyccl-bench "$op" --backend cpu -b "$minb" -e 4K -n "$ITERS" -w 5 \
+      | awk '!/^#/ && NF > 8 {print $1, $6}' >"$p"
+    mpirun --allow-run-as-root --oversubscribe -np "$n" "$WORK/mpi_coll" "$op" "$minb" "$maxb" "$ITERS" >"$m" 2>"$m.err" || true
+    port=$((port + 1))
+    pids=()
+    for ((r = 0; r < n; r++)); do
+      RANK=$r WORLD_SIZE=$n MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+        python3 bench/peers/gloo_coll.py "$op" "$minb" "$maxb" "$ITERS" >"$g.$r" 2>"$g.$r.err" & pids+=($!)
+    done
+    for pid in "${pids[@]}"; do wait "$pid" || true; done
+    grep -v '^#' "$g.0" >"$g" || true
+    echo
+    echo "## $op, $n ranks"
+    printf "%12s | %9s %9s %8s | %9s %8s | %9s %8s | %7s %7s\n" size "anyccl-us" "pipe-us" busbw "ompi-us" busbw "gloo-us" busbw "x-ompi" "x-gloo"
+    awk -v A="$a" -v M="$m" -v G="$g" -v P="$p" '
+      BEGIN {
+        while ((getline l < A) > 0) { split(l, f, " "); at[f[1]] = f[2]; ab[f[1]] = f[4]; sizes[++k] = f[1] }
+        while ((getline l < P) > 0) { split(l, f, " "); pt[f[1]] = f[2] }
+        while ((getline l < M) > 0) { split(l, f, " "); mt[f[1]] = f[2]; mb[f[1]] = f[4] }
+        while ((getline l < G) > 0) { split(l, f, " "); gt[f[1]] = f[2]; gb[f[1]] = f[4] }
+        for (i = 1; i <= k; i++) {
+          s = sizes[i]
+          xm = (s in mb && mb[s] > 0) ? sprintf("%7.2f", ab[s] / mb[s]) : "    n/a"
+          xg = (s in gb && gb[s] + 0 > 0) ? sprintf("%7.2f", ab[s] / gb[s]) : "    n/a"
+          printf "%12s | %9s %9s %8s | %9s %8s | %9s %8s | %s %s\n", s, at[s], (s in pt ? pt[s] : "-"), ab[s],
+            (s in mt ? mt[s] : "n/a"), (s in mb ? mb[s] : "n/a"), (s in gt ? gt[s] : "n/a"), (s in gb ? gb[s] : "n/a"), xm, xg
+        }
+      }'
+  done
+done
+echo
+echo "# raw outputs: $WORK"
