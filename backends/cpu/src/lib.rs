@@ -10,6 +10,10 @@
 //!   meanwhile, so the eager rule holds there too, and the ring algorithms' steps stream
 //!   both directions at once with nothing buffered. The TCP connection to each such peer
 //!   stays: it carries failure notices and closes when the peer's process dies.
+//! - **Large messages by reference.** On one host a message of 256 KiB or more is copied
+//!   once, by the receiver, out of the sender's memory (`process_vm_readv`), and the sender
+//!   waits for that copy; where a security module forbids it, the receiver says so at
+//!   connect and the ring carries it.
 //! - **The caller's thread runs its operation.** A `wait` at least as long as the operation
 //!   timeout runs the queued operations up to its own on the calling thread (no hand-over
 //!   between threads, which cost tens of microseconds); the worker thread takes an operation

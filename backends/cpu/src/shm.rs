@@ -37,6 +37,12 @@ struct Side {
     bell: AtomicU32,
     /// Set by this side while it sleeps, waiting for the other side.
     sleeping: AtomicU32,
+    /// Reader's side: the number of the last message sent by reference that the reader has
+    /// copied out of the writer's memory (the writer's buffer is free again).
+    ack: AtomicU64,
+    /// Reader's side: 1 when the reader may read the writer's memory
+    /// (`process_vm_readv`), so the writer may send large messages by reference.
+    by_ref: AtomicU32,
 }
 
 #[repr(C)]
@@ -127,6 +133,11 @@ impl Segment {
             return Err(os_err(&format!("mmap of {len} bytes")));
         }
         Ok(p.cast())
+    }
+
+    /// Where the segment is mapped in this process.
+    pub(crate) fn addr(&self) -> usize {
+        self.base as usize
     }
 
     /// This process's descriptor of a segment it created.
@@ -352,6 +363,23 @@ impl Tx {
         }
     }
 
+    /// Whether the reader can read this process's memory (large messages go by reference).
+    pub(crate) fn by_ref_ok(&self) -> bool {
+        self.ring.ctl().reader.by_ref.load(Ordering::Acquire) == 1
+    }
+
+    /// Wait until the reader has copied the message sent by reference with number `n`.
+    pub(crate) fn wait_ack(&self, n: u64, stalled: Check<'_>) -> Result<(), Error> {
+        let ctl = self.ring.ctl();
+        wait_until(
+            self.patience,
+            &ctl.reader.bell,
+            &ctl.writer.sleeping,
+            || ctl.reader.ack.load(Ordering::Acquire) >= n,
+            stalled,
+        )
+    }
+
     /// Bytes the reader has consumed since the start (it moves while the reader reads).
     pub(crate) fn consumed(&self) -> u64 {
         self.ring.ctl().reader.pos.load(Ordering::Acquire)
@@ -465,6 +493,20 @@ pub(crate) fn wait_either(tx: &Tx, rx: &Rx, mut ready: impl FnMut() -> bool, che
 }
 
 impl Rx {
+    /// Tell the writer whether this process may read its memory.
+    pub(crate) fn allow_by_ref(&self, ok: bool) {
+        self.ring.ctl().reader.by_ref.store(u32::from(ok), Ordering::Release);
+    }
+
+    /// Acknowledge the message sent by reference with number `n`: copied.
+    pub(crate) fn ack(&self, n: u64) {
+        let ctl = self.ring.ctl();
+        ctl.reader.ack.store(n, Ordering::SeqCst);
+        if ctl.writer.sleeping.load(Ordering::SeqCst) != 0 {
+            futex_wake(&ctl.reader.bell);
+        }
+    }
+
     /// Bytes this reader has consumed since the start.
     pub(crate) fn consumed(&self) -> u64 {
         self.ring.ctl().reader.pos.load(Ordering::Relaxed)
@@ -546,4 +588,23 @@ pub(crate) fn host_id(rank: usize, split: Option<usize>) -> String {
         id.push_str(&format!(":split{}", rank % k.max(1)));
     }
     id.replace(' ', "_")
+}
+
+/// Copy `dst.len()` bytes from address `addr` of process `pid` (a single copy between
+/// processes, `process_vm_readv`).
+pub(crate) fn read_remote(pid: i32, addr: usize, dst: &mut [u8]) -> Result<(), String> {
+    let mut done = 0;
+    while done < dst.len() {
+        let local = libc::iovec { iov_base: dst[done..].as_mut_ptr().cast(), iov_len: dst.len() - done };
+        let remote = libc::iovec { iov_base: (addr + done) as *mut libc::c_void, iov_len: dst.len() - done };
+        // SAFETY: `local` describes writable memory this function borrows mutably; the remote
+        // range is only read, by the kernel, which checks it against the other process's
+        // mappings and fails instead of faulting.
+        let n = unsafe { libc::process_vm_readv(pid, &local, 1, &remote, 1, 0) };
+        if n <= 0 {
+            return Err(os_err(&format!("process_vm_readv of {} bytes from process {pid}", dst.len() - done)));
+        }
+        done += n as usize;
+    }
+    Ok(())
 }

@@ -17,7 +17,7 @@ use anyccl_core::{Error, Result, Store};
 use std::collections::VecDeque;
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -257,6 +257,11 @@ pub(crate) struct Mesh {
     /// Shared-memory links to the peers of this host (their TCP connections stay, for
     /// failure notices and to learn that the peer's process exited).
     shm: Vec<Option<ShmLink>>,
+    /// Messages to peers of this host of at least this many bytes go by reference: the
+    /// receiver copies them out of the sender's memory (`ANYCCL_CPU_BY_REF_MIN`).
+    by_ref_min: usize,
+    /// Where a message read by reference lands on its way to a reduction.
+    scratch: Mutex<Vec<u8>>,
     pub mailbox: Arc<Mailbox>,
     readers: Mutex<Vec<std::thread::JoinHandle<()>>>,
 }
@@ -265,6 +270,10 @@ pub(crate) struct Mesh {
 struct ShmLink {
     tx: Mutex<shm::Tx>,
     rx: Mutex<RxState>,
+    /// The peer's process.
+    pid: i32,
+    /// Messages sent to it by reference so far.
+    refs: AtomicU64,
 }
 
 /// The reading end of a link and the message a drain left half read.
@@ -276,12 +285,34 @@ struct RxState {
 /// A message read in part by a drain (which never waits mid-message: the peer may be
 /// draining too, waiting for the rest of this rank's own message).
 struct Partial {
-    kind: u8,
-    op: u8,
-    seq: u64,
-    data: Vec<u8>,
+    hdr: Hdr,
+    /// The payload, or for a message sent by reference its address and number.
+    body: Vec<u8>,
     /// Bytes consumed, padding included.
     done: usize,
+}
+
+/// A message header.
+#[derive(Debug, Clone, Copy)]
+struct Hdr {
+    kind: u8,
+    op: u8,
+    /// The body is the payload's address in the sender and the message's number: the
+    /// receiver copies the payload out of the sender's memory and acknowledges it.
+    by_ref: bool,
+    seq: u64,
+    len: usize,
+}
+
+/// Bytes of a by-reference message's body.
+const REF_BODY: usize = 16;
+
+/// Where a received payload goes.
+enum Sink<'a> {
+    /// Copied to this buffer.
+    Into(&'a mut [u8]),
+    /// Handed over in pieces: `f(offset, bytes)`.
+    With(&'a mut dyn FnMut(usize, &[u8])),
 }
 
 /// Which transport links ranks (`ANYCCL_CPU_LINKS`, or [`crate::CpuLinks`]).
@@ -319,6 +350,15 @@ impl Links {
             }),
         }
     }
+}
+
+/// Message size from which messages to peers of this host go by reference
+/// (`ANYCCL_CPU_BY_REF_MIN`, default 256 KiB; `off` never).
+fn by_ref_min(rank: usize, label: &str) -> Result<usize> {
+    if std::env::var("ANYCCL_CPU_BY_REF_MIN").is_ok_and(|v| v.trim() == "off") {
+        return Ok(usize::MAX);
+    }
+    Ok(crate::algo::env_bytes("ANYCCL_CPU_BY_REF_MIN", 256 << 10, rank, label)?.max(REF_BODY + 1))
 }
 
 /// Data bytes of each ring for `locals` ranks on a host: 4 MiB up to 8 ranks, then less, so
@@ -386,7 +426,12 @@ async fn shm_links(
     let layout = shm::Layout { locals: locals.len(), ring: ring_bytes(locals.len(), rank, label)? };
     let own = Arc::new(shm::Segment::create(layout.segment_bytes()).map_err(fail)?);
     let fd = own.fd().unwrap_or(-1);
-    store.set(&format!("{ns}/seg/{rank}"), format!("{} {fd} {}", std::process::id(), layout.ring).as_bytes()).await?;
+    store
+        .set(
+            &format!("{ns}/seg/{rank}"),
+            format!("{} {fd} {} {}", std::process::id(), layout.ring, own.addr()).as_bytes(),
+        )
+        .await?;
     let keys: Vec<String> = locals.iter().map(|r| format!("{ns}/seg/{r}")).collect();
     let got = store.wait_many(&keys, deadline).await?;
     let missing: Vec<usize> = locals.iter().zip(&got).filter(|(_, v)| v.is_none()).map(|(r, _)| *r).collect();
@@ -402,7 +447,9 @@ async fn shm_links(
         }
         let v = String::from_utf8_lossy(&v.unwrap_or_default()).into_owned();
         let mut it = v.split(' ').map(|x| x.parse::<i64>().ok());
-        let (Some(Some(pid)), Some(Some(fd)), Some(Some(ring))) = (it.next(), it.next(), it.next()) else {
+        let (Some(Some(pid)), Some(Some(fd)), Some(Some(ring)), Some(Some(addr))) =
+            (it.next(), it.next(), it.next(), it.next())
+        else {
             return Err(Error::store_fatal(format!("malformed segment under '{ns}/seg/{peer}'")));
         };
         if ring as usize != layout.ring {
@@ -420,7 +467,20 @@ async fn shm_links(
         let seg = shm::Segment::open(pid as u32, fd as i32, layout.segment_bytes())
             .map_err(|e| fail(format!("rank {peer}: {e}")))?;
         let (tx, rx) = shm::link(&own, &Arc::new(seg), layout, me_local, i, patience);
-        links[peer] = Some(ShmLink { tx: Mutex::new(tx), rx: Mutex::new(RxState { rx, partial: None }) });
+        // May this process read the peer's memory? (Not where a security module forbids
+        // it.) The peer reads the answer before its first large message to this rank.
+        let mut probe = [0u8; 8];
+        let readable = shm::read_remote(pid as i32, addr as usize, &mut probe);
+        if let Err(e) = &readable {
+            tracing::debug!("rank {rank} of '{label}': large messages from rank {peer} go through the ring: {e}");
+        }
+        rx.allow_by_ref(readable.is_ok());
+        links[peer] = Some(ShmLink {
+            tx: Mutex::new(tx),
+            rx: Mutex::new(RxState { rx, partial: None }),
+            pid: pid as i32,
+            refs: AtomicU64::new(0),
+        });
     }
     tracing::debug!(
         backend = "cpu",
@@ -594,6 +654,8 @@ impl Mesh {
             writers,
             ctl,
             shm,
+            by_ref_min: by_ref_min(rank, label)?,
+            scratch: Mutex::new(Vec::new()),
             mailbox,
             readers: Mutex::new(readers),
         })
@@ -630,7 +692,7 @@ impl Mesh {
         h[8..16].copy_from_slice(&seq.to_le_bytes());
         h[16..24].copy_from_slice(&(data.len() as u64).to_le_bytes());
         if let Some(link) = &self.shm[peer] {
-            return self.shm_send(peer, link, &h, data, kind, op, seq);
+            return self.shm_send(peer, link, kind, op, seq, data);
         }
         let Some(w) = &self.writers[peer] else {
             return Err(self.peer_err(peer, "no connection".into()));
@@ -713,7 +775,7 @@ impl Mesh {
     pub(crate) fn recv_coll(&self, peer: usize, op: u8, seq: u64, expect: usize) -> Result<Vec<u8>> {
         if self.shm[peer].is_some() {
             let mut out = vec![0u8; expect];
-            self.recv_coll_with(peer, op, seq, expect, &mut |at, b| out[at..at + b.len()].copy_from_slice(b))?;
+            self.recv_coll_into(peer, op, seq, &mut out)?;
             return Ok(out);
         }
         let m = self.wait_msg(peer, || what(Kind::Coll, op, seq), Inbox::pop_coll)?;
@@ -733,10 +795,23 @@ impl Mesh {
         sink: &mut dyn FnMut(usize, &[u8]),
     ) -> Result<()> {
         match &self.shm[peer] {
-            Some(link) => self.shm_recv(peer, link, Kind::Coll, (op, seq), expect, sink),
+            Some(link) => self.shm_recv(peer, link, Kind::Coll, (op, seq), expect, &mut Sink::With(sink)),
             None => {
                 let d = self.recv_coll(peer, op, seq, expect)?;
                 sink(0, &d);
+                Ok(())
+            }
+        }
+    }
+
+    /// Like [`Mesh::recv_coll`], into `dst` (straight out of the sender's memory where the
+    /// peer is on this host and the message large).
+    pub(crate) fn recv_coll_into(&self, peer: usize, op: u8, seq: u64, dst: &mut [u8]) -> Result<()> {
+        match &self.shm[peer] {
+            Some(link) => self.shm_recv(peer, link, Kind::Coll, (op, seq), dst.len(), &mut Sink::Into(dst)),
+            None => {
+                let d = self.recv_coll(peer, op, seq, dst.len())?;
+                dst.copy_from_slice(&d);
                 Ok(())
             }
         }
@@ -771,75 +846,174 @@ impl Mesh {
             return self.recv_coll_with(from, op, seq, expect, sink);
         }
         let tx = out.tx.lock().unwrap_or_else(|p| p.into_inner());
-        let rx = &st.rx;
+        let (h, by_ref) = self.header_for(&tx, out, Kind::Coll, op, seq, data);
+        let parts = [&h[..], by_ref.as_ref().map_or(data, |b| &b[..])];
+        let mut w = shm::Writing::new(&parts);
+        let mut hdr = [0u8; HEADER];
+        let (mut hdone, mut body, mut bdone) = (0usize, None::<Hdr>, 0usize);
+        let what = || what(Kind::Coll, op, seq);
+        let mut deadline = anyccl_core::deadline_in(self.op_timeout);
+        {
+            let rx = &st.rx;
+            loop {
+                let mut progressed = !w.done() && tx.write_some(&mut w);
+                let received = match body {
+                    None => {
+                        let d = rx.read_some(hdone, HEADER, &mut |at, b| hdr[at..at + b.len()].copy_from_slice(b));
+                        progressed |= d != hdone;
+                        hdone = d;
+                        if hdone == HEADER {
+                            hdone = 0;
+                            let m = self.parse_header(from, &hdr)?;
+                            let mut stop = || self.stop(from, deadline, || rx.available() > 0, &what);
+                            if m.kind != Kind::Coll as u8 {
+                                // A point-to-point message sent before this collective: to the inbox.
+                                let mut d = vec![0u8; m.len];
+                                self.take_payload(from, inc, rx, m, &mut Sink::Into(&mut d), &mut stop)?;
+                                self.mailbox.push_p2p(from, d);
+                            } else {
+                                self.check_coll(from, op, seq, expect, (m.op, m.seq, m.len))?;
+                                if m.by_ref {
+                                    self.take_payload(from, inc, rx, m, &mut Sink::With(sink), &mut stop)?;
+                                    body = Some(Hdr { len: 0, ..m });
+                                    progressed = true;
+                                } else {
+                                    body = Some(m);
+                                }
+                            }
+                        }
+                        false
+                    }
+                    Some(m) => {
+                        let d = rx.read_some(bdone, m.len, sink);
+                        progressed |= d != bdone;
+                        bdone = d;
+                        bdone >= m.len.next_multiple_of(8)
+                    }
+                };
+                if w.done() && received {
+                    break;
+                }
+                if progressed {
+                    deadline = anyccl_core::deadline_in(self.op_timeout);
+                    continue;
+                }
+                let sending = !w.done();
+                let ready = || (sending && tx.has_room()) || (!received && rx.available() > 0);
+                shm::wait_either(&tx, rx, ready, &mut || {
+                    if sending {
+                        self.stop(to, deadline, || false, &what)?;
+                    }
+                    self.stop(from, deadline, || rx.available() > 0, &what)
+                })?;
+            }
+        }
+        drop(st);
+        match by_ref {
+            Some(b) => self.wait_ack(to, &tx, &b, &what),
+            None => Ok(()),
+        }
+    }
+
+    /// The header of a message to a peer of this host, and the body that replaces the
+    /// payload when it goes by reference (large, and the peer may read this process).
+    fn header_for(
+        &self,
+        tx: &shm::Tx,
+        link: &ShmLink,
+        kind: Kind,
+        op: u8,
+        seq: u64,
+        data: &[u8],
+    ) -> ([u8; HEADER], Option<[u8; REF_BODY]>) {
         let mut h = [0u8; HEADER];
-        h[0] = Kind::Coll as u8;
+        h[0] = kind as u8;
         h[1] = op;
         h[8..16].copy_from_slice(&seq.to_le_bytes());
         h[16..24].copy_from_slice(&(data.len() as u64).to_le_bytes());
-        let parts = [&h[..], data];
-        let mut w = shm::Writing::new(&parts);
-        let mut hdr = [0u8; HEADER];
-        let (mut hdone, mut body, mut bdone) = (0usize, None::<usize>, 0usize);
-        let what = || what(Kind::Coll, op, seq);
-        let mut deadline = anyccl_core::deadline_in(self.op_timeout);
-        loop {
-            let mut progressed = !w.done() && tx.write_some(&mut w);
-            let received = match body {
-                None => {
-                    let d = rx.read_some(hdone, HEADER, &mut |at, b| hdr[at..at + b.len()].copy_from_slice(b));
-                    progressed |= d != hdone;
-                    hdone = d;
-                    if hdone == HEADER {
-                        hdone = 0;
-                        let (k, m_op, m_seq, len) = self.parse_header(from, &hdr)?;
-                        if k != Kind::Coll as u8 {
-                            // A point-to-point message sent before this collective: to the inbox.
-                            let mut d = vec![0u8; len];
-                            let pending = || rx.available() > 0;
-                            rx.read(len, &mut |at, b| d[at..at + b.len()].copy_from_slice(b), &mut || {
-                                self.stop(from, deadline, pending, &what)
-                            })?;
-                            self.mailbox.push_p2p(from, d);
-                        } else {
-                            self.check_coll(from, op, seq, expect, (m_op, m_seq, len))?;
-                            body = Some(len);
-                        }
-                    }
-                    false
-                }
-                Some(len) => {
-                    let d = rx.read_some(bdone, len, sink);
-                    progressed |= d != bdone;
-                    bdone = d;
-                    bdone >= len.next_multiple_of(8)
-                }
-            };
-            if w.done() && received {
-                return Ok(());
-            }
-            if progressed {
-                deadline = anyccl_core::deadline_in(self.op_timeout);
-                continue;
-            }
-            let sending = !w.done();
-            let ready = || (sending && tx.has_room()) || (!received && rx.available() > 0);
-            shm::wait_either(&tx, rx, ready, &mut || {
-                if sending {
-                    self.stop(to, deadline, || false, &what)?;
-                }
-                self.stop(from, deadline, || rx.available() > 0, &what)
-            })?;
+        if data.len() < self.by_ref_min || !tx.by_ref_ok() {
+            return (h, None);
         }
+        h[2] = 1;
+        let n = link.refs.fetch_add(1, Ordering::Relaxed) + 1;
+        let mut b = [0u8; REF_BODY];
+        b[..8].copy_from_slice(&(data.as_ptr() as u64).to_le_bytes());
+        b[8..].copy_from_slice(&n.to_le_bytes());
+        (h, Some(b))
+    }
+
+    /// Wait until `peer` has copied the message sent by reference whose body is `body`
+    /// (the sender's buffer must stay as it is until then), draining meanwhile.
+    fn wait_ack(&self, peer: usize, tx: &shm::Tx, body: &[u8; REF_BODY], what: &dyn Fn() -> String) -> Result<()> {
+        let n = u64::from_le_bytes(body[8..].try_into().unwrap_or_default());
+        let deadline = anyccl_core::deadline_in(self.op_timeout);
+        tx.wait_ack(n, &mut || {
+            self.stop(peer, deadline, || false, what)?;
+            self.drain()
+        })
+    }
+
+    /// Read the payload of message `m` from `peer` into `sink`: from the ring, or, sent by
+    /// reference, out of the peer's memory (then acknowledged).
+    fn take_payload(
+        &self,
+        peer: usize,
+        link: &ShmLink,
+        rx: &shm::Rx,
+        m: Hdr,
+        sink: &mut Sink<'_>,
+        stop: shm::Check<'_>,
+    ) -> Result<()> {
+        if !m.by_ref {
+            return match sink {
+                Sink::Into(dst) => rx.read(m.len, &mut |at, b| dst[at..at + b.len()].copy_from_slice(b), stop),
+                Sink::With(f) => rx.read(m.len, *f, stop),
+            };
+        }
+        let mut body = [0u8; REF_BODY];
+        rx.read(REF_BODY, &mut |at, b| body[at..at + b.len()].copy_from_slice(b), stop)?;
+        self.copy_by_ref(peer, link, rx, m.len, &body, sink)
+    }
+
+    /// Copy a by-reference message (`body`: address, number) of `len` bytes out of `peer`'s
+    /// memory into `sink`, and acknowledge it.
+    fn copy_by_ref(
+        &self,
+        peer: usize,
+        link: &ShmLink,
+        rx: &shm::Rx,
+        len: usize,
+        body: &[u8],
+        sink: &mut Sink<'_>,
+    ) -> Result<()> {
+        let addr = u64::from_le_bytes(body[..8].try_into().unwrap_or_default()) as usize;
+        let n = u64::from_le_bytes(body[8..16].try_into().unwrap_or_default());
+        let failed = |e: String| self.peer_err(peer, format!("reading rank {peer}'s message: {e}"));
+        match sink {
+            Sink::Into(dst) => shm::read_remote(link.pid, addr, &mut dst[..len]).map_err(failed)?,
+            Sink::With(f) => {
+                // Through a buffer that stays in cache, a piece at a time.
+                const PIECE: usize = 256 << 10;
+                let mut scratch = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
+                scratch.resize(PIECE.min(len), 0);
+                let mut at = 0;
+                while at < len {
+                    let k = PIECE.min(len - at);
+                    shm::read_remote(link.pid, addr + at, &mut scratch[..k]).map_err(failed)?;
+                    f(at, &scratch[..k]);
+                    at += k;
+                }
+            }
+        }
+        rx.ack(n);
+        Ok(())
     }
 
     /// Receive the next point-to-point message from `peer`, of exactly `expect` bytes.
     pub(crate) fn recv_p2p(&self, peer: usize, expect: usize) -> Result<Vec<u8>> {
         if let Some(link) = &self.shm[peer] {
             let mut out = vec![0u8; expect];
-            self.shm_recv(peer, link, Kind::P2p, (0, 0), expect, &mut |at, b| {
-                out[at..at + b.len()].copy_from_slice(b)
-            })?;
+            self.shm_recv(peer, link, Kind::P2p, (0, 0), expect, &mut Sink::Into(&mut out))?;
             return Ok(out);
         }
         let d = self.wait_msg(peer, || format!("recv from rank {peer}"), Inbox::pop_p2p)?;
@@ -889,20 +1063,12 @@ impl Mesh {
 
     /// Write one message to a peer of this host. While its ring is full, the messages other
     /// peers of this host wrote to this rank are moved to the inbox, so ranks that send to
-    /// each other before receiving never wait on each other.
-    #[allow(clippy::too_many_arguments)] // one message's identity
-    fn shm_send(
-        &self,
-        peer: usize,
-        link: &ShmLink,
-        h: &[u8; HEADER],
-        data: &[u8],
-        kind: Kind,
-        op: u8,
-        seq: u64,
-    ) -> Result<()> {
+    /// each other before receiving never wait on each other. A large message goes by
+    /// reference: this waits until the peer has copied it.
+    fn shm_send(&self, peer: usize, link: &ShmLink, kind: Kind, op: u8, seq: u64, data: &[u8]) -> Result<()> {
         let tx = link.tx.lock().unwrap_or_else(|p| p.into_inner());
         let what = || what(kind, op, seq);
+        let (h, by_ref) = self.header_for(&tx, link, kind, op, seq, data);
         // The deadline is for a peer that takes nothing: it moves while the peer reads.
         let mut deadline = anyccl_core::deadline_in(self.op_timeout);
         let mut taken = tx.consumed();
@@ -914,7 +1080,11 @@ impl Mesh {
             self.stop(peer, deadline, || false, &what)?;
             self.drain()
         };
-        tx.write(&[h, data], &mut stalled)
+        tx.write(&[&h, by_ref.as_ref().map_or(data, |b| &b[..])], &mut stalled)?;
+        match by_ref {
+            Some(b) => self.wait_ack(peer, &tx, &b, &what),
+            None => Ok(()),
+        }
     }
 
     /// Move what has arrived in this rank's rings to the inbox (as far as each peer's inbox
@@ -930,27 +1100,42 @@ impl Mesh {
                     }
                     let mut h = [0u8; HEADER];
                     st.rx.read_some(0, HEADER, &mut |at, b| h[at..at + b.len()].copy_from_slice(b));
-                    let (kind, op, seq, len) = self.parse_header(q, &h)?;
-                    let mut data = Vec::new();
-                    if data.try_reserve_exact(len).is_err() {
-                        return Err(self.peer_err(q, format!("a {len}-byte message from rank {q} cannot be allocated")));
+                    let hdr = self.parse_header(q, &h)?;
+                    let n = if hdr.by_ref { REF_BODY } else { hdr.len };
+                    let mut body = Vec::new();
+                    if body.try_reserve_exact(n).is_err() {
+                        return Err(self.peer_err(q, format!("a {n}-byte message from rank {q} cannot be allocated")));
                     }
-                    data.resize(len, 0);
-                    st.partial = Some(Partial { kind, op, seq, data, done: 0 });
+                    body.resize(n, 0);
+                    st.partial = Some(Partial { hdr, body, done: 0 });
                 }
                 let RxState { rx, partial } = &mut *st;
                 let Some(p) = partial.as_mut() else { break };
-                let len = p.data.len();
-                let data = &mut p.data;
-                p.done = rx.read_some(p.done, len, &mut |at, b| data[at..at + b.len()].copy_from_slice(b));
+                let len = p.body.len();
+                let body = &mut p.body;
+                p.done = rx.read_some(p.done, len, &mut |at, b| body[at..at + b.len()].copy_from_slice(b));
                 if p.done < len.next_multiple_of(8) {
                     break;
                 }
                 if let Some(p) = partial.take() {
-                    self.deliver(q, p.kind, p.op, p.seq, p.data);
+                    self.complete(q, link, rx, p)?;
                 }
             }
         }
+        Ok(())
+    }
+
+    /// Deliver a message read whole by a drain to the inbox (copying it out of the sender's
+    /// memory first when it came by reference).
+    fn complete(&self, peer: usize, link: &ShmLink, rx: &shm::Rx, p: Partial) -> Result<()> {
+        let data = if p.hdr.by_ref {
+            let mut data = vec![0u8; p.hdr.len];
+            self.copy_by_ref(peer, link, rx, p.hdr.len, &p.body, &mut Sink::Into(&mut data))?;
+            data
+        } else {
+            p.body
+        };
+        self.deliver(peer, p.hdr.kind, p.hdr.op, p.hdr.seq, data);
         Ok(())
     }
 
@@ -962,23 +1147,17 @@ impl Mesh {
         }
     }
 
-    fn parse_header(&self, peer: usize, h: &[u8; HEADER]) -> Result<(u8, u8, u64, usize)> {
+    fn parse_header(&self, peer: usize, h: &[u8; HEADER]) -> Result<Hdr> {
         let seq = u64::from_le_bytes(h[8..16].try_into().unwrap_or_default());
         let len = u64::from_le_bytes(h[16..24].try_into().unwrap_or_default()) as usize;
         if h[0] != Kind::Coll as u8 && h[0] != Kind::P2p as u8 {
             return Err(self.peer_err(peer, format!("rank {peer} wrote an unknown message kind {}", h[0])));
         }
-        Ok((h[0], h[1], seq, len))
+        Ok(Hdr { kind: h[0], op: h[1], by_ref: h[2] == 1, seq, len })
     }
 
     /// Read the next message header from `peer`'s ring (waiting for it until `deadline`).
-    fn shm_header(
-        &self,
-        peer: usize,
-        rx: &shm::Rx,
-        deadline: Instant,
-        what: &dyn Fn() -> String,
-    ) -> Result<(u8, u8, u64, usize)> {
+    fn shm_header(&self, peer: usize, rx: &shm::Rx, deadline: Instant, what: &dyn Fn() -> String) -> Result<Hdr> {
         let pending = || rx.available() >= HEADER as u64;
         let mut h = [0u8; HEADER];
         rx.wait_for(HEADER, &mut || self.stop(peer, deadline, pending, what))?;
@@ -998,20 +1177,28 @@ impl Mesh {
         kind: Kind,
         (op, seq): (u8, u64),
         expect: usize,
-        sink: &mut dyn FnMut(usize, &[u8]),
+        sink: &mut Sink<'_>,
     ) -> Result<()> {
         let coll = kind == Kind::Coll;
-        if coll {
-            if let Some(m) = self.mailbox.try_take(peer, Inbox::pop_coll) {
-                self.check_coll(peer, op, seq, expect, (m.op, m.seq, m.data.len()))?;
-                sink(0, &m.data);
-                return Ok(());
+        let queued = if coll {
+            match self.mailbox.try_take(peer, Inbox::pop_coll) {
+                Some(m) => {
+                    self.check_coll(peer, op, seq, expect, (m.op, m.seq, m.data.len()))?;
+                    Some(m.data)
+                }
+                None => None,
             }
-        } else if let Some(d) = self.mailbox.try_take(peer, Inbox::pop_p2p) {
-            if d.len() != expect {
-                return Err(self.p2p_size(peer, d.len(), expect));
+        } else {
+            match self.mailbox.try_take(peer, Inbox::pop_p2p) {
+                Some(d) if d.len() != expect => return Err(self.p2p_size(peer, d.len(), expect)),
+                d => d,
             }
-            sink(0, &d);
+        };
+        if let Some(d) = queued {
+            match sink {
+                Sink::Into(dst) => dst.copy_from_slice(&d),
+                Sink::With(f) => f(0, &d),
+            }
             return Ok(());
         }
         let deadline = anyccl_core::deadline_in(self.op_timeout);
@@ -1019,8 +1206,8 @@ impl Mesh {
         let what = || if coll { what(Kind::Coll, op, seq) } else { format!("recv from rank {peer}") };
         if let Some(mut p) = st.partial.take() {
             // A drain began the next message: finish it, then look again.
-            let len = p.data.len();
-            let data = &mut p.data;
+            let len = p.body.len();
+            let body = &mut p.body;
             let rx = &st.rx;
             let done = p.done;
             let pending = || rx.available() > 0;
@@ -1029,17 +1216,17 @@ impl Mesh {
                 &mut |at, b| {
                     let at = at + done;
                     let n = b.len().min(len.saturating_sub(at));
-                    data[at..at + n].copy_from_slice(&b[..n]);
+                    body[at..at + n].copy_from_slice(&b[..n]);
                 },
                 &mut || self.stop(peer, deadline, pending, &what),
             )?;
-            self.deliver(peer, p.kind, p.op, p.seq, p.data);
+            self.complete(peer, link, rx, p)?;
             drop(st);
             return self.shm_recv(peer, link, kind, (op, seq), expect, sink);
         }
         let rx = &st.rx;
         loop {
-            let (k, m_op, m_seq, len) = self.shm_header(peer, rx, deadline, &what)?;
+            let m = self.shm_header(peer, rx, deadline, &what)?;
             let pending = || rx.available() > 0;
             // The deadline is for a peer that sends nothing: it moves while data arrives.
             let (mut deadline, mut got) = (deadline, rx.consumed());
@@ -1050,17 +1237,17 @@ impl Mesh {
                 }
                 self.stop(peer, deadline, pending, &what)
             };
-            if k == kind as u8 {
+            if m.kind == kind as u8 {
                 if coll {
-                    self.check_coll(peer, op, seq, expect, (m_op, m_seq, len))?;
-                } else if len != expect {
-                    return Err(self.p2p_size(peer, len, expect));
+                    self.check_coll(peer, op, seq, expect, (m.op, m.seq, m.len))?;
+                } else if m.len != expect {
+                    return Err(self.p2p_size(peer, m.len, expect));
                 }
-                return rx.read(len, sink, &mut stop);
+                return self.take_payload(peer, link, rx, m, sink, &mut stop);
             }
-            let mut data = vec![0u8; len];
-            rx.read(len, &mut |at, b| data[at..at + b.len()].copy_from_slice(b), &mut stop)?;
-            self.deliver(peer, k, m_op, m_seq, data);
+            let mut data = vec![0u8; m.len];
+            self.take_payload(peer, link, rx, m, &mut Sink::Into(&mut data), &mut stop)?;
+            self.deliver(peer, m.kind, m.op, m.seq, data);
         }
     }
 
