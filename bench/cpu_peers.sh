@@ -19,6 +19,7 @@ MINB=${MINB:-8}
 MAXB=${MAXB:-256M}
 ITERS=${ITERS:-1000}
 WORK=${WORK:-$(mktemp -d /tmp/cpu-peers.XXXXXX)}
+mkdir -p "$WORK"
 
 bytes() { numfmt --from=iec "$1"; }
 minb=$(bytes "$MINB"); maxb=$(bytes "$MAXB")
@@ -36,7 +37,7 @@ mpicc -O2 -o "$WORK/mpi_coll" bench/peers/mpi_coll.c
 R=target/release
 
 echo "# $(nproc) cores, $(uname -r); Open MPI $(mpirun --allow-run-as-root --version 2>/dev/null | head -1 | awk '{print $NF}'), torch $(python3 -c 'import torch; print(torch.__version__)' 2>/dev/null)"
-echo "# float32 sum; time in us per call, busbw in GB/s; ratio = anyccl busbw / peer busbw"
+echo "# float32 sum; time in us per call, busbw in GB/s; x-ompi, x-gloo = anyccl busbw / peer busbw (= peer time / anyccl time)"
 port=29700
 for n in $RANKS; do
   for op in $OPS; do
@@ -74,8 +75,10 @@ for n in $RANKS; do
         while ((getline l < G) > 0) { split(l, f, " "); gt[f[1]] = f[2]; gb[f[1]] = f[4] }
         for (i = 1; i <= k; i++) {
           s = sizes[i]
-          xm = (s in mb && mb[s] > 0) ? sprintf("%7.2f", ab[s] / mb[s]) : "    n/a"
-          xg = (s in gb && gb[s] + 0 > 0) ? sprintf("%7.2f", ab[s] / gb[s]) : "    n/a"
+          # Same size, so the busbw ratio is the inverse ratio of the times (exact where
+          # busbw rounds to zero).
+          xm = (s in mt && mt[s] + 0 > 0 && at[s] + 0 > 0) ? sprintf("%7.2f", mt[s] / at[s]) : "    n/a"
+          xg = (s in gt && gt[s] + 0 > 0 && at[s] + 0 > 0) ? sprintf("%7.2f", gt[s] / at[s]) : "    n/a"
           printf "%12s | %9s %9s %8s | %9s %8s | %9s %8s | %s %s\n", s, at[s], (s in pt ? pt[s] : "-"), ab[s],
             (s in mt ? mt[s] : "n/a"), (s in mb ? mb[s] : "n/a"), (s in gt ? gt[s] : "n/a"), (s in gb ? gb[s] : "n/a"), xm, xg
         }

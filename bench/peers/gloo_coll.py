@@ -54,7 +54,7 @@ def main():
             else:
                 raise SystemExit(f"unknown op {op}")
 
-        total = iters if size < (1 << 22) else max(5, iters // 10)
+        total = iters if size < (1 << 22) else max(5, iters // 100)
         try:
             for _ in range(5):
                 call()

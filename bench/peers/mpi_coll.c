@@ -33,8 +33,8 @@ int main(int argc, char **argv) {
         if (count == 0) continue;
         int per = (int)(count / n);
         int warm = 5, total = iters;
-        /* fewer calls for large sizes, at least 5 */
-        if (bytes >= (1 << 22)) total = iters / 10 > 5 ? iters / 10 : 5;
+        /* fewer calls from 4 MiB on, at least 5 */
+        if (bytes >= (1 << 22)) total = iters / 100 > 5 ? iters / 100 : 5;
         double t0 = 0;
         for (int i = 0; i < warm + total; i++) {
             if (i == warm) { MPI_Barrier(MPI_COMM_WORLD); t0 = MPI_Wtime(); }

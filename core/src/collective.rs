@@ -240,6 +240,12 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// # Errors
     /// As [`Backend::probe`], or when that device does not exist.
     fn platform(&self, local_rank: usize) -> Result<Arc<dyn Platform>>;
+    /// The settings that choose this backend's algorithms and transports for communicators
+    /// connected now (size thresholds and the like, after the environment's overrides), as
+    /// `(name, value)` pairs that benchmarks and logs print; empty when it has none.
+    fn tuning(&self) -> Vec<(String, String)> {
+        Vec::new()
+    }
     /// Build a communicator among `opts.size` ranks; every rank calls this.
     ///
     /// # Errors

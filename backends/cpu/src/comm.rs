@@ -47,9 +47,23 @@ impl Drop for Admission {
 /// How long a queued job is left to a caller that waits for it (it then runs on the
 /// caller's thread, with no hand-over between threads) before the worker takes it; also how
 /// often a worker that ran something recently looks at the queue without being woken.
-const GRACE: Duration = Duration::from_micros(500);
-/// A worker idle this long sleeps until an enqueue wakes it.
+const GRACE_DEFAULT: Duration = Duration::from_micros(500);
+
+pub(crate) fn grace() -> Duration {
+    static G: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *G.get_or_init(|| {
+        std::env::var("ANYCCL_CPU_HANDOFF_US")
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map_or(GRACE_DEFAULT, Duration::from_micros)
+    })
+}
+/// A worker that saw no job issued for this long sleeps until an enqueue wakes it.
 const IDLE: Duration = Duration::from_millis(50);
+/// The longest a worker sleeps between looks while jobs come and callers run them: a job
+/// nobody waits for, issued after a run of jobs that were all waited for at once, starts at
+/// most this late (an enqueue behind a job still queued wakes the worker at once).
+const MAX_POLL: Duration = Duration::from_millis(20);
 
 /// A communicator's operations in issue order and the engine that runs them, one at a time,
 /// on the worker thread or on the thread of a caller waiting for one of them.
@@ -67,6 +81,9 @@ struct SchedState {
     closed: bool,
     /// The worker sleeps until woken (it has been idle for [`IDLE`]).
     parked: bool,
+    /// An enqueue woke the worker: jobs are queued behind each other (the program does not
+    /// wait for each), so the worker looks again within the grace.
+    woken: bool,
 }
 
 impl std::fmt::Debug for Sched {
@@ -122,16 +139,30 @@ fn run_job(engine: &mut Engine, run: JobFn) -> Result<Output> {
 }
 
 /// The worker: runs queued jobs in order, leaving a job that was just queued to its caller
-/// for [`GRACE`].
+/// for [`grace`].
 fn worker_loop(sched: &Sched) {
     let mut st = sched.lock();
     let mut idle_since = Instant::now();
     // The front job when the worker first saw it, and when: a job is the worker's once it
-    // has waited [`GRACE`] (no clock is read when a job is queued).
+    // has waited [`grace`] (no clock is read when a job is queued).
     let mut seen: Option<(u64, Instant)> = None;
+    // How long the worker sleeps when nothing is its own: the grace after it ran a job or
+    // was woken, doubling (to [`MAX_POLL`]) while callers run their own jobs, so that a
+    // program waiting for each operation is not interrupted thousands of times a second.
+    let mut poll = grace();
+    // Jobs issued when the worker last looked: any issued since count as activity (it then
+    // does not park, which would make every enqueue wake it).
+    let mut issued = st.next_id;
     loop {
         if st.closed && st.jobs.is_empty() {
             return;
+        }
+        if st.next_id != issued {
+            issued = st.next_id;
+            idle_since = Instant::now();
+        }
+        if std::mem::take(&mut st.woken) {
+            poll = grace();
         }
         let Some(front) = st.jobs.front() else {
             seen = None;
@@ -139,11 +170,14 @@ fn worker_loop(sched: &Sched) {
                 st.parked = true;
                 st = sched.cv.wait(st).unwrap_or_else(|p| p.into_inner());
                 st.parked = false;
+                idle_since = Instant::now();
             } else {
-                st = sched.cv.wait_timeout(st, GRACE).unwrap_or_else(|p| p.into_inner()).0;
+                st = sched.cv.wait_timeout(st, poll).unwrap_or_else(|p| p.into_inner()).0;
+                poll = (poll * 2).min(MAX_POLL);
             }
             continue;
         };
+        idle_since = Instant::now();
         let id = front.id;
         let first_seen = match seen {
             Some((i, t)) if i == id => t,
@@ -154,10 +188,11 @@ fn worker_loop(sched: &Sched) {
             }
         };
         let age = first_seen.elapsed();
-        if st.engine.is_none() || (age < GRACE && !st.closed) {
-            // A caller runs a job, or may take this one: look again shortly.
-            let pause = GRACE.saturating_sub(age).max(Duration::from_micros(50));
-            st = sched.cv.wait_timeout(st, pause).unwrap_or_else(|p| p.into_inner()).0;
+        if st.engine.is_none() || (age < grace() && !st.closed) {
+            // A caller runs a job, or may take this one: look again later.
+            let pause = if st.engine.is_none() { poll } else { grace().saturating_sub(age) };
+            st = sched.cv.wait_timeout(st, pause.max(Duration::from_micros(50))).unwrap_or_else(|p| p.into_inner()).0;
+            poll = (poll * 2).min(MAX_POLL);
             continue;
         }
         st = sched.run_front(st);
@@ -167,6 +202,7 @@ fn worker_loop(sched: &Sched) {
             st = sched.run_front(st);
         }
         idle_since = Instant::now();
+        poll = grace();
     }
 }
 
@@ -456,6 +492,7 @@ impl CpuComm {
                 next_id: 0,
                 closed: false,
                 parked: false,
+                woken: false,
             }),
             cv: Condvar::new(),
         });
@@ -545,8 +582,11 @@ impl CpuComm {
         }
         let id = st.next_id;
         st.next_id += 1;
+        // Wake the worker when it sleeps for good, or when a job is already queued (the
+        // program issues several before it waits: they must progress without it).
+        let wake = st.parked || (!st.jobs.is_empty() && !st.woken);
+        st.woken |= wake;
         st.jobs.push_back(Job { id, run, done: done.clone(), _admission: admission });
-        let wake = st.parked;
         drop(st);
         if wake {
             self.sched.cv.notify_one();

@@ -65,6 +65,30 @@ async fn connect(opts: ConnectOptions, links: Option<Links>) -> Result<Arc<dyn C
     Ok(c)
 }
 
+/// What [`Backend::tuning`] reports: each setting as a communicator connected now gets it
+/// (a malformed variable shows as such; the connect names it in its error).
+fn tuning(links: Option<Links>) -> Vec<(String, String)> {
+    let env = |name: &str, default: String| std::env::var(name).unwrap_or(default);
+    let links = match links {
+        Some(l) => format!("{l:?} (set by the program)"),
+        None => env("ANYCCL_CPU_LINKS", "auto".into()),
+    };
+    vec![
+        ("ANYCCL_CPU_LINKS".into(), links),
+        (
+            "ANYCCL_CPU_ALLREDUCE_DIRECT_MAX".into(),
+            env("ANYCCL_CPU_ALLREDUCE_DIRECT_MAX", algo::DIRECT_MAX.to_string()),
+        ),
+        ("ANYCCL_CPU_BY_REF_MIN".into(), env("ANYCCL_CPU_BY_REF_MIN", transport::BY_REF_MIN.to_string())),
+        (
+            "ANYCCL_CPU_SHM_RING_BYTES".into(),
+            env("ANYCCL_CPU_SHM_RING_BYTES", "4 MiB up to 8 ranks a host, then 32 MiB / (ranks - 1)".into()),
+        ),
+        ("ANYCCL_CPU_HANDOFF_US".into(), comm::grace().as_micros().to_string()),
+        ("ANYCCL_CPU_SPIN_US".into(), env("ANYCCL_CPU_SPIN_US", "50".into())),
+    ]
+}
+
 macro_rules! cpu_backend {
     ($t:ty, $links:expr) => {
         #[async_trait]
@@ -80,6 +104,10 @@ macro_rules! cpu_backend {
             }
             fn platform(&self, _local_rank: usize) -> Result<Arc<dyn Platform>> {
                 Ok(Arc::new(HostPlatform))
+            }
+            fn tuning(&self) -> Vec<(String, String)> {
+                #[allow(clippy::redundant_closure_call)]
+                tuning(($links)(self))
             }
             async fn connect(&self, opts: ConnectOptions) -> Result<Arc<dyn Collective>> {
                 #[allow(clippy::redundant_closure_call)]

@@ -218,10 +218,19 @@ impl Patience {
     /// rank they wait for.
     pub(crate) fn for_host(locals: usize) -> Patience {
         let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+        let us = |name: &str, default: u64| {
+            std::env::var(name).ok().and_then(|v| v.trim().parse::<u64>().ok()).unwrap_or(default)
+        };
         if locals <= cores {
-            Patience { spin: Duration::from_micros(50), yield_for: Duration::from_micros(500) }
+            Patience {
+                spin: Duration::from_micros(us("ANYCCL_CPU_SPIN_US", 50)),
+                yield_for: Duration::from_micros(us("ANYCCL_CPU_YIELD_US", 500)),
+            }
         } else {
-            Patience { spin: Duration::from_micros(1), yield_for: Duration::from_micros(200) }
+            Patience {
+                spin: Duration::from_micros(1),
+                yield_for: Duration::from_micros(us("ANYCCL_CPU_YIELD_US", 200)),
+            }
         }
     }
 }

@@ -431,6 +431,11 @@ async fn run(args: Args) -> Result<()> {
             info.version,
             platform.device()
         );
+        let tuning = backend.tuning();
+        if !tuning.is_empty() {
+            let t: Vec<String> = tuning.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            println!("# tuning: {}", t.join(" "));
+        }
         println!("#  nThread 1 nGpus 1 minBytes {min} maxBytes {max} step: {}(factor) warmup iters: {} iters: {} validation: {} in flight: {}", args.factor, args.warmup, args.iters, args.check, args.depth.map_or("as many as fit".to_string(), |d| d.to_string()));
         println!("#");
         println!("#                                                              out-of-place                       in-place                    cold first call");
