@@ -67,8 +67,9 @@ impl Coll<'_> {
     }
     /// Receive `dst.len()` bytes from `peer` straight into `dst`.
     fn recv_into(&self, peer: usize, dst: &mut [u8]) -> Result<()> {
-        self.mesh
-            .recv_coll_with(peer, self.op, self.seq, dst.len(), &mut |at, b| dst[at..at + b.len()].copy_from_slice(b))
+        self.mesh.recv_coll_with(peer, self.op, self.seq, dst.len(), &mut |at, b| {
+            crate::shm::copy(&mut dst[at..at + b.len()], b)
+        })
     }
     /// Send `out` to `to` while receiving `incoming` bytes from `from` into `sink`.
     fn exchange(
@@ -184,7 +185,7 @@ fn ring_all_gather(cx: &Coll<'_>, data: &mut [u8], es: usize, ch: &[(usize, usiz
         let send_c = ch[(me + n - s) % n];
         let recv_c = ch[(me + 2 * n - s - 1) % n];
         let (out, dst) = disjoint(data, byte_range(send_c, es), byte_range(recv_c, es));
-        cx.exchange(right, out, left, dst.len(), &mut |at, b| dst[at..at + b.len()].copy_from_slice(b))?;
+        cx.exchange(right, out, left, dst.len(), &mut |at, b| crate::shm::copy(&mut dst[at..at + b.len()], b))?;
     }
     Ok(())
 }
@@ -272,14 +273,15 @@ pub(crate) fn all_to_all(
             .collect()
     };
     let (so, ro) = (offsets(send_bytes), offsets(recv_bytes));
+    crate::shm::copy(&mut recv[ro[me]..ro[me] + recv_bytes[me]], &send[so[me]..so[me] + send_bytes[me]]);
+    // Pairwise: at step k, to rank me + k and from rank me - k, both streams at once (the
+    // peer at me + k receives from this rank at its own step k).
     for k in 1..n {
-        let to = (me + k) % n;
-        cx.send(to, &send[so[to]..so[to] + send_bytes[to]])?;
-    }
-    recv[ro[me]..ro[me] + recv_bytes[me]].copy_from_slice(&send[so[me]..so[me] + send_bytes[me]]);
-    for k in 1..n {
-        let from = (me + n - k) % n;
-        cx.recv_into(from, &mut recv[ro[from]..ro[from] + recv_bytes[from]])?;
+        let (to, from) = ((me + k) % n, (me + n - k) % n);
+        let dst = &mut recv[ro[from]..ro[from] + recv_bytes[from]];
+        cx.exchange(to, &send[so[to]..so[to] + send_bytes[to]], from, dst.len(), &mut |at, b| {
+            crate::shm::copy(&mut dst[at..at + b.len()], b)
+        })?;
     }
     Ok(())
 }

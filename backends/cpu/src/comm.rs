@@ -1,7 +1,13 @@
 //! `CpuComm`: the CPU backend's communicator. Operations run in issue order on one worker
-//! thread per communicator; inputs are copied at enqueue and results are copied into the
-//! caller's buffers when completion is observed, so the worker never touches borrowed
-//! memory and dropping an unfinished `Work` never blocks.
+//! thread per communicator, or on the thread of a caller that waits for one of them.
+//!
+//! The worker never dereferences a caller's buffer: a small input is copied at enqueue, a
+//! large one is lent (its address is kept, and the worker copies it through the kernel,
+//! which fails cleanly instead of faulting, or a peer of this host copies it out the same
+//! way), and results are copied into the caller's buffers when completion is observed. A
+//! job that runs inside its own caller's wait, where the borrow is live, reads and writes
+//! the caller's buffers directly: no copy in or out. Dropping an unfinished `Work` whose
+//! inputs were lent waits until its job has run (every step of which has a deadline).
 //!
 //! Memory is bounded: inputs queued and not yet run may hold at most
 //! `ANYCCL_CPU_MAX_QUEUED_BYTES` (default 256 MiB); past that, enqueue waits for the worker,
@@ -10,7 +16,7 @@
 //! `ANYCCL_CPU_MAX_INBOX_BYTES` (default 256 MiB, see the transport).
 
 use crate::algo::{self, Coll, Tuning};
-use crate::transport::{Dead, Kind, Links, Mesh};
+use crate::transport::{Data, Dead, Kind, Links, Mesh};
 use anyccl_core::{
     async_trait, AllToAllSplits, Buf, BufMut, Capabilities, Collective, CommInfo, DType, Device, DeviceKind, Error,
     P2POp, ReduceOp, Result, Store, Work, WorkImpl,
@@ -21,7 +27,77 @@ use std::time::{Duration, Instant};
 
 /// What a job leaves for each of its target buffers (`None`: leave it unchanged).
 type Output = Vec<Option<Vec<u8>>>;
-type JobFn = Box<dyn FnOnce(&mut Engine) -> Result<Output> + Send>;
+type JobFn = Box<dyn for<'d> FnOnce(&mut Engine, Option<Direct<'d>>) -> Result<Output> + Send>;
+
+/// A caller's own buffers, handed to its job when the job runs on the caller's thread inside
+/// its wait (the borrow is live there): the job reads its inputs and writes its results in
+/// place, and leaves `None` for every target.
+struct Direct<'d> {
+    /// The send buffers of the operation, in issue order (none for an in-place operation).
+    srcs: Vec<&'d [u8]>,
+    /// The target buffers, in issue order.
+    outs: Vec<&'d mut [u8]>,
+}
+
+/// Inputs from this size on are lent rather than copied at enqueue.
+const LEND_MIN: usize = 64 << 10;
+
+/// An operation's input as the worker sees it.
+enum Input {
+    /// Copied at enqueue.
+    Copied(Vec<u8>),
+    /// The caller's memory, lent while its `Work` lives (see the module doc).
+    Lent { addr: usize, len: usize },
+}
+
+impl Input {
+    /// Copy a small input; lend a large one.
+    fn of(bytes: &[u8], pool: &Pool) -> Input {
+        if bytes.len() >= LEND_MIN {
+            Input::Lent { addr: bytes.as_ptr() as usize, len: bytes.len() }
+        } else {
+            Input::Copied(pool.copy(bytes))
+        }
+    }
+
+    fn lent(&self) -> bool {
+        matches!(self, Input::Lent { .. })
+    }
+
+    /// What to send: the copy, or the lent range (which a peer of this host copies out).
+    fn data(&self) -> Data<'_> {
+        match self {
+            Input::Copied(v) => Data::Bytes(v),
+            Input::Lent { addr, len } => Data::At { addr: *addr, len: *len },
+        }
+    }
+
+    /// The bytes, in a buffer of the job's own.
+    fn take(self, e: &Engine) -> Result<Vec<u8>> {
+        match self {
+            Input::Copied(v) => Ok(v),
+            Input::Lent { addr, len } => {
+                let mut v = e.pool.get(len);
+                e.mesh.read_own(addr, len, &mut v)?;
+                Ok(v)
+            }
+        }
+    }
+
+    /// Copy the bytes into `dst`.
+    fn read_into(&self, e: &Engine, dst: &mut [u8]) -> Result<()> {
+        match self {
+            Input::Copied(v) => crate::shm::copy(dst, v),
+            Input::Lent { addr, len } => {
+                let mut v = std::mem::take(&mut *e.scratch.lock().unwrap_or_else(|p| p.into_inner()));
+                e.mesh.read_own(*addr, *len, &mut v)?;
+                crate::shm::copy(dst, &v);
+                *e.scratch.lock().unwrap_or_else(|p| p.into_inner()) = v;
+            }
+        }
+        Ok(())
+    }
+}
 
 struct Job {
     /// Issue order on the communicator.
@@ -97,11 +173,17 @@ impl Sched {
         self.st.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Run the first queued job (the engine must be free), with `st` unlocked meanwhile.
-    fn run_front<'g>(&'g self, mut st: std::sync::MutexGuard<'g, SchedState>) -> std::sync::MutexGuard<'g, SchedState> {
+    /// Run the first queued job (the engine must be free), with `st` unlocked meanwhile;
+    /// `direct` goes to it if it is job `direct.0`.
+    fn run_front<'g>(
+        &'g self,
+        mut st: std::sync::MutexGuard<'g, SchedState>,
+        direct: Option<(u64, Direct<'_>)>,
+    ) -> std::sync::MutexGuard<'g, SchedState> {
         let (Some(job), Some(mut engine)) = (st.jobs.pop_front(), st.engine.take()) else { return st };
         drop(st);
-        let r = run_job(&mut engine, job.run);
+        let direct = direct.and_then(|(id, d)| (id == job.id).then_some(d));
+        let r = run_job(&mut engine, job.run, direct);
         job.done.set(r);
         drop(job._admission);
         let mut st = self.lock();
@@ -111,13 +193,13 @@ impl Sched {
 }
 
 /// Run one job on the engine; a failure (or a panic) fails the whole communicator.
-fn run_job(engine: &mut Engine, run: JobFn) -> Result<Output> {
+fn run_job(engine: &mut Engine, run: JobFn, direct: Option<Direct<'_>>) -> Result<Output> {
     if let Some(d) = engine.mesh.mailbox.dead() {
         return Err(engine.mesh.dead_err(d));
     }
     // A panic in an operation must not take the worker (and every later Work) with it: it
     // fails the communicator like any error.
-    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(engine))).unwrap_or_else(|_| {
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(engine, direct))).unwrap_or_else(|_| {
         Err(Error::Backend {
             backend: "cpu",
             op: "worker".into(),
@@ -195,11 +277,11 @@ fn worker_loop(sched: &Sched) {
             poll = (poll * 2).min(MAX_POLL);
             continue;
         }
-        st = sched.run_front(st);
+        st = sched.run_front(st, None);
         // The jobs queued behind it are run at once: their callers are not waiting yet, or
         // wait behind this worker anyway.
         while st.engine.is_some() && !st.jobs.is_empty() {
-            st = sched.run_front(st);
+            st = sched.run_front(st, None);
         }
         idle_since = Instant::now();
         poll = grace();
@@ -237,7 +319,7 @@ impl Pool {
     /// A copy of `src`.
     fn copy(&self, src: &[u8]) -> Vec<u8> {
         let mut v = self.get(src.len());
-        v.extend_from_slice(src);
+        crate::shm::copy_to_vec(&mut v, src);
         v
     }
 
@@ -308,6 +390,9 @@ struct Engine {
     mesh: Arc<Mesh>,
     seq: u64,
     tune: Tuning,
+    pool: Arc<Pool>,
+    /// Where a lent input is read on its way into part of a buffer.
+    scratch: Mutex<Vec<u8>>,
 }
 
 impl Engine {
@@ -325,7 +410,11 @@ struct CpuWork<'a> {
     op_timeout: Duration,
     sched: Arc<Sched>,
     done: Arc<Completion>,
+    /// The send buffers, for the job to read when it runs inside this caller's wait.
+    sources: Vec<Buf<'a>>,
     targets: Vec<BufMut<'a>>,
+    /// An input was lent: dropping this waits for the job.
+    lent: bool,
 }
 
 impl CpuWork<'_> {
@@ -334,7 +423,7 @@ impl CpuWork<'_> {
         for (t, o) in self.targets.iter_mut().zip(outs) {
             if let Some(o) = o {
                 if let Some(dst) = t.as_host_bytes_mut() {
-                    dst.copy_from_slice(&o);
+                    crate::shm::copy(dst, &o);
                 }
                 self.pool.put(o);
             }
@@ -342,11 +431,18 @@ impl CpuWork<'_> {
         Ok(true)
     }
 
-    /// Run queued jobs on this thread up to this one, while the engine is free.
-    fn help(&self) {
+    /// Run queued jobs on this thread up to this one, while the engine is free; this one
+    /// with the caller's buffers when `direct`.
+    fn help(&mut self, direct: bool) {
         let mut st = self.sched.lock();
         while st.engine.is_some() && st.jobs.front().is_some_and(|j| j.id <= self.id) {
-            st = self.sched.run_front(st);
+            let mine = direct && st.jobs.front().is_some_and(|j| j.id == self.id);
+            let d = mine.then(|| {
+                let srcs = self.sources.iter().filter_map(|b| b.as_host_bytes()).collect();
+                let outs = self.targets.iter_mut().filter_map(|t| t.as_host_bytes_mut()).collect();
+                (self.id, Direct { srcs, outs })
+            });
+            st = self.sched.run_front(st, d);
         }
     }
 }
@@ -369,7 +465,7 @@ impl WorkImpl for CpuWork<'_> {
         let mut deadline: Option<Instant> = None;
         loop {
             if may_help {
-                self.help();
+                self.help(true);
             }
             let mut g = self.done.slot.lock().unwrap_or_else(|p| p.into_inner());
             if let Some(r) = g.take() {
@@ -395,7 +491,28 @@ impl WorkImpl for CpuWork<'_> {
     }
 
     fn drain(&mut self) {
-        // The jobs only ever touch their own copies; nothing to wait for.
+        if !self.lent {
+            // The job only touches its own copies: nothing to wait for.
+            return;
+        }
+        // It may still read the caller's memory: wait until it has run (each of its steps
+        // ends by its deadline, at once once the communicator is aborted).
+        loop {
+            self.help(false);
+            let mut g = self.done.slot.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(r) = g.take() {
+                for o in r.into_iter().flatten().flatten() {
+                    self.pool.put(o);
+                }
+                return;
+            }
+            self.done.waiters.fetch_add(1, Ordering::SeqCst);
+            g = self.done.cv.wait_timeout(g, Duration::from_millis(5)).unwrap_or_else(|p| p.into_inner()).0;
+            self.done.waiters.fetch_sub(1, Ordering::SeqCst);
+            if g.is_some() {
+                continue;
+            }
+        }
     }
 }
 
@@ -484,7 +601,8 @@ impl CpuComm {
         let tune = Tuning::from_env(mesh.rank, &mesh.label)?;
         let limit = algo::env_bytes("ANYCCL_CPU_MAX_QUEUED_BYTES", 256 << 20, mesh.rank, &mesh.label)?;
         let queue = Arc::new(Queue { bytes: Mutex::new(0), cv: Condvar::new(), waiters: AtomicUsize::new(0), limit });
-        let engine = Engine { mesh: mesh.clone(), seq: 0, tune };
+        let pool = Arc::new(Pool { bufs: Mutex::new(Vec::new()), limit });
+        let engine = Engine { mesh: mesh.clone(), seq: 0, tune, pool: pool.clone(), scratch: Mutex::new(Vec::new()) };
         let sched = Arc::new(Sched {
             st: Mutex::new(SchedState {
                 jobs: Default::default(),
@@ -512,7 +630,7 @@ impl CpuComm {
             ns,
             splits: AtomicU64::new(0),
             queue,
-            pool: Arc::new(Pool { bufs: Mutex::new(Vec::new()), limit }),
+            pool,
         }))
     }
 
@@ -533,7 +651,7 @@ impl CpuComm {
             drop(held);
             let mut st = self.sched.lock();
             while st.engine.is_some() && !st.jobs.is_empty() {
-                st = self.sched.run_front(st);
+                st = self.sched.run_front(st, None);
             }
             drop(st);
             held = q.bytes.lock().unwrap_or_else(|p| p.into_inner());
@@ -568,8 +686,29 @@ impl CpuComm {
 
     /// Queue `run`, admitted (see [`CpuComm::admit`]) before its input was copied.
     fn enqueue<'a>(&'a self, targets: Vec<BufMut<'a>>, admission: Admission, run: JobFn) -> Result<Work<'a>> {
+        self.enqueue_lent(vec![], targets, false, admission, run)
+    }
+
+    /// [`CpuComm::enqueue`] of a job that reads `sources` when it runs in its caller's wait;
+    /// `lent`: an input was lent.
+    fn enqueue_lent<'a>(
+        &'a self,
+        sources: Vec<Buf<'a>>,
+        targets: Vec<BufMut<'a>>,
+        lent: bool,
+        admission: Admission,
+        run: JobFn,
+    ) -> Result<Work<'a>> {
         if let Some(d) = self.mesh.mailbox.dead() {
             return Err(self.mesh.dead_err(d));
+        }
+        if let Some(op) = sources
+            .iter()
+            .any(|b| b.device().kind != DeviceKind::Cpu)
+            .then_some("send")
+            .or_else(|| targets.iter().any(|b| b.device().kind != DeviceKind::Cpu).then_some("recv"))
+        {
+            return Err(not_host(op, self.info.rank, &self.mesh.label));
         }
         let done = Arc::new(Completion::default());
         let mut st = self.sched.lock();
@@ -598,12 +737,29 @@ impl CpuComm {
             op_timeout,
             sched: self.sched.clone(),
             done,
+            sources,
             targets,
+            lent,
         })))
     }
 
     fn host(&self, op: &'static str, b: &Buf<'_>) -> Result<Vec<u8>> {
         b.as_host_bytes().map(|s| self.pool.copy(s)).ok_or_else(|| not_host(op, self.info.rank, &self.mesh.label))
+    }
+
+    /// A send buffer's bytes as a job's input ([`Input::of`]).
+    fn input(&self, op: &'static str, b: &Buf<'_>) -> Result<Input> {
+        b.as_host_bytes()
+            .map(|s| Input::of(s, &self.pool))
+            .ok_or_else(|| not_host(op, self.info.rank, &self.mesh.label))
+    }
+
+    /// An in-place operation's input: the target's bytes `[at, at + len)`.
+    fn input_mut(&self, op: &'static str, b: &mut BufMut<'_>, at: usize, len: usize) -> Result<Input> {
+        let pool = &self.pool;
+        b.as_host_bytes_mut()
+            .map(|s| Input::of(&s[at..at + len], pool))
+            .ok_or_else(|| not_host(op, self.info.rank, &self.mesh.label))
     }
 
     fn host_mut(&self, op: &'static str, b: &mut BufMut<'_>) -> Result<Vec<u8>> {
@@ -642,17 +798,31 @@ impl Collective for CpuComm {
     }
 
     fn all_reduce<'a>(&'a self, send: Option<Buf<'a>>, mut recv: BufMut<'a>, op: ReduceOp) -> Result<Work<'a>> {
-        let adm = self.admit(recv.bytes())?;
-        let mut data = match &send {
-            Some(s) => self.host("all_reduce", s)?,
-            None => self.host_mut("all_reduce", &mut recv)?,
+        let n = recv.bytes();
+        let adm = self.admit(n)?;
+        let input = match &send {
+            Some(s) => self.input("all_reduce", s)?,
+            None => self.input_mut("all_reduce", &mut recv, 0, n)?,
         };
-        let dtype = recv.dtype();
-        self.enqueue(
+        let (dtype, lent) = (recv.dtype(), input.lent());
+        self.enqueue_lent(
+            send.into_iter().collect(),
             vec![recv],
+            lent,
             adm,
-            Box::new(move |e| {
+            Box::new(move |e, direct| {
                 let tune = e.tune;
+                if let Some(Direct { srcs, mut outs }) = direct {
+                    // In the caller's wait: reduced in its own buffer (which holds the input
+                    // already when in place).
+                    let out = &mut *outs[0];
+                    if let Some(src) = srcs.first() {
+                        crate::shm::copy(out, src);
+                    }
+                    algo::all_reduce(&e.coll(algo::OP_ALL_REDUCE), out, dtype, op, &tune)?;
+                    return Ok(vec![None]);
+                }
+                let mut data = input.take(e)?;
                 algo::all_reduce(&e.coll(algo::OP_ALL_REDUCE), &mut data, dtype, op, &tune)?;
                 Ok(vec![Some(data)])
             }),
@@ -675,7 +845,7 @@ impl Collective for CpuComm {
         self.enqueue(
             vec![recv],
             adm,
-            Box::new(move |e| {
+            Box::new(move |e, _| {
                 algo::reduce(&e.coll(algo::OP_REDUCE), &mut data, dtype, op, root)?;
                 Ok(vec![(me == root).then_some(data)])
             }),
@@ -683,19 +853,32 @@ impl Collective for CpuComm {
     }
 
     fn broadcast<'a>(&'a self, send: Option<Buf<'a>>, mut recv: BufMut<'a>, root: usize) -> Result<Work<'a>> {
-        let adm = self.admit(recv.bytes())?;
-        let mut data = if self.info.rank == root {
-            match &send {
-                Some(s) => self.host("broadcast", s)?,
-                None => self.host_mut("broadcast", &mut recv)?,
-            }
-        } else {
-            self.pool.zeroed(recv.bytes())
+        let (n, me) = (recv.bytes(), self.info.rank);
+        let adm = self.admit(n)?;
+        let input = match (me == root, &send) {
+            (false, _) => None,
+            (true, Some(s)) => Some(self.input("broadcast", s)?),
+            (true, None) => Some(self.input_mut("broadcast", &mut recv, 0, n)?),
         };
-        self.enqueue(
+        let lent = input.as_ref().is_some_and(Input::lent);
+        self.enqueue_lent(
+            send.into_iter().collect(),
             vec![recv],
+            lent,
             adm,
-            Box::new(move |e| {
+            Box::new(move |e, direct| {
+                if let Some(Direct { srcs, mut outs }) = direct {
+                    let out = &mut *outs[0];
+                    if let (true, Some(src)) = (me == root, srcs.first()) {
+                        crate::shm::copy(out, src);
+                    }
+                    algo::broadcast(&e.coll(algo::OP_BROADCAST), out, root)?;
+                    return Ok(vec![None]);
+                }
+                let mut data = match input {
+                    Some(i) => i.take(e)?,
+                    None => e.pool.zeroed(n),
+                };
                 algo::broadcast(&e.coll(algo::OP_BROADCAST), &mut data, root)?;
                 Ok(vec![Some(data)])
             }),
@@ -703,21 +886,31 @@ impl Collective for CpuComm {
     }
 
     fn all_gather<'a>(&'a self, send: Option<Buf<'a>>, mut recv: BufMut<'a>) -> Result<Work<'a>> {
-        let adm = self.admit(recv.bytes())?;
         let (n, me) = (self.info.size, self.info.rank);
         let chunk = recv.bytes() / n;
+        let adm = self.admit(recv.bytes())?;
         // Only this rank's chunk is input; the others are all overwritten.
-        let mut out = self.pool.zeroed(recv.bytes());
         let own = match &send {
-            Some(s) => s.as_host_bytes(),
-            None => recv.as_host_bytes_mut().map(|b| &b[me * chunk..(me + 1) * chunk]),
+            Some(s) => self.input("all_gather", s)?,
+            None => self.input_mut("all_gather", &mut recv, me * chunk, chunk)?,
         };
-        let own = own.ok_or_else(|| not_host("all_gather", me, &self.mesh.label))?;
-        out[me * chunk..(me + 1) * chunk].copy_from_slice(own);
-        self.enqueue(
+        let (total, lent) = (recv.bytes(), own.lent());
+        self.enqueue_lent(
+            send.into_iter().collect(),
             vec![recv],
+            lent,
             adm,
-            Box::new(move |e| {
+            Box::new(move |e, direct| {
+                if let Some(Direct { srcs, mut outs }) = direct {
+                    let out = &mut *outs[0];
+                    if let Some(src) = srcs.first() {
+                        crate::shm::copy(&mut out[me * chunk..(me + 1) * chunk], src);
+                    }
+                    algo::all_gather(&e.coll(algo::OP_ALL_GATHER), out, chunk)?;
+                    return Ok(vec![None]);
+                }
+                let mut out = e.pool.zeroed(total);
+                own.read_into(e, &mut out[me * chunk..(me + 1) * chunk])?;
                 algo::all_gather(&e.coll(algo::OP_ALL_GATHER), &mut out, chunk)?;
                 Ok(vec![Some(out)])
             }),
@@ -736,12 +929,12 @@ impl Collective for CpuComm {
         self.enqueue(
             vec![recv],
             adm,
-            Box::new(move |e| {
+            Box::new(move |e, _| {
                 let mine = algo::reduce_scatter(&e.coll(algo::OP_REDUCE_SCATTER), &mut data, dtype, op)?;
                 if in_place {
                     let mut full = original;
                     let c = mine.len();
-                    full[me * c..(me + 1) * c].copy_from_slice(&mine);
+                    crate::shm::copy(&mut full[me * c..(me + 1) * c], &mine);
                     Ok(vec![Some(full)])
                 } else {
                     Ok(vec![Some(mine)])
@@ -759,14 +952,23 @@ impl Collective for CpuComm {
             }
             None => (vec![send.bytes() / n; n], vec![recv.bytes() / n; n]),
         };
-        let adm = self.admit(send.bytes() + recv.bytes())?;
-        let data = self.host("all_to_all", &send)?;
-        let mut out = self.pool.zeroed(recv.bytes());
-        self.enqueue(
+        let adm = self.admit(send.bytes())?;
+        let data = self.input("all_to_all", &send)?;
+        let (total, lent) = (recv.bytes(), data.lent());
+        self.enqueue_lent(
+            vec![send],
             vec![recv],
+            lent,
             adm,
-            Box::new(move |e| {
+            Box::new(move |e, direct| {
+                if let Some(Direct { srcs, mut outs }) = direct {
+                    algo::all_to_all(&e.coll(algo::OP_ALL_TO_ALL), srcs[0], &sb, outs[0], &rb)?;
+                    return Ok(vec![None]);
+                }
+                let data = data.take(e)?;
+                let mut out = e.pool.zeroed(total);
                 algo::all_to_all(&e.coll(algo::OP_ALL_TO_ALL), &data, &sb, &mut out, &rb)?;
+                e.pool.put(data);
                 Ok(vec![Some(out)])
             }),
         )
@@ -774,12 +976,19 @@ impl Collective for CpuComm {
 
     fn send<'a>(&'a self, buf: Buf<'a>, peer: usize) -> Result<Work<'a>> {
         let adm = self.admit(buf.bytes())?;
-        let data = self.host("send", &buf)?;
-        self.enqueue(
+        let data = self.input("send", &buf)?;
+        let lent = data.lent();
+        self.enqueue_lent(
+            vec![buf],
             vec![],
+            lent,
             adm,
-            Box::new(move |e| {
-                e.mesh.send(peer, Kind::P2p, 0, 0, &data)?;
+            Box::new(move |e, direct| {
+                let d = match &direct {
+                    Some(d) => Data::Bytes(d.srcs[0]),
+                    None => data.data(),
+                };
+                e.mesh.send_data(peer, Kind::P2p, 0, 0, d)?;
                 Ok(vec![])
             }),
         )
@@ -788,7 +997,17 @@ impl Collective for CpuComm {
     fn recv<'a>(&'a self, buf: BufMut<'a>, peer: usize) -> Result<Work<'a>> {
         let bytes = buf.bytes();
         let adm = self.admit(0)?;
-        self.enqueue(vec![buf], adm, Box::new(move |e| Ok(vec![Some(e.mesh.recv_p2p(peer, bytes)?)])))
+        self.enqueue(
+            vec![buf],
+            adm,
+            Box::new(move |e, direct| {
+                if let Some(Direct { mut outs, .. }) = direct {
+                    e.mesh.recv_p2p_into(peer, outs[0])?;
+                    return Ok(vec![None]);
+                }
+                Ok(vec![Some(e.mesh.recv_p2p(peer, e.pool.get(bytes), bytes)?)])
+            }),
+        )
     }
 
     fn p2p_group<'a>(&'a self, ops: Vec<P2POp<'a>>) -> Result<Work<'a>> {
@@ -796,24 +1015,50 @@ impl Collective for CpuComm {
         let adm = self.admit(sent)?;
         let mut sends = Vec::new();
         let mut recvs = Vec::new();
+        let mut sources = Vec::new();
         let mut targets = Vec::new();
         for o in ops {
             match o {
-                P2POp::Send(b, p) => sends.push((p, self.host("p2p_group", &b)?)),
+                P2POp::Send(b, p) => {
+                    sends.push((p, self.input("p2p_group", &b)?));
+                    sources.push(b);
+                }
                 P2POp::Recv(b, p) => {
                     recvs.push((p, b.bytes()));
                     targets.push(b);
                 }
             }
         }
-        self.enqueue(
+        let lent = sends.iter().any(|(_, i)| i.lent());
+        self.enqueue_lent(
+            sources,
             targets,
+            lent,
             adm,
-            Box::new(move |e| {
-                for (p, d) in &sends {
-                    e.mesh.send(*p, Kind::P2p, 0, 0, d)?;
+            Box::new(move |e, direct| {
+                // The received bytes: the caller's buffers in its wait, the job's own otherwise.
+                let mut own: Vec<Vec<u8>> = Vec::new();
+                let (srcs, mut outs): (Vec<Data<'_>>, Vec<&mut [u8]>) = match direct {
+                    Some(Direct { srcs, outs }) => (srcs.into_iter().map(Data::Bytes).collect(), outs),
+                    None => {
+                        own = recvs.iter().map(|(_, n)| e.pool.zeroed(*n)).collect();
+                        (sends.iter().map(|(_, i)| i.data()).collect(), own.iter_mut().map(|v| &mut v[..]).collect())
+                    }
+                };
+                if let ([d], [(to, _)], [(from, _)], [out]) = (&srcs[..], &sends[..], &recvs[..], &mut outs[..]) {
+                    // One of each (a pipeline or ring step): both directions at once.
+                    e.mesh.sendrecv(*to, *d, *from, out)?;
+                } else {
+                    for (d, (p, _)) in srcs.iter().zip(&sends) {
+                        e.mesh.send_data(*p, Kind::P2p, 0, 0, *d)?;
+                    }
+                    for (out, (p, _)) in outs.iter_mut().zip(&recvs) {
+                        e.mesh.recv_p2p_into(*p, out)?;
+                    }
                 }
-                recvs.into_iter().map(|(p, n)| e.mesh.recv_p2p(p, n).map(Some)).collect()
+                drop(outs);
+                let n = recvs.len();
+                Ok(if own.is_empty() { vec![None; n] } else { own.into_iter().map(Some).collect() })
             }),
         )
     }
@@ -823,7 +1068,7 @@ impl Collective for CpuComm {
         self.enqueue(
             vec![],
             adm,
-            Box::new(|e| {
+            Box::new(|e, _| {
                 algo::barrier(&e.coll(algo::OP_BARRIER))?;
                 Ok(vec![])
             }),

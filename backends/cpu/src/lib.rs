@@ -10,10 +10,15 @@
 //!   meanwhile, so the eager rule holds there too, and the ring algorithms' steps stream
 //!   both directions at once with nothing buffered. The TCP connection to each such peer
 //!   stays: it carries failure notices and closes when the peer's process dies.
-//! - **Large messages by reference.** On one host a message of 256 KiB or more is copied
-//!   once, by the receiver, out of the sender's memory (`process_vm_readv`), and the sender
-//!   waits for that copy; where a security module forbids it, the receiver says so at
-//!   connect and the ring carries it.
+//! - **Large messages by reference.** On one host a point-to-point message of 16 MiB or
+//!   more is copied once, by the receiver, out of the sender's memory (`process_vm_readv`),
+//!   and the sender waits for that copy; where a security module forbids it, the receiver
+//!   says so at connect and the ring carries it. Collective steps stream through the rings
+//!   (faster where measured; `ANYCCL_CPU_BY_REF_MIN` sends them by reference too).
+//! - **No slow string moves.** Copies whose destination sits 1-63 bytes past the source
+//!   modulo a page, which the string-move instruction runs 15-20x slower on several AMD
+//!   cores (in the C library's `memcpy` and in the kernel's copies between processes), go
+//!   through a vector loop (and a bounce buffer for the kernel's).
 //! - **The caller's thread runs its operation.** A `wait` at least as long as the operation
 //!   timeout runs the queued operations up to its own on the calling thread (no hand-over
 //!   between threads, which cost tens of microseconds); the worker thread takes an operation
@@ -21,15 +26,19 @@
 //! - **Ordered execution.** A communicator's operations run in issue order on one worker
 //!   thread, as NCCL runs them in stream order; collectives carry an op code and sequence
 //!   number, so mismatched collectives across ranks are reported, not mixed.
-//! - **Copy-in, copy-out.** Inputs are copied at enqueue and results delivered when the
-//!   caller observes completion; the worker never holds the caller's borrowed memory.
+//! - **No copy in or out for a caller that waits.** A job run in its own caller's wait
+//!   reads and writes the caller's buffers. The worker never dereferences them: small
+//!   inputs are copied at enqueue, large ones (64 KiB up) are lent and read through the
+//!   kernel (a leaked `Work` then yields an error or stale bytes, never a stray access), and
+//!   results are copied in when the caller observes completion. Dropping an unfinished
+//!   `Work` with lent inputs waits for its job.
 //! - **Deterministic results.** all_reduce gives bit-identical results on every rank:
 //!   small buffers are folded in rank order on each rank, large ones reduced once per chunk
 //!   on a ring and then shared.
 //! - **Failure spreads.** A failed operation or a closed connection kills the
 //!   communicator and shuts its sockets, so every other rank's wait ends with an error.
 //!
-// `unsafe` only in the shared-memory module (mappings, futexes, the rings' bytes).
+// `unsafe` only in the shared-memory module (mappings, futexes, the rings' bytes, copies).
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -79,7 +88,10 @@ fn tuning(links: Option<Links>) -> Vec<(String, String)> {
             "ANYCCL_CPU_ALLREDUCE_DIRECT_MAX".into(),
             env("ANYCCL_CPU_ALLREDUCE_DIRECT_MAX", algo::DIRECT_MAX.to_string()),
         ),
-        ("ANYCCL_CPU_BY_REF_MIN".into(), env("ANYCCL_CPU_BY_REF_MIN", transport::BY_REF_MIN.to_string())),
+        (
+            "ANYCCL_CPU_BY_REF_MIN".into(),
+            env("ANYCCL_CPU_BY_REF_MIN", format!("{} (send/recv; collectives: off)", transport::BY_REF_MIN)),
+        ),
         (
             "ANYCCL_CPU_SHM_RING_BYTES".into(),
             env("ANYCCL_CPU_SHM_RING_BYTES", "4 MiB up to 8 ranks a host, then 32 MiB / (ranks - 1)".into()),

@@ -39,6 +39,28 @@ pub(crate) enum Kind {
     Fail = 3,
 }
 
+/// What a send carries.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Data<'a> {
+    /// Bytes this rank holds.
+    Bytes(&'a [u8]),
+    /// A range of this process's memory that the sending thread may not dereference: a
+    /// caller's buffer, lent to the operation while its `Work` lives. A peer of this host
+    /// copies it out (through the kernel) when the message goes by reference; otherwise it
+    /// is first copied here the same way. Either copy fails cleanly, and never touches
+    /// other memory, if the range is no longer mapped.
+    At { addr: usize, len: usize },
+}
+
+impl Data<'_> {
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            Data::Bytes(b) => b.len(),
+            Data::At { len, .. } => *len,
+        }
+    }
+}
+
 /// How long a failing rank tries to tell each peer why, before closing.
 const FAIL_NOTICE: Duration = Duration::from_millis(200);
 
@@ -209,6 +231,10 @@ impl Mailbox {
         !self.lock().inbox[from].coll.is_empty()
     }
 
+    fn has_p2p(&self, from: usize) -> bool {
+        !self.lock().inbox[from].p2p.is_empty()
+    }
+
     fn held(&self, from: usize) -> usize {
         self.lock().inbox[from].bytes
     }
@@ -262,8 +288,9 @@ pub(crate) struct Mesh {
     /// failure notices and to learn that the peer's process exited).
     shm: Vec<Option<ShmLink>>,
     /// Messages to peers of this host of at least this many bytes go by reference: the
-    /// receiver copies them out of the sender's memory (`ANYCCL_CPU_BY_REF_MIN`).
-    by_ref_min: usize,
+    /// receiver copies them out of the sender's memory (`ANYCCL_CPU_BY_REF_MIN`):
+    /// point-to-point, collective.
+    by_ref_min: (usize, usize),
     /// Where a message read by reference lands on its way to a reduction.
     scratch: Mutex<Vec<u8>>,
     pub mailbox: Arc<Mailbox>,
@@ -527,7 +554,7 @@ impl Mesh {
         h[8..16].copy_from_slice(&seq.to_le_bytes());
         h[16..24].copy_from_slice(&(data.len() as u64).to_le_bytes());
         if let Some(link) = &self.shm[peer] {
-            return self.shm_send(peer, link, kind, op, seq, data);
+            return self.shm_send(peer, link, kind, op, seq, Data::Bytes(data));
         }
         let Some(w) = &self.writers[peer] else {
             return Err(self.peer_err(peer, "no connection".into()));
@@ -646,16 +673,48 @@ impl Mesh {
             Some(link) => self.shm_recv(peer, link, Kind::Coll, (op, seq), dst.len(), &mut Sink::Into(dst)),
             None => {
                 let d = self.recv_coll(peer, op, seq, dst.len())?;
-                dst.copy_from_slice(&d);
+                crate::shm::copy(dst, &d);
                 Ok(())
             }
         }
     }
 
+    /// Send `data` to `peer` ([`Mesh::send`]): a lent range goes by reference where `peer`
+    /// may read it, and is copied here first otherwise.
+    pub(crate) fn send_data(&self, peer: usize, kind: Kind, op: u8, seq: u64, data: Data<'_>) -> Result<()> {
+        match data {
+            Data::Bytes(b) => self.send(peer, kind, op, seq, b),
+            Data::At { .. } if self.lends_to(peer, data.len()) => match &self.shm[peer] {
+                Some(link) => self.shm_send(peer, link, kind, op, seq, data),
+                None => Err(self.peer_err(peer, "no shared-memory link".into())),
+            },
+            Data::At { addr, len } => {
+                let mut own = Vec::new();
+                self.read_own(addr, len, &mut own)?;
+                self.send(peer, kind, op, seq, &own)
+            }
+        }
+    }
+
+    /// Copy `len` bytes at `addr` of this process into `out` (resized) through the kernel:
+    /// a lent range ([`Data::At`]).
+    pub(crate) fn read_own(&self, addr: usize, len: usize, out: &mut Vec<u8>) -> Result<()> {
+        out.resize(len, 0);
+        shm::read_remote(std::process::id() as i32, addr, out).map_err(|e| Error::InvalidArgument {
+            op: "enqueue",
+            arg: "buf",
+            rank: self.rank,
+            group: self.label.clone(),
+            msg: format!("a buffer lent to an operation is no longer readable (its Work was leaked?): {e}"),
+        })
+    }
+
     /// Receive the next point-to-point message from `peer`, of exactly `expect` bytes.
-    pub(crate) fn recv_p2p(&self, peer: usize, expect: usize) -> Result<Vec<u8>> {
+    /// A point-to-point message of `expect` bytes from `peer`: into `out` (resized) from a
+    /// peer of this host, as it arrived over TCP otherwise.
+    pub(crate) fn recv_p2p(&self, peer: usize, mut out: Vec<u8>, expect: usize) -> Result<Vec<u8>> {
         if let Some(link) = &self.shm[peer] {
-            let mut out = vec![0u8; expect];
+            out.resize(expect, 0);
             self.shm_recv(peer, link, Kind::P2p, (0, 0), expect, &mut Sink::Into(&mut out))?;
             return Ok(out);
         }
@@ -664,6 +723,17 @@ impl Mesh {
             return Err(self.p2p_size(peer, d.len(), expect));
         }
         Ok(d)
+    }
+
+    /// [`Mesh::recv_p2p`] into `dst` (straight out of the sender's memory where the peer is
+    /// on this host and the message large).
+    pub(crate) fn recv_p2p_into(&self, peer: usize, dst: &mut [u8]) -> Result<()> {
+        if let Some(link) = &self.shm[peer] {
+            return self.shm_recv(peer, link, Kind::P2p, (0, 0), dst.len(), &mut Sink::Into(dst));
+        }
+        let d = self.recv_p2p(peer, Vec::new(), dst.len())?;
+        crate::shm::copy(dst, &d);
+        Ok(())
     }
 
     fn p2p_size(&self, peer: usize, got: usize, expect: usize) -> Error {

@@ -53,16 +53,25 @@ pub(super) enum Sink<'a> {
     With(&'a mut dyn FnMut(usize, &[u8])),
 }
 
-/// The default of [`by_ref_min`].
-pub(crate) const BY_REF_MIN: usize = 256 << 10;
+/// The default of [`by_ref_min`] for point-to-point messages. Collective messages go
+/// through the rings unless `ANYCCL_CPU_BY_REF_MIN` is set: their steps stream both ways
+/// through the rings, and on the 2-core machines measured they were as fast or faster than
+/// by reference at every size from 256 KiB to 256 MiB (the kernel's copy between processes
+/// runs at about 9 GB/s there, and pins every page), while a large send alone gained
+/// 10-25% from 16 MiB up.
+pub(crate) const BY_REF_MIN: usize = 16 << 20;
 
-/// Message size from which messages to peers of this host go by reference
-/// (`ANYCCL_CPU_BY_REF_MIN`, default 256 KiB; `off` never).
-pub(super) fn by_ref_min(rank: usize, label: &str) -> Result<usize> {
-    if std::env::var("ANYCCL_CPU_BY_REF_MIN").is_ok_and(|v| v.trim() == "off") {
-        return Ok(usize::MAX);
+/// Message sizes from which messages to peers of this host go by reference, point-to-point
+/// and collective (`ANYCCL_CPU_BY_REF_MIN` sets both; `off` never).
+pub(super) fn by_ref_min(rank: usize, label: &str) -> Result<(usize, usize)> {
+    match std::env::var("ANYCCL_CPU_BY_REF_MIN") {
+        Ok(v) if v.trim() == "off" => Ok((usize::MAX, usize::MAX)),
+        Ok(_) => {
+            let v = crate::algo::env_bytes("ANYCCL_CPU_BY_REF_MIN", BY_REF_MIN, rank, label)?.max(REF_BODY + 1);
+            Ok((v, v))
+        }
+        Err(_) => Ok((BY_REF_MIN, usize::MAX)),
     }
-    Ok(crate::algo::env_bytes("ANYCCL_CPU_BY_REF_MIN", BY_REF_MIN, rank, label)?.max(REF_BODY + 1))
 }
 
 /// Data bytes of each ring for `locals` ranks on a host: 4 MiB up to 8 ranks, then less, so
@@ -191,27 +200,104 @@ impl Mesh {
         expect: usize,
         sink: &mut dyn FnMut(usize, &[u8]),
     ) -> Result<()> {
+        self.exchange_kind(Kind::Coll, (op, seq), to, Data::Bytes(data), from, expect, &mut Sink::With(sink))
+    }
+
+    fn ref_min(&self, kind: Kind) -> usize {
+        if kind == Kind::P2p {
+            self.by_ref_min.0
+        } else {
+            self.by_ref_min.1
+        }
+    }
+
+    /// Whether a point-to-point message of `len` bytes to `peer` goes by reference (the peer copies it out
+    /// of this process's memory).
+    pub(super) fn lends_to(&self, peer: usize, len: usize) -> bool {
+        len >= self.by_ref_min.0
+            && self.shm[peer].as_ref().is_some_and(|l| l.tx.lock().unwrap_or_else(|p| p.into_inner()).by_ref_ok())
+    }
+
+    /// A point-to-point send to `to` and receive from `from` (a batch of one of each), with
+    /// both streams advancing together between peers of this host, as [`Mesh::exchange`].
+    pub(crate) fn sendrecv(&self, to: usize, data: Data<'_>, from: usize, out: &mut [u8]) -> Result<()> {
+        let n = out.len();
+        self.exchange_kind(Kind::P2p, (0, 0), to, data, from, n, &mut Sink::Into(out))
+    }
+
+    /// The receive half of [`Mesh::exchange_kind`] done alone, after the send.
+    fn recv_kind(
+        &self,
+        kind: Kind,
+        (op, seq): (u8, u64),
+        from: usize,
+        expect: usize,
+        sink: &mut Sink<'_>,
+    ) -> Result<()> {
+        match (kind, sink) {
+            (Kind::Coll, Sink::With(f)) => self.recv_coll_with(from, op, seq, expect, *f),
+            (Kind::Coll, Sink::Into(dst)) => {
+                self.recv_coll_with(from, op, seq, expect, &mut |at, b| crate::shm::copy(&mut dst[at..at + b.len()], b))
+            }
+            (_, sink) => match &self.shm[from] {
+                Some(link) => self.shm_recv(from, link, Kind::P2p, (0, 0), expect, sink),
+                None => {
+                    let d = self.recv_p2p(from, Vec::new(), expect)?;
+                    match sink {
+                        Sink::Into(dst) => crate::shm::copy(dst, &d),
+                        Sink::With(f) => f(0, &d),
+                    }
+                    Ok(())
+                }
+            },
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)] // the two halves of one step
+    fn exchange_kind(
+        &self,
+        kind: Kind,
+        (op, seq): (u8, u64),
+        to: usize,
+        data: Data<'_>,
+        from: usize,
+        expect: usize,
+        sink: &mut Sink<'_>,
+    ) -> Result<()> {
+        let own;
+        let data = match data {
+            Data::At { addr, len } if !self.lends_to(to, len) => {
+                let mut v = Vec::new();
+                self.read_own(addr, len, &mut v)?;
+                own = v;
+                Data::Bytes(&own)
+            }
+            d => d,
+        };
         let (Some(out), Some(inc)) = (&self.shm[to], &self.shm[from]) else {
-            self.send(to, Kind::Coll, op, seq, data)?;
-            return self.recv_coll_with(from, op, seq, expect, sink);
+            self.send_data(to, kind, op, seq, data)?;
+            return self.recv_kind(kind, (op, seq), from, expect, sink);
         };
         if let Some(d) = self.mailbox.dead() {
             return Err(self.dead_err(d));
         }
         let st = inc.rx.lock().unwrap_or_else(|p| p.into_inner());
-        if st.partial.is_some() || self.mailbox.has_coll(from) {
+        let queued = if kind == Kind::Coll { self.mailbox.has_coll(from) } else { self.mailbox.has_p2p(from) };
+        if st.partial.is_some() || queued {
             // Part of what `from` sent was moved to the inbox already: one after the other.
             drop(st);
-            self.send(to, Kind::Coll, op, seq, data)?;
-            return self.recv_coll_with(from, op, seq, expect, sink);
+            self.send_data(to, kind, op, seq, data)?;
+            return self.recv_kind(kind, (op, seq), from, expect, sink);
         }
         let tx = out.tx.lock().unwrap_or_else(|p| p.into_inner());
-        let (h, by_ref) = self.header_for(&tx, out, Kind::Coll, op, seq, data);
-        let parts = [&h[..], by_ref.as_ref().map_or(data, |b| &b[..])];
+        let (h, by_ref) = self.header_for(&tx, out, kind, op, seq, data);
+        let bytes = if let Data::Bytes(b) = data { b } else { &[] };
+        let parts = [&h[..], by_ref.as_ref().map_or(bytes, |b| &b[..])];
         let mut w = shm::Writing::new(&parts);
         let mut hdr = [0u8; HEADER];
         let (mut hdone, mut body, mut bdone) = (0usize, None::<Hdr>, 0usize);
-        let what = || what(Kind::Coll, op, seq);
+        let what =
+            || if kind == Kind::Coll { what(kind, op, seq) } else { format!("sendrecv with ranks {to} and {from}") };
         let mut deadline = anyccl_core::deadline_in(self.op_timeout);
         {
             let rx = &st.rx;
@@ -226,15 +312,19 @@ impl Mesh {
                             hdone = 0;
                             let m = self.parse_header(from, &hdr)?;
                             let mut stop = || self.stop(from, deadline, || rx.available() > 0, &what);
-                            if m.kind != Kind::Coll as u8 {
-                                // A point-to-point message sent before this collective: to the inbox.
+                            if m.kind != kind as u8 {
+                                // A message of the other kind sent before this one: to the inbox.
                                 let mut d = vec![0u8; m.len];
                                 self.take_payload(from, inc, rx, m, &mut Sink::Into(&mut d), &mut stop)?;
-                                self.mailbox.push_p2p(from, d);
+                                self.deliver(from, m.kind, m.op, m.seq, d);
                             } else {
-                                self.check_coll(from, op, seq, expect, (m.op, m.seq, m.len))?;
+                                if kind == Kind::Coll {
+                                    self.check_coll(from, op, seq, expect, (m.op, m.seq, m.len))?;
+                                } else if m.len != expect {
+                                    return Err(self.p2p_size(from, m.len, expect));
+                                }
                                 if m.by_ref {
-                                    self.take_payload(from, inc, rx, m, &mut Sink::With(sink), &mut stop)?;
+                                    self.take_payload(from, inc, rx, m, sink, &mut stop)?;
                                     body = Some(Hdr { len: 0, ..m });
                                     progressed = true;
                                 } else {
@@ -245,7 +335,12 @@ impl Mesh {
                         false
                     }
                     Some(m) => {
-                        let d = rx.read_some(bdone, m.len, sink);
+                        let d = match sink {
+                            Sink::Into(dst) => {
+                                rx.read_some(bdone, m.len, &mut |at, b| crate::shm::copy(&mut dst[at..at + b.len()], b))
+                            }
+                            Sink::With(f) => rx.read_some(bdone, m.len, *f),
+                        };
                         progressed |= d != bdone;
                         bdone = d;
                         bdone >= m.len.next_multiple_of(8)
@@ -284,20 +379,23 @@ impl Mesh {
         kind: Kind,
         op: u8,
         seq: u64,
-        data: &[u8],
+        data: Data<'_>,
     ) -> ([u8; HEADER], Option<[u8; REF_BODY]>) {
         let mut h = [0u8; HEADER];
         h[0] = kind as u8;
         h[1] = op;
         h[8..16].copy_from_slice(&seq.to_le_bytes());
         h[16..24].copy_from_slice(&(data.len() as u64).to_le_bytes());
-        if data.len() < self.by_ref_min || !tx.by_ref_ok() {
-            return (h, None);
-        }
+        let addr = match data {
+            // Lent ranges are only sent where they go by reference (see `lends_to`).
+            Data::At { addr, .. } => addr,
+            Data::Bytes(b) if b.len() >= self.ref_min(kind) && tx.by_ref_ok() => b.as_ptr() as usize,
+            Data::Bytes(_) => return (h, None),
+        };
         h[2] = 1;
         let n = link.refs.fetch_add(1, Ordering::Relaxed) + 1;
         let mut b = [0u8; REF_BODY];
-        b[..8].copy_from_slice(&(data.as_ptr() as u64).to_le_bytes());
+        b[..8].copy_from_slice(&(addr as u64).to_le_bytes());
         b[8..].copy_from_slice(&n.to_le_bytes());
         (h, Some(b))
     }
@@ -326,7 +424,7 @@ impl Mesh {
     ) -> Result<()> {
         if !m.by_ref {
             return match sink {
-                Sink::Into(dst) => rx.read(m.len, &mut |at, b| dst[at..at + b.len()].copy_from_slice(b), stop),
+                Sink::Into(dst) => rx.read(m.len, &mut |at, b| crate::shm::copy(&mut dst[at..at + b.len()], b), stop),
                 Sink::With(f) => rx.read(m.len, *f, stop),
             };
         }
@@ -414,7 +512,7 @@ impl Mesh {
         kind: Kind,
         op: u8,
         seq: u64,
-        data: &[u8],
+        data: Data<'_>,
     ) -> Result<()> {
         let tx = link.tx.lock().unwrap_or_else(|p| p.into_inner());
         let what = || what(kind, op, seq);
@@ -430,7 +528,8 @@ impl Mesh {
             self.stop(peer, deadline, || false, &what)?;
             self.drain()
         };
-        tx.write(&[&h, by_ref.as_ref().map_or(data, |b| &b[..])], &mut stalled)?;
+        let bytes = if let Data::Bytes(b) = data { b } else { &[] };
+        tx.write(&[&h, by_ref.as_ref().map_or(bytes, |b| &b[..])], &mut stalled)?;
         match by_ref {
             Some(b) => self.wait_ack(peer, &tx, &b, &what),
             None => Ok(()),
@@ -463,7 +562,7 @@ impl Mesh {
                 let Some(p) = partial.as_mut() else { break };
                 let len = p.body.len();
                 let body = &mut p.body;
-                p.done = rx.read_some(p.done, len, &mut |at, b| body[at..at + b.len()].copy_from_slice(b));
+                p.done = rx.read_some(p.done, len, &mut |at, b| crate::shm::copy(&mut body[at..at + b.len()], b));
                 if p.done < len.next_multiple_of(8) {
                     break;
                 }
@@ -546,7 +645,7 @@ impl Mesh {
         };
         if let Some(d) = queued {
             match sink {
-                Sink::Into(dst) => dst.copy_from_slice(&d),
+                Sink::Into(dst) => crate::shm::copy(dst, &d),
                 Sink::With(f) => f(0, &d),
             }
             return Ok(());

@@ -1,0 +1,155 @@
+//! Large inputs are lent to operations rather than copied at enqueue (see `comm.rs`): the
+//! worker thread reads them through the kernel, a peer of the host copies them out, and
+//! dropping an unfinished `Work` waits until its job no longer reads the caller's memory.
+//! These cases run the paths that a caller waiting for each operation never takes.
+
+use anyccl_core::{
+    Backend, Buf, BufMut, CommConfig, Communicator, Error, GroupSpec, MemoryStore, P2POp, ReduceOp, Store,
+};
+use libtest_mimic::{Arguments, Failed, Trial};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const MIB: usize = 1 << 20;
+
+fn connect(store: Arc<dyn Store>, rank: usize, name: &str) -> Result<Communicator, Error> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Error::Unavailable { backend: "test", reason: e.to_string() })?;
+    let config = CommConfig { op_timeout: Duration::from_secs(10), ..CommConfig::default() };
+    let cpu = anyccl_cpu::Cpu;
+    rt.block_on(Communicator::connect(&cpu, GroupSpec::world(2, name), rank, store, cpu.platform(0)?.device(), config))
+}
+
+/// Run `f(rank, comm)` on two ranks (threads of this process).
+fn two_ranks(
+    name: &str,
+    f: impl Fn(usize, &Communicator) -> Result<(), String> + Send + Sync + 'static,
+) -> Result<(), Failed> {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let f = Arc::new(f);
+    let handles: Vec<_> = (0..2)
+        .map(|r| {
+            let (s, f, name) = (store.clone(), f.clone(), name.to_string());
+            std::thread::spawn(move || -> Result<(), String> {
+                let c = connect(s, r, &name).map_err(|e| format!("rank {r}: {e}"))?;
+                f(r, &c).map_err(|e| format!("rank {r}: {e}"))
+            })
+        })
+        .collect();
+    let mut errs = Vec::new();
+    for h in handles {
+        match h.join() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => errs.push(e),
+            Err(_) => errs.push("a rank panicked".into()),
+        }
+    }
+    if errs.is_empty() {
+        Ok(())
+    } else {
+        Err(errs.join("; ").into())
+    }
+}
+
+/// Wait by polling only: the worker thread runs the job (a caller's wait never does).
+fn poll_until_done(w: &mut anyccl_core::Work<'_>) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !w.is_completed().map_err(|e| e.to_string())? {
+        if Instant::now() > deadline {
+            return Err("operation did not complete in 30 s".into());
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    Ok(())
+}
+
+fn pattern(rank: usize, n: usize) -> Vec<f32> {
+    (0..n).map(|i| (rank * 1000 + i % 997) as f32).collect()
+}
+
+/// Every operation with lent inputs (1 MiB and 24 MiB: through the rings, and by
+/// reference), run by the worker.
+fn worker_reads_lent_inputs() -> Result<(), Failed> {
+    two_ranks("lent-worker", |me, c| {
+        let peer = 1 - me;
+        for bytes in [MIB, 24 * MIB] {
+            let n = bytes / 4;
+            let mine = pattern(me, n);
+            let theirs = pattern(peer, n);
+            let mut out = vec![0f32; n];
+            let mut w = c
+                .all_reduce(Some(Buf::host(&mine)), BufMut::host(&mut out), ReduceOp::Sum)
+                .map_err(|e| e.to_string())?;
+            poll_until_done(&mut w)?;
+            drop(w);
+            if out.iter().enumerate().any(|(i, &x)| x != mine[i] + theirs[i]) {
+                return Err(format!("all_reduce of {bytes} bytes: wrong result"));
+            }
+            let mut got = vec![0f32; n];
+            let ops = vec![P2POp::Send(Buf::host(&mine), peer), P2POp::Recv(BufMut::host(&mut got), peer)];
+            let mut w = c.p2p_group(ops).map_err(|e| e.to_string())?;
+            poll_until_done(&mut w)?;
+            drop(w);
+            if got != theirs {
+                return Err(format!("sendrecv of {bytes} bytes: wrong result"));
+            }
+            let mut all = vec![0f32; 2 * n];
+            let mut w = c.all_gather(Some(Buf::host(&mine)), BufMut::host(&mut all)).map_err(|e| e.to_string())?;
+            poll_until_done(&mut w)?;
+            drop(w);
+            let want: Vec<f32> =
+                if me == 0 { [&mine[..], &theirs[..]].concat() } else { [&theirs[..], &mine[..]].concat() };
+            if all != want {
+                return Err(format!("all_gather of {bytes} bytes: wrong result"));
+            }
+            let mut b = vec![0f32; n];
+            let mut w = c.broadcast(Some(Buf::host(&mine)), BufMut::host(&mut b), 1).map_err(|e| e.to_string())?;
+            poll_until_done(&mut w)?;
+            drop(w);
+            if b != pattern(1, n) {
+                return Err(format!("broadcast of {bytes} bytes: wrong result"));
+            }
+        }
+        Ok(())
+    })
+}
+
+/// A `Work` dropped unfinished waits for its job: the caller may then overwrite the
+/// buffer, and the peer, receiving late, still gets what was sent (1 MiB goes through the
+/// ring, 24 MiB by reference, where the drop waits for the peer's copy).
+fn dropped_work_waits_for_lent_job() -> Result<(), Failed> {
+    two_ranks("lent-drop", |me, c| {
+        for bytes in [MIB, 24 * MIB] {
+            let n = bytes / 4;
+            if me == 0 {
+                let mut data = pattern(7, n);
+                let w = c.send(Buf::host(&data), 1).map_err(|e| e.to_string())?;
+                drop(w);
+                data.iter_mut().for_each(|x| *x = -1.0);
+                std::hint::black_box(&data);
+            } else {
+                std::thread::sleep(Duration::from_millis(300));
+                let mut got = vec![0f32; n];
+                c.recv(BufMut::host(&mut got), 0)
+                    .and_then(|mut w| w.wait(Duration::from_secs(10)))
+                    .map_err(|e| e.to_string())?;
+                if got != pattern(7, n) {
+                    let bad = got.iter().zip(pattern(7, n)).filter(|(a, b)| *a != b).count();
+                    return Err(format!("{bad} of {n} elements received differ from what was sent ({bytes} bytes)"));
+                }
+            }
+        }
+        c.barrier().and_then(|mut w| w.wait(Duration::from_secs(10))).map_err(|e| e.to_string())
+    })
+}
+
+fn main() -> std::process::ExitCode {
+    let args = Arguments::from_args();
+    let trials = vec![
+        Trial::test("cpu::lent::worker_reads_lent_inputs[w=2]", worker_reads_lent_inputs),
+        Trial::test("cpu::lent::dropped_work_waits_for_lent_job[w=2]", dropped_work_waits_for_lent_job),
+    ];
+    libtest_mimic::run(&args, trials).exit_code()
+}
