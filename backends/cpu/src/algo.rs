@@ -145,6 +145,13 @@ fn direct_all_reduce(cx: &Coll<'_>, data: &mut [u8], dtype: DType, op: ReduceOp)
     for k in 1..n {
         cx.send((me + k) % n, data)?;
     }
+    fold_in_rank_order(cx, data, dtype, op)
+}
+
+/// Replace `data` (this rank's contribution) by every rank's, received from the others,
+/// folded in rank order: the same order, so the same bits, on every rank that folds.
+fn fold_in_rank_order(cx: &Coll<'_>, data: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
+    let (n, me) = (cx.size(), cx.rank());
     let mine = (me != 0).then(|| data.to_vec());
     if me != 0 {
         cx.recv_into(0, data)?;
@@ -196,16 +203,7 @@ pub(crate) fn reduce(cx: &Coll<'_>, data: &mut [u8], dtype: DType, op: ReduceOp,
     if me != root {
         return cx.send(root, data);
     }
-    let mine = (me != 0).then(|| data.to_vec());
-    if me != 0 {
-        cx.recv_into(0, data)?;
-    }
-    for r in 1..n {
-        match &mine {
-            Some(m) if r == me => reduce_into(data, m, dtype, op),
-            _ => cx.recv_reduce(r, data, dtype, op)?,
-        }
-    }
+    fold_in_rank_order(cx, data, dtype, op)?;
     if op == ReduceOp::Avg {
         finish_avg(data, dtype, n);
     }

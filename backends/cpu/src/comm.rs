@@ -25,6 +25,13 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+mod pool;
+mod sched;
+
+use pool::{Admission, Pool, Queue};
+pub(crate) use sched::grace;
+use sched::{worker_loop, Completion, Job, Sched};
+
 /// What a job leaves for each of its target buffers (`None`: leave it unchanged).
 type Output = Vec<Option<Vec<u8>>>;
 type JobFn = Box<dyn for<'d> FnOnce(&mut Engine, Option<Direct<'d>>) -> Result<Output> + Send>;
@@ -77,8 +84,8 @@ impl Input {
         match self {
             Input::Copied(v) => Ok(v),
             Input::Lent { addr, len } => {
-                let mut v = e.pool.get(len);
-                e.mesh.read_own(addr, len, &mut v)?;
+                let mut v = e.pool.zeroed(len);
+                e.mesh.read_own(addr, &mut v)?;
                 Ok(v)
             }
         }
@@ -88,300 +95,9 @@ impl Input {
     fn read_into(&self, e: &Engine, dst: &mut [u8]) -> Result<()> {
         match self {
             Input::Copied(v) => crate::shm::copy(dst, v),
-            Input::Lent { addr, len } => {
-                let mut v = std::mem::take(&mut *e.scratch.lock().unwrap_or_else(|p| p.into_inner()));
-                e.mesh.read_own(*addr, *len, &mut v)?;
-                crate::shm::copy(dst, &v);
-                *e.scratch.lock().unwrap_or_else(|p| p.into_inner()) = v;
-            }
+            Input::Lent { addr, .. } => e.mesh.read_own(*addr, dst)?,
         }
         Ok(())
-    }
-}
-
-struct Job {
-    /// Issue order on the communicator.
-    id: u64,
-    run: JobFn,
-    done: Arc<Completion>,
-    /// The job's share of the queue bound, given back when the job is dropped (it has run).
-    _admission: Admission,
-}
-
-/// Queued input bytes counted against the bound until dropped.
-struct Admission {
-    queue: Arc<Queue>,
-    bytes: usize,
-}
-
-impl Drop for Admission {
-    fn drop(&mut self) {
-        self.queue.release(self.bytes);
-    }
-}
-
-/// How long a queued job is left to a caller that waits for it (it then runs on the
-/// caller's thread, with no hand-over between threads) before the worker takes it; also how
-/// often a worker that ran something recently looks at the queue without being woken.
-const GRACE_DEFAULT: Duration = Duration::from_micros(500);
-
-pub(crate) fn grace() -> Duration {
-    static G: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
-    *G.get_or_init(|| {
-        std::env::var("ANYCCL_CPU_HANDOFF_US")
-            .ok()
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .map_or(GRACE_DEFAULT, Duration::from_micros)
-    })
-}
-/// A worker that saw no job issued for this long sleeps until an enqueue wakes it.
-const IDLE: Duration = Duration::from_millis(50);
-/// The longest a worker sleeps between looks while jobs come and callers run them: a job
-/// nobody waits for, issued after a run of jobs that were all waited for at once, starts at
-/// most this late (an enqueue behind a job still queued wakes the worker at once).
-const MAX_POLL: Duration = Duration::from_millis(20);
-
-/// A communicator's operations in issue order and the engine that runs them, one at a time,
-/// on the worker thread or on the thread of a caller waiting for one of them.
-struct Sched {
-    st: Mutex<SchedState>,
-    /// The worker waits here.
-    cv: Condvar,
-}
-
-struct SchedState {
-    jobs: std::collections::VecDeque<Job>,
-    /// The engine, while no thread runs a job (the runner takes it out).
-    engine: Option<Engine>,
-    next_id: u64,
-    closed: bool,
-    /// The worker sleeps until woken (it has been idle for [`IDLE`]).
-    parked: bool,
-    /// An enqueue woke the worker: jobs are queued behind each other (the program does not
-    /// wait for each), so the worker looks again within the grace.
-    woken: bool,
-}
-
-impl std::fmt::Debug for Sched {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Sched")
-    }
-}
-
-impl Sched {
-    fn lock(&self) -> std::sync::MutexGuard<'_, SchedState> {
-        self.st.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Run the first queued job (the engine must be free), with `st` unlocked meanwhile;
-    /// `direct` goes to it if it is job `direct.0`.
-    fn run_front<'g>(
-        &'g self,
-        mut st: std::sync::MutexGuard<'g, SchedState>,
-        direct: Option<(u64, Direct<'_>)>,
-    ) -> std::sync::MutexGuard<'g, SchedState> {
-        let (Some(job), Some(mut engine)) = (st.jobs.pop_front(), st.engine.take()) else { return st };
-        drop(st);
-        let direct = direct.and_then(|(id, d)| (id == job.id).then_some(d));
-        let r = run_job(&mut engine, job.run, direct);
-        job.done.set(r);
-        drop(job._admission);
-        let mut st = self.lock();
-        st.engine = Some(engine);
-        st
-    }
-}
-
-/// Run one job on the engine; a failure (or a panic) fails the whole communicator.
-fn run_job(engine: &mut Engine, run: JobFn, direct: Option<Direct<'_>>) -> Result<Output> {
-    if let Some(d) = engine.mesh.mailbox.dead() {
-        return Err(engine.mesh.dead_err(d));
-    }
-    // A panic in an operation must not take the worker (and every later Work) with it: it
-    // fails the communicator like any error.
-    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(engine, direct))).unwrap_or_else(|_| {
-        Err(Error::Backend {
-            backend: "cpu",
-            op: "worker".into(),
-            code: -1,
-            text: "an operation panicked; communicator failed".into(),
-            recovery: anyccl_core::Recovery::Rebuild,
-            source: None,
-        })
-    });
-    if let Err(e) = &r {
-        // A failed collective leaves peers mid-protocol: fail the whole communicator so
-        // every rank hears of it at once.
-        if !matches!(e, Error::Aborted { .. }) {
-            let peer = if let Error::PeerFailed { peer, .. } = e { *peer } else { None };
-            engine.mesh.kill(Dead { aborted: false, peer, detail: format!("failed earlier: {e}") });
-        }
-    }
-    r
-}
-
-/// The worker: runs queued jobs in order, leaving a job that was just queued to its caller
-/// for [`grace`].
-fn worker_loop(sched: &Sched) {
-    let mut st = sched.lock();
-    let mut idle_since = Instant::now();
-    // The front job when the worker first saw it, and when: a job is the worker's once it
-    // has waited [`grace`] (no clock is read when a job is queued).
-    let mut seen: Option<(u64, Instant)> = None;
-    // How long the worker sleeps when nothing is its own: the grace after it ran a job or
-    // was woken, doubling (to [`MAX_POLL`]) while callers run their own jobs, so that a
-    // program waiting for each operation is not interrupted thousands of times a second.
-    let mut poll = grace();
-    // Jobs issued when the worker last looked: any issued since count as activity (it then
-    // does not park, which would make every enqueue wake it).
-    let mut issued = st.next_id;
-    loop {
-        if st.closed && st.jobs.is_empty() {
-            return;
-        }
-        if st.next_id != issued {
-            issued = st.next_id;
-            idle_since = Instant::now();
-        }
-        if std::mem::take(&mut st.woken) {
-            poll = grace();
-        }
-        let Some(front) = st.jobs.front() else {
-            seen = None;
-            if idle_since.elapsed() >= IDLE && !st.closed {
-                st.parked = true;
-                st = sched.cv.wait(st).unwrap_or_else(|p| p.into_inner());
-                st.parked = false;
-                idle_since = Instant::now();
-            } else {
-                st = sched.cv.wait_timeout(st, poll).unwrap_or_else(|p| p.into_inner()).0;
-                poll = (poll * 2).min(MAX_POLL);
-            }
-            continue;
-        };
-        idle_since = Instant::now();
-        let id = front.id;
-        let first_seen = match seen {
-            Some((i, t)) if i == id => t,
-            _ => {
-                let now = Instant::now();
-                seen = Some((id, now));
-                now
-            }
-        };
-        let age = first_seen.elapsed();
-        if st.engine.is_none() || (age < grace() && !st.closed) {
-            // A caller runs a job, or may take this one: look again later.
-            let pause = if st.engine.is_none() { poll } else { grace().saturating_sub(age) };
-            st = sched.cv.wait_timeout(st, pause.max(Duration::from_micros(50))).unwrap_or_else(|p| p.into_inner()).0;
-            poll = (poll * 2).min(MAX_POLL);
-            continue;
-        }
-        st = sched.run_front(st, None);
-        // The jobs queued behind it are run at once: their callers are not waiting yet, or
-        // wait behind this worker anyway.
-        while st.engine.is_some() && !st.jobs.is_empty() {
-            st = sched.run_front(st, None);
-        }
-        idle_since = Instant::now();
-        poll = grace();
-    }
-}
-
-/// Buffers of finished operations kept for the next ones: a fresh buffer of MiBs costs a
-/// page fault and a zeroed page every 4 KiB, more than the copy into it. It holds at most
-/// the queue bound (`ANYCCL_CPU_MAX_QUEUED_BYTES`), what operations in flight may hold.
-#[derive(Debug)]
-struct Pool {
-    bufs: Mutex<Vec<Vec<u8>>>,
-    /// Bytes of capacity kept at most.
-    limit: usize,
-}
-
-impl Pool {
-    /// Buffers below this size come from the allocator's own caches.
-    const MIN: usize = 64 << 10;
-    const MAX_BUFS: usize = 1024;
-
-    /// An empty buffer with room for `len` bytes.
-    fn get(&self, len: usize) -> Vec<u8> {
-        if len >= Self::MIN {
-            let mut bufs = self.bufs.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(i) = bufs.iter().position(|b| b.capacity() >= len) {
-                let mut b = bufs.swap_remove(i);
-                b.clear();
-                return b;
-            }
-        }
-        Vec::with_capacity(len)
-    }
-
-    /// A copy of `src`.
-    fn copy(&self, src: &[u8]) -> Vec<u8> {
-        let mut v = self.get(src.len());
-        crate::shm::copy_to_vec(&mut v, src);
-        v
-    }
-
-    /// `len` zero bytes.
-    fn zeroed(&self, len: usize) -> Vec<u8> {
-        let mut v = self.get(len);
-        v.resize(len, 0);
-        v
-    }
-
-    fn put(&self, b: Vec<u8>) {
-        if b.capacity() < Self::MIN || b.capacity() > self.limit {
-            return;
-        }
-        let mut bufs = self.bufs.lock().unwrap_or_else(|p| p.into_inner());
-        let held: usize = bufs.iter().map(|b| b.capacity()).sum();
-        if bufs.len() < Self::MAX_BUFS && held + b.capacity() <= self.limit {
-            bufs.push(b);
-        } else if let Some((i, _)) = bufs.iter().enumerate().min_by_key(|(_, x)| x.capacity()) {
-            // Keep the larger buffers: they are the ones worth keeping.
-            if bufs[i].capacity() < b.capacity() && held - bufs[i].capacity() + b.capacity() <= self.limit {
-                bufs[i] = b;
-            }
-        }
-    }
-}
-
-/// Input bytes of queued jobs, bounded (see the module doc).
-#[derive(Debug)]
-struct Queue {
-    bytes: Mutex<usize>,
-    cv: Condvar,
-    /// Threads waiting in `admit` (a release with none makes no system call).
-    waiters: AtomicUsize,
-    limit: usize,
-}
-
-impl Queue {
-    fn release(&self, n: usize) {
-        let mut b = self.bytes.lock().unwrap_or_else(|p| p.into_inner());
-        *b = b.saturating_sub(n);
-        drop(b);
-        if self.waiters.load(Ordering::SeqCst) > 0 {
-            self.cv.notify_all();
-        }
-    }
-}
-
-#[derive(Default)]
-struct Completion {
-    slot: Mutex<Option<Result<Output>>>,
-    cv: Condvar,
-    /// Threads blocked on `cv` (a completion nobody waits for is set without a wake-up).
-    waiters: AtomicUsize,
-}
-
-impl Completion {
-    fn set(&self, r: Result<Output>) {
-        *self.slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
-        if self.waiters.load(Ordering::SeqCst) > 0 {
-            self.cv.notify_all();
-        }
     }
 }
 
@@ -391,8 +107,6 @@ struct Engine {
     seq: u64,
     tune: Tuning,
     pool: Arc<Pool>,
-    /// Where a lent input is read on its way into part of a buffer.
-    scratch: Mutex<Vec<u8>>,
 }
 
 impl Engine {
@@ -479,10 +193,7 @@ impl WorkImpl for CpuWork<'_> {
             }
             // The worker runs it (or an earlier job): wait for it, looking again now and
             // then in case the engine came free with this job still queued.
-            self.done.waiters.fetch_add(1, Ordering::SeqCst);
-            let slice = (deadline - now).min(Duration::from_millis(5));
-            g = self.done.cv.wait_timeout(g, slice).unwrap_or_else(|p| p.into_inner()).0;
-            self.done.waiters.fetch_sub(1, Ordering::SeqCst);
+            g = self.done.park(g, (deadline - now).min(Duration::from_millis(5)));
             if let Some(r) = g.take() {
                 drop(g);
                 return self.deliver(r);
@@ -499,18 +210,13 @@ impl WorkImpl for CpuWork<'_> {
         // ends by its deadline, at once once the communicator is aborted).
         loop {
             self.help(false);
-            let mut g = self.done.slot.lock().unwrap_or_else(|p| p.into_inner());
+            let g = self.done.slot.lock().unwrap_or_else(|p| p.into_inner());
+            let mut g = if g.is_some() { g } else { self.done.park(g, Duration::from_millis(5)) };
             if let Some(r) = g.take() {
                 for o in r.into_iter().flatten().flatten() {
                     self.pool.put(o);
                 }
                 return;
-            }
-            self.done.waiters.fetch_add(1, Ordering::SeqCst);
-            g = self.done.cv.wait_timeout(g, Duration::from_millis(5)).unwrap_or_else(|p| p.into_inner()).0;
-            self.done.waiters.fetch_sub(1, Ordering::SeqCst);
-            if g.is_some() {
-                continue;
             }
         }
     }
@@ -529,12 +235,6 @@ pub struct CpuComm {
     splits: AtomicU64,
     queue: Arc<Queue>,
     pool: Arc<Pool>,
-}
-
-impl std::fmt::Debug for Job {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Job")
-    }
 }
 
 /// What the CPU backend supports.
@@ -601,19 +301,9 @@ impl CpuComm {
         let tune = Tuning::from_env(mesh.rank, &mesh.label)?;
         let limit = algo::env_bytes("ANYCCL_CPU_MAX_QUEUED_BYTES", 256 << 20, mesh.rank, &mesh.label)?;
         let queue = Arc::new(Queue { bytes: Mutex::new(0), cv: Condvar::new(), waiters: AtomicUsize::new(0), limit });
-        let pool = Arc::new(Pool { bufs: Mutex::new(Vec::new()), limit });
-        let engine = Engine { mesh: mesh.clone(), seq: 0, tune, pool: pool.clone(), scratch: Mutex::new(Vec::new()) };
-        let sched = Arc::new(Sched {
-            st: Mutex::new(SchedState {
-                jobs: Default::default(),
-                engine: Some(engine),
-                next_id: 0,
-                closed: false,
-                parked: false,
-                woken: false,
-            }),
-            cv: Condvar::new(),
-        });
+        let pool = Arc::new(Pool::new(limit));
+        let engine = Engine { mesh: mesh.clone(), seq: 0, tune, pool: pool.clone() };
+        let sched = Arc::new(Sched::new(engine));
         let s2 = sched.clone();
         let worker = std::thread::Builder::new()
             .name(format!("anyccl-cpu-{}", mesh.rank))
@@ -1005,7 +695,9 @@ impl Collective for CpuComm {
                     e.mesh.recv_p2p_into(peer, outs[0])?;
                     return Ok(vec![None]);
                 }
-                Ok(vec![Some(e.mesh.recv_p2p(peer, e.pool.get(bytes), bytes)?)])
+                let mut out = e.pool.zeroed(bytes);
+                e.mesh.recv_p2p_into(peer, &mut out)?;
+                Ok(vec![Some(out)])
             }),
         )
     }

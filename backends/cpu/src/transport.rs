@@ -682,24 +682,30 @@ impl Mesh {
     /// Send `data` to `peer` ([`Mesh::send`]): a lent range goes by reference where `peer`
     /// may read it, and is copied here first otherwise.
     pub(crate) fn send_data(&self, peer: usize, kind: Kind, op: u8, seq: u64, data: Data<'_>) -> Result<()> {
-        match data {
-            Data::Bytes(b) => self.send(peer, kind, op, seq, b),
-            Data::At { .. } if self.lends_to(peer, data.len()) => match &self.shm[peer] {
-                Some(link) => self.shm_send(peer, link, kind, op, seq, data),
-                None => Err(self.peer_err(peer, "no shared-memory link".into())),
-            },
-            Data::At { addr, len } => {
-                let mut own = Vec::new();
-                self.read_own(addr, len, &mut own)?;
-                self.send(peer, kind, op, seq, &own)
-            }
+        let mut own = Vec::new();
+        match (self.resolve(peer, data, &mut own)?, &self.shm[peer]) {
+            (Data::Bytes(b), _) => self.send(peer, kind, op, seq, b),
+            (d, Some(link)) => self.shm_send(peer, link, kind, op, seq, d),
+            (_, None) => Err(self.peer_err(peer, "no shared-memory link".into())),
         }
     }
 
-    /// Copy `len` bytes at `addr` of this process into `out` (resized) through the kernel:
-    /// a lent range ([`Data::At`]).
-    pub(crate) fn read_own(&self, addr: usize, len: usize, out: &mut Vec<u8>) -> Result<()> {
-        out.resize(len, 0);
+    /// `data` as it goes to `peer`: a lent range stays one only where `peer` copies it out
+    /// by reference ([`Mesh::lends_to`]); otherwise it is first copied into `own`.
+    fn resolve<'d>(&self, peer: usize, data: Data<'d>, own: &'d mut Vec<u8>) -> Result<Data<'d>> {
+        match data {
+            Data::At { addr, len } if !self.lends_to(peer, len) => {
+                own.resize(len, 0);
+                self.read_own(addr, own)?;
+                Ok(Data::Bytes(own))
+            }
+            d => Ok(d),
+        }
+    }
+
+    /// Copy the bytes at `addr` of this process into `out` through the kernel: a lent range
+    /// ([`Data::At`]).
+    pub(crate) fn read_own(&self, addr: usize, out: &mut [u8]) -> Result<()> {
         shm::read_remote(std::process::id() as i32, addr, out).map_err(|e| Error::InvalidArgument {
             op: "enqueue",
             arg: "buf",
@@ -709,15 +715,8 @@ impl Mesh {
         })
     }
 
-    /// Receive the next point-to-point message from `peer`, of exactly `expect` bytes.
-    /// A point-to-point message of `expect` bytes from `peer`: into `out` (resized) from a
-    /// peer of this host, as it arrived over TCP otherwise.
-    pub(crate) fn recv_p2p(&self, peer: usize, mut out: Vec<u8>, expect: usize) -> Result<Vec<u8>> {
-        if let Some(link) = &self.shm[peer] {
-            out.resize(expect, 0);
-            self.shm_recv(peer, link, Kind::P2p, (0, 0), expect, &mut Sink::Into(&mut out))?;
-            return Ok(out);
-        }
+    /// The next point-to-point message from `peer` over TCP, of exactly `expect` bytes.
+    fn recv_p2p_tcp(&self, peer: usize, expect: usize) -> Result<Vec<u8>> {
         let d = self.wait_msg(peer, || format!("recv from rank {peer}"), Inbox::pop_p2p)?;
         if d.len() != expect {
             return Err(self.p2p_size(peer, d.len(), expect));
@@ -725,13 +724,14 @@ impl Mesh {
         Ok(d)
     }
 
-    /// [`Mesh::recv_p2p`] into `dst` (straight out of the sender's memory where the peer is
-    /// on this host and the message large).
+    /// Receive the next point-to-point message from `peer`, of exactly `dst.len()` bytes,
+    /// into `dst` (straight out of the sender's memory where the peer is on this host and
+    /// the message large).
     pub(crate) fn recv_p2p_into(&self, peer: usize, dst: &mut [u8]) -> Result<()> {
         if let Some(link) = &self.shm[peer] {
             return self.shm_recv(peer, link, Kind::P2p, (0, 0), dst.len(), &mut Sink::Into(dst));
         }
-        let d = self.recv_p2p(peer, Vec::new(), dst.len())?;
+        let d = self.recv_p2p_tcp(peer, dst.len())?;
         crate::shm::copy(dst, &d);
         Ok(())
     }

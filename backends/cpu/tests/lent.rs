@@ -3,24 +3,14 @@
 //! dropping an unfinished `Work` waits until its job no longer reads the caller's memory.
 //! These cases run the paths that a caller waiting for each operation never takes.
 
-use anyccl_core::{
-    Backend, Buf, BufMut, CommConfig, Communicator, Error, GroupSpec, MemoryStore, P2POp, ReduceOp, Store,
-};
+mod common;
+
+use anyccl_core::{Buf, BufMut, Communicator, MemoryStore, P2POp, ReduceOp, Store};
 use libtest_mimic::{Arguments, Failed, Trial};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const MIB: usize = 1 << 20;
-
-fn connect(store: Arc<dyn Store>, rank: usize, name: &str) -> Result<Communicator, Error> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| Error::Unavailable { backend: "test", reason: e.to_string() })?;
-    let config = CommConfig { op_timeout: Duration::from_secs(10), ..CommConfig::default() };
-    let cpu = anyccl_cpu::Cpu;
-    rt.block_on(Communicator::connect(&cpu, GroupSpec::world(2, name), rank, store, cpu.platform(0)?.device(), config))
-}
 
 /// Run `f(rank, comm)` on two ranks (threads of this process).
 fn two_ranks(
@@ -33,7 +23,8 @@ fn two_ranks(
         .map(|r| {
             let (s, f, name) = (store.clone(), f.clone(), name.to_string());
             std::thread::spawn(move || -> Result<(), String> {
-                let c = connect(s, r, &name).map_err(|e| format!("rank {r}: {e}"))?;
+                let c =
+                    common::connect(s, r, 2, &name, Duration::from_secs(10)).map_err(|e| format!("rank {r}: {e}"))?;
                 f(r, &c).map_err(|e| format!("rank {r}: {e}"))
             })
         })

@@ -2,7 +2,9 @@
 //! environment): a sender whose peer consumes nothing is held to the queue and inbox
 //! bounds and fails at the operation timeout, instead of growing without limit.
 
-use anyccl_core::{Backend, CommConfig, Communicator, Error, GroupSpec, MemoryStore, Store};
+mod common;
+
+use anyccl_core::{Communicator, Error, MemoryStore, Store};
 use libtest_mimic::{Arguments, Failed, Trial};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -10,20 +12,7 @@ use std::time::{Duration, Instant};
 const MIB: usize = 1 << 20;
 
 fn connect(store: Arc<dyn Store>, rank: usize) -> Result<Communicator, Error> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| Error::Unavailable { backend: "test", reason: e.to_string() })?;
-    let config = CommConfig { op_timeout: Duration::from_secs(2), ..CommConfig::default() };
-    let cpu = anyccl_cpu::Cpu;
-    rt.block_on(Communicator::connect(
-        &cpu,
-        GroupSpec::world(2, "limits"),
-        rank,
-        store,
-        cpu.platform(0)?.device(),
-        config,
-    ))
+    common::connect(store, rank, 2, "limits", Duration::from_secs(2))
 }
 
 fn sender_is_bounded() -> Result<(), Failed> {

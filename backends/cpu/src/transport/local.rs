@@ -203,19 +203,18 @@ impl Mesh {
         self.exchange_kind(Kind::Coll, (op, seq), to, Data::Bytes(data), from, expect, &mut Sink::With(sink))
     }
 
-    fn ref_min(&self, kind: Kind) -> usize {
-        if kind == Kind::P2p {
-            self.by_ref_min.0
-        } else {
-            self.by_ref_min.1
-        }
+    /// Whether a message of `kind` and `len` bytes on `tx` goes by reference (the peer
+    /// copies it out of this process's memory).
+    fn by_ref(&self, tx: &shm::Tx, kind: Kind, len: usize) -> bool {
+        let min = if kind == Kind::P2p { self.by_ref_min.0 } else { self.by_ref_min.1 };
+        len >= min && tx.by_ref_ok()
     }
 
-    /// Whether a point-to-point message of `len` bytes to `peer` goes by reference (the peer copies it out
-    /// of this process's memory).
+    /// Whether a point-to-point message of `len` bytes to `peer` goes by reference.
     pub(super) fn lends_to(&self, peer: usize, len: usize) -> bool {
-        len >= self.by_ref_min.0
-            && self.shm[peer].as_ref().is_some_and(|l| l.tx.lock().unwrap_or_else(|p| p.into_inner()).by_ref_ok())
+        self.shm[peer]
+            .as_ref()
+            .is_some_and(|l| self.by_ref(&l.tx.lock().unwrap_or_else(|p| p.into_inner()), Kind::P2p, len))
     }
 
     /// A point-to-point send to `to` and receive from `from` (a batch of one of each), with
@@ -242,7 +241,7 @@ impl Mesh {
             (_, sink) => match &self.shm[from] {
                 Some(link) => self.shm_recv(from, link, Kind::P2p, (0, 0), expect, sink),
                 None => {
-                    let d = self.recv_p2p(from, Vec::new(), expect)?;
+                    let d = self.recv_p2p_tcp(from, expect)?;
                     match sink {
                         Sink::Into(dst) => crate::shm::copy(dst, &d),
                         Sink::With(f) => f(0, &d),
@@ -264,16 +263,8 @@ impl Mesh {
         expect: usize,
         sink: &mut Sink<'_>,
     ) -> Result<()> {
-        let own;
-        let data = match data {
-            Data::At { addr, len } if !self.lends_to(to, len) => {
-                let mut v = Vec::new();
-                self.read_own(addr, len, &mut v)?;
-                own = v;
-                Data::Bytes(&own)
-            }
-            d => d,
-        };
+        let mut own = Vec::new();
+        let data = self.resolve(to, data, &mut own)?;
         let (Some(out), Some(inc)) = (&self.shm[to], &self.shm[from]) else {
             self.send_data(to, kind, op, seq, data)?;
             return self.recv_kind(kind, (op, seq), from, expect, sink);
@@ -387,9 +378,9 @@ impl Mesh {
         h[8..16].copy_from_slice(&seq.to_le_bytes());
         h[16..24].copy_from_slice(&(data.len() as u64).to_le_bytes());
         let addr = match data {
-            // Lent ranges are only sent where they go by reference (see `lends_to`).
+            // Lent ranges are only sent where they go by reference (see `Mesh::resolve`).
             Data::At { addr, .. } => addr,
-            Data::Bytes(b) if b.len() >= self.ref_min(kind) && tx.by_ref_ok() => b.as_ptr() as usize,
+            Data::Bytes(b) if self.by_ref(tx, kind, b.len()) => b.as_ptr() as usize,
             Data::Bytes(_) => return (h, None),
         };
         h[2] = 1;

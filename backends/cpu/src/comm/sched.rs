@@ -1,0 +1,232 @@
+//! The scheduler of a communicator's operations: a queue in issue order, the engine that
+//! runs one at a time, and the worker thread, which leaves a job to a caller that waits
+//! for it (then it runs on the caller's thread) before taking it.
+
+use super::*;
+
+pub(super) struct Job {
+    /// Issue order on the communicator.
+    pub(super) id: u64,
+    pub(super) run: JobFn,
+    pub(super) done: Arc<Completion>,
+    /// The job's share of the queue bound, given back when the job is dropped (it has run).
+    pub(super) _admission: Admission,
+}
+
+impl std::fmt::Debug for Job {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Job")
+    }
+}
+
+/// How long a queued job is left to a caller that waits for it (it then runs on the
+/// caller's thread, with no hand-over between threads) before the worker takes it; also how
+/// often a worker that ran something recently looks at the queue without being woken.
+const GRACE_DEFAULT: Duration = Duration::from_micros(500);
+
+pub(crate) fn grace() -> Duration {
+    static G: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *G.get_or_init(|| {
+        std::env::var("ANYCCL_CPU_HANDOFF_US")
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map_or(GRACE_DEFAULT, Duration::from_micros)
+    })
+}
+/// A worker that saw no job issued for this long sleeps until an enqueue wakes it.
+const IDLE: Duration = Duration::from_millis(50);
+/// The longest a worker sleeps between looks while jobs come and callers run them: a job
+/// nobody waits for, issued after a run of jobs that were all waited for at once, starts at
+/// most this late (an enqueue behind a job still queued wakes the worker at once).
+const MAX_POLL: Duration = Duration::from_millis(20);
+
+/// A communicator's operations in issue order and the engine that runs them, one at a time,
+/// on the worker thread or on the thread of a caller waiting for one of them.
+pub(super) struct Sched {
+    st: Mutex<SchedState>,
+    /// The worker waits here.
+    pub(super) cv: Condvar,
+}
+
+pub(super) struct SchedState {
+    pub(super) jobs: std::collections::VecDeque<Job>,
+    /// The engine, while no thread runs a job (the runner takes it out).
+    pub(super) engine: Option<Engine>,
+    pub(super) next_id: u64,
+    pub(super) closed: bool,
+    /// The worker sleeps until woken (it has been idle for [`IDLE`]).
+    pub(super) parked: bool,
+    /// An enqueue woke the worker: jobs are queued behind each other (the program does not
+    /// wait for each), so the worker looks again within the grace.
+    pub(super) woken: bool,
+}
+
+impl std::fmt::Debug for Sched {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Sched")
+    }
+}
+
+impl Sched {
+    /// A scheduler with `engine` free and nothing queued.
+    pub(super) fn new(engine: Engine) -> Sched {
+        Sched {
+            st: Mutex::new(SchedState {
+                jobs: Default::default(),
+                engine: Some(engine),
+                next_id: 0,
+                closed: false,
+                parked: false,
+                woken: false,
+            }),
+            cv: Condvar::new(),
+        }
+    }
+
+    pub(super) fn lock(&self) -> std::sync::MutexGuard<'_, SchedState> {
+        self.st.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Run the first queued job (the engine must be free), with `st` unlocked meanwhile;
+    /// `direct` goes to it if it is job `direct.0`.
+    pub(super) fn run_front<'g>(
+        &'g self,
+        mut st: std::sync::MutexGuard<'g, SchedState>,
+        direct: Option<(u64, Direct<'_>)>,
+    ) -> std::sync::MutexGuard<'g, SchedState> {
+        let (Some(job), Some(mut engine)) = (st.jobs.pop_front(), st.engine.take()) else { return st };
+        drop(st);
+        let direct = direct.and_then(|(id, d)| (id == job.id).then_some(d));
+        let r = run_job(&mut engine, job.run, direct);
+        job.done.set(r);
+        drop(job._admission);
+        let mut st = self.lock();
+        st.engine = Some(engine);
+        st
+    }
+}
+
+/// Run one job on the engine; a failure (or a panic) fails the whole communicator.
+fn run_job(engine: &mut Engine, run: JobFn, direct: Option<Direct<'_>>) -> Result<Output> {
+    if let Some(d) = engine.mesh.mailbox.dead() {
+        return Err(engine.mesh.dead_err(d));
+    }
+    // A panic in an operation must not take the worker (and every later Work) with it: it
+    // fails the communicator like any error.
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(engine, direct))).unwrap_or_else(|_| {
+        Err(Error::Backend {
+            backend: "cpu",
+            op: "worker".into(),
+            code: -1,
+            text: "an operation panicked; communicator failed".into(),
+            recovery: anyccl_core::Recovery::Rebuild,
+            source: None,
+        })
+    });
+    if let Err(e) = &r {
+        // A failed collective leaves peers mid-protocol: fail the whole communicator so
+        // every rank hears of it at once.
+        if !matches!(e, Error::Aborted { .. }) {
+            let peer = if let Error::PeerFailed { peer, .. } = e { *peer } else { None };
+            engine.mesh.kill(Dead { aborted: false, peer, detail: format!("failed earlier: {e}") });
+        }
+    }
+    r
+}
+
+/// The worker: runs queued jobs in order, leaving a job that was just queued to its caller
+/// for [`grace`].
+pub(super) fn worker_loop(sched: &Sched) {
+    let mut st = sched.lock();
+    let mut idle_since = Instant::now();
+    // The front job when the worker first saw it, and when: a job is the worker's once it
+    // has waited [`grace`] (no clock is read when a job is queued).
+    let mut seen: Option<(u64, Instant)> = None;
+    // How long the worker sleeps when nothing is its own: the grace after it ran a job or
+    // was woken, doubling (to [`MAX_POLL`]) while callers run their own jobs, so that a
+    // program waiting for each operation is not interrupted thousands of times a second.
+    let mut poll = grace();
+    // Jobs issued when the worker last looked: any issued since count as activity (it then
+    // does not park, which would make every enqueue wake it).
+    let mut issued = st.next_id;
+    loop {
+        if st.closed && st.jobs.is_empty() {
+            return;
+        }
+        if st.next_id != issued {
+            issued = st.next_id;
+            idle_since = Instant::now();
+        }
+        if std::mem::take(&mut st.woken) {
+            poll = grace();
+        }
+        let Some(front) = st.jobs.front() else {
+            seen = None;
+            if idle_since.elapsed() >= IDLE && !st.closed {
+                st.parked = true;
+                st = sched.cv.wait(st).unwrap_or_else(|p| p.into_inner());
+                st.parked = false;
+                idle_since = Instant::now();
+            } else {
+                st = sched.cv.wait_timeout(st, poll).unwrap_or_else(|p| p.into_inner()).0;
+                poll = (poll * 2).min(MAX_POLL);
+            }
+            continue;
+        };
+        idle_since = Instant::now();
+        let id = front.id;
+        let first_seen = match seen {
+            Some((i, t)) if i == id => t,
+            _ => {
+                let now = Instant::now();
+                seen = Some((id, now));
+                now
+            }
+        };
+        let age = first_seen.elapsed();
+        if st.engine.is_none() || (age < grace() && !st.closed) {
+            // A caller runs a job, or may take this one: look again later.
+            let pause = if st.engine.is_none() { poll } else { grace().saturating_sub(age) };
+            st = sched.cv.wait_timeout(st, pause.max(Duration::from_micros(50))).unwrap_or_else(|p| p.into_inner()).0;
+            poll = (poll * 2).min(MAX_POLL);
+            continue;
+        }
+        st = sched.run_front(st, None);
+        // The jobs queued behind it are run at once: their callers are not waiting yet, or
+        // wait behind this worker anyway.
+        while st.engine.is_some() && !st.jobs.is_empty() {
+            st = sched.run_front(st, None);
+        }
+        idle_since = Instant::now();
+        poll = grace();
+    }
+}
+
+#[derive(Default)]
+pub(super) struct Completion {
+    pub(super) slot: Mutex<Option<Result<Output>>>,
+    pub(super) cv: Condvar,
+    /// Threads blocked on `cv` (a completion nobody waits for is set without a wake-up).
+    pub(super) waiters: AtomicUsize,
+}
+
+impl Completion {
+    /// Wait on `g` for at most `slice`, counted among the waiters.
+    pub(super) fn park<'g>(
+        &self,
+        g: std::sync::MutexGuard<'g, Option<Result<Output>>>,
+        slice: Duration,
+    ) -> std::sync::MutexGuard<'g, Option<Result<Output>>> {
+        self.waiters.fetch_add(1, Ordering::SeqCst);
+        let g = self.cv.wait_timeout(g, slice).unwrap_or_else(|p| p.into_inner()).0;
+        self.waiters.fetch_sub(1, Ordering::SeqCst);
+        g
+    }
+
+    pub(super) fn set(&self, r: Result<Output>) {
+        *self.slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+        if self.waiters.load(Ordering::SeqCst) > 0 {
+            self.cv.notify_all();
+        }
+    }
+}
