@@ -147,11 +147,18 @@ fn run(args: &Args) -> Result<(), String> {
             groups.entry(r.group.clone()).or_default().entry(d.rank).or_default().push(r);
         }
     }
+    // An operation a rank completed only after another rank had already failed (a stopped
+    // rank resumed to write its dump finishes with what its peers sent before giving up)
+    // shows that rank was behind, not that the operation went through: it counts as not
+    // completed.
+    let first_failure = dumps.values().map(|d| d.first_unix_ms).min().unwrap_or(u64::MAX);
+    let done_in_time = |r: &TraceRecord| {
+        r.state == "completed" && r.elapsed_ms.is_none_or(|e| r.started_unix_ms as f64 + e <= first_failure as f64)
+    };
     let mut verdicts = Vec::new();
     for (g, by_rank) in &groups {
         // The first operation not completed by every member that recorded the group.
-        let unfinished =
-            by_rank.values().flat_map(|rs| rs.iter().filter(|r| r.state != "completed").map(|r| r.seq)).min();
+        let unfinished = by_rank.values().flat_map(|rs| rs.iter().filter(|r| !done_in_time(r)).map(|r| r.seq)).min();
         let Some(seq) = unfinished else { continue };
         let mut completed = Vec::new();
         let mut stuck = Vec::new();
@@ -162,7 +169,7 @@ fn run(args: &Args) -> Result<(), String> {
             match rs.iter().find(|r| r.seq == seq) {
                 Some(r) => {
                     what = name(r);
-                    if r.state == "completed" {
+                    if done_in_time(r) {
                         completed.push(*rank);
                     } else {
                         stuck.push((*rank, r.state.clone()));
