@@ -32,8 +32,11 @@ use pool::{Admission, Pool, Queue};
 pub(crate) use sched::grace;
 use sched::{worker_loop, Completion, Job, Sched};
 
-/// What a job leaves for each of its target buffers (`None`: leave it unchanged).
+/// What a job leaves for each of its target buffers (`None`, or no entry: leave it
+/// unchanged; a job run on its caller's buffers returns an empty list).
 type Output = Vec<Option<Vec<u8>>>;
+/// A few buffers (most operations have one), kept inline: no allocation.
+type Few<T> = smallvec::SmallVec<[T; 1]>;
 type JobFn = Box<dyn for<'d> FnOnce(&mut Engine, Option<Direct<'d>>) -> Result<Output> + Send>;
 
 /// A caller's own buffers, handed to its job when the job runs on the caller's thread inside
@@ -41,16 +44,21 @@ type JobFn = Box<dyn for<'d> FnOnce(&mut Engine, Option<Direct<'d>>) -> Result<O
 /// place, and leaves `None` for every target.
 struct Direct<'d> {
     /// The send buffers of the operation, in issue order (none for an in-place operation).
-    srcs: Vec<&'d [u8]>,
+    srcs: Few<&'d [u8]>,
     /// The target buffers, in issue order.
-    outs: Vec<&'d mut [u8]>,
+    outs: Few<&'d mut [u8]>,
 }
 
 /// Inputs from this size on are lent rather than copied at enqueue.
 const LEND_MIN: usize = 64 << 10;
 
+/// Inputs up to this size are copied into the job itself (no allocation).
+const INLINE_MAX: usize = 64;
+
 /// An operation's input as the worker sees it.
 enum Input {
+    /// A small input, copied at enqueue into the job.
+    Inline { bytes: [u8; INLINE_MAX], len: usize },
     /// Copied at enqueue.
     Copied(Vec<u8>),
     /// The caller's memory, lent while its `Work` lives (see the module doc).
@@ -62,6 +70,10 @@ impl Input {
     fn of(bytes: &[u8], pool: &Pool) -> Input {
         if bytes.len() >= LEND_MIN {
             Input::Lent { addr: bytes.as_ptr() as usize, len: bytes.len() }
+        } else if bytes.len() <= INLINE_MAX {
+            let mut inline = [0u8; INLINE_MAX];
+            inline[..bytes.len()].copy_from_slice(bytes);
+            Input::Inline { bytes: inline, len: bytes.len() }
         } else {
             Input::Copied(pool.copy(bytes))
         }
@@ -74,6 +86,7 @@ impl Input {
     /// What to send: the copy, or the lent range (which a peer of this host copies out).
     fn data(&self) -> Data<'_> {
         match self {
+            Input::Inline { bytes, len } => Data::Bytes(&bytes[..*len]),
             Input::Copied(v) => Data::Bytes(v),
             Input::Lent { addr, len } => Data::At { addr: *addr, len: *len },
         }
@@ -82,6 +95,7 @@ impl Input {
     /// The bytes, in a buffer of the job's own.
     fn take(self, e: &Engine) -> Result<Vec<u8>> {
         match self {
+            Input::Inline { bytes, len } => Ok(e.pool.copy(&bytes[..len])),
             Input::Copied(v) => Ok(v),
             Input::Lent { addr, len } => {
                 let mut v = e.pool.zeroed(len);
@@ -94,6 +108,7 @@ impl Input {
     /// Copy the bytes into `dst`.
     fn read_into(&self, e: &Engine, dst: &mut [u8]) -> Result<()> {
         match self {
+            Input::Inline { bytes, len } => dst.copy_from_slice(&bytes[..*len]),
             Input::Copied(v) => crate::shm::copy(dst, v),
             Input::Lent { addr, .. } => e.mesh.read_own(*addr, dst)?,
         }
@@ -125,8 +140,8 @@ struct CpuWork<'a> {
     sched: Arc<Sched>,
     done: Arc<Completion>,
     /// The send buffers, for the job to read when it runs inside this caller's wait.
-    sources: Vec<Buf<'a>>,
-    targets: Vec<BufMut<'a>>,
+    sources: Few<Buf<'a>>,
+    targets: Few<BufMut<'a>>,
     /// An input was lent: dropping this waits for the job.
     lent: bool,
 }
@@ -191,9 +206,18 @@ impl WorkImpl for CpuWork<'_> {
             if now >= deadline {
                 return Ok(false);
             }
+            let slice = (deadline - now).min(Duration::from_millis(5));
+            if may_help {
+                // Another thread runs a job (this one or an earlier one): wait for the engine,
+                // then run what is left up to this job here (the worker stops after its
+                // current job for a caller waiting here).
+                drop(g);
+                self.sched.wait_engine(slice);
+                continue;
+            }
             // The worker runs it (or an earlier job): wait for it, looking again now and
             // then in case the engine came free with this job still queued.
-            g = self.done.park(g, (deadline - now).min(Duration::from_millis(5)));
+            g = self.done.park(g, slice);
             if let Some(r) = g.take() {
                 drop(g);
                 return self.deliver(r);
@@ -300,7 +324,7 @@ impl CpuComm {
     fn start(mesh: Arc<Mesh>, store: Arc<dyn Store>, ns: String) -> Result<Arc<CpuComm>> {
         let tune = Tuning::from_env(mesh.rank, &mesh.label)?;
         let limit = algo::env_bytes("ANYCCL_CPU_MAX_QUEUED_BYTES", 256 << 20, mesh.rank, &mesh.label)?;
-        let queue = Arc::new(Queue { bytes: Mutex::new(0), cv: Condvar::new(), waiters: AtomicUsize::new(0), limit });
+        let queue = Arc::new(Queue::new(limit));
         let pool = Arc::new(Pool::new(limit));
         let engine = Engine { mesh: mesh.clone(), seq: 0, tune, pool: pool.clone() };
         let sched = Arc::new(Sched::new(engine));
@@ -328,24 +352,20 @@ impl CpuComm {
     /// waits for an empty queue), at most the operation timeout.
     fn admit(&self, bytes: usize) -> Result<Admission> {
         let q = &self.queue;
-        let t = self.mesh.op_timeout;
-        let mut held = q.bytes.lock().unwrap_or_else(|p| p.into_inner());
-        if *held == 0 || held.saturating_add(bytes) <= q.limit {
-            *held += bytes;
+        if q.try_take(bytes) {
             return Ok(Admission { queue: q.clone(), bytes });
         }
+        let t = self.mesh.op_timeout;
         let deadline = anyccl_core::deadline_in(t);
-        while *held > 0 && held.saturating_add(bytes) > q.limit {
+        loop {
             // Run what is queued on this thread while the engine is free: the bound waits for
             // the queue to shrink.
-            drop(held);
             let mut st = self.sched.lock();
             while st.engine.is_some() && !st.jobs.is_empty() {
                 st = self.sched.run_front(st, None);
             }
             drop(st);
-            held = q.bytes.lock().unwrap_or_else(|p| p.into_inner());
-            if *held == 0 || held.saturating_add(bytes) <= q.limit {
+            if q.try_take(bytes) {
                 break;
             }
             if let Some(d) = self.mesh.mailbox.dead() {
@@ -361,30 +381,29 @@ impl CpuComm {
                     detail: format!(
                         "{} bytes of earlier operations stayed queued (limit {}, ANYCCL_CPU_MAX_QUEUED_BYTES): the \
                          communicator made no progress",
-                        *held, q.limit
+                        q.held(),
+                        q.limit
                     ),
                 });
             }
-            let slice = (deadline - now).min(Duration::from_millis(100));
-            q.waiters.fetch_add(1, Ordering::SeqCst);
-            held = q.cv.wait_timeout(held, slice).unwrap_or_else(|p| p.into_inner()).0;
-            q.waiters.fetch_sub(1, Ordering::SeqCst);
+            if q.take_within(bytes, (deadline - now).min(Duration::from_millis(100))) {
+                break;
+            }
         }
-        *held += bytes;
         Ok(Admission { queue: q.clone(), bytes })
     }
 
     /// Queue `run`, admitted (see [`CpuComm::admit`]) before its input was copied.
-    fn enqueue<'a>(&'a self, targets: Vec<BufMut<'a>>, admission: Admission, run: JobFn) -> Result<Work<'a>> {
-        self.enqueue_lent(vec![], targets, false, admission, run)
+    fn enqueue<'a>(&'a self, targets: Few<BufMut<'a>>, admission: Admission, run: JobFn) -> Result<Work<'a>> {
+        self.enqueue_lent(Few::new(), targets, false, admission, run)
     }
 
     /// [`CpuComm::enqueue`] of a job that reads `sources` when it runs in its caller's wait;
     /// `lent`: an input was lent.
     fn enqueue_lent<'a>(
         &'a self,
-        sources: Vec<Buf<'a>>,
-        targets: Vec<BufMut<'a>>,
+        sources: Few<Buf<'a>>,
+        targets: Few<BufMut<'a>>,
         lent: bool,
         admission: Admission,
         run: JobFn,
@@ -497,7 +516,7 @@ impl Collective for CpuComm {
         let (dtype, lent) = (recv.dtype(), input.lent());
         self.enqueue_lent(
             send.into_iter().collect(),
-            vec![recv],
+            smallvec::smallvec![recv],
             lent,
             adm,
             Box::new(move |e, direct| {
@@ -510,7 +529,7 @@ impl Collective for CpuComm {
                         crate::shm::copy(out, src);
                     }
                     algo::all_reduce(&e.coll(algo::OP_ALL_REDUCE), out, dtype, op, &tune)?;
-                    return Ok(vec![None]);
+                    return Ok(Vec::new());
                 }
                 let mut data = input.take(e)?;
                 algo::all_reduce(&e.coll(algo::OP_ALL_REDUCE), &mut data, dtype, op, &tune)?;
@@ -533,7 +552,7 @@ impl Collective for CpuComm {
         };
         let (dtype, me) = (recv.dtype(), self.info.rank);
         self.enqueue(
-            vec![recv],
+            smallvec::smallvec![recv],
             adm,
             Box::new(move |e, _| {
                 algo::reduce(&e.coll(algo::OP_REDUCE), &mut data, dtype, op, root)?;
@@ -553,7 +572,7 @@ impl Collective for CpuComm {
         let lent = input.as_ref().is_some_and(Input::lent);
         self.enqueue_lent(
             send.into_iter().collect(),
-            vec![recv],
+            smallvec::smallvec![recv],
             lent,
             adm,
             Box::new(move |e, direct| {
@@ -563,7 +582,7 @@ impl Collective for CpuComm {
                         crate::shm::copy(out, src);
                     }
                     algo::broadcast(&e.coll(algo::OP_BROADCAST), out, root)?;
-                    return Ok(vec![None]);
+                    return Ok(Vec::new());
                 }
                 let mut data = match input {
                     Some(i) => i.take(e)?,
@@ -587,7 +606,7 @@ impl Collective for CpuComm {
         let (total, lent) = (recv.bytes(), own.lent());
         self.enqueue_lent(
             send.into_iter().collect(),
-            vec![recv],
+            smallvec::smallvec![recv],
             lent,
             adm,
             Box::new(move |e, direct| {
@@ -597,7 +616,7 @@ impl Collective for CpuComm {
                         crate::shm::copy(&mut out[me * chunk..(me + 1) * chunk], src);
                     }
                     algo::all_gather(&e.coll(algo::OP_ALL_GATHER), out, chunk)?;
-                    return Ok(vec![None]);
+                    return Ok(Vec::new());
                 }
                 let mut out = e.pool.zeroed(total);
                 own.read_into(e, &mut out[me * chunk..(me + 1) * chunk])?;
@@ -617,7 +636,7 @@ impl Collective for CpuComm {
         let original = if in_place { data.clone() } else { Vec::new() };
         let (dtype, me) = (recv.dtype(), self.info.rank);
         self.enqueue(
-            vec![recv],
+            smallvec::smallvec![recv],
             adm,
             Box::new(move |e, _| {
                 let mine = algo::reduce_scatter(&e.coll(algo::OP_REDUCE_SCATTER), &mut data, dtype, op)?;
@@ -646,14 +665,14 @@ impl Collective for CpuComm {
         let data = self.input("all_to_all", &send)?;
         let (total, lent) = (recv.bytes(), data.lent());
         self.enqueue_lent(
-            vec![send],
-            vec![recv],
+            smallvec::smallvec![send],
+            smallvec::smallvec![recv],
             lent,
             adm,
             Box::new(move |e, direct| {
                 if let Some(Direct { srcs, mut outs }) = direct {
                     algo::all_to_all(&e.coll(algo::OP_ALL_TO_ALL), srcs[0], &sb, outs[0], &rb)?;
-                    return Ok(vec![None]);
+                    return Ok(Vec::new());
                 }
                 let data = data.take(e)?;
                 let mut out = e.pool.zeroed(total);
@@ -669,8 +688,8 @@ impl Collective for CpuComm {
         let data = self.input("send", &buf)?;
         let lent = data.lent();
         self.enqueue_lent(
-            vec![buf],
-            vec![],
+            smallvec::smallvec![buf],
+            Few::new(),
             lent,
             adm,
             Box::new(move |e, direct| {
@@ -688,12 +707,12 @@ impl Collective for CpuComm {
         let bytes = buf.bytes();
         let adm = self.admit(0)?;
         self.enqueue(
-            vec![buf],
+            smallvec::smallvec![buf],
             adm,
             Box::new(move |e, direct| {
                 if let Some(Direct { mut outs, .. }) = direct {
                     e.mesh.recv_p2p_into(peer, outs[0])?;
-                    return Ok(vec![None]);
+                    return Ok(Vec::new());
                 }
                 let mut out = e.pool.zeroed(bytes);
                 e.mesh.recv_p2p_into(peer, &mut out)?;
@@ -707,8 +726,8 @@ impl Collective for CpuComm {
         let adm = self.admit(sent)?;
         let mut sends = Vec::new();
         let mut recvs = Vec::new();
-        let mut sources = Vec::new();
-        let mut targets = Vec::new();
+        let mut sources = Few::new();
+        let mut targets = Few::new();
         for o in ops {
             match o {
                 P2POp::Send(b, p) => {
@@ -731,7 +750,7 @@ impl Collective for CpuComm {
                 // The received bytes: the caller's buffers in its wait, the job's own otherwise.
                 let mut own: Vec<Vec<u8>> = Vec::new();
                 let (srcs, mut outs): (Vec<Data<'_>>, Vec<&mut [u8]>) = match direct {
-                    Some(Direct { srcs, outs }) => (srcs.into_iter().map(Data::Bytes).collect(), outs),
+                    Some(Direct { srcs, outs }) => (srcs.into_iter().map(Data::Bytes).collect(), outs.into_vec()),
                     None => {
                         own = recvs.iter().map(|(_, n)| e.pool.zeroed(*n)).collect();
                         (sends.iter().map(|(_, i)| i.data()).collect(), own.iter_mut().map(|v| &mut v[..]).collect())
@@ -758,7 +777,7 @@ impl Collective for CpuComm {
     fn barrier(&self) -> Result<Work<'_>> {
         let adm = self.admit(0)?;
         self.enqueue(
-            vec![],
+            Few::new(),
             adm,
             Box::new(|e, _| {
                 algo::barrier(&e.coll(algo::OP_BARRIER))?;

@@ -21,18 +21,23 @@ use std::ffi::CString;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-/// Bytes of a ring's control block (two cache-line pairs: the writer's and the reader's).
-const CTL: usize = 256;
+/// Bytes of a ring's control block (two sides of two cache-line pairs each).
+const CTL: usize = 512;
+const _: () = assert!(std::mem::size_of::<Ctl>() <= CTL);
 /// The largest piece a writer publishes at once, so a reader starts on a large message
 /// before all of it is written.
 const PIECE: usize = 256 << 10;
 
 /// One side of a ring's control block: a position in the stream, a futex word bumped when
 /// a sleeper on this side must wake, and whether the other side sleeps.
+///
+/// The position, written at every message, has a cache-line pair of its own: the other
+/// fields change rarely, so the other side reads them from its own cache (a message then
+/// costs the data's line and the position's, not a third line for the sleep flag).
 #[repr(C, align(128))]
 struct Side {
     /// Bytes written (writer's side) or consumed (reader's side) since the start.
-    pos: AtomicU64,
+    pos: Own<AtomicU64>,
     /// Bumped before a wake; sleepers of the *other* side wait on it.
     bell: AtomicU32,
     /// Set by this side while it sleeps, waiting for the other side.
@@ -43,6 +48,17 @@ struct Side {
     /// Reader's side: 1 when the reader may read the writer's memory
     /// (`process_vm_readv`), so the writer may send large messages by reference.
     by_ref: AtomicU32,
+}
+
+/// A value alone in its cache-line pair (no false sharing with its neighbours).
+#[repr(C, align(128))]
+struct Own<T>(T);
+
+impl<T> std::ops::Deref for Own<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
 }
 
 #[repr(C)]
@@ -241,7 +257,9 @@ fn spin_then_yield(patience: Patience, ready: &mut impl FnMut() -> bool, check: 
     if ready() {
         return Ok(true);
     }
-    let start = Instant::now();
+    // The clock is read from the end of the first round on: a message that arrives within
+    // it (the usual case between ranks in step) costs no clock read.
+    let mut start: Option<Instant> = None;
     let mut i = 0u32;
     loop {
         for _ in 0..64 {
@@ -254,7 +272,7 @@ fn spin_then_yield(patience: Patience, ready: &mut impl FnMut() -> bool, check: 
         if i.is_multiple_of(16) {
             check()?;
         }
-        let spent = start.elapsed();
+        let spent = start.get_or_insert_with(Instant::now).elapsed();
         if spent < patience.spin {
             continue;
         }
@@ -326,6 +344,9 @@ pub(crate) struct Tx {
     ring: RingPtr,
     _seg: std::sync::Arc<Segment>,
     patience: Patience,
+    /// The reader's position as last read (at most the real one): the writer reads the
+    /// reader's line only when this leaves too little room, not at every message.
+    tail_seen: std::cell::Cell<u64>,
 }
 
 // SAFETY: the ring's writer side is used by one thread at a time (the caller holds `Tx`
@@ -351,7 +372,9 @@ pub(crate) fn link(
     peer_local: usize,
     patience: Patience,
 ) -> (Tx, Rx) {
-    let tx = Tx { ring: peer.ring(layout.offset(me_local), layout.ring), _seg: peer.clone(), patience };
+    let ring = peer.ring(layout.offset(me_local), layout.ring);
+    let tail_seen = std::cell::Cell::new(ring.ctl().reader.pos.load(Ordering::Acquire));
+    let tx = Tx { ring, _seg: peer.clone(), patience, tail_seen };
     let rx = Rx { ring: own.ring(layout.offset(peer_local), layout.ring), _seg: own.clone(), patience };
     (tx, rx)
 }
@@ -414,9 +437,13 @@ impl Tx {
         let ctl = self.ring.ctl();
         let cap = self.ring.cap as u64;
         let mut head = ctl.writer.pos.load(Ordering::Relaxed);
-        let tail = ctl.reader.pos.load(Ordering::Acquire);
-        let room = (cap - (head - tail)) as usize;
-        let mut n = room.min(w.left).min(PIECE) & !7;
+        let want = w.left.min(PIECE);
+        let mut room = (cap - (head - self.tail_seen.get())) as usize;
+        if room < want {
+            self.tail_seen.set(ctl.reader.pos.load(Ordering::Acquire));
+            room = (cap - (head - self.tail_seen.get())) as usize;
+        }
+        let mut n = room.min(want) & !7;
         if n == 0 {
             return false;
         }

@@ -46,6 +46,9 @@ pub(super) struct Sched {
     st: Mutex<SchedState>,
     /// The worker waits here.
     pub(super) cv: Condvar,
+    /// Callers waiting for the engine ([`SchedState::helpers`]) wait here; a runner that
+    /// gives the engine back wakes them.
+    pub(super) freed: Condvar,
 }
 
 pub(super) struct SchedState {
@@ -59,6 +62,10 @@ pub(super) struct SchedState {
     /// An enqueue woke the worker: jobs are queued behind each other (the program does not
     /// wait for each), so the worker looks again within the grace.
     pub(super) woken: bool,
+    /// Callers blocked in a wait until the engine comes free, to run their jobs themselves:
+    /// while there are any, the worker ends its run after the job it has, rather than
+    /// running the queue while they sleep and waking each in turn.
+    pub(super) helpers: usize,
 }
 
 impl std::fmt::Debug for Sched {
@@ -78,8 +85,10 @@ impl Sched {
                 closed: false,
                 parked: false,
                 woken: false,
+                helpers: 0,
             }),
             cv: Condvar::new(),
+            freed: Condvar::new(),
         }
     }
 
@@ -102,7 +111,22 @@ impl Sched {
         drop(job._admission);
         let mut st = self.lock();
         st.engine = Some(engine);
+        if st.helpers > 0 {
+            self.freed.notify_all();
+        }
         st
+    }
+
+    /// Wait at most `slice` for the engine to come free, if a job runs now (the caller then
+    /// runs its own job, or finds it run).
+    pub(super) fn wait_engine(&self, slice: Duration) {
+        let mut st = self.lock();
+        if st.engine.is_some() {
+            return;
+        }
+        st.helpers += 1;
+        st = self.freed.wait_timeout(st, slice).unwrap_or_else(|p| p.into_inner()).0;
+        st.helpers -= 1;
     }
 }
 
@@ -184,17 +208,25 @@ pub(super) fn worker_loop(sched: &Sched) {
             }
         };
         let age = first_seen.elapsed();
-        if st.engine.is_none() || (age < grace() && !st.closed) {
-            // A caller runs a job, or may take this one: look again later.
-            let pause = if st.engine.is_none() { poll } else { grace().saturating_sub(age) };
+        if st.engine.is_none() || st.helpers > 0 || (age < grace() && !st.closed) {
+            // A caller runs a job, waits to run its own, or may take this one: look again
+            // later (within the grace once callers stop waiting: the jobs nobody waits for
+            // must go on).
+            let pause = if st.helpers > 0 {
+                grace()
+            } else if st.engine.is_none() {
+                poll
+            } else {
+                grace().saturating_sub(age)
+            };
             st = sched.cv.wait_timeout(st, pause.max(Duration::from_micros(50))).unwrap_or_else(|p| p.into_inner()).0;
             poll = (poll * 2).min(MAX_POLL);
             continue;
         }
         st = sched.run_front(st, None);
-        // The jobs queued behind it are run at once: their callers are not waiting yet, or
-        // wait behind this worker anyway.
-        while st.engine.is_some() && !st.jobs.is_empty() {
+        // The jobs queued behind it are run at once: their callers are not waiting yet. A
+        // caller that waits runs its own (and those before it) on its thread.
+        while st.engine.is_some() && !st.jobs.is_empty() && st.helpers == 0 {
             st = sched.run_front(st, None);
         }
         idle_since = Instant::now();

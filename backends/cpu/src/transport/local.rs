@@ -14,6 +14,37 @@ pub(super) struct ShmLink {
     refs: AtomicU64,
 }
 
+/// The deadline of a wait on a peer: the operation timeout from when a wait first looks at
+/// it, again from the next look after the peer made progress. A message that needs no
+/// waiting reads no clock.
+struct Watch {
+    timeout: Duration,
+    at: std::cell::Cell<Option<Instant>>,
+}
+
+impl Watch {
+    fn new(timeout: Duration) -> Watch {
+        Watch { timeout, at: std::cell::Cell::new(None) }
+    }
+
+    /// The deadline, started now if it was not running.
+    fn at(&self) -> Instant {
+        match self.at.get() {
+            Some(t) => t,
+            None => {
+                let t = anyccl_core::deadline_in(self.timeout);
+                self.at.set(Some(t));
+                t
+            }
+        }
+    }
+
+    /// The peer made progress: the next look starts the deadline again.
+    fn restart(&self) {
+        self.at.set(None);
+    }
+}
+
 /// The reading end of a link and the message a drain left half read.
 struct RxState {
     rx: shm::Rx,
@@ -289,7 +320,7 @@ impl Mesh {
         let (mut hdone, mut body, mut bdone) = (0usize, None::<Hdr>, 0usize);
         let what =
             || if kind == Kind::Coll { what(kind, op, seq) } else { format!("sendrecv with ranks {to} and {from}") };
-        let mut deadline = anyccl_core::deadline_in(self.op_timeout);
+        let deadline = Watch::new(self.op_timeout);
         {
             let rx = &st.rx;
             loop {
@@ -302,7 +333,7 @@ impl Mesh {
                         if hdone == HEADER {
                             hdone = 0;
                             let m = self.parse_header(from, &hdr)?;
-                            let mut stop = || self.stop(from, deadline, || rx.available() > 0, &what);
+                            let mut stop = || self.stop(from, &deadline, || rx.available() > 0, &what);
                             if m.kind != kind as u8 {
                                 // A message of the other kind sent before this one: to the inbox.
                                 let mut d = vec![0u8; m.len];
@@ -341,16 +372,16 @@ impl Mesh {
                     break;
                 }
                 if progressed {
-                    deadline = anyccl_core::deadline_in(self.op_timeout);
+                    deadline.restart();
                     continue;
                 }
                 let sending = !w.done();
                 let ready = || (sending && tx.has_room()) || (!received && rx.available() > 0);
                 shm::wait_either(&tx, rx, ready, &mut || {
                     if sending {
-                        self.stop(to, deadline, || false, &what)?;
+                        self.stop(to, &deadline, || false, &what)?;
                     }
-                    self.stop(from, deadline, || rx.available() > 0, &what)
+                    self.stop(from, &deadline, || rx.available() > 0, &what)
                 })?;
             }
         }
@@ -395,9 +426,9 @@ impl Mesh {
     /// (the sender's buffer must stay as it is until then), draining meanwhile.
     fn wait_ack(&self, peer: usize, tx: &shm::Tx, body: &[u8; REF_BODY], what: &dyn Fn() -> String) -> Result<()> {
         let n = u64::from_le_bytes(body[8..].try_into().unwrap_or_default());
-        let deadline = anyccl_core::deadline_in(self.op_timeout);
+        let deadline = Watch::new(self.op_timeout);
         tx.wait_ack(n, &mut || {
-            self.stop(peer, deadline, || false, what)?;
+            self.stop(peer, &deadline, || false, what)?;
             self.drain()
         })
     }
@@ -461,13 +492,7 @@ impl Mesh {
     /// Why a wait on `peer` must end now, if it must: the communicator died, the peer's
     /// process went away (its connection closed and `pending` says nothing it sent is left
     /// to read), or `deadline` passed.
-    fn stop(
-        &self,
-        peer: usize,
-        deadline: Instant,
-        pending: impl Fn() -> bool,
-        what: &dyn Fn() -> String,
-    ) -> Result<()> {
+    fn stop(&self, peer: usize, deadline: &Watch, pending: impl Fn() -> bool, what: &dyn Fn() -> String) -> Result<()> {
         if let Some(d) = self.mailbox.dead() {
             return Err(self.dead_err(d));
         }
@@ -476,7 +501,7 @@ impl Mesh {
                 return Err(self.dead_err(Dead { aborted: false, peer: Some(peer), detail: why }));
             }
         }
-        if Instant::now() >= deadline {
+        if Instant::now() >= deadline.at() {
             let t = self.op_timeout;
             return Err(Error::Timeout {
                 op: what(),
@@ -509,14 +534,14 @@ impl Mesh {
         let what = || what(kind, op, seq);
         let (h, by_ref) = self.header_for(&tx, link, kind, op, seq, data);
         // The deadline is for a peer that takes nothing: it moves while the peer reads.
-        let mut deadline = anyccl_core::deadline_in(self.op_timeout);
-        let mut taken = tx.consumed();
+        let deadline = Watch::new(self.op_timeout);
+        let mut taken = None;
         let mut stalled = || -> Result<()> {
-            if tx.consumed() != taken {
-                taken = tx.consumed();
-                deadline = anyccl_core::deadline_in(self.op_timeout);
+            let now = tx.consumed();
+            if taken.replace(now).is_some_and(|t| t != now) {
+                deadline.restart();
             }
-            self.stop(peer, deadline, || false, &what)?;
+            self.stop(peer, &deadline, || false, &what)?;
             self.drain()
         };
         let bytes = if let Data::Bytes(b) = data { b } else { &[] };
@@ -597,7 +622,7 @@ impl Mesh {
     }
 
     /// Read the next message header from `peer`'s ring (waiting for it until `deadline`).
-    fn shm_header(&self, peer: usize, rx: &shm::Rx, deadline: Instant, what: &dyn Fn() -> String) -> Result<Hdr> {
+    fn shm_header(&self, peer: usize, rx: &shm::Rx, deadline: &Watch, what: &dyn Fn() -> String) -> Result<Hdr> {
         let pending = || rx.available() >= HEADER as u64;
         let mut h = [0u8; HEADER];
         rx.wait_for(HEADER, &mut || self.stop(peer, deadline, pending, what))?;
@@ -641,7 +666,7 @@ impl Mesh {
             }
             return Ok(());
         }
-        let deadline = anyccl_core::deadline_in(self.op_timeout);
+        let deadline = Watch::new(self.op_timeout);
         let mut st = link.rx.lock().unwrap_or_else(|p| p.into_inner());
         let what = || if coll { what(Kind::Coll, op, seq) } else { format!("recv from rank {peer}") };
         if let Some(mut p) = st.partial.take() {
@@ -658,7 +683,7 @@ impl Mesh {
                     let n = b.len().min(len.saturating_sub(at));
                     body[at..at + n].copy_from_slice(&b[..n]);
                 },
-                &mut || self.stop(peer, deadline, pending, &what),
+                &mut || self.stop(peer, &deadline, pending, &what),
             )?;
             self.complete(peer, link, rx, p)?;
             drop(st);
@@ -666,16 +691,16 @@ impl Mesh {
         }
         let rx = &st.rx;
         loop {
-            let m = self.shm_header(peer, rx, deadline, &what)?;
+            let m = self.shm_header(peer, rx, &deadline, &what)?;
             let pending = || rx.available() > 0;
             // The deadline is for a peer that sends nothing: it moves while data arrives.
-            let (mut deadline, mut got) = (deadline, rx.consumed());
+            let mut got = rx.consumed();
             let mut stop = || {
                 if rx.consumed() != got {
                     got = rx.consumed();
-                    deadline = anyccl_core::deadline_in(self.op_timeout);
+                    deadline.restart();
                 }
-                self.stop(peer, deadline, pending, &what)
+                self.stop(peer, &deadline, pending, &what)
             };
             if m.kind == kind as u8 {
                 if coll {
