@@ -120,16 +120,31 @@ fn byte_range(c: (usize, usize), esize: usize) -> std::ops::Range<usize> {
     c.0 * esize..(c.0 + c.1) * esize
 }
 
-pub(crate) fn all_reduce(cx: &Coll<'_>, data: &mut [u8], dtype: DType, op: ReduceOp, tune: &Tuning) -> Result<()> {
+///
+/// `src`: this rank's input, when it is not `data` already (out of place). The ring then
+/// reads it where it is needed, a piece at a time, instead of copying all of it first: a
+/// chunk this rank sends first goes out of `src`, and a received chunk is folded with
+/// `src`'s into `data` while both are in cache.
+pub(crate) fn all_reduce(
+    cx: &Coll<'_>,
+    data: &mut [u8],
+    src: Option<&[u8]>,
+    dtype: DType,
+    op: ReduceOp,
+    tune: &Tuning,
+) -> Result<()> {
     let n = cx.size();
-    if n > 1 {
-        let count = data.len() / dtype.size();
-        if data.len() <= tune.all_reduce_direct_max || count < n {
+    let count = data.len() / dtype.size();
+    if n > 1 && data.len() > tune.all_reduce_direct_max && count >= n {
+        let ch = chunks(count, n);
+        ring_reduce_scatter(cx, data, src, dtype, op, &ch)?;
+        ring_all_gather(cx, data, dtype.size(), &ch)?;
+    } else {
+        if let Some(src) = src {
+            crate::shm::copy(data, src);
+        }
+        if n > 1 {
             direct_all_reduce(cx, data, dtype, op)?;
-        } else {
-            let ch = chunks(count, n);
-            ring_reduce_scatter(cx, data, dtype, op, &ch)?;
-            ring_all_gather(cx, data, dtype.size(), &ch)?;
         }
     }
     if op == ReduceOp::Avg {
@@ -165,10 +180,14 @@ fn fold_in_rank_order(cx: &Coll<'_>, data: &mut [u8], dtype: DType, op: ReduceOp
     Ok(())
 }
 
-/// Ring reduce-scatter in place: afterwards chunk `rank` of `data` is fully reduced.
+/// Ring reduce-scatter: afterwards chunk `rank` of `data` is fully reduced. In place, or,
+/// with `src`, out of place: every chunk is received exactly once, and the first chunk sent
+/// is one never received, so `src` is read there and at each fold (`data = src op
+/// received`, the operands in the in-place order: the same bits).
 fn ring_reduce_scatter(
     cx: &Coll<'_>,
     data: &mut [u8],
+    src: Option<&[u8]>,
     dtype: DType,
     op: ReduceOp,
     ch: &[(usize, usize)],
@@ -179,7 +198,18 @@ fn ring_reduce_scatter(
         let send_c = ch[(me + 2 * n - s - 1) % n];
         let recv_c = ch[(me + 2 * n - s - 2) % n];
         let (out, acc) = disjoint(data, byte_range(send_c, es), byte_range(recv_c, es));
-        cx.exchange(right, out, left, acc.len(), &mut |at, b| reduce_into(&mut acc[at..at + b.len()], b, dtype, op))?;
+        let out = match src {
+            Some(src) if s == 0 => &src[byte_range(send_c, es)],
+            _ => out,
+        };
+        let own = src.map(|src| &src[byte_range(recv_c, es)]);
+        cx.exchange(right, out, left, acc.len(), &mut |at, b| {
+            let acc = &mut acc[at..at + b.len()];
+            if let Some(own) = own {
+                crate::shm::copy(acc, &own[at..at + b.len()]);
+            }
+            reduce_into(acc, b, dtype, op)
+        })?;
     }
     Ok(())
 }
@@ -237,19 +267,75 @@ pub(crate) fn all_gather(cx: &Coll<'_>, out: &mut [u8], chunk_bytes: usize) -> R
     ring_all_gather(cx, out, 1, &ch)
 }
 
-/// Ring reduce-scatter of equal chunks: returns this rank's reduced chunk.
-pub(crate) fn reduce_scatter(cx: &Coll<'_>, data: &mut [u8], dtype: DType, op: ReduceOp) -> Result<Vec<u8>> {
-    let (n, me) = (cx.size(), cx.rank());
-    let count = data.len() / dtype.size() / n;
-    let ch: Vec<(usize, usize)> = (0..n).map(|i| (i * count, count)).collect();
-    if n > 1 && count > 0 {
-        ring_reduce_scatter(cx, data, dtype, op, &ch)?;
+/// A reduce-scatter's input, by chunk: the chunks before and after this rank's, and this
+/// rank's own unless the output buffer holds it already (in place).
+pub(crate) struct Parts<'a> {
+    pub(crate) before: &'a [u8],
+    pub(crate) own: Option<&'a [u8]>,
+    pub(crate) after: &'a [u8],
+}
+
+impl<'a> Parts<'a> {
+    /// The chunks of `input` (out of place), chunk `me` included, of `chunk` bytes each.
+    pub(crate) fn of(input: &'a [u8], me: usize, chunk: usize) -> Parts<'a> {
+        let (before, rest) = input.split_at(me * chunk);
+        let (own, after) = rest.split_at(chunk);
+        Parts { before, own: Some(own), after }
     }
-    let mut mine = data[byte_range(ch[me], dtype.size())].to_vec();
+
+    /// Chunk `i` (not this rank's, `me`) of `chunk` bytes.
+    fn other(&self, i: usize, me: usize, chunk: usize) -> &'a [u8] {
+        if i < me {
+            &self.before[i * chunk..(i + 1) * chunk]
+        } else {
+            &self.after[(i - me - 1) * chunk..(i - me) * chunk]
+        }
+    }
+}
+
+/// Ring reduce-scatter into `out`, this rank's chunk: each step sends what the last one
+/// folded (the first sends an input chunk) and folds a received chunk with this rank's
+/// input of it into a temporary, the last into `out`. The input is only read, and only
+/// chunk-sized temporaries are written (none at 2 ranks); the operands are folded in the
+/// order of the in-place ring, so the bits are those of an all_reduce's chunk.
+pub(crate) fn reduce_scatter(
+    cx: &Coll<'_>,
+    parts: &Parts<'_>,
+    out: &mut [u8],
+    dtype: DType,
+    op: ReduceOp,
+) -> Result<()> {
+    let (n, me, c) = (cx.size(), cx.rank(), out.len());
+    if let Some(own) = parts.own {
+        if n == 1 || c == 0 {
+            crate::shm::copy(out, own);
+        }
+    }
+    if n > 1 && c > 0 {
+        let (right, left) = ((me + 1) % n, (me + n - 1) % n);
+        // The chunk folded at the last step (sent at this one) and the one folded now.
+        let mut temps = if n > 2 { vec![0u8; 2 * c] } else { Vec::new() };
+        let half = if n > 2 { c } else { 0 };
+        let (mut sent, mut fold) = temps.split_at_mut(half);
+        for s in 0..n - 1 {
+            let (send_i, recv_i) = ((me + 2 * n - s - 1) % n, (me + 2 * n - s - 2) % n);
+            let to_send: &[u8] = if s == 0 { parts.other(send_i, me, c) } else { sent };
+            let (dst, own): (&mut [u8], Option<&[u8]>) =
+                if s == n - 2 { (&mut *out, parts.own) } else { (&mut *fold, Some(parts.other(recv_i, me, c))) };
+            cx.exchange(right, to_send, left, c, &mut |at, b| {
+                let d = &mut dst[at..at + b.len()];
+                if let Some(own) = own {
+                    crate::shm::copy(d, &own[at..at + b.len()]);
+                }
+                reduce_into(d, b, dtype, op)
+            })?;
+            std::mem::swap(&mut sent, &mut fold);
+        }
+    }
     if op == ReduceOp::Avg {
-        finish_avg(&mut mine, dtype, n);
+        finish_avg(out, dtype, n);
     }
-    Ok(mine)
+    Ok(())
 }
 
 /// Pairwise exchange: segment `j` of `send` to rank `j`, segment `i` of `recv` from rank `i`.

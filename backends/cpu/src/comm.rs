@@ -523,16 +523,13 @@ impl Collective for CpuComm {
                 let tune = e.tune;
                 if let Some(Direct { srcs, mut outs }) = direct {
                     // In the caller's wait: reduced in its own buffer (which holds the input
-                    // already when in place).
+                    // already when in place), reading the send buffer where it is needed.
                     let out = &mut *outs[0];
-                    if let Some(src) = srcs.first() {
-                        crate::shm::copy(out, src);
-                    }
-                    algo::all_reduce(&e.coll(algo::OP_ALL_REDUCE), out, dtype, op, &tune)?;
+                    algo::all_reduce(&e.coll(algo::OP_ALL_REDUCE), out, srcs.first().copied(), dtype, op, &tune)?;
                     return Ok(Vec::new());
                 }
                 let mut data = input.take(e)?;
-                algo::all_reduce(&e.coll(algo::OP_ALL_REDUCE), &mut data, dtype, op, &tune)?;
+                algo::all_reduce(&e.coll(algo::OP_ALL_REDUCE), &mut data, None, dtype, op, &tune)?;
                 Ok(vec![Some(data)])
             }),
         )
@@ -627,26 +624,52 @@ impl Collective for CpuComm {
     }
 
     fn reduce_scatter<'a>(&'a self, send: Option<Buf<'a>>, mut recv: BufMut<'a>, op: ReduceOp) -> Result<Work<'a>> {
-        let in_place = send.is_none();
-        let adm = self.admit(send.as_ref().map_or(2 * recv.bytes(), |s| s.bytes()))?;
-        let mut data = match &send {
-            Some(s) => self.host("reduce_scatter", s)?,
-            None => self.host_mut("reduce_scatter", &mut recv)?,
+        let (n, me) = (self.info.size, self.info.rank);
+        let total = send.as_ref().map_or(recv.bytes(), |s| s.bytes());
+        let c = total / n;
+        let adm = self.admit(total)?;
+        let input = match &send {
+            Some(s) => self.input("reduce_scatter", s)?,
+            None => self.input_mut("reduce_scatter", &mut recv, 0, total)?,
         };
-        let original = if in_place { data.clone() } else { Vec::new() };
-        let (dtype, me) = (recv.dtype(), self.info.rank);
-        self.enqueue(
+        let (dtype, lent, send_given) = (recv.dtype(), input.lent(), send.is_some());
+        self.enqueue_lent(
+            send.into_iter().collect(),
             smallvec::smallvec![recv],
+            lent,
             adm,
-            Box::new(move |e, _| {
-                let mine = algo::reduce_scatter(&e.coll(algo::OP_REDUCE_SCATTER), &mut data, dtype, op)?;
-                if in_place {
-                    let mut full = original;
-                    let c = mine.len();
-                    crate::shm::copy(&mut full[me * c..(me + 1) * c], &mine);
-                    Ok(vec![Some(full)])
+            Box::new(move |e, direct| {
+                if let Some(Direct { srcs, mut outs }) = direct {
+                    let cx = e.coll(algo::OP_REDUCE_SCATTER);
+                    // In the caller's wait: the send buffer read where it is, the result
+                    // written into the caller's chunk.
+                    let out = &mut *outs[0];
+                    match srcs.first() {
+                        Some(src) => algo::reduce_scatter(&cx, &algo::Parts::of(src, me, c), out, dtype, op)?,
+                        None => {
+                            // In place: this rank's chunk of the buffer is its input and output.
+                            let (before, rest) = out.split_at_mut(me * c);
+                            let (mine, after) = rest.split_at_mut(c);
+                            let parts = algo::Parts { before, own: None, after };
+                            algo::reduce_scatter(&cx, &parts, mine, dtype, op)?;
+                        }
+                    }
+                    return Ok(Vec::new());
+                }
+                let mut data = input.take(e)?;
+                let pool = e.pool.clone();
+                let cx = e.coll(algo::OP_REDUCE_SCATTER);
+                if send_given {
+                    let mut out = pool.zeroed(c);
+                    algo::reduce_scatter(&cx, &algo::Parts::of(&data, me, c), &mut out, dtype, op)?;
+                    pool.put(data);
+                    Ok(vec![Some(out)])
                 } else {
-                    Ok(vec![Some(mine)])
+                    // The whole buffer comes back: the other chunks as they were.
+                    let (before, rest) = data.split_at_mut(me * c);
+                    let (mine, after) = rest.split_at_mut(c);
+                    algo::reduce_scatter(&cx, &algo::Parts { before, own: None, after }, mine, dtype, op)?;
+                    Ok(vec![Some(data)])
                 }
             }),
         )
