@@ -160,19 +160,25 @@ fn direct_all_reduce(cx: &Coll<'_>, data: &mut [u8], dtype: DType, op: ReduceOp)
     for k in 1..n {
         cx.send((me + k) % n, data)?;
     }
-    fold_in_rank_order(cx, data, dtype, op)
+    fold_in_rank_order(cx, data, None, dtype, op)
 }
 
 /// Replace `data` (this rank's contribution) by every rank's, received from the others,
 /// folded in rank order: the same order, so the same bits, on every rank that folds.
-fn fold_in_rank_order(cx: &Coll<'_>, data: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
+///
+/// `src`: this rank's contribution when it is not in `data` (out of place).
+fn fold_in_rank_order(cx: &Coll<'_>, data: &mut [u8], src: Option<&[u8]>, dtype: DType, op: ReduceOp) -> Result<()> {
     let (n, me) = (cx.size(), cx.rank());
-    let mine = (me != 0).then(|| data.to_vec());
+    // This rank's contribution, kept aside unless it is first (rank 0) or lies elsewhere.
+    let kept = (me != 0 && src.is_none()).then(|| data.to_vec());
+    let mine = src.or(kept.as_deref());
     if me != 0 {
         cx.recv_into(0, data)?;
+    } else if let Some(src) = src {
+        crate::shm::copy(data, src);
     }
     for r in 1..n {
-        match &mine {
+        match mine {
             Some(m) if r == me => reduce_into(data, m, dtype, op),
             _ => cx.recv_reduce(r, data, dtype, op)?,
         }
@@ -228,12 +234,22 @@ fn ring_all_gather(cx: &Coll<'_>, data: &mut [u8], es: usize, ch: &[(usize, usiz
 }
 
 /// Reduce to `root`: every other rank sends to the root, which folds in rank order.
-pub(crate) fn reduce(cx: &Coll<'_>, data: &mut [u8], dtype: DType, op: ReduceOp, root: usize) -> Result<()> {
+///
+/// `src`: this rank's input when it is not `data` (out of place; `data` of a rank other than
+/// the root is then left as it is).
+pub(crate) fn reduce(
+    cx: &Coll<'_>,
+    data: &mut [u8],
+    src: Option<&[u8]>,
+    dtype: DType,
+    op: ReduceOp,
+    root: usize,
+) -> Result<()> {
     let (n, me) = (cx.size(), cx.rank());
     if me != root {
-        return cx.send(root, data);
+        return cx.send(root, src.unwrap_or(data));
     }
-    fold_in_rank_order(cx, data, dtype, op)?;
+    fold_in_rank_order(cx, data, src, dtype, op)?;
     if op == ReduceOp::Avg {
         finish_avg(data, dtype, n);
     }

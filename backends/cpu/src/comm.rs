@@ -452,10 +452,6 @@ impl CpuComm {
         })))
     }
 
-    fn host(&self, op: &'static str, b: &Buf<'_>) -> Result<Vec<u8>> {
-        b.as_host_bytes().map(|s| self.pool.copy(s)).ok_or_else(|| not_host(op, self.info.rank, &self.mesh.label))
-    }
-
     /// A send buffer's bytes as a job's input ([`Input::of`]).
     fn input(&self, op: &'static str, b: &Buf<'_>) -> Result<Input> {
         b.as_host_bytes()
@@ -469,10 +465,6 @@ impl CpuComm {
         b.as_host_bytes_mut()
             .map(|s| Input::of(&s[at..at + len], pool))
             .ok_or_else(|| not_host(op, self.info.rank, &self.mesh.label))
-    }
-
-    fn host_mut(&self, op: &'static str, b: &mut BufMut<'_>) -> Result<Vec<u8>> {
-        b.as_host_bytes_mut().map(|s| self.pool.copy(s)).ok_or_else(|| not_host(op, self.info.rank, &self.mesh.label))
     }
 
     fn stop_worker(&self) {
@@ -542,17 +534,27 @@ impl Collective for CpuComm {
         op: ReduceOp,
         root: usize,
     ) -> Result<Work<'a>> {
-        let adm = self.admit(recv.bytes())?;
-        let mut data = match &send {
-            Some(s) => self.host("reduce", s)?,
-            None => self.host_mut("reduce", &mut recv)?,
+        let n = recv.bytes();
+        let adm = self.admit(n)?;
+        let input = match &send {
+            Some(s) => self.input("reduce", s)?,
+            None => self.input_mut("reduce", &mut recv, 0, n)?,
         };
-        let (dtype, me) = (recv.dtype(), self.info.rank);
-        self.enqueue(
+        let (dtype, me, lent) = (recv.dtype(), self.info.rank, input.lent());
+        self.enqueue_lent(
+            send.into_iter().collect(),
             smallvec::smallvec![recv],
+            lent,
             adm,
-            Box::new(move |e, _| {
-                algo::reduce(&e.coll(algo::OP_REDUCE), &mut data, dtype, op, root)?;
+            Box::new(move |e, direct| {
+                if let Some(Direct { srcs, mut outs }) = direct {
+                    // In the caller's wait: sent from, or folded into, the caller's buffers.
+                    let out = &mut *outs[0];
+                    algo::reduce(&e.coll(algo::OP_REDUCE), out, srcs.first().copied(), dtype, op, root)?;
+                    return Ok(Vec::new());
+                }
+                let mut data = input.take(e)?;
+                algo::reduce(&e.coll(algo::OP_REDUCE), &mut data, None, dtype, op, root)?;
                 Ok(vec![(me == root).then_some(data)])
             }),
         )
