@@ -1,7 +1,8 @@
 //! Large inputs are lent to operations rather than copied at enqueue (see `comm.rs`): the
 //! worker thread reads them through the kernel, a peer of the host copies them out, and
 //! dropping an unfinished `Work` waits until its job no longer reads the caller's memory.
-//! These cases run the paths that a caller waiting for each operation never takes.
+//! These cases run the paths that a caller waiting for each operation never takes, and the
+//! large sizes of the path it does take that the conformance suite's sizes do not reach.
 
 mod common;
 
@@ -107,6 +108,57 @@ fn worker_reads_lent_inputs() -> Result<(), Failed> {
     })
 }
 
+/// Large operations run in their caller's wait, on its own buffers (24 MiB, above the
+/// conformance suite's sizes: the rings read the send buffer piece by piece and fold into
+/// the caller's buffer), out of place and in place, results checked.
+fn large_in_callers_wait() -> Result<(), Failed> {
+    two_ranks("lent-direct", |me, c| {
+        let peer = 1 - me;
+        let n = 24 * MIB / 4;
+        let (mine, theirs) = (pattern(me, n), pattern(peer, n));
+        let wait = |w: anyccl_core::Result<anyccl_core::Work<'_>>| {
+            w.and_then(|mut w| w.wait(Duration::from_secs(60))).map_err(|e| e.to_string())
+        };
+        let sum: Vec<f32> = mine.iter().zip(&theirs).map(|(a, b)| a + b).collect();
+        for root in 0..2 {
+            let mut b = vec![0f32; n];
+            wait(c.broadcast(Some(Buf::host(&mine)), BufMut::host(&mut b), root))?;
+            if b != pattern(root, n) {
+                return Err(format!("broadcast from {root} out of place: wrong result"));
+            }
+            let mut b = mine.clone();
+            wait(c.broadcast(None, BufMut::host(&mut b), root))?;
+            if b != pattern(root, n) {
+                return Err(format!("broadcast from {root} in place: wrong result"));
+            }
+            let mut r = vec![-1f32; n];
+            wait(c.reduce(Some(Buf::host(&mine)), BufMut::host(&mut r), ReduceOp::Sum, root))?;
+            let untouched = r.iter().all(|&x| x == -1.0);
+            if (me == root && r != sum) || (me != root && !untouched) {
+                return Err(format!("reduce to {root}: wrong result"));
+            }
+        }
+        let mut out = vec![0f32; n];
+        wait(c.all_reduce(Some(Buf::host(&mine)), BufMut::host(&mut out), ReduceOp::Sum))?;
+        let mut inplace = mine.clone();
+        wait(c.all_reduce(None, BufMut::host(&mut inplace), ReduceOp::Sum))?;
+        if out != sum || inplace != sum {
+            return Err("all_reduce: wrong result".into());
+        }
+        let half = n / 2;
+        let mut rs = vec![0f32; half];
+        wait(c.reduce_scatter(Some(Buf::host(&mine)), BufMut::host(&mut rs), ReduceOp::Sum))?;
+        let mut rs_in = mine.clone();
+        wait(c.reduce_scatter(None, BufMut::host(&mut rs_in), ReduceOp::Sum))?;
+        let own = me * half..(me + 1) * half;
+        let others_kept = rs_in.iter().enumerate().all(|(i, &x)| own.contains(&i) || x == mine[i]);
+        if rs[..] != sum[own.clone()] || rs_in[own.clone()] != sum[own] || !others_kept {
+            return Err("reduce_scatter: wrong result".into());
+        }
+        Ok(())
+    })
+}
+
 /// A `Work` dropped unfinished waits for its job: the caller may then overwrite the
 /// buffer, and the peer, receiving late, still gets what was sent (1 MiB goes through the
 /// ring, 24 MiB by reference, where the drop waits for the peer's copy).
@@ -141,6 +193,7 @@ fn main() -> std::process::ExitCode {
     let trials = vec![
         Trial::test("cpu::lent::worker_reads_lent_inputs[w=2]", worker_reads_lent_inputs),
         Trial::test("cpu::lent::dropped_work_waits_for_lent_job[w=2]", dropped_work_waits_for_lent_job),
+        Trial::test("cpu::lent::large_in_callers_wait[w=2]", large_in_callers_wait),
     ];
     libtest_mimic::run(&args, trials).exit_code()
 }
