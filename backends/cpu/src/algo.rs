@@ -201,8 +201,8 @@ fn ring_reduce_scatter(
     let (n, me, es) = (cx.size(), cx.rank(), dtype.size());
     let (right, left) = ((me + 1) % n, (me + n - 1) % n);
     for s in 0..n - 1 {
-        let send_c = ch[(me + 2 * n - s - 1) % n];
-        let recv_c = ch[(me + 2 * n - s - 2) % n];
+        let (send_i, recv_i) = rs_step(n, me, s);
+        let (send_c, recv_c) = (ch[send_i], ch[recv_i]);
         let (out, acc) = disjoint(data, byte_range(send_c, es), byte_range(recv_c, es));
         let out = match src {
             Some(src) if s == 0 => &src[byte_range(send_c, es)],
@@ -210,14 +210,25 @@ fn ring_reduce_scatter(
         };
         let own = src.map(|src| &src[byte_range(recv_c, es)]);
         cx.exchange(right, out, left, acc.len(), &mut |at, b| {
-            let acc = &mut acc[at..at + b.len()];
-            if let Some(own) = own {
-                crate::shm::copy(acc, &own[at..at + b.len()]);
-            }
-            reduce_into(acc, b, dtype, op)
+            let r = at..at + b.len();
+            fold_piece(&mut acc[r.clone()], own.map(|o| &o[r]), b, dtype, op)
         })?;
     }
     Ok(())
+}
+
+/// The chunks a rank sends and receives at step `s` of a ring reduce-scatter.
+fn rs_step(n: usize, me: usize, s: usize) -> (usize, usize) {
+    ((me + 2 * n - s - 1) % n, (me + 2 * n - s - 2) % n)
+}
+
+/// Fold a received piece `b` into `acc`: `acc = own op b` out of place (`own`: this rank's
+/// input of the piece), `acc = acc op b` in place.
+fn fold_piece(acc: &mut [u8], own: Option<&[u8]>, b: &[u8], dtype: DType, op: ReduceOp) {
+    if let Some(own) = own {
+        crate::shm::copy(acc, own);
+    }
+    reduce_into(acc, b, dtype, op)
 }
 
 /// Ring all-gather in place: chunk `rank` is this rank's; afterwards every chunk is filled.
@@ -311,13 +322,15 @@ impl<'a> Parts<'a> {
 
 /// Ring reduce-scatter into `out`, this rank's chunk: each step sends what the last one
 /// folded (the first sends an input chunk) and folds a received chunk with this rank's
-/// input of it into a temporary, the last into `out`. The input is only read, and only
-/// chunk-sized temporaries are written (none at 2 ranks); the operands are folded in the
-/// order of the in-place ring, so the bits are those of an all_reduce's chunk.
+/// input of it into a temporary, the last into `out`. The input is only read, and only the
+/// two chunk-sized temporaries in `scratch` are written (2 chunks of bytes from 3 ranks on;
+/// none at 2 ranks); the operands are folded in the order of the in-place ring, so the bits
+/// are those of an all_reduce's chunk.
 pub(crate) fn reduce_scatter(
     cx: &Coll<'_>,
     parts: &Parts<'_>,
     out: &mut [u8],
+    scratch: &mut [u8],
     dtype: DType,
     op: ReduceOp,
 ) -> Result<()> {
@@ -330,20 +343,16 @@ pub(crate) fn reduce_scatter(
     if n > 1 && c > 0 {
         let (right, left) = ((me + 1) % n, (me + n - 1) % n);
         // The chunk folded at the last step (sent at this one) and the one folded now.
-        let mut temps = if n > 2 { vec![0u8; 2 * c] } else { Vec::new() };
         let half = if n > 2 { c } else { 0 };
-        let (mut sent, mut fold) = temps.split_at_mut(half);
+        let (mut sent, mut fold) = scratch[..2 * half].split_at_mut(half);
         for s in 0..n - 1 {
-            let (send_i, recv_i) = ((me + 2 * n - s - 1) % n, (me + 2 * n - s - 2) % n);
+            let (send_i, recv_i) = rs_step(n, me, s);
             let to_send: &[u8] = if s == 0 { parts.other(send_i, me, c) } else { sent };
             let (dst, own): (&mut [u8], Option<&[u8]>) =
                 if s == n - 2 { (&mut *out, parts.own) } else { (&mut *fold, Some(parts.other(recv_i, me, c))) };
             cx.exchange(right, to_send, left, c, &mut |at, b| {
-                let d = &mut dst[at..at + b.len()];
-                if let Some(own) = own {
-                    crate::shm::copy(d, &own[at..at + b.len()]);
-                }
-                reduce_into(d, b, dtype, op)
+                let r = at..at + b.len();
+                fold_piece(&mut dst[r.clone()], own.map(|o| &o[r]), b, dtype, op)
             })?;
             std::mem::swap(&mut sent, &mut fold);
         }

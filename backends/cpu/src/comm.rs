@@ -641,38 +641,46 @@ impl Collective for CpuComm {
             lent,
             adm,
             Box::new(move |e, direct| {
+                // Two chunks to fold into from 3 ranks on, kept by the pool between operations.
+                let pool = e.pool.clone();
+                let mut scratch = pool.zeroed(if n > 2 { 2 * c } else { 0 });
                 if let Some(Direct { srcs, mut outs }) = direct {
                     let cx = e.coll(algo::OP_REDUCE_SCATTER);
                     // In the caller's wait: the send buffer read where it is, the result
                     // written into the caller's chunk.
                     let out = &mut *outs[0];
                     match srcs.first() {
-                        Some(src) => algo::reduce_scatter(&cx, &algo::Parts::of(src, me, c), out, dtype, op)?,
+                        Some(src) => {
+                            algo::reduce_scatter(&cx, &algo::Parts::of(src, me, c), out, &mut scratch, dtype, op)?
+                        }
                         None => {
                             // In place: this rank's chunk of the buffer is its input and output.
                             let (before, rest) = out.split_at_mut(me * c);
                             let (mine, after) = rest.split_at_mut(c);
                             let parts = algo::Parts { before, own: None, after };
-                            algo::reduce_scatter(&cx, &parts, mine, dtype, op)?;
+                            algo::reduce_scatter(&cx, &parts, mine, &mut scratch, dtype, op)?;
                         }
                     }
+                    pool.put(scratch);
                     return Ok(Vec::new());
                 }
                 let mut data = input.take(e)?;
-                let pool = e.pool.clone();
                 let cx = e.coll(algo::OP_REDUCE_SCATTER);
-                if send_given {
+                let r = if send_given {
                     let mut out = pool.zeroed(c);
-                    algo::reduce_scatter(&cx, &algo::Parts::of(&data, me, c), &mut out, dtype, op)?;
+                    algo::reduce_scatter(&cx, &algo::Parts::of(&data, me, c), &mut out, &mut scratch, dtype, op)?;
                     pool.put(data);
-                    Ok(vec![Some(out)])
+                    vec![Some(out)]
                 } else {
                     // The whole buffer comes back: the other chunks as they were.
                     let (before, rest) = data.split_at_mut(me * c);
                     let (mine, after) = rest.split_at_mut(c);
-                    algo::reduce_scatter(&cx, &algo::Parts { before, own: None, after }, mine, dtype, op)?;
-                    Ok(vec![Some(data)])
-                }
+                    let parts = algo::Parts { before, own: None, after };
+                    algo::reduce_scatter(&cx, &parts, mine, &mut scratch, dtype, op)?;
+                    vec![Some(data)]
+                };
+                pool.put(scratch);
+                Ok(r)
             }),
         )
     }
