@@ -1,0 +1,196 @@
+//! What an operation holds of its caller: the caller's buffers handed to a job that runs in
+//! its wait ([`Direct`]), its input as the worker sees it ([`Input`]: copied, or lent), and
+//! the `Work` that runs, waits for and delivers the job ([`CpuWork`]).
+
+use super::*;
+
+/// A caller's own buffers, handed to its job when the job runs on the caller's thread inside
+/// its wait (the borrow is live there): the job reads its inputs and writes its results in
+/// place, and leaves `None` for every target.
+pub(super) struct Direct<'d> {
+    /// The send buffers of the operation, in issue order (none for an in-place operation).
+    pub(super) srcs: Few<&'d [u8]>,
+    /// The target buffers, in issue order.
+    pub(super) outs: Few<&'d mut [u8]>,
+}
+
+/// Inputs from this size on are lent rather than copied at enqueue.
+const LEND_MIN: usize = 64 << 10;
+
+/// Inputs up to this size are copied into the job itself (no allocation).
+const INLINE_MAX: usize = 64;
+
+/// An operation's input as the worker sees it.
+pub(super) enum Input {
+    /// A small input, copied at enqueue into the job.
+    Inline { bytes: [u8; INLINE_MAX], len: usize },
+    /// Copied at enqueue.
+    Copied(Vec<u8>),
+    /// The caller's memory, lent while its `Work` lives (see the module doc).
+    Lent { addr: usize, len: usize },
+}
+
+impl Input {
+    /// Copy a small input; lend a large one.
+    pub(super) fn of(bytes: &[u8], pool: &Pool) -> Input {
+        if bytes.len() >= LEND_MIN {
+            Input::Lent { addr: bytes.as_ptr() as usize, len: bytes.len() }
+        } else if bytes.len() <= INLINE_MAX {
+            let mut inline = [0u8; INLINE_MAX];
+            inline[..bytes.len()].copy_from_slice(bytes);
+            Input::Inline { bytes: inline, len: bytes.len() }
+        } else {
+            Input::Copied(pool.copy(bytes))
+        }
+    }
+
+    pub(super) fn lent(&self) -> bool {
+        matches!(self, Input::Lent { .. })
+    }
+
+    /// What to send: the copy, or the lent range (which a peer of this host copies out).
+    pub(super) fn data(&self) -> Data<'_> {
+        match self {
+            Input::Inline { bytes, len } => Data::Bytes(&bytes[..*len]),
+            Input::Copied(v) => Data::Bytes(v),
+            Input::Lent { addr, len } => Data::At { addr: *addr, len: *len },
+        }
+    }
+
+    /// The bytes, in a buffer of the job's own.
+    pub(super) fn take(self, e: &Engine) -> Result<Vec<u8>> {
+        match self {
+            Input::Inline { bytes, len } => Ok(e.pool.copy(&bytes[..len])),
+            Input::Copied(v) => Ok(v),
+            Input::Lent { addr, len } => {
+                let mut v = e.pool.zeroed(len);
+                e.mesh.read_own(addr, &mut v)?;
+                Ok(v)
+            }
+        }
+    }
+
+    /// Copy the bytes into `dst`.
+    pub(super) fn read_into(&self, e: &Engine, dst: &mut [u8]) -> Result<()> {
+        match self {
+            Input::Inline { bytes, len } => dst.copy_from_slice(&bytes[..*len]),
+            Input::Copied(v) => crate::shm::copy(dst, v),
+            Input::Lent { addr, .. } => e.mesh.read_own(*addr, dst)?,
+        }
+        Ok(())
+    }
+}
+
+pub(super) struct CpuWork<'a> {
+    pub(super) id: u64,
+    pub(super) pool: Arc<Pool>,
+    /// The communicator's operation timeout: a wait at least this long may run the job.
+    pub(super) op_timeout: Duration,
+    pub(super) sched: Arc<Sched>,
+    pub(super) done: Arc<Completion>,
+    /// The send buffers, for the job to read when it runs inside this caller's wait.
+    pub(super) sources: Few<Buf<'a>>,
+    pub(super) targets: Few<BufMut<'a>>,
+    /// An input was lent: dropping this waits for the job.
+    pub(super) lent: bool,
+}
+
+impl CpuWork<'_> {
+    fn deliver(&mut self, r: Result<Output>) -> Result<bool> {
+        let outs = r?;
+        for (t, o) in self.targets.iter_mut().zip(outs) {
+            if let Some(o) = o {
+                if let Some(dst) = t.as_host_bytes_mut() {
+                    crate::shm::copy(dst, &o);
+                }
+                self.pool.put(o);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Run queued jobs on this thread up to this one, while the engine is free; this one
+    /// with the caller's buffers when `direct`.
+    fn help(&mut self, direct: bool) {
+        let mut st = self.sched.lock();
+        while st.engine.is_some() && st.jobs.front().is_some_and(|j| j.id <= self.id) {
+            let mine = direct && st.jobs.front().is_some_and(|j| j.id == self.id);
+            let d = mine.then(|| {
+                let srcs = self.sources.iter().filter_map(|b| b.as_host_bytes()).collect();
+                let outs = self.targets.iter_mut().filter_map(|t| t.as_host_bytes_mut()).collect();
+                (self.id, Direct { srcs, outs })
+            });
+            st = self.sched.run_front(st, d);
+        }
+    }
+}
+
+impl WorkImpl for CpuWork<'_> {
+    fn poll(&mut self) -> Result<bool> {
+        let r = self.done.slot.lock().unwrap_or_else(|p| p.into_inner()).take();
+        match r {
+            None => Ok(false),
+            Some(r) => self.deliver(r),
+        }
+    }
+
+    fn wait_for(&mut self, timeout: Duration) -> Result<bool> {
+        // A job run on this thread returns when it ends: each of its steps waits at most the
+        // operation timeout, so only a wait at least that long may run it (a shorter wait is
+        // a probe that must return on time; the worker runs the job).
+        let may_help = timeout >= self.op_timeout;
+        // Read the clock only once this wait has to block.
+        let mut deadline: Option<Instant> = None;
+        loop {
+            if may_help {
+                self.help(true);
+            }
+            let mut g = self.done.slot.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(r) = g.take() {
+                drop(g);
+                return self.deliver(r);
+            }
+            let now = Instant::now();
+            let deadline = *deadline.get_or_insert_with(|| anyccl_core::deadline_in(timeout));
+            if now >= deadline {
+                return Ok(false);
+            }
+            let slice = (deadline - now).min(Duration::from_millis(5));
+            if may_help {
+                // Another thread runs a job (this one or an earlier one): wait for the engine,
+                // then run what is left up to this job here (the worker stops after its
+                // current job for a caller waiting here).
+                drop(g);
+                self.sched.wait_engine(slice);
+                continue;
+            }
+            // The worker runs it (or an earlier job): wait for it, looking again now and
+            // then in case the engine came free with this job still queued.
+            g = self.done.park(g, slice);
+            if let Some(r) = g.take() {
+                drop(g);
+                return self.deliver(r);
+            }
+        }
+    }
+
+    fn drain(&mut self) {
+        if !self.lent {
+            // The job only touches its own copies: nothing to wait for.
+            return;
+        }
+        // It may still read the caller's memory: wait until it has run (each of its steps
+        // ends by its deadline, at once once the communicator is aborted).
+        loop {
+            self.help(false);
+            let g = self.done.slot.lock().unwrap_or_else(|p| p.into_inner());
+            let mut g = if g.is_some() { g } else { self.done.park(g, Duration::from_millis(5)) };
+            if let Some(r) = g.take() {
+                for o in r.into_iter().flatten().flatten() {
+                    self.pool.put(o);
+                }
+                return;
+            }
+        }
+    }
+}
