@@ -330,8 +330,7 @@ async fn run_claimed(
         }
     };
     if let Err(e) = &exec {
-        let v = Failure { kind: e.kind().into(), who: format!("rank {}: {e}", s.rank) };
-        let _ = s.store.compare_set(&s.key("failed"), None, &encode(&v)).await;
+        publish_failure(s, e).await;
         // This rank's failure fails the warmup everywhere, so its communicators go now: peers
         // blocked inside a first connect to this rank see the connections close and return,
         // instead of waiting for their own deadline.
@@ -570,8 +569,13 @@ async fn settle(
 ) -> Result<()> {
     let mut w = w;
     let r = wait_slices(s, &mut w, what, group, rank, deadline).await;
-    if r.is_err() && !matches!(w.is_completed(), Ok(true)) {
-        let _ = comm.abort().await;
+    if let Err(e) = &r {
+        if !matches!(w.is_completed(), Ok(true)) {
+            // The failure is on record before the abort closes this rank's connections, so a
+            // peer that sees them close reads why (a timeout here stays a timeout there).
+            publish_failure(s, e).await;
+            let _ = comm.abort().await;
+        }
     }
     drop(w);
     r
@@ -595,23 +599,39 @@ async fn wait_slices(
         match w.wait_async(wait).await {
             Ok(()) => return Ok(()),
             Err(Error::Timeout { .. }) => {}
-            Err(e) => return Err(e),
+            // A peer that gave up (its deadline came first, or it failed) published why before
+            // its abort closed the connections this wait saw fail: report that cause.
+            Err(e) => return Err(failure_on_record(s, what, group, rank).await.ok().flatten().unwrap_or(e)),
         }
         slice = (slice * 2).min(Duration::from_millis(250));
         if Instant::now() >= deadline {
             return Err(warmup_timeout(what, rank, group, "the warmup deadline passed; communicators aborted".into()));
         }
-        let key = s.key("failed");
-        if let Some(f) = s.store.get(&key).await? {
-            let Failure { kind, who } = decode(&key, &f)?;
-            let detail = format!("warmup failed on {who}");
-            // A rank that timed out means the warmup as a whole ran out of time.
-            if kind == "Timeout" {
-                return Err(warmup_timeout(what, rank, group, detail));
-            }
-            return Err(Error::PeerFailed { rank, group: group.into(), peer: None, detail });
+        if let Some(e) = failure_on_record(s, what, group, rank).await? {
+            return Err(e);
         }
     }
+}
+
+/// Record this rank's failure `e` for the generation, unless a failure is on record already
+/// (the first one is the cause).
+async fn publish_failure(s: &Session<'_>, e: &Error) {
+    let v = Failure { kind: e.kind().into(), who: format!("rank {}: {e}", s.rank) };
+    let _ = s.store.compare_set(&s.key("failed"), None, &encode(&v)).await;
+}
+
+/// The generation's recorded failure as this rank's error, if another rank published one.
+async fn failure_on_record(s: &Session<'_>, what: &str, group: &str, rank: usize) -> Result<Option<Error>> {
+    let key = s.key("failed");
+    let Some(f) = s.store.get(&key).await? else { return Ok(None) };
+    let Failure { kind, who } = decode(&key, &f)?;
+    let detail = format!("warmup failed on {who}");
+    // A rank that timed out means the warmup as a whole ran out of time.
+    Ok(Some(if kind == "Timeout" {
+        warmup_timeout(what, rank, group, detail)
+    } else {
+        Error::PeerFailed { rank, group: group.into(), peer: None, detail }
+    }))
 }
 
 fn warmup_timeout(what: &str, rank: usize, group: &str, detail: String) -> Error {
