@@ -227,6 +227,8 @@ pub(crate) type Check<'a> = &'a mut dyn FnMut() -> Result<(), Error>;
 pub(crate) struct Patience {
     spin: Duration,
     yield_for: Duration,
+    /// Looks at the condition between clock reads (and, past the spin, between yields).
+    round: u32,
 }
 
 impl Patience {
@@ -241,11 +243,13 @@ impl Patience {
             Patience {
                 spin: Duration::from_micros(us("ANYCCL_CPU_SPIN_US", 50)),
                 yield_for: Duration::from_micros(us("ANYCCL_CPU_YIELD_US", 500)),
+                round: 64,
             }
         } else {
             Patience {
                 spin: Duration::from_micros(1),
                 yield_for: Duration::from_micros(us("ANYCCL_CPU_YIELD_US", 200)),
+                round: us("ANYCCL_CPU_ROUND", 4) as u32,
             }
         }
     }
@@ -262,7 +266,7 @@ fn spin_then_yield(patience: Patience, ready: &mut impl FnMut() -> bool, check: 
     let mut start: Option<Instant> = None;
     let mut i = 0u32;
     loop {
-        for _ in 0..64 {
+        for _ in 0..patience.round {
             std::hint::spin_loop();
             if ready() {
                 return Ok(true);
