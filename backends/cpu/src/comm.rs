@@ -173,7 +173,7 @@ impl CpuComm {
             // the queue to shrink.
             let mut st = self.sched.lock();
             while st.engine.is_some() && !st.jobs.is_empty() {
-                st = self.sched.run_front(st, None);
+                st = self.sched.run_front(st, None).0;
             }
             drop(st);
             if q.try_take(bytes) {
@@ -245,7 +245,8 @@ impl CpuComm {
         // program issues several before it waits: they must progress without it).
         let wake = st.parked || (!st.jobs.is_empty() && !st.woken);
         st.woken |= wake;
-        st.jobs.push_back(Job { id, run, done: done.clone(), _admission: admission });
+        let grace = Job::grace_for(admission.bytes, lent);
+        st.jobs.push_back(Job { id, run, done: done.clone(), grace, _admission: admission });
         drop(st);
         if wake {
             self.sched.cv.notify_one();
@@ -514,13 +515,14 @@ impl Collective for CpuComm {
             lent,
             adm,
             Box::new(move |e, direct| {
+                let max = e.tune.all_to_all_direct_max;
                 if let Some(Direct { srcs, mut outs }) = direct {
-                    algo::all_to_all(&e.coll(algo::OP_ALL_TO_ALL), srcs[0], &sb, outs[0], &rb)?;
+                    algo::all_to_all(&e.coll(algo::OP_ALL_TO_ALL), srcs[0], &sb, outs[0], &rb, max)?;
                     return Ok(Vec::new());
                 }
                 let data = data.take(e)?;
                 let mut out = e.pool.zeroed(total);
-                algo::all_to_all(&e.coll(algo::OP_ALL_TO_ALL), &data, &sb, &mut out, &rb)?;
+                algo::all_to_all(&e.coll(algo::OP_ALL_TO_ALL), &data, &sb, &mut out, &rb, max)?;
                 e.pool.put(data);
                 Ok(vec![Some(out)])
             }),

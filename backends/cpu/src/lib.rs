@@ -89,6 +89,10 @@ fn tuning(links: Option<Links>) -> Vec<(String, String)> {
             env("ANYCCL_CPU_ALLREDUCE_DIRECT_MAX", algo::DIRECT_MAX.to_string()),
         ),
         (
+            "ANYCCL_CPU_ALLTOALL_DIRECT_MAX".into(),
+            env("ANYCCL_CPU_ALLTOALL_DIRECT_MAX", algo::ALL_TO_ALL_DIRECT_MAX.to_string()),
+        ),
+        (
             "ANYCCL_CPU_BY_REF_MIN".into(),
             env("ANYCCL_CPU_BY_REF_MIN", format!("{} (send/recv; collectives: off)", transport::BY_REF_MIN)),
         ),

@@ -9,8 +9,23 @@ pub(super) struct Job {
     pub(super) id: u64,
     pub(super) run: JobFn,
     pub(super) done: Arc<Completion>,
+    /// How long the worker leaves the job to a caller that may come to wait for it
+    /// ([`Job::grace_for`]).
+    pub(super) grace: Duration,
     /// The job's share of the queue bound, given back when the job is dropped (it has run).
     pub(super) _admission: Admission,
+}
+
+impl Job {
+    /// The worker's patience with a job before it takes it: [`grace`], plus, for a job that
+    /// reads lent memory, about the time the worker's way costs it on top (a copy of the
+    /// input in, the results out and their pages: `bytes` at 4 GB/s). A caller descheduled
+    /// between issue and wait (ranks outnumbering cores) then still runs its large job on
+    /// its own buffers, and a job nobody waits for starts at most that late.
+    pub(super) fn grace_for(bytes: usize, lent: bool) -> Duration {
+        let extra = if lent { Duration::from_nanos((bytes / 4) as u64) } else { Duration::ZERO };
+        grace() + extra
+    }
 }
 
 impl std::fmt::Debug for Job {
@@ -97,24 +112,31 @@ impl Sched {
     }
 
     /// Run the first queued job (the engine must be free), with `st` unlocked meanwhile;
-    /// `direct` goes to it if it is job `direct.0`.
+    /// `direct` goes to it if it is job `direct.0`, and its result then comes back here
+    /// instead of through its completion (the caller that ran it is the one that waits).
     pub(super) fn run_front<'g>(
         &'g self,
         mut st: std::sync::MutexGuard<'g, SchedState>,
         direct: Option<(u64, Direct<'_>)>,
-    ) -> std::sync::MutexGuard<'g, SchedState> {
-        let (Some(job), Some(mut engine)) = (st.jobs.pop_front(), st.engine.take()) else { return st };
+    ) -> (std::sync::MutexGuard<'g, SchedState>, Option<Result<Output>>) {
+        let (Some(job), Some(mut engine)) = (st.jobs.pop_front(), st.engine.take()) else { return (st, None) };
         drop(st);
         let direct = direct.and_then(|(id, d)| (id == job.id).then_some(d));
+        let mine = direct.is_some();
         let r = run_job(&mut engine, job.run, direct);
-        job.done.set(r);
+        let r = if mine {
+            Some(r)
+        } else {
+            job.done.set(r);
+            None
+        };
         drop(job._admission);
         let mut st = self.lock();
         st.engine = Some(engine);
         if st.helpers > 0 {
             self.freed.notify_all();
         }
-        st
+        (st, r)
     }
 
     /// Wait at most `slice` for the engine to come free, if a job runs now (the caller then
@@ -198,7 +220,7 @@ pub(super) fn worker_loop(sched: &Sched) {
             continue;
         };
         idle_since = Instant::now();
-        let id = front.id;
+        let (id, patience) = (front.id, front.grace);
         let first_seen = match seen {
             Some((i, t)) if i == id => t,
             _ => {
@@ -208,7 +230,7 @@ pub(super) fn worker_loop(sched: &Sched) {
             }
         };
         let age = first_seen.elapsed();
-        if st.engine.is_none() || st.helpers > 0 || (age < grace() && !st.closed) {
+        if st.engine.is_none() || st.helpers > 0 || (age < patience && !st.closed) {
             // A caller runs a job, waits to run its own, or may take this one: look again
             // later (within the grace once callers stop waiting: the jobs nobody waits for
             // must go on).
@@ -217,17 +239,17 @@ pub(super) fn worker_loop(sched: &Sched) {
             } else if st.engine.is_none() {
                 poll
             } else {
-                grace().saturating_sub(age)
+                patience.saturating_sub(age)
             };
             st = sched.cv.wait_timeout(st, pause.max(Duration::from_micros(50))).unwrap_or_else(|p| p.into_inner()).0;
             poll = (poll * 2).min(MAX_POLL);
             continue;
         }
-        st = sched.run_front(st, None);
+        st = sched.run_front(st, None).0;
         // The jobs queued behind it are run at once: their callers are not waiting yet. A
         // caller that waits runs its own (and those before it) on its thread.
         while st.engine.is_some() && !st.jobs.is_empty() && st.helpers == 0 {
-            st = sched.run_front(st, None);
+            st = sched.run_front(st, None).0;
         }
         idle_since = Instant::now();
         poll = grace();

@@ -110,8 +110,8 @@ impl CpuWork<'_> {
     }
 
     /// Run queued jobs on this thread up to this one, while the engine is free; this one
-    /// with the caller's buffers when `direct`.
-    fn help(&mut self, direct: bool) {
+    /// with the caller's buffers when `direct`, returning its result.
+    fn help(&mut self, direct: bool) -> Option<Result<Output>> {
         let mut st = self.sched.lock();
         while st.engine.is_some() && st.jobs.front().is_some_and(|j| j.id <= self.id) {
             let mine = direct && st.jobs.front().is_some_and(|j| j.id == self.id);
@@ -120,8 +120,13 @@ impl CpuWork<'_> {
                 let outs = self.targets.iter_mut().filter_map(|t| t.as_host_bytes_mut()).collect();
                 (self.id, Direct { srcs, outs })
             });
-            st = self.sched.run_front(st, d);
+            let (next, r) = self.sched.run_front(st, d);
+            if r.is_some() {
+                return r;
+            }
+            st = next;
         }
+        None
     }
 }
 
@@ -143,7 +148,9 @@ impl WorkImpl for CpuWork<'_> {
         let mut deadline: Option<Instant> = None;
         loop {
             if may_help {
-                self.help(true);
+                if let Some(r) = self.help(true) {
+                    return self.deliver(r);
+                }
             }
             let mut g = self.done.slot.lock().unwrap_or_else(|p| p.into_inner());
             if let Some(r) = g.take() {
@@ -182,7 +189,7 @@ impl WorkImpl for CpuWork<'_> {
         // It may still read the caller's memory: wait until it has run (each of its steps
         // ends by its deadline, at once once the communicator is aborted).
         loop {
-            self.help(false);
+            let _ = self.help(false);
             let g = self.done.slot.lock().unwrap_or_else(|p| p.into_inner());
             let mut g = if g.is_some() { g } else { self.done.park(g, Duration::from_millis(5)) };
             if let Some(r) = g.take() {
