@@ -6,8 +6,13 @@
 # faster). anyccl's pipelined time per call (calls issued back to back, then waited, as
 # nccl-tests measures) is printed beside its latency.
 #
-#   bash bench/cpu_peers.sh                      # everything (about 20 minutes on 2 cores)
-#   OPS="all_reduce" RANKS="2" MAXB=64M bash bench/cpu_peers.sh
+# Timings on a shared 2-core machine drift by tens of percent between runs, so anyccl and
+# Open MPI each run REPS times, alternating, and every row shows the median of the REPS
+# times per size (Gloo, slower by far, runs once). broadcast compares anyccl in place: MPI_Bcast
+# and torch.distributed.broadcast have one buffer (out of place adds the root's copy).
+#
+#   bash bench/cpu_peers.sh                      # everything (about 40 minutes on 2 cores)
+#   OPS="all_reduce" RANKS="2" MAXB=64M REPS=5 bash bench/cpu_peers.sh
 #
 # Installs what it needs: Debian's Open MPI (run as root with --allow-run-as-root and
 # --oversubscribe), PyTorch from PyPI for Gloo; builds anyccl's release binaries.
@@ -18,10 +23,21 @@ RANKS=${RANKS:-"2 4"}
 MINB=${MINB:-8}
 MAXB=${MAXB:-256M}
 ITERS=${ITERS:-1000}
+REPS=${REPS:-3}
 WORK=${WORK:-$(mktemp -d /tmp/cpu-peers.XXXXXX)}
 mkdir -p "$WORK"
 
 bytes() { numfmt --from=iec "$1"; }
+# The rows of "$1.0" .. "$1.$((REPS - 1))" (size time algbw busbw): per size, the row whose
+# time is the median of the REPS times.
+median() {
+  local f files=()
+  for ((rep = 0; rep < REPS; rep++)); do files+=("$1.$rep"); done
+  cat "${files[@]}" | sort -k1,1n -k2,2g | awk '
+    { if ($1 != s) { flush(); s = $1; k = 0 } row[++k] = $0 }
+    function flush() { if (k) print row[int((k + 1) / 2)] }
+    END { flush() }'
+}
 minb=$(bytes "$MINB"); maxb=$(bytes "$MAXB")
 
 if ! command -v mpicc >/dev/null || ! command -v mpirun >/dev/null; then
@@ -42,23 +58,29 @@ port=29700
 for n in $RANKS; do
   for op in $OPS; do
     a="$WORK/anyccl-$op-$n"; m="$WORK/mpi-$op-$n"; g="$WORK/gloo-$op-$n"; p="$WORK/pipe-$op-$n"
-    # anyccl: latency (one call in flight), small sizes with many calls, large with few.
+    # anyccl's columns: out of place (time, algbw, busbw), in place for broadcast.
+    cols='$6, $7, $8'
+    [ "$op" = broadcast ] && cols='$10, $11, $12'
     split=$(( 1 << 22 ))
-    : >"$a"
-    for range in "$minb $(( split / 2 )) $ITERS" "$split $maxb $(( ITERS / 100 > 5 ? ITERS / 100 : 5 ))"; do
-      set -- $range
-      [ "$1" -le "$maxb" ] || continue
-      hi=$2; [ "$hi" -le "$maxb" ] || hi=$maxb
-      $R/anyccl-run -n "$n" --no-prefix -- $R/anyccl-bench "$op" --backend cpu -b "$1" -e "$hi" -n "$3" -w 5 --depth 1 \
-        | awk '!/^#/ && NF > 8 {print $1, $6, $7, $8}' >>"$a"
+    for ((rep = 0; rep < REPS; rep++)); do
+      # anyccl: latency (one call in flight), small sizes with many calls, large with few.
+      : >"$a.$rep"
+      for range in "$minb $(( split / 2 )) $ITERS" "$split $maxb $(( ITERS / 100 > 5 ? ITERS / 100 : 5 ))"; do
+        set -- $range
+        [ "$1" -le "$maxb" ] || continue
+        hi=$2; [ "$hi" -le "$maxb" ] || hi=$maxb
+        $R/anyccl-run -n "$n" --no-prefix -- $R/anyccl-bench "$op" --backend cpu -b "$1" -e "$hi" -n "$3" -w 5 --depth 1 \
+          | awk "!/^#/ && NF > 8 {print \$1, $cols}" >>"$a.$rep"
+      done
+      mpirun --allow-run-as-root --oversubscribe -np "$n" "$WORK/mpi_coll" "$op" "$minb" "$maxb" "$ITERS" >"$m.$rep" 2>"$m.err" || true
     done
+    median "$a" >"$a"; median "$m" >"$m"
     # anyccl pipelined, small sizes only (what the latency rows do not show).
     : >"$p"
     if [ "$minb" -le 4096 ]; then
       $R/anyccl-run -n "$n" --no-prefix -- $R/anyccl-bench "$op" --backend cpu -b "$minb" -e 4K -n "$ITERS" -w 5 \
         | awk '!/^#/ && NF > 8 {print $1, $6}' >"$p"
     fi
-    mpirun --allow-run-as-root --oversubscribe -np "$n" "$WORK/mpi_coll" "$op" "$minb" "$maxb" "$ITERS" >"$m" 2>"$m.err" || true
     port=$((port + 1))
     pids=()
     for ((r = 0; r < n; r++)); do
