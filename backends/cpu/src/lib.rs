@@ -101,7 +101,9 @@ fn tuning(links: Option<Links>) -> Vec<(String, String)> {
             env("ANYCCL_CPU_SHM_RING_BYTES", "4 MiB up to 8 ranks a host, then 32 MiB / (ranks - 1)".into()),
         ),
         ("ANYCCL_CPU_HANDOFF_US".into(), comm::grace().as_micros().to_string()),
-        ("ANYCCL_CPU_SPIN_US".into(), env("ANYCCL_CPU_SPIN_US", "50".into())),
+        ("ANYCCL_CPU_SPIN_US".into(), env("ANYCCL_CPU_SPIN_US", "50 (1 on a host with more ranks than cores)".into())),
+        ("ANYCCL_CPU_YIELD_US".into(), env("ANYCCL_CPU_YIELD_US", "500 (200 on a host with more ranks than cores)".into())),
+        ("ANYCCL_CPU_ROUND".into(), env("ANYCCL_CPU_ROUND", "64 (4 on a host with more ranks than cores)".into())),
     ]
 }
 

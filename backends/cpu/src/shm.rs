@@ -243,13 +243,13 @@ impl Patience {
             Patience {
                 spin: Duration::from_micros(us("ANYCCL_CPU_SPIN_US", 50)),
                 yield_for: Duration::from_micros(us("ANYCCL_CPU_YIELD_US", 500)),
-                round: 64,
+                round: us("ANYCCL_CPU_ROUND", 64).clamp(1, 1 << 16) as u32,
             }
         } else {
             Patience {
                 spin: Duration::from_micros(1),
                 yield_for: Duration::from_micros(us("ANYCCL_CPU_YIELD_US", 200)),
-                round: us("ANYCCL_CPU_ROUND", 4) as u32,
+                round: us("ANYCCL_CPU_ROUND", 4).clamp(1, 1 << 16) as u32,
             }
         }
     }
