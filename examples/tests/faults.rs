@@ -362,6 +362,22 @@ fn huge_timeouts_are_errors() -> Outcome {
     Ok(())
 }
 
+/// A malformed CPU-backend setting fails the connect on every rank, naming the variable and
+/// the rank, instead of being ignored.
+fn malformed_cpu_settings() -> Outcome {
+    for var in ["ANYCCL_CPU_ROUND", "ANYCCL_CPU_SPIN_US", "ANYCCL_CPU_ALLTOALL_DIRECT_MAX"] {
+        let out = launcher(2, &[bin("anyccl-bench"), "all_reduce", "-b", "8", "-e", "8", "-n", "1"])
+            .env(var, "lots")
+            .env("ANYCCL_INIT_TIMEOUT_S", "20")
+            .output()?;
+        let err = String::from_utf8_lossy(&out.stderr);
+        check(!out.status.success() && err.contains(&format!("{var}=\"lots\"")) && err.contains("on rank 1"), || {
+            format!("{var}=lots: {:?} {err}", out.status)
+        })?;
+    }
+    Ok(())
+}
+
 fn unresolvable_master_addr() -> Outcome {
     let t = Instant::now();
     let out = Command::new(bin("anyccl-demo"))
@@ -615,6 +631,7 @@ fn main() -> std::process::ExitCode {
         t("cpu::faults::detail_mode_names_both_calls[w=3]", detail_mode_mismatch),
         t("store::faults::unresolvable_master_addr_ends_at_init_timeout", unresolvable_master_addr),
         t("bench::faults::bad_sizes_and_counts_are_errors", bench_bad_sizes),
+        t("cpu::faults::malformed_settings_are_errors[w=2]", malformed_cpu_settings),
         t("store::faults::a_rank_claimed_twice_is_refused[w=2]", || {
             two_jobs_on_one_port([None, None], "already joined")
         }),

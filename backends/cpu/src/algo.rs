@@ -47,6 +47,15 @@ impl Tuning {
 /// # Errors
 /// `InvalidArgument` naming the variable, the rank and the group when it is malformed.
 pub(crate) fn env_bytes(name: &str, default: usize, rank: usize, label: &str) -> Result<usize> {
+    env_number(name, default, "a number of bytes", rank, label)
+}
+
+/// A whole number (`what` it counts, for the error) from the environment variable `name`
+/// (`default` when unset).
+///
+/// # Errors
+/// `InvalidArgument` naming the variable, the rank and the group when it is malformed.
+pub(crate) fn env_number(name: &str, default: usize, what: &str, rank: usize, label: &str) -> Result<usize> {
     match std::env::var(name) {
         Err(_) => Ok(default),
         Ok(v) => v.trim().parse().map_err(|_| anyccl_core::Error::InvalidArgument {
@@ -54,7 +63,7 @@ pub(crate) fn env_bytes(name: &str, default: usize, rank: usize, label: &str) ->
             arg: "environment",
             rank,
             group: label.into(),
-            msg: format!("{name}={v:?} is not a number of bytes"),
+            msg: format!("{name}={v:?} is not {what}"),
         }),
     }
 }

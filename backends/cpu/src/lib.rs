@@ -102,7 +102,10 @@ fn tuning(links: Option<Links>) -> Vec<(String, String)> {
         ),
         ("ANYCCL_CPU_HANDOFF_US".into(), comm::grace().as_micros().to_string()),
         ("ANYCCL_CPU_SPIN_US".into(), env("ANYCCL_CPU_SPIN_US", "50 (1 on a host with more ranks than cores)".into())),
-        ("ANYCCL_CPU_YIELD_US".into(), env("ANYCCL_CPU_YIELD_US", "500 (200 on a host with more ranks than cores)".into())),
+        (
+            "ANYCCL_CPU_YIELD_US".into(),
+            env("ANYCCL_CPU_YIELD_US", "500 (200 on a host with more ranks than cores)".into()),
+        ),
         ("ANYCCL_CPU_ROUND".into(), env("ANYCCL_CPU_ROUND", "64 (4 on a host with more ranks than cores)".into())),
     ]
 }

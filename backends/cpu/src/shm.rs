@@ -233,25 +233,16 @@ pub(crate) struct Patience {
 
 impl Patience {
     /// Ranks of one host beyond its cores must not spin: they would take the core from the
-    /// rank they wait for.
-    pub(crate) fn for_host(locals: usize) -> Patience {
+    /// rank they wait for. `setting(name, default)` reads an override (a whole number).
+    pub(crate) fn for_host<E>(locals: usize, setting: impl Fn(&str, usize) -> Result<usize, E>) -> Result<Patience, E> {
         let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
-        let us = |name: &str, default: u64| {
-            std::env::var(name).ok().and_then(|v| v.trim().parse::<u64>().ok()).unwrap_or(default)
-        };
-        if locals <= cores {
-            Patience {
-                spin: Duration::from_micros(us("ANYCCL_CPU_SPIN_US", 50)),
-                yield_for: Duration::from_micros(us("ANYCCL_CPU_YIELD_US", 500)),
-                round: us("ANYCCL_CPU_ROUND", 64).clamp(1, 1 << 16) as u32,
-            }
-        } else {
-            Patience {
-                spin: Duration::from_micros(1),
-                yield_for: Duration::from_micros(us("ANYCCL_CPU_YIELD_US", 200)),
-                round: us("ANYCCL_CPU_ROUND", 4).clamp(1, 1 << 16) as u32,
-            }
-        }
+        let (spin, yield_for, round) = if locals <= cores { (50, 500, 64) } else { (1, 200, 4) };
+        let us = |name: &str, default: usize| setting(name, default).map(|v| Duration::from_micros(v as u64));
+        Ok(Patience {
+            spin: us("ANYCCL_CPU_SPIN_US", spin)?,
+            yield_for: us("ANYCCL_CPU_YIELD_US", yield_for)?,
+            round: setting("ANYCCL_CPU_ROUND", round)?.clamp(1, 1 << 16) as u32,
+        })
     }
 }
 

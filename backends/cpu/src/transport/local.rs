@@ -157,7 +157,9 @@ pub(super) async fn shm_links(
     if !missing.is_empty() {
         return Err(timeout(label, rank, "waiting for shared-memory segments", &missing, started));
     }
-    let patience = shm::Patience::for_host(locals.len());
+    let patience = shm::Patience::for_host(locals.len(), |name, default| {
+        crate::algo::env_number(name, default, "a whole number", rank, label)
+    })?;
     let me_local = locals.iter().position(|&r| r == rank).unwrap_or(0);
     let mut links: Vec<Option<ShmLink>> = (0..size).map(|_| None).collect();
     for (i, (&peer, v)) in locals.iter().zip(got).enumerate() {
