@@ -161,20 +161,9 @@ impl Segment {
         self.fd
     }
 
-    /// The ring at byte `offset` with `cap` data bytes, its pages mapped in this process at
-    /// once (`MADV_POPULATE_WRITE`, where the kernel has it): they would otherwise fault in
-    /// one by one (a fault per 4 KiB in each process, a few microseconds each) as messages
-    /// first move through them, which measured 2-3x the time of 512 B-2 KiB operations over
-    /// their first thousand calls.
+    /// The ring at byte `offset` with `cap` data bytes.
     fn ring(&self, offset: usize, cap: usize) -> RingPtr {
         debug_assert!(offset + CTL + cap <= self.len && cap.is_power_of_two());
-        let page = 4096;
-        let start = offset / page * page;
-        let end = (offset + CTL + cap).next_multiple_of(page).min(self.len);
-        // SAFETY: the page-aligned range lies inside the mapping (as above, rounded out to
-        // pages within its length); populating changes no byte. A kernel without the advice
-        // refuses it, and the pages then fault in as they are first used.
-        unsafe { libc::madvise(self.base.add(start).cast(), end - start, libc::MADV_POPULATE_WRITE) };
         // SAFETY: the range lies inside the mapping (checked by the layout that computed it).
         let ctl = unsafe { self.base.add(offset) };
         // SAFETY: as above.
