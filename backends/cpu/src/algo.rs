@@ -91,6 +91,18 @@ impl Coll<'_> {
             crate::shm::copy(&mut dst[at..at + b.len()], b)
         })
     }
+    /// [`Coll::exchange`] that also copies `out` into `mirror` as it goes.
+    fn exchange_mirrored(
+        &self,
+        to: usize,
+        out: &[u8],
+        mirror: &mut [u8],
+        from: usize,
+        incoming: usize,
+        sink: &mut dyn FnMut(usize, &[u8]),
+    ) -> Result<()> {
+        self.mesh.exchange_mirrored((self.op, self.seq), to, out, mirror, from, incoming, sink)
+    }
     /// Send `out` to `to` while receiving `incoming` bytes from `from` into `sink`.
     fn exchange(
         &self,
@@ -158,7 +170,7 @@ pub(crate) fn all_reduce(
     if n > 1 && data.len() > tune.all_reduce_direct_max && count >= n {
         let ch = chunks(count, n);
         ring_reduce_scatter(cx, data, src, dtype, op, &ch)?;
-        ring_all_gather(cx, data, dtype.size(), &ch)?;
+        ring_all_gather(cx, data, None, dtype.size(), &ch)?;
     } else {
         if let Some(src) = src {
             crate::shm::copy(data, src);
@@ -251,17 +263,41 @@ fn fold_piece(acc: &mut [u8], own: Option<&[u8]>, b: &[u8], dtype: DType, op: Re
     reduce_into(acc, b, dtype, op)
 }
 
-/// Ring all-gather in place: chunk `rank` is this rank's; afterwards every chunk is filled.
-fn ring_all_gather(cx: &Coll<'_>, data: &mut [u8], es: usize, ch: &[(usize, usize)]) -> Result<()> {
+/// Ring all-gather: chunk `rank` is this rank's; afterwards every chunk is filled. In place,
+/// or, with `src` (this rank's chunk, out of place), copying `src` into its chunk as the first
+/// step sends it (read once for both).
+fn ring_all_gather(cx: &Coll<'_>, data: &mut [u8], src: Option<&[u8]>, es: usize, ch: &[(usize, usize)]) -> Result<()> {
     let (n, me) = (cx.size(), cx.rank());
     let (right, left) = ((me + 1) % n, (me + n - 1) % n);
     for s in 0..n - 1 {
         let send_c = ch[(me + n - s) % n];
         let recv_c = ch[(me + 2 * n - s - 1) % n];
-        let (out, dst) = disjoint(data, byte_range(send_c, es), byte_range(recv_c, es));
-        cx.exchange(right, out, left, dst.len(), &mut |at, b| crate::shm::copy(&mut dst[at..at + b.len()], b))?;
+        match src {
+            Some(src) if s == 0 => {
+                let (own, dst) = two_mut(data, byte_range(send_c, es), byte_range(recv_c, es));
+                cx.exchange_mirrored(right, src, own, left, dst.len(), &mut |at, b| {
+                    crate::shm::copy(&mut dst[at..at + b.len()], b)
+                })?;
+            }
+            _ => {
+                let (out, dst) = disjoint(data, byte_range(send_c, es), byte_range(recv_c, es));
+                cx.exchange(right, out, left, dst.len(), &mut |at, b| crate::shm::copy(&mut dst[at..at + b.len()], b))?;
+            }
+        }
     }
     Ok(())
+}
+
+/// `data[a]` and `data[b]` for writing, two ranges that do not overlap.
+fn two_mut(data: &mut [u8], a: std::ops::Range<usize>, b: std::ops::Range<usize>) -> (&mut [u8], &mut [u8]) {
+    debug_assert!(a.end <= b.start || b.end <= a.start);
+    if a.start < b.start {
+        let (lo, hi) = data.split_at_mut(b.start);
+        (&mut lo[a], &mut hi[..b.end - b.start])
+    } else {
+        let (lo, hi) = data.split_at_mut(a.start);
+        (&mut hi[..a.end - a.start], &mut lo[b])
+    }
 }
 
 /// Reduce to `root`: every other rank sends to the root, which folds in rank order.
@@ -304,14 +340,18 @@ pub(crate) fn broadcast(cx: &Coll<'_>, data: &mut [u8], root: usize) -> Result<(
     Ok(())
 }
 
-/// Ring all-gather of equal chunks: `out` holds `size` chunks, chunk `rank` already filled.
-pub(crate) fn all_gather(cx: &Coll<'_>, out: &mut [u8], chunk_bytes: usize) -> Result<()> {
-    let n = cx.size();
+/// Ring all-gather of equal chunks: `out` holds `size` chunks; chunk `rank` is filled
+/// already (in place), or comes from `src` (out of place).
+pub(crate) fn all_gather(cx: &Coll<'_>, out: &mut [u8], src: Option<&[u8]>, chunk_bytes: usize) -> Result<()> {
+    let (n, me) = (cx.size(), cx.rank());
     if n == 1 || chunk_bytes == 0 {
+        if let Some(src) = src {
+            crate::shm::copy(&mut out[me * chunk_bytes..(me + 1) * chunk_bytes], src);
+        }
         return Ok(());
     }
     let ch: Vec<(usize, usize)> = (0..n).map(|i| (i * chunk_bytes, chunk_bytes)).collect();
-    ring_all_gather(cx, out, 1, &ch)
+    ring_all_gather(cx, out, src, 1, &ch)
 }
 
 /// A reduce-scatter's input, by chunk: the chunks before and after this rank's, and this

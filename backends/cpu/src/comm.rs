@@ -422,16 +422,12 @@ impl Collective for CpuComm {
             adm,
             Box::new(move |e, direct| {
                 if let Some(Direct { srcs, mut outs }) = direct {
-                    let out = &mut *outs[0];
-                    if let Some(src) = srcs.first() {
-                        crate::shm::copy(&mut out[me * chunk..(me + 1) * chunk], src);
-                    }
-                    algo::all_gather(&e.coll(algo::OP_ALL_GATHER), out, chunk)?;
+                    algo::all_gather(&e.coll(algo::OP_ALL_GATHER), outs[0], srcs.first().copied(), chunk)?;
                     return Ok(Vec::new());
                 }
                 let mut out = e.pool.zeroed(total);
                 own.read_into(e, &mut out[me * chunk..(me + 1) * chunk])?;
-                algo::all_gather(&e.coll(algo::OP_ALL_GATHER), &mut out, chunk)?;
+                algo::all_gather(&e.coll(algo::OP_ALL_GATHER), &mut out, None, chunk)?;
                 Ok(vec![Some(out)])
             }),
         )

@@ -490,14 +490,20 @@ pub(crate) struct Writing<'a> {
     part: usize,
     off: usize,
     left: usize,
+    /// Bytes of the message, padding included.
+    total: usize,
 }
 
 impl<'a> Writing<'a> {
     pub(crate) fn new(parts: &'a [&'a [u8]]) -> Self {
-        let total: usize = parts.iter().map(|p| p.len()).sum();
-        let mut w = Writing { parts, part: 0, off: 0, left: total.next_multiple_of(8) };
+        let total = parts.iter().map(|p| p.len()).sum::<usize>().next_multiple_of(8);
+        let mut w = Writing { parts, part: 0, off: 0, left: total, total };
         w.skip_finished();
         w
+    }
+    /// Bytes written so far, padding included.
+    pub(crate) fn written(&self) -> usize {
+        self.total - self.left
     }
     fn skip_finished(&mut self) {
         while self.parts.get(self.part).is_some_and(|p| self.off == p.len()) {

@@ -233,7 +233,25 @@ impl Mesh {
         expect: usize,
         sink: &mut dyn FnMut(usize, &[u8]),
     ) -> Result<()> {
-        self.exchange_kind(Kind::Coll, (op, seq), to, Data::Bytes(data), from, expect, &mut Sink::With(sink))
+        self.exchange_kind(Kind::Coll, (op, seq), to, Data::Bytes(data), None, from, expect, &mut Sink::With(sink))
+    }
+
+    /// [`Mesh::exchange`] that also copies `data` into `mirror` (of its length): between
+    /// peers of this host a piece at a time as it goes into the ring, while it is in cache,
+    /// so `data` is read once for both.
+    #[allow(clippy::too_many_arguments)] // the two halves of one step, and the copy
+    pub(crate) fn exchange_mirrored(
+        &self,
+        (op, seq): (u8, u64),
+        to: usize,
+        data: &[u8],
+        mirror: &mut [u8],
+        from: usize,
+        expect: usize,
+        sink: &mut dyn FnMut(usize, &[u8]),
+    ) -> Result<()> {
+        let d = Data::Bytes(data);
+        self.exchange_kind(Kind::Coll, (op, seq), to, d, Some(mirror), from, expect, &mut Sink::With(sink))
     }
 
     /// Whether a message of `kind` and `len` bytes on `tx` goes by reference (the peer
@@ -254,7 +272,7 @@ impl Mesh {
     /// both streams advancing together between peers of this host, as [`Mesh::exchange`].
     pub(crate) fn sendrecv(&self, to: usize, data: Data<'_>, from: usize, out: &mut [u8]) -> Result<()> {
         let n = out.len();
-        self.exchange_kind(Kind::P2p, (0, 0), to, data, from, n, &mut Sink::Into(out))
+        self.exchange_kind(Kind::P2p, (0, 0), to, data, None, from, n, &mut Sink::Into(out))
     }
 
     /// The receive half of [`Mesh::exchange_kind`] done alone, after the send.
@@ -292,13 +310,25 @@ impl Mesh {
         (op, seq): (u8, u64),
         to: usize,
         data: Data<'_>,
+        mirror: Option<&mut [u8]>,
         from: usize,
         expect: usize,
         sink: &mut Sink<'_>,
     ) -> Result<()> {
         let mut own = Vec::new();
         let data = self.resolve(to, data, &mut own)?;
+        let bytes = if let Data::Bytes(b) = data { b } else { &[] };
+        // Where the message does not go through the ring a piece at a time, the copy is made
+        // first, whole.
+        let mut mirror = mirror;
+        debug_assert!(mirror.as_ref().is_none_or(|m| m.len() == bytes.len()), "a mirror of another length");
+        let mirror_all = |m: &mut Option<&mut [u8]>| {
+            if let Some(m) = m.take() {
+                crate::shm::copy(m, bytes);
+            }
+        };
         let (Some(out), Some(inc)) = (&self.shm[to], &self.shm[from]) else {
+            mirror_all(&mut mirror);
             self.send_data(to, kind, op, seq, data)?;
             return self.recv_kind(kind, (op, seq), from, expect, sink);
         };
@@ -310,14 +340,19 @@ impl Mesh {
         if st.partial.is_some() || queued {
             // Part of what `from` sent was moved to the inbox already: one after the other.
             drop(st);
+            mirror_all(&mut mirror);
             self.send_data(to, kind, op, seq, data)?;
             return self.recv_kind(kind, (op, seq), from, expect, sink);
         }
         let tx = out.tx.lock().unwrap_or_else(|p| p.into_inner());
         let (h, by_ref) = self.header_for(&tx, out, kind, op, seq, data);
-        let bytes = if let Data::Bytes(b) = data { b } else { &[] };
+        if by_ref.is_some() {
+            mirror_all(&mut mirror);
+        }
         let parts = [&h[..], by_ref.as_ref().map_or(bytes, |b| &b[..])];
         let mut w = shm::Writing::new(&parts);
+        // Payload bytes copied to the mirror so far.
+        let mut mirrored = 0;
         let mut hdr = [0u8; HEADER];
         let (mut hdone, mut body, mut bdone) = (0usize, None::<Hdr>, 0usize);
         let what =
@@ -327,6 +362,13 @@ impl Mesh {
             let rx = &st.rx;
             loop {
                 let mut progressed = !w.done() && tx.write_some(&mut w);
+                if let Some(m) = mirror.as_deref_mut() {
+                    let upto = w.written().saturating_sub(HEADER).min(bytes.len());
+                    if upto > mirrored {
+                        crate::shm::copy(&mut m[mirrored..upto], &bytes[mirrored..upto]);
+                        mirrored = upto;
+                    }
+                }
                 let received = match body {
                     None => {
                         let d = rx.read_some(hdone, HEADER, &mut |at, b| hdr[at..at + b.len()].copy_from_slice(b));
