@@ -91,28 +91,17 @@ impl Coll<'_> {
             crate::shm::copy(&mut dst[at..at + b.len()], b)
         })
     }
-    /// [`Coll::exchange`] that also copies `out` into `mirror` as it goes.
-    fn exchange_mirrored(
-        &self,
-        to: usize,
-        out: &[u8],
-        mirror: &mut [u8],
-        from: usize,
-        incoming: usize,
-        sink: &mut dyn FnMut(usize, &[u8]),
-    ) -> Result<()> {
-        self.mesh.exchange_mirrored((self.op, self.seq), to, out, mirror, from, incoming, sink)
-    }
-    /// Send `out` to `to` while receiving `incoming` bytes from `from` into `sink`.
+    /// Send `out` to `to` while receiving `incoming` bytes from `from` into `sink`; with
+    /// `mirror`, also copy `out` into it as it goes ([`Mesh::exchange`]).
     fn exchange(
         &self,
         to: usize,
-        out: &[u8],
+        (out, mirror): (&[u8], Option<&mut [u8]>),
         from: usize,
         incoming: usize,
         sink: &mut dyn FnMut(usize, &[u8]),
     ) -> Result<()> {
-        self.mesh.exchange((self.op, self.seq), to, out, from, incoming, sink)
+        self.mesh.exchange((self.op, self.seq), to, out, mirror, from, incoming, sink)
     }
     /// Receive `acc.len()` bytes from `peer`, reducing them into `acc` as they arrive.
     fn recv_reduce(&self, peer: usize, acc: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
@@ -138,20 +127,16 @@ pub(crate) fn chunks(count: usize, n: usize) -> Vec<(usize, usize)> {
 
 /// `data[a]` to read and `data[b]` to write, two ranges that do not overlap.
 fn disjoint(data: &mut [u8], a: std::ops::Range<usize>, b: std::ops::Range<usize>) -> (&[u8], &mut [u8]) {
-    debug_assert!(a.end <= b.start || b.end <= a.start);
-    if a.start < b.start {
-        let (lo, hi) = data.split_at_mut(b.start);
-        (&lo[a], &mut hi[..b.end - b.start])
-    } else {
-        let (lo, hi) = data.split_at_mut(a.start);
-        (&hi[..a.end - a.start], &mut lo[b])
-    }
+    let (a, b) = two_mut(data, a, b);
+    (a, b)
 }
 
 fn byte_range(c: (usize, usize), esize: usize) -> std::ops::Range<usize> {
     c.0 * esize..(c.0 + c.1) * esize
 }
 
+/// all_reduce of `data`: whole buffers exchanged up to the tuning's size, ring
+/// reduce-scatter + all-gather above it.
 ///
 /// `src`: this rank's input, when it is not `data` already (out of place). The ring then
 /// reads it where it is needed, a piece at a time, instead of copying all of it first: a
@@ -241,7 +226,7 @@ fn ring_reduce_scatter(
             _ => out,
         };
         let own = src.map(|src| &src[byte_range(recv_c, es)]);
-        cx.exchange(right, out, left, acc.len(), &mut |at, b| {
+        cx.exchange(right, (out, None), left, acc.len(), &mut |at, b| {
             let r = at..at + b.len();
             fold_piece(&mut acc[r.clone()], own.map(|o| &o[r]), b, dtype, op)
         })?;
@@ -275,13 +260,15 @@ fn ring_all_gather(cx: &Coll<'_>, data: &mut [u8], src: Option<&[u8]>, es: usize
         match src {
             Some(src) if s == 0 => {
                 let (own, dst) = two_mut(data, byte_range(send_c, es), byte_range(recv_c, es));
-                cx.exchange_mirrored(right, src, own, left, dst.len(), &mut |at, b| {
+                cx.exchange(right, (src, Some(own)), left, dst.len(), &mut |at, b| {
                     crate::shm::copy(&mut dst[at..at + b.len()], b)
                 })?;
             }
             _ => {
                 let (out, dst) = disjoint(data, byte_range(send_c, es), byte_range(recv_c, es));
-                cx.exchange(right, out, left, dst.len(), &mut |at, b| crate::shm::copy(&mut dst[at..at + b.len()], b))?;
+                cx.exchange(right, (out, None), left, dst.len(), &mut |at, b| {
+                    crate::shm::copy(&mut dst[at..at + b.len()], b)
+                })?;
             }
         }
     }
@@ -410,7 +397,7 @@ pub(crate) fn reduce_scatter(
             let to_send: &[u8] = if s == 0 { parts.other(send_i, me, c) } else { sent };
             let (dst, own): (&mut [u8], Option<&[u8]>) =
                 if s == n - 2 { (&mut *out, parts.own) } else { (&mut *fold, Some(parts.other(recv_i, me, c))) };
-            cx.exchange(right, to_send, left, c, &mut |at, b| {
+            cx.exchange(right, (to_send, None), left, c, &mut |at, b| {
                 let r = at..at + b.len();
                 fold_piece(&mut dst[r.clone()], own.map(|o| &o[r]), b, dtype, op)
             })?;
@@ -464,7 +451,7 @@ pub(crate) fn all_to_all(
     for k in 1..n {
         let (to, from) = ((me + k) % n, (me + n - k) % n);
         let dst = &mut recv[ro[from]..ro[from] + recv_bytes[from]];
-        cx.exchange(to, &send[so[to]..so[to] + send_bytes[to]], from, dst.len(), &mut |at, b| {
+        cx.exchange(to, (&send[so[to]..so[to] + send_bytes[to]], None), from, dst.len(), &mut |at, b| {
             crate::shm::copy(&mut dst[at..at + b.len()], b)
         })?;
     }

@@ -222,36 +222,21 @@ impl Mesh {
     /// Send `data` to `to` and receive an `expect`-byte message from `from` into `sink`, both
     /// collective message `op` number `seq`, at once: between peers of this host the two
     /// streams advance together, a piece at a time, so neither waits for the other to finish
-    /// (and nothing is buffered on the way, whatever the size).
-    #[allow(clippy::too_many_arguments)] // the two halves of one step
+    /// (and nothing is buffered on the way, whatever the size). `mirror` (of `data`'s length)
+    /// gets a copy of `data`: between peers of this host a piece at a time as it goes into
+    /// the ring, while it is in cache, so `data` is read once for both.
+    #[allow(clippy::too_many_arguments)] // the two halves of one step, and the copy
     pub(crate) fn exchange(
         &self,
         (op, seq): (u8, u64),
         to: usize,
         data: &[u8],
+        mirror: Option<&mut [u8]>,
         from: usize,
         expect: usize,
         sink: &mut dyn FnMut(usize, &[u8]),
     ) -> Result<()> {
-        self.exchange_kind(Kind::Coll, (op, seq), to, Data::Bytes(data), None, from, expect, &mut Sink::With(sink))
-    }
-
-    /// [`Mesh::exchange`] that also copies `data` into `mirror` (of its length): between
-    /// peers of this host a piece at a time as it goes into the ring, while it is in cache,
-    /// so `data` is read once for both.
-    #[allow(clippy::too_many_arguments)] // the two halves of one step, and the copy
-    pub(crate) fn exchange_mirrored(
-        &self,
-        (op, seq): (u8, u64),
-        to: usize,
-        data: &[u8],
-        mirror: &mut [u8],
-        from: usize,
-        expect: usize,
-        sink: &mut dyn FnMut(usize, &[u8]),
-    ) -> Result<()> {
-        let d = Data::Bytes(data);
-        self.exchange_kind(Kind::Coll, (op, seq), to, d, Some(mirror), from, expect, &mut Sink::With(sink))
+        self.exchange_kind(Kind::Coll, (op, seq), to, Data::Bytes(data), mirror, from, expect, &mut Sink::With(sink))
     }
 
     /// Whether a message of `kind` and `len` bytes on `tx` goes by reference (the peer
