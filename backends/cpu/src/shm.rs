@@ -14,6 +14,13 @@
 //!
 //! The byte stream in a ring is the same framing the TCP transport uses; every message is
 //! padded to 8 bytes, so every piece a reader sees starts 8-byte aligned.
+//!
+//! **Restarts.** A writer that finds its ring empty past the first [`restart_at`] bytes
+//! starts again at the ring's first byte: the stream position jumps to the next multiple of
+//! the capacity, and the position it left is recorded for the reader (which jumps too when
+//! it reaches it). Small messages thus cycle through the same few warm pages instead of
+//! walking the whole ring, whose pages would otherwise fault in one at a time as the first
+//! lap of messages passes (a few microseconds a page, shared between both mappings).
 #![allow(unsafe_code)]
 
 use anyccl_core::Error;
@@ -48,6 +55,9 @@ struct Side {
     /// Reader's side: 1 when the reader may read the writer's memory
     /// (`process_vm_readv`), so the writer may send large messages by reference.
     by_ref: AtomicU32,
+    /// Writer's side: the position of the last restart (the stream continues at the next
+    /// multiple of the capacity); written before the head that follows it is published.
+    restart: AtomicU64,
 }
 
 /// A value alone in its cache-line pair (no false sharing with its neighbours).
@@ -211,11 +221,32 @@ struct RingPtr {
     cap: usize,
 }
 
+/// The ring offset from which a writer that finds its ring empty starts again at offset 0:
+/// a quarter of the ring, at most 64 KiB (a small message's working set stays in a few
+/// pages and in the cache; a 4 KiB test ring restarts every kilobyte, so the conformance
+/// suite runs the restarts all the time).
+pub(crate) fn restart_at(cap: usize) -> u64 {
+    (cap / 4).clamp(8, 64 << 10) as u64
+}
+
 impl RingPtr {
     fn ctl(&self) -> &Ctl {
         // SAFETY: `ctl` points into a live mapping (the ring's owner keeps the segment) and
         // the control block is only ever accessed through atomics.
         unsafe { &*self.ctl }
+    }
+
+    /// Where the reader at `pos` really is: past the restart that the writer made at `pos`
+    /// (recorded before the head beyond it was published), if any. Restarts are made only
+    /// at positions the reader had reached and only move forward, so an older record never
+    /// equals the reader's position.
+    fn resume(&self, pos: u64) -> u64 {
+        let cap = self.cap as u64;
+        if pos % cap >= restart_at(self.cap) && self.ctl().writer.restart.load(Ordering::Acquire) == pos {
+            pos.next_multiple_of(cap)
+        } else {
+            pos
+        }
     }
 }
 
@@ -412,18 +443,22 @@ impl Tx {
         self.ring.ctl().reader.pos.load(Ordering::Acquire)
     }
 
+    /// Free bytes in the ring, the reader's position read now.
+    fn room(&self) -> u64 {
+        let ctl = self.ring.ctl();
+        let tail = self.ring.resume(ctl.reader.pos.load(Ordering::Acquire));
+        self.ring.cap as u64 - (ctl.writer.pos.load(Ordering::Relaxed) - tail)
+    }
+
     /// Whether there is room for a word in the ring.
     pub(crate) fn has_room(&self) -> bool {
-        let ctl = self.ring.ctl();
-        self.ring.cap as u64 - (ctl.writer.pos.load(Ordering::Relaxed) - ctl.reader.pos.load(Ordering::Acquire)) >= 8
+        self.room() >= 8
     }
 
     /// Wait until there is room for a word in the ring.
     pub(crate) fn wait_room(&self, check: Check<'_>) -> Result<(), Error> {
         let ctl = self.ring.ctl();
-        let cap = self.ring.cap as u64;
-        let room = || cap - (ctl.writer.pos.load(Ordering::Relaxed) - ctl.reader.pos.load(Ordering::Acquire)) >= 8;
-        wait_until(self.patience, &ctl.reader.bell, &ctl.writer.sleeping, room, check)
+        wait_until(self.patience, &ctl.reader.bell, &ctl.writer.sleeping, || self.has_room(), check)
     }
 
     /// Without waiting: write as much of the message as there is room for (whole words).
@@ -433,9 +468,20 @@ impl Tx {
         let cap = self.ring.cap as u64;
         let mut head = ctl.writer.pos.load(Ordering::Relaxed);
         let want = w.left.min(PIECE);
+        if want > 0 && head % cap >= restart_at(self.ring.cap) {
+            // Past the warm start of the ring: if the reader has taken everything, start
+            // again at offset 0, recorded before the head that follows is published below
+            // (there is room for at least a word then, so this call publishes one).
+            self.tail_seen.set(self.ring.resume(ctl.reader.pos.load(Ordering::Acquire)));
+            if self.tail_seen.get() == head {
+                ctl.writer.restart.store(head, Ordering::Relaxed);
+                head = head.next_multiple_of(cap);
+                self.tail_seen.set(head);
+            }
+        }
         let mut room = (cap - (head - self.tail_seen.get())) as usize;
         if room < want {
-            self.tail_seen.set(ctl.reader.pos.load(Ordering::Acquire));
+            self.tail_seen.set(self.ring.resume(ctl.reader.pos.load(Ordering::Acquire)));
             room = (cap - (head - self.tail_seen.get())) as usize;
         }
         let mut n = room.min(want) & !7;
@@ -552,7 +598,13 @@ impl Rx {
     /// Unread bytes in the ring.
     pub(crate) fn available(&self) -> u64 {
         let ctl = self.ring.ctl();
-        ctl.writer.pos.load(Ordering::Acquire) - ctl.reader.pos.load(Ordering::Relaxed)
+        let head = ctl.writer.pos.load(Ordering::Acquire);
+        let tail = ctl.reader.pos.load(Ordering::Relaxed);
+        if head == tail {
+            0
+        } else {
+            head - self.ring.resume(tail)
+        }
     }
 
     /// Wait until at least `n` bytes (at most the ring's capacity) are unread.
@@ -585,7 +637,8 @@ impl Rx {
         let ctl = self.ring.ctl();
         let cap = self.ring.cap as u64;
         let avail = self.available();
-        let mut tail = ctl.reader.pos.load(Ordering::Relaxed);
+        // After `available` saw the head: a restart at the reader's position is on record.
+        let mut tail = self.ring.resume(ctl.reader.pos.load(Ordering::Relaxed));
         let mut take = (avail as usize).min(padded.saturating_sub(done));
         if take == 0 {
             return done;
@@ -733,7 +786,64 @@ fn read_direct(pid: i32, addr: usize, dst: &mut [u8]) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests {
-    use super::{copy, copy_to_vec, read_remote, slow_offset};
+    use super::{copy, copy_to_vec, link, read_remote, restart_at, slow_offset, Layout, Patience, Segment};
+    use std::sync::atomic::Ordering;
+    use std::sync::Arc;
+
+    /// A writer and a reader thread on one ring of 4 KiB: messages of every size from a word
+    /// to twice the ring, sent in bursts (the ring fills) and one at a time (it empties, so
+    /// the writer restarts at offset 0), arrive whole and in order, and the restarts happen.
+    #[test]
+    fn ring_stream_survives_restarts() {
+        let layout = Layout { locals: 2, ring: 4096 };
+        let seg = Arc::new(Segment::create(layout.segment_bytes()).unwrap());
+        let patience = Patience {
+            spin: std::time::Duration::from_micros(50),
+            yield_for: std::time::Duration::from_micros(500),
+            round: 64,
+        };
+        // Rank 0 writes to the ring that rank 1 reads, both in this one segment.
+        let (tx, _) = link(&seg, &seg, layout, 0, 1, patience);
+        let (_, rx) = link(&seg, &seg, layout, 1, 0, patience);
+        let sizes: Vec<usize> =
+            (0..3000).map(|i| [1, 8, 13, 100, 1024, 1500, 4096, 5000, 8191][i % 9] + i % 7).collect();
+        let msg = |i: usize, n: usize| -> Vec<u8> { (0..n).map(|k| (i * 7 + k * 13) as u8).collect() };
+        let expect = sizes.clone();
+        // Every wait ends within 30 s, so a lost restart fails instead of hanging.
+        let start = std::time::Instant::now();
+        let check = move || -> Result<(), anyccl_core::Error> {
+            match start.elapsed() > std::time::Duration::from_secs(30) {
+                true => Err(anyccl_core::Error::Unavailable { backend: "cpu", reason: "ring test stuck".into() }),
+                false => Ok(()),
+            }
+        };
+        let reader = std::thread::spawn(move || {
+            for (i, &n) in expect.iter().enumerate() {
+                let mut got = vec![0u8; n];
+                rx.read(n, &mut |at, b| got[at..at + b.len()].copy_from_slice(b), &mut { check }).unwrap();
+                assert_eq!(got, msg(i, n), "message {i} of {n} bytes");
+                if i % 10 == 9 {
+                    // A pause now and then: the writer finds the ring empty.
+                    std::thread::sleep(std::time::Duration::from_micros(200));
+                }
+            }
+        });
+        let mut restarts = 0;
+        let mut last = 0;
+        for (i, &n) in sizes.iter().enumerate() {
+            let m = msg(i, n);
+            tx.write(&[&m], &mut { check }).unwrap();
+            let r = tx.ring.ctl().writer.restart.load(Ordering::Relaxed);
+            if r != last {
+                assert!(r % 4096 >= restart_at(4096), "restart at offset {}", r % 4096);
+                restarts += 1;
+                last = r;
+            }
+        }
+        reader.join().unwrap();
+        assert!(restarts > 10, "only {restarts} restarts");
+        assert_eq!(tx.consumed(), tx.ring.ctl().writer.pos.load(Ordering::Relaxed));
+    }
 
     fn bytes(n: usize, salt: u8) -> Vec<u8> {
         (0..n).map(|i| (i as u8).wrapping_mul(31).wrapping_add(salt)).collect()
