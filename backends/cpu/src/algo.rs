@@ -181,13 +181,10 @@ pub(crate) fn all_reduce(
         let ch = chunks(count, n);
         ring_reduce_scatter(cx, data, src, dtype, op, &ch)?;
         ring_all_gather(cx, data, None, dtype.size(), &ch)?;
-    } else {
-        if let Some(src) = src {
-            crate::shm::copy(data, src);
-        }
-        if n > 1 {
-            direct_all_reduce(cx, data, dtype, op)?;
-        }
+    } else if n > 1 {
+        direct_all_reduce(cx, data, src, dtype, op)?;
+    } else if let Some(src) = src {
+        crate::shm::copy(data, src);
     }
     if op == ReduceOp::Avg {
         finish_avg(data, dtype, n);
@@ -197,12 +194,14 @@ pub(crate) fn all_reduce(
 
 /// Every rank sends its whole buffer to every other and folds all of them in rank order
 /// (the same order on every rank, so the results are bit-identical), each as it arrives.
-fn direct_all_reduce(cx: &Coll<'_>, data: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
+/// Out of place (`src`), the input is sent and folded where it is, never copied first.
+fn direct_all_reduce(cx: &Coll<'_>, data: &mut [u8], src: Option<&[u8]>, dtype: DType, op: ReduceOp) -> Result<()> {
     let (n, me) = (cx.size(), cx.rank());
+    let input = src.unwrap_or(data);
     for k in 1..n {
-        cx.send((me + k) % n, data)?;
+        cx.send((me + k) % n, input)?;
     }
-    fold_in_rank_order(cx, data, None, dtype, op)
+    fold_in_rank_order(cx, data, src, dtype, op)
 }
 
 /// Replace `data` (this rank's contribution) by every rank's, received from the others,
@@ -211,9 +210,16 @@ fn direct_all_reduce(cx: &Coll<'_>, data: &mut [u8], dtype: DType, op: ReduceOp)
 /// `src`: this rank's contribution when it is not in `data` (out of place).
 fn fold_in_rank_order(cx: &Coll<'_>, data: &mut [u8], src: Option<&[u8]>, dtype: DType, op: ReduceOp) -> Result<()> {
     let (n, me) = (cx.size(), cx.rank());
-    // This rank's contribution, kept aside unless it is first (rank 0) or lies elsewhere.
-    let kept = (me != 0 && src.is_none()).then(|| data.to_vec());
-    let mine = src.or(kept.as_deref());
+    // This rank's contribution, kept aside unless it is first (rank 0) or lies elsewhere: on
+    // the stack up to the default direct size (the smallest, latency-bound calls), in words
+    // so that every element type is aligned for the reduction.
+    let len = data.len();
+    let kept = (me != 0 && src.is_none()).then(|| {
+        let mut v = smallvec::SmallVec::<[u64; DIRECT_MAX / 8]>::from_elem(0, len.div_ceil(8));
+        bytemuck::cast_slice_mut::<u64, u8>(&mut v)[..len].copy_from_slice(data);
+        v
+    });
+    let mine = src.or(kept.as_ref().map(|v| &bytemuck::cast_slice::<u64, u8>(v)[..len]));
     if me != 0 {
         cx.recv_into(0, data)?;
     } else if let Some(src) = src {
