@@ -2,7 +2,6 @@
 //! their state, for a dump when something hangs.
 
 use crate::dtype::DType;
-use std::collections::VecDeque;
 use std::fmt::Write as _;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -54,11 +53,21 @@ pub struct FlightRecorder {
     entries: Mutex<Ring>,
 }
 
+/// The records, ticket `t` at `records[t % capacity]`: a full ring overwrites its oldest
+/// record in place (a push moves one record, not two).
 #[derive(Debug, Default)]
 struct Ring {
-    records: VecDeque<OpRecord>,
-    /// Records ever pushed: the ticket of `records[i]` is `pushed - len + i`.
+    records: Vec<OpRecord>,
+    /// Records ever pushed: the ring holds tickets `pushed - len .. pushed`.
     pushed: u64,
+}
+
+impl Ring {
+    /// The records, oldest first.
+    fn iter(&self, capacity: usize) -> impl DoubleEndedIterator<Item = &OpRecord> {
+        let first = self.pushed - self.records.len() as u64;
+        (first..self.pushed).map(move |t| &self.records[(t % capacity as u64) as usize])
+    }
 }
 
 /// Names one pushed record, so finishing it is a lookup, not a search (it runs on every
@@ -77,10 +86,12 @@ impl FlightRecorder {
     /// Record a newly enqueued operation.
     pub fn push(&self, rec: OpRecord) -> Ticket {
         let Ok(mut e) = self.entries.lock() else { return Ticket(u64::MAX) };
+        let slot = (e.pushed % self.capacity as u64) as usize;
         if e.records.len() == self.capacity {
-            e.records.pop_front();
+            e.records[slot] = rec;
+        } else {
+            e.records.push(rec);
         }
-        e.records.push_back(rec);
         e.pushed += 1;
         Ticket(e.pushed - 1)
     }
@@ -89,8 +100,11 @@ impl FlightRecorder {
     pub fn finish(&self, ticket: Ticket, state: OpState) {
         if let Ok(mut e) = self.entries.lock() {
             let first = e.pushed - e.records.len() as u64;
-            let Some(i) = ticket.0.checked_sub(first) else { return };
-            if let Some(r) = e.records.get_mut(i as usize) {
+            if !(first..e.pushed).contains(&ticket.0) {
+                return;
+            }
+            let i = (ticket.0 % self.capacity as u64) as usize;
+            if let Some(r) = e.records.get_mut(i) {
                 if r.state == OpState::Pending {
                     r.elapsed = Some(r.started.elapsed());
                     r.state = state;
@@ -101,17 +115,19 @@ impl FlightRecorder {
 
     /// A copy of the recorded operations, oldest first.
     pub fn snapshot(&self) -> Vec<OpRecord> {
-        self.entries.lock().map(|e| e.records.iter().cloned().collect()).unwrap_or_default()
+        self.entries.lock().map(|e| e.iter(self.capacity).cloned().collect()).unwrap_or_default()
     }
 
     /// The newest completed operation of `group` still in the ring: its name, sequence
     /// number and how long ago it finished (for errors: whether a group ever ran).
     pub fn last_completed(&self, group: &str) -> Option<(&'static str, u64, Duration)> {
         let e = self.entries.lock().ok()?;
-        e.records.iter().rev().find(|r| r.state == OpState::Completed && &*r.group == group).map(|r| {
-            let done = r.started + r.elapsed.unwrap_or_default();
-            (r.op, r.seq, done.elapsed())
-        })
+        let found =
+            e.iter(self.capacity).rev().find(|r| r.state == OpState::Completed && &*r.group == group).map(|r| {
+                let done = r.started + r.elapsed.unwrap_or_default();
+                (r.op, r.seq, done.elapsed())
+            });
+        found
     }
 
     /// A human-readable table of the recorded operations, oldest first.
