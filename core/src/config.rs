@@ -454,6 +454,23 @@ pub fn deadline_in(d: Duration) -> Instant {
     now.checked_add(d).or_else(|| now.checked_add(MAX_TIMEOUT * 100)).unwrap_or(now)
 }
 
+/// Bytes written as a whole number with an optional binary suffix: `K`, `M`, `G` (or
+/// `KiB`, `MiB`, `GiB`), either case, as the tools' size flags and the backends' byte
+/// settings take them. `None` when malformed or too large.
+pub fn parse_bytes(s: &str) -> Option<usize> {
+    let s = s.trim();
+    let digits = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let n: usize = s[..digits].parse().ok()?;
+    let shift = match s[digits..].to_ascii_lowercase().as_str() {
+        "" => 0,
+        "k" | "kib" => 10,
+        "m" | "mib" => 20,
+        "g" | "gib" => 30,
+        _ => return None,
+    };
+    n.checked_mul(1 << shift)
+}
+
 /// This process's rank as the launcher's variables give it, for errors raised before
 /// [`LaunchEnv::from_env`] has run or when it failed (0 when unknown).
 pub fn env_rank() -> usize {
@@ -574,7 +591,18 @@ impl CommConfig {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_rank_env;
+    use super::{parse_bytes, parse_rank_env};
+
+    #[test]
+    fn byte_settings_take_binary_suffixes() {
+        assert_eq!(parse_bytes("65536"), Some(65536));
+        assert_eq!(parse_bytes(" 64K "), Some(64 << 10));
+        assert_eq!(parse_bytes("16m"), Some(16 << 20));
+        assert_eq!(parse_bytes("1GiB"), Some(1 << 30));
+        for bad in ["", "K", "1.5M", "-1", "12 M", "4T", "99999999999999999999G"] {
+            assert_eq!(parse_bytes(bad), None, "{bad:?}");
+        }
+    }
 
     #[test]
     fn rank_env_substitutes_the_rank() {

@@ -49,7 +49,7 @@ impl Tuning {
 pub(crate) fn env_bytes(name: &str, default: usize, rank: usize, label: &str) -> Result<usize> {
     match std::env::var(name) {
         Err(_) => Ok(default),
-        Ok(v) => parse_bytes(&v).ok_or_else(|| anyccl_core::Error::InvalidArgument {
+        Ok(v) => anyccl_core::parse_bytes(&v).ok_or_else(|| anyccl_core::Error::InvalidArgument {
             op: "connect",
             arg: "environment",
             rank,
@@ -57,22 +57,6 @@ pub(crate) fn env_bytes(name: &str, default: usize, rank: usize, label: &str) ->
             msg: format!("{name}={v:?} is not a number of bytes (such as 65536, 64K, 16M or 1G)"),
         }),
     }
-}
-
-/// Bytes written as a whole number with an optional binary suffix: `K`, `M`, `G` (or
-/// `KiB`, `MiB`, `GiB`), either case. `None` when malformed or too large.
-pub(crate) fn parse_bytes(s: &str) -> Option<usize> {
-    let s = s.trim();
-    let digits = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let n: usize = s[..digits].parse().ok()?;
-    let shift = match s[digits..].to_ascii_lowercase().as_str() {
-        "" => 0,
-        "k" | "kib" => 10,
-        "m" | "mib" => 20,
-        "g" | "gib" => 30,
-        _ => return None,
-    };
-    n.checked_mul(1 << shift)
 }
 
 /// A whole number (`what` it counts, for the error) from the environment variable `name`
@@ -503,18 +487,7 @@ pub(crate) fn barrier(cx: &Coll<'_>) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::{chunks, parse_bytes};
-
-    #[test]
-    fn byte_settings_take_binary_suffixes() {
-        assert_eq!(parse_bytes("65536"), Some(65536));
-        assert_eq!(parse_bytes(" 64K "), Some(64 << 10));
-        assert_eq!(parse_bytes("16m"), Some(16 << 20));
-        assert_eq!(parse_bytes("1GiB"), Some(1 << 30));
-        for bad in ["", "K", "1.5M", "-1", "12 M", "4T", "99999999999999999999G"] {
-            assert_eq!(parse_bytes(bad), None, "{bad:?}");
-        }
-    }
+    use super::chunks;
 
     #[test]
     fn chunks_cover_everything_once() {

@@ -87,17 +87,11 @@ fn parse_us(s: &str) -> std::result::Result<f64, String> {
 }
 
 fn parse_size(s: &str) -> std::result::Result<usize, String> {
-    let s = s.trim();
-    let (num, mul) = match s.chars().last() {
-        Some('K' | 'k') => (&s[..s.len() - 1], 1 << 10),
-        Some('M' | 'm') => (&s[..s.len() - 1], 1 << 20),
-        Some('G' | 'g') => (&s[..s.len() - 1], 1 << 30),
-        _ => (s, 1),
-    };
-    let n = num.trim().parse::<usize>().map_err(|_| format!("'{s}' is not a size (bytes, with K, M or G)"))?;
-    n.checked_mul(mul)
-        .filter(|&b| b <= MAX_BYTES)
-        .ok_or_else(|| format!("'{s}' is larger than the 64 GiB this tool measures"))
+    match anyccl::parse_bytes(s) {
+        Some(b) if b <= MAX_BYTES => Ok(b),
+        Some(_) => Err(format!("'{s}' is larger than the 64 GiB this tool measures")),
+        None => Err(format!("'{s}' is not a size (bytes, with K, M or G)")),
+    }
 }
 
 /// The largest size a row may have.
