@@ -272,20 +272,13 @@ fn ring_all_gather(cx: &Coll<'_>, data: &mut [u8], src: Option<&[u8]>, es: usize
     for s in 0..n - 1 {
         let send_c = ch[(me + n - s) % n];
         let recv_c = ch[(me + 2 * n - s - 1) % n];
-        match src {
-            Some(src) if s == 0 => {
-                let (own, dst) = two_mut(data, byte_range(send_c, es), byte_range(recv_c, es));
-                cx.exchange(right, (src, Some(own)), left, dst.len(), &mut |at, b| {
-                    crate::shm::copy(&mut dst[at..at + b.len()], b)
-                })?;
-            }
-            _ => {
-                let (out, dst) = disjoint(data, byte_range(send_c, es), byte_range(recv_c, es));
-                cx.exchange(right, (out, None), left, dst.len(), &mut |at, b| {
-                    crate::shm::copy(&mut dst[at..at + b.len()], b)
-                })?;
-            }
-        }
+        let (sent, dst) = two_mut(data, byte_range(send_c, es), byte_range(recv_c, es));
+        // The first step of an out-of-place call sends `src`, filling this rank's chunk.
+        let out: (&[u8], Option<&mut [u8]>) = match src {
+            Some(src) if s == 0 => (src, Some(sent)),
+            _ => (sent, None),
+        };
+        cx.exchange(right, out, left, dst.len(), &mut |at, b| crate::shm::copy(&mut dst[at..at + b.len()], b))?;
     }
     Ok(())
 }
