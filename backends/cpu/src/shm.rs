@@ -23,10 +23,17 @@
 //! lap of messages passes (a few microseconds a page, shared between both mappings).
 #![allow(unsafe_code)]
 
+mod copy;
+mod wait;
+
+pub(crate) use copy::{copy, copy_to_vec, read_remote};
+use wait::{futex_wake, sleep_until, spin_then_yield, wait_until};
+pub(crate) use wait::{Check, Patience};
+
 use anyccl_core::Error;
 use std::ffi::CString;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Bytes of a ring's control block (two sides of two cache-line pairs each).
 const CTL: usize = 512;
@@ -97,7 +104,7 @@ impl std::fmt::Debug for Segment {
     }
 }
 
-fn os_err(what: &str) -> String {
+pub(super) fn os_err(what: &str) -> String {
     format!("{what}: {}", std::io::Error::last_os_error())
 }
 
@@ -247,121 +254,6 @@ impl RingPtr {
         } else {
             pos
         }
-    }
-}
-
-/// What a waiting loop hears from its caller between waits.
-pub(crate) type Check<'a> = &'a mut dyn FnMut() -> Result<(), Error>;
-
-/// How long to spin and yield before sleeping.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Patience {
-    spin: Duration,
-    yield_for: Duration,
-    /// Looks at the condition between clock reads (and, past the spin, between yields).
-    round: u32,
-}
-
-impl Patience {
-    /// Ranks of one host beyond its cores must not spin: they would take the core from the
-    /// rank they wait for. `setting(name, default)` reads an override (a whole number).
-    pub(crate) fn for_host<E>(locals: usize, setting: impl Fn(&str, usize) -> Result<usize, E>) -> Result<Patience, E> {
-        let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
-        let (spin, yield_for, round) = if locals <= cores { (50, 500, 64) } else { (1, 200, 4) };
-        let us = |name: &str, default: usize| setting(name, default).map(|v| Duration::from_micros(v as u64));
-        Ok(Patience {
-            spin: us("ANYCCL_CPU_SPIN_US", spin)?,
-            yield_for: us("ANYCCL_CPU_YIELD_US", yield_for)?,
-            round: setting("ANYCCL_CPU_ROUND", round)?.clamp(1, 1 << 16) as u32,
-        })
-    }
-}
-
-/// Spin, then yield, until `ready()` holds (`Ok(true)`) or the patience is spent
-/// (`Ok(false)`: time to sleep); `check` runs every few rounds.
-fn spin_then_yield(patience: Patience, ready: &mut impl FnMut() -> bool, check: Check<'_>) -> Result<bool, Error> {
-    if ready() {
-        return Ok(true);
-    }
-    // The clock is read from the end of the first round on: a message that arrives within
-    // it (the usual case between ranks in step) costs no clock read.
-    let mut start: Option<Instant> = None;
-    let mut i = 0u32;
-    loop {
-        for _ in 0..patience.round {
-            std::hint::spin_loop();
-            if ready() {
-                return Ok(true);
-            }
-        }
-        i += 1;
-        if i.is_multiple_of(16) {
-            check()?;
-        }
-        let spent = start.get_or_insert_with(Instant::now).elapsed();
-        if spent < patience.spin {
-            continue;
-        }
-        if spent < patience.spin + patience.yield_for {
-            std::thread::yield_now();
-            continue;
-        }
-        return Ok(false);
-    }
-}
-
-/// Sleep on `bell` (with `sleeping` raised, so that the other side rings it) until `ready()`
-/// holds, at most `nap` at a time; `check` runs before each sleep.
-fn sleep_until(
-    bell: &AtomicU32,
-    sleeping: &AtomicU32,
-    nap: Duration,
-    ready: &mut impl FnMut() -> bool,
-    check: Check<'_>,
-) -> Result<(), Error> {
-    loop {
-        check()?;
-        let seen = bell.load(Ordering::SeqCst);
-        sleeping.store(1, Ordering::SeqCst);
-        if !ready() {
-            futex_wait(bell, seen, nap);
-        }
-        sleeping.store(0, Ordering::SeqCst);
-        if ready() {
-            return Ok(());
-        }
-    }
-}
-
-/// Wait until `ready()` holds, spinning, then yielding, then sleeping on `bell` with
-/// `sleeping` raised; `check` runs between sleeps and every few yields.
-fn wait_until(
-    patience: Patience,
-    bell: &AtomicU32,
-    sleeping: &AtomicU32,
-    mut ready: impl FnMut() -> bool,
-    check: Check<'_>,
-) -> Result<(), Error> {
-    if spin_then_yield(patience, &mut ready, check)? {
-        return Ok(());
-    }
-    sleep_until(bell, sleeping, Duration::from_millis(2), &mut ready, check)
-}
-
-fn futex_wait(word: &AtomicU32, expect: u32, timeout: Duration) {
-    let ts = libc::timespec { tv_sec: timeout.as_secs() as libc::time_t, tv_nsec: timeout.subsec_nanos() as _ };
-    // SAFETY: `word` is a valid, aligned u32 in a shared mapping (not a private futex, so
-    // waiters and wakers of other processes meet); the timeout is a valid timespec.
-    unsafe {
-        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAIT, expect, &ts as *const libc::timespec);
-    }
-}
-
-fn futex_wake(word: &AtomicU32) {
-    word.fetch_add(1, Ordering::SeqCst);
-    // SAFETY: `word` is a valid, aligned u32 in a shared mapping.
-    unsafe {
-        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX);
     }
 }
 
@@ -680,113 +572,9 @@ pub(crate) fn host_id(rank: usize, split: Option<usize>) -> String {
     id.replace(' ', "_")
 }
 
-/// Whether a copy to `dst` from `src` is one that the string-move instruction (`rep movsb`,
-/// used by the C library's `memcpy` from a few KiB up and by the kernel's copies between
-/// processes) runs many times slower than usual: on several AMD cores, when the
-/// destination sits 1 to 63 bytes past the source modulo a page. Measured here at 128 KiB:
-/// 1.5 GB/s instead of 27 (memcpy), and 1.4 instead of 9 (`process_vm_readv`).
-pub(crate) fn slow_offset(dst: usize, src: usize) -> bool {
-    (1..64).contains(&(dst.wrapping_sub(src) & 0xfff))
-}
-
-/// `dst.copy_from_slice(src)` (which it is, except where [`slow_offset`] holds: then a
-/// vector loop that does not use the string-move instruction).
-///
-/// # Panics
-/// If the lengths differ (a programming error, as for `copy_from_slice`).
-pub(crate) fn copy(dst: &mut [u8], src: &[u8]) {
-    assert_eq!(dst.len(), src.len(), "copy between buffers of different lengths");
-    if src.len() < 2048 || !slow_offset(dst.as_ptr() as usize, src.as_ptr() as usize) {
-        dst.copy_from_slice(src);
-        return;
-    }
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_storeu_si128};
-        let (n, s, d) = (src.len(), src.as_ptr(), dst.as_mut_ptr());
-        let mut i = 0;
-        while i + 64 <= n {
-            // SAFETY: `i + 64 <= n`, the length of both slices, so the four 16-byte loads and
-            // stores stay inside them (unaligned accesses); `&[u8]` and `&mut [u8]` never
-            // overlap. SSE2 is part of every x86_64 target.
-            unsafe {
-                let a = _mm_loadu_si128(s.add(i).cast::<__m128i>());
-                let b = _mm_loadu_si128(s.add(i + 16).cast::<__m128i>());
-                let c = _mm_loadu_si128(s.add(i + 32).cast::<__m128i>());
-                let e = _mm_loadu_si128(s.add(i + 48).cast::<__m128i>());
-                _mm_storeu_si128(d.add(i).cast::<__m128i>(), a);
-                _mm_storeu_si128(d.add(i + 16).cast::<__m128i>(), b);
-                _mm_storeu_si128(d.add(i + 32).cast::<__m128i>(), c);
-                _mm_storeu_si128(d.add(i + 48).cast::<__m128i>(), e);
-            }
-            i += 64;
-        }
-        dst[i..].copy_from_slice(&src[i..]);
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    dst.copy_from_slice(src);
-}
-
-/// A copy of `src` in `v` (cleared first), through [`copy`].
-pub(crate) fn copy_to_vec(v: &mut Vec<u8>, src: &[u8]) {
-    v.clear();
-    v.reserve(src.len());
-    let spare = &mut v.spare_capacity_mut()[..src.len()];
-    // SAFETY: `MaybeUninit<u8>` and `u8` have the same layout, and the bytes are only
-    // written here (by `copy`) before being read.
-    let dst = unsafe { std::slice::from_raw_parts_mut(spare.as_mut_ptr().cast::<u8>(), src.len()) };
-    copy(dst, src);
-    // SAFETY: the first `src.len()` bytes of the spare capacity were initialised above.
-    unsafe { v.set_len(src.len()) };
-}
-
-/// Copy `dst.len()` bytes from address `addr` of process `pid` (a single copy between
-/// processes, `process_vm_readv`). Where the kernel's copy would be slow ([`slow_offset`]),
-/// a piece at a time through a buffer at the source's page offset, then [`copy`].
-pub(crate) fn read_remote(pid: i32, addr: usize, dst: &mut [u8]) -> Result<(), String> {
-    if dst.len() >= 4096 && slow_offset(dst.as_ptr() as usize, addr) {
-        const PIECE: usize = 64 << 10;
-        thread_local! {
-            static BOUNCE: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
-        }
-        return BOUNCE.with(|b| {
-            let mut b = b.borrow_mut();
-            b.resize(PIECE + 4096, 0);
-            let start = (addr.wrapping_sub(b.as_ptr() as usize)) & 0xfff;
-            let mut at = 0;
-            while at < dst.len() {
-                let k = PIECE.min(dst.len() - at);
-                let bounce = &mut b[start..start + k];
-                read_direct(pid, addr + at, bounce)?;
-                copy(&mut dst[at..at + k], bounce);
-                at += k;
-            }
-            Ok(())
-        });
-    }
-    read_direct(pid, addr, dst)
-}
-
-fn read_direct(pid: i32, addr: usize, dst: &mut [u8]) -> Result<(), String> {
-    let mut done = 0;
-    while done < dst.len() {
-        let local = libc::iovec { iov_base: dst[done..].as_mut_ptr().cast(), iov_len: dst.len() - done };
-        let remote = libc::iovec { iov_base: (addr + done) as *mut libc::c_void, iov_len: dst.len() - done };
-        // SAFETY: `local` describes writable memory this function borrows mutably; the remote
-        // range is only read, by the kernel, which checks it against the other process's
-        // mappings and fails instead of faulting.
-        let n = unsafe { libc::process_vm_readv(pid, &local, 1, &remote, 1, 0) };
-        if n <= 0 {
-            return Err(os_err(&format!("process_vm_readv of {} bytes from process {pid}", dst.len() - done)));
-        }
-        done += n as usize;
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
-    use super::{copy, copy_to_vec, link, read_remote, restart_at, slow_offset, Layout, Patience, Segment};
+    use super::{link, restart_at, Layout, Patience, Segment};
     use std::sync::atomic::Ordering;
     use std::sync::Arc;
 
@@ -843,48 +631,5 @@ mod tests {
         reader.join().unwrap();
         assert!(restarts > 10, "only {restarts} restarts");
         assert_eq!(tx.consumed(), tx.ring.ctl().writer.pos.load(Ordering::Relaxed));
-    }
-
-    fn bytes(n: usize, salt: u8) -> Vec<u8> {
-        (0..n).map(|i| (i as u8).wrapping_mul(31).wrapping_add(salt)).collect()
-    }
-
-    /// Every relative page offset between source and destination, around the slow ones, and
-    /// lengths that do not end on a vector: the same bytes as `copy_from_slice`.
-    #[test]
-    fn copy_is_exact_at_every_offset() {
-        let src = bytes(70_000 + 4096, 3);
-        let mut dst = vec![0u8; 70_000 + 8192];
-        for off in (0..130).chain(4000..4096) {
-            for len in [0, 1, 63, 2047, 2048, 4097, 65_537, 70_000] {
-                let s = &src[..len];
-                // A destination `off` bytes past the source modulo a page.
-                let base = (s.as_ptr() as usize).wrapping_sub(dst.as_ptr() as usize).wrapping_add(off) & 0xfff;
-                dst.iter_mut().for_each(|b| *b = 0xAA);
-                copy(&mut dst[base..base + len], s);
-                assert_eq!(&dst[base..base + len], s, "offset {off}, {len} bytes");
-                assert!(dst[..base].iter().chain(&dst[base + len..]).all(|&b| b == 0xAA), "wrote outside at {off}");
-                if len >= 2048 {
-                    assert_eq!(slow_offset(dst[base..].as_ptr() as usize, s.as_ptr() as usize), (1..64).contains(&off));
-                }
-            }
-        }
-        let mut v = Vec::new();
-        copy_to_vec(&mut v, &src);
-        assert_eq!(v, src);
-    }
-
-    /// Reads of this process's own memory (what a lent input costs the worker), through the
-    /// bounce buffer at slow offsets and directly otherwise.
-    #[test]
-    fn read_remote_is_exact_at_slow_offsets() {
-        let src = bytes(300_000, 9);
-        let mut dst = vec![0u8; 300_000 + 8192];
-        for off in [0, 8, 16, 40, 63, 64, 1000] {
-            let base = (src.as_ptr() as usize).wrapping_sub(dst.as_ptr() as usize).wrapping_add(off) & 0xfff;
-            let d = &mut dst[base..base + src.len()];
-            read_remote(std::process::id() as i32, src.as_ptr() as usize, d).unwrap();
-            assert_eq!(d, &src[..], "offset {off}");
-        }
     }
 }

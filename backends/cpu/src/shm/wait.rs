@@ -1,0 +1,126 @@
+//! Waiting on a peer of this host: spin briefly (less when the host's ranks outnumber its
+//! cores), then yield, then sleep on a futex word in the shared segment, hearing the
+//! caller's `check` between looks.
+
+use anyccl_core::Error;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+/// What a waiting loop hears from its caller between waits.
+pub(crate) type Check<'a> = &'a mut dyn FnMut() -> Result<(), Error>;
+
+/// How long to spin and yield before sleeping.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Patience {
+    pub(super) spin: Duration,
+    pub(super) yield_for: Duration,
+    /// Looks at the condition between clock reads (and, past the spin, between yields).
+    pub(super) round: u32,
+}
+
+impl Patience {
+    /// Ranks of one host beyond its cores must not spin: they would take the core from the
+    /// rank they wait for. `setting(name, default)` reads an override (a whole number).
+    pub(crate) fn for_host<E>(locals: usize, setting: impl Fn(&str, usize) -> Result<usize, E>) -> Result<Patience, E> {
+        let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+        let (spin, yield_for, round) = if locals <= cores { (50, 500, 64) } else { (1, 200, 4) };
+        let us = |name: &str, default: usize| setting(name, default).map(|v| Duration::from_micros(v as u64));
+        Ok(Patience {
+            spin: us("ANYCCL_CPU_SPIN_US", spin)?,
+            yield_for: us("ANYCCL_CPU_YIELD_US", yield_for)?,
+            round: setting("ANYCCL_CPU_ROUND", round)?.clamp(1, 1 << 16) as u32,
+        })
+    }
+}
+
+/// Spin, then yield, until `ready()` holds (`Ok(true)`) or the patience is spent
+/// (`Ok(false)`: time to sleep); `check` runs every few rounds.
+pub(super) fn spin_then_yield(
+    patience: Patience,
+    ready: &mut impl FnMut() -> bool,
+    check: Check<'_>,
+) -> Result<bool, Error> {
+    if ready() {
+        return Ok(true);
+    }
+    // The clock is read from the end of the first round on: a message that arrives within
+    // it (the usual case between ranks in step) costs no clock read.
+    let mut start: Option<Instant> = None;
+    let mut i = 0u32;
+    loop {
+        for _ in 0..patience.round {
+            std::hint::spin_loop();
+            if ready() {
+                return Ok(true);
+            }
+        }
+        i += 1;
+        if i.is_multiple_of(16) {
+            check()?;
+        }
+        let spent = start.get_or_insert_with(Instant::now).elapsed();
+        if spent < patience.spin {
+            continue;
+        }
+        if spent < patience.spin + patience.yield_for {
+            std::thread::yield_now();
+            continue;
+        }
+        return Ok(false);
+    }
+}
+
+/// Sleep on `bell` (with `sleeping` raised, so that the other side rings it) until `ready()`
+/// holds, at most `nap` at a time; `check` runs before each sleep.
+pub(super) fn sleep_until(
+    bell: &AtomicU32,
+    sleeping: &AtomicU32,
+    nap: Duration,
+    ready: &mut impl FnMut() -> bool,
+    check: Check<'_>,
+) -> Result<(), Error> {
+    loop {
+        check()?;
+        let seen = bell.load(Ordering::SeqCst);
+        sleeping.store(1, Ordering::SeqCst);
+        if !ready() {
+            futex_wait(bell, seen, nap);
+        }
+        sleeping.store(0, Ordering::SeqCst);
+        if ready() {
+            return Ok(());
+        }
+    }
+}
+
+/// Wait until `ready()` holds, spinning, then yielding, then sleeping on `bell` with
+/// `sleeping` raised; `check` runs between sleeps and every few yields.
+pub(super) fn wait_until(
+    patience: Patience,
+    bell: &AtomicU32,
+    sleeping: &AtomicU32,
+    mut ready: impl FnMut() -> bool,
+    check: Check<'_>,
+) -> Result<(), Error> {
+    if spin_then_yield(patience, &mut ready, check)? {
+        return Ok(());
+    }
+    sleep_until(bell, sleeping, Duration::from_millis(2), &mut ready, check)
+}
+
+pub(super) fn futex_wait(word: &AtomicU32, expect: u32, timeout: Duration) {
+    let ts = libc::timespec { tv_sec: timeout.as_secs() as libc::time_t, tv_nsec: timeout.subsec_nanos() as _ };
+    // SAFETY: `word` is a valid, aligned u32 in a shared mapping (not a private futex, so
+    // waiters and wakers of other processes meet); the timeout is a valid timespec.
+    unsafe {
+        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAIT, expect, &ts as *const libc::timespec);
+    }
+}
+
+pub(super) fn futex_wake(word: &AtomicU32) {
+    word.fetch_add(1, Ordering::SeqCst);
+    // SAFETY: `word` is a valid, aligned u32 in a shared mapping.
+    unsafe {
+        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX);
+    }
+}
