@@ -265,6 +265,10 @@ pub(crate) struct Tx {
     /// The reader's position as last read (at most the real one): the writer reads the
     /// reader's line only when this leaves too little room, not at every message.
     tail_seen: std::cell::Cell<u64>,
+    /// The writer's position, kept here as well: only this end moves it, and the reader's
+    /// polling takes the shared line away between messages (a load of it missed the cache
+    /// at every message).
+    head: std::cell::Cell<u64>,
 }
 
 // SAFETY: the ring's writer side is used by one thread at a time (the caller holds `Tx`
@@ -276,6 +280,9 @@ pub(crate) struct Rx {
     ring: RingPtr,
     _seg: std::sync::Arc<Segment>,
     patience: Patience,
+    /// The reader's position, kept here as well (only this end moves it; the writer reads
+    /// the shared line).
+    tail: std::cell::Cell<u64>,
 }
 
 // SAFETY: as for `Tx`, for the reader side.
@@ -292,8 +299,11 @@ pub(crate) fn link(
 ) -> (Tx, Rx) {
     let ring = peer.ring(layout.offset(me_local), layout.ring);
     let tail_seen = std::cell::Cell::new(ring.ctl().reader.pos.load(Ordering::Acquire));
-    let tx = Tx { ring, _seg: peer.clone(), patience, tail_seen };
-    let rx = Rx { ring: own.ring(layout.offset(peer_local), layout.ring), _seg: own.clone(), patience };
+    let head = std::cell::Cell::new(ring.ctl().writer.pos.load(Ordering::Acquire));
+    let tx = Tx { ring, _seg: peer.clone(), patience, tail_seen, head };
+    let ring = own.ring(layout.offset(peer_local), layout.ring);
+    let tail = std::cell::Cell::new(ring.ctl().reader.pos.load(Ordering::Acquire));
+    let rx = Rx { ring, _seg: own.clone(), patience, tail };
     (tx, rx)
 }
 
@@ -339,7 +349,7 @@ impl Tx {
     fn room(&self) -> u64 {
         let ctl = self.ring.ctl();
         let tail = self.ring.resume(ctl.reader.pos.load(Ordering::Acquire));
-        self.ring.cap as u64 - (ctl.writer.pos.load(Ordering::Relaxed) - tail)
+        self.ring.cap as u64 - (self.head.get() - tail)
     }
 
     /// Whether there is room for a word in the ring.
@@ -358,7 +368,7 @@ impl Tx {
     pub(crate) fn write_some(&self, w: &mut Writing<'_>) -> bool {
         let ctl = self.ring.ctl();
         let cap = self.ring.cap as u64;
-        let mut head = ctl.writer.pos.load(Ordering::Relaxed);
+        let mut head = self.head.get();
         let want = w.left.min(PIECE);
         if want > 0 && head % cap >= restart_at(self.ring.cap) {
             // Past the warm start of the ring: if the reader has taken everything, start
@@ -413,6 +423,7 @@ impl Tx {
             head += contiguous as u64;
             n -= contiguous;
         }
+        self.head.set(head);
         ctl.writer.pos.store(head, Ordering::SeqCst);
         if ctl.reader.sleeping.load(Ordering::SeqCst) != 0 {
             futex_wake(&ctl.writer.bell);
@@ -484,14 +495,14 @@ impl Rx {
 
     /// Bytes this reader has consumed since the start.
     pub(crate) fn consumed(&self) -> u64 {
-        self.ring.ctl().reader.pos.load(Ordering::Relaxed)
+        self.tail.get()
     }
 
     /// Unread bytes in the ring.
     pub(crate) fn available(&self) -> u64 {
         let ctl = self.ring.ctl();
         let head = ctl.writer.pos.load(Ordering::Acquire);
-        let tail = ctl.reader.pos.load(Ordering::Relaxed);
+        let tail = self.tail.get();
         if head == tail {
             0
         } else {
@@ -530,7 +541,7 @@ impl Rx {
         let cap = self.ring.cap as u64;
         let avail = self.available();
         // After `available` saw the head: a restart at the reader's position is on record.
-        let mut tail = self.ring.resume(ctl.reader.pos.load(Ordering::Relaxed));
+        let mut tail = self.ring.resume(self.tail.get());
         let mut take = (avail as usize).min(padded.saturating_sub(done));
         if take == 0 {
             return done;
@@ -550,6 +561,7 @@ impl Rx {
             tail += contiguous as u64;
             take -= contiguous;
         }
+        self.tail.set(tail);
         ctl.reader.pos.store(tail, Ordering::SeqCst);
         if ctl.writer.sleeping.load(Ordering::SeqCst) != 0 {
             futex_wake(&ctl.reader.bell);
