@@ -96,6 +96,12 @@ impl Collective for Faulty {
     fn memory_held(&self) -> Option<u64> {
         self.inner.memory_held()
     }
+    fn register(&self, buf: Buf<'_>) -> Result<Option<anyccl_core::RegHandle>> {
+        self.inner.register(buf)
+    }
+    fn deregister(&self, handle: anyccl_core::RegHandle) -> Result<()> {
+        self.inner.deregister(handle)
+    }
     fn wait_stream(&self, stream: anyccl_core::StreamRef<'_>) -> Result<()> {
         self.inner.wait_stream(stream)
     }

@@ -98,5 +98,6 @@ pub fn all_cases() -> Vec<Case> {
     crate::cases::errors::register(&mut v);
     crate::cases::lifecycle::register(&mut v);
     crate::cases::warmup::register(&mut v);
+    crate::cases::register::register(&mut v);
     v
 }

@@ -53,6 +53,9 @@ pub struct Capabilities {
     /// The library takes per-communicator thread-block settings (`CommConfig::min_ctas`,
     /// `max_ctas`, `cga_cluster_size`); elsewhere connecting with one set is refused.
     pub cta_settings: bool,
+    /// Buffers can be registered with a communicator (`Communicator::register`), letting the
+    /// library skip its staging copies; elsewhere registering succeeds and does nothing.
+    pub buffer_registration: bool,
 }
 
 impl Capabilities {

@@ -12,6 +12,11 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// A library's handle for a registered buffer ([`Collective::register`]): an address-sized
+/// value only the backend that issued it interprets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RegHandle(pub usize);
+
 /// Who a backend communicator is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CommInfo {
@@ -157,6 +162,23 @@ pub trait Collective: Send + Sync + fmt::Debug + 'static {
             op: "enqueue",
             what: "operations in stream order only".into(),
         })
+    }
+
+    /// Register the memory `buf` views with the communicator, so the library may move data
+    /// to and from it without its own staging copies (NCCL's `ncclCommRegister`, HCCL's
+    /// `HcclCommRegister`); `Capabilities::buffer_registration`. Returns the library's handle,
+    /// `None` where the backend has nothing to register. The Communicator validated the
+    /// buffer and keeps it allocated until [`Collective::deregister`].
+    fn register(&self, buf: Buf<'_>) -> Result<Option<RegHandle>> {
+        let _ = buf;
+        Ok(None)
+    }
+
+    /// Undo a [`Collective::register`] (a no-op once the communicator is freed: the library
+    /// drops its registrations with it).
+    fn deregister(&self, handle: RegHandle) -> Result<()> {
+        let _ = handle;
+        Ok(())
     }
 
     /// Report an asynchronous failure of the communicator, if any (`Ok` when healthy).

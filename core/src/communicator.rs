@@ -16,6 +16,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod helpers;
+mod register;
+pub use register::Registered;
 mod streams;
 pub use streams::Captured;
 mod validate;

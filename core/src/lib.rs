@@ -48,9 +48,9 @@ mod work;
 pub use buffer::{overlaps, Buf, BufMut, Device, DeviceKind, StreamRef};
 pub use capability::Capabilities;
 pub use collective::{
-    abort_all, AllToAllSplits, Backend, BackendInfo, Collective, CommInfo, ConnectOptions, GraphOp, P2POp,
+    abort_all, AllToAllSplits, Backend, BackendInfo, Collective, CommInfo, ConnectOptions, GraphOp, P2POp, RegHandle,
 };
-pub use communicator::{stable_hash, Captured, Communicator, OpSignature};
+pub use communicator::{stable_hash, Captured, Communicator, OpSignature, Registered};
 pub use config::{deadline_in, env_rank, env_secs, env_world_size, parse_bytes, CommConfig, LaunchEnv, MAX_TIMEOUT};
 pub use dtype::{DType, Element, ReduceOp};
 pub use error::{Error, Recovery, Result};

@@ -38,6 +38,15 @@ pub trait Platform: Send + Sync + fmt::Debug {
     /// # Errors
     /// `Backend` (out of memory or a driver error).
     fn alloc(&self, dtype: DType, count: usize) -> Result<Box<dyn DeviceMemory>>;
+    /// `count` zeroed elements of `dtype` allocated the way the collective library registers
+    /// best ([`crate::Communicator::register`]; NCCL: `ncclMemAlloc`, which the library's
+    /// zero-copy paths need); plain [`Platform::alloc`] where there is no such way.
+    ///
+    /// # Errors
+    /// As [`Platform::alloc`].
+    fn alloc_registrable(&self, dtype: DType, count: usize) -> Result<Box<dyn DeviceMemory>> {
+        self.alloc(dtype, count)
+    }
     /// Copy `src` into the whole of `dst` (lengths must match).
     ///
     /// # Errors

@@ -92,6 +92,9 @@ pub fn cpu_capabilities() -> Capabilities {
         graphs: false,
         streams: false,
         cta_settings: false,
+        // Ranks of a host copy through shared memory or read each other's memory directly:
+        // there is nothing to register.
+        buffer_registration: false,
         detects_peer_failure: true,
         first_call_may_block: false,
         detects_mismatch: true,

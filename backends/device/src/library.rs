@@ -305,4 +305,27 @@ pub trait Library: Send + Sync + fmt::Debug + 'static {
     fn destroy(&self, comm: &Self::Comm);
     /// Device memory the communicator holds, where the library can say.
     fn memory_held(&self, comm: &Self::Comm) -> Option<u64>;
+    /// Register `bytes` bytes of device memory at `ptr` with the communicator (NCCL's
+    /// `ncclCommRegister`, HCCL's `HcclCommRegister`): the library's handle, or `None` where
+    /// the library has no registration (`Capabilities::buffer_registration` false). The
+    /// device is current.
+    ///
+    /// # Safety
+    /// `ptr` addresses `bytes` bytes of the communicator's device that stay allocated until
+    /// [`Library::deregister`] or the communicator's destroy.
+    ///
+    /// # Errors
+    /// The library's.
+    unsafe fn register(&self, comm: &Self::Comm, ptr: *mut c_void, bytes: usize) -> Result<Option<usize>, LibError> {
+        let _ = (comm, ptr, bytes);
+        Ok(None)
+    }
+    /// Undo a [`Library::register`] that returned `handle`. The device is current.
+    ///
+    /// # Errors
+    /// The library's.
+    fn deregister(&self, comm: &Self::Comm, handle: usize) -> Result<(), LibError> {
+        let _ = (comm, handle);
+        Ok(())
+    }
 }

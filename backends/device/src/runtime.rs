@@ -51,6 +51,14 @@ pub trait Runtime: Send + Sync + fmt::Debug + 'static {
     /// # Errors
     /// Out of memory, or another runtime error.
     fn alloc(self: &Arc<Self>, dtype: DType, count: usize) -> Result<Self::Memory>;
+    /// `count` zeroed elements of `dtype` allocated the way the collective library registers
+    /// best (`Platform::alloc_registrable`); [`Runtime::alloc`] where there is no such way.
+    ///
+    /// # Errors
+    /// As [`Runtime::alloc`].
+    fn alloc_registrable(self: &Arc<Self>, dtype: DType, count: usize) -> Result<Self::Memory> {
+        self.alloc(dtype, count)
+    }
     /// Copy `src` to device address `dst`.
     ///
     /// # Safety
@@ -153,6 +161,10 @@ impl<R: Runtime> Platform for DevicePlatform<R> {
     fn alloc(&self, dtype: DType, count: usize) -> Result<Box<dyn DeviceMemory>> {
         self.rt.usable("alloc")?;
         Ok(Box::new(self.rt.alloc(dtype, count)?))
+    }
+    fn alloc_registrable(&self, dtype: DType, count: usize) -> Result<Box<dyn DeviceMemory>> {
+        self.rt.usable("alloc_registrable")?;
+        Ok(Box::new(self.rt.alloc_registrable(dtype, count)?))
     }
     fn copy_from_host(&self, dst: &mut dyn DeviceMemory, src: &[u8]) -> Result<()> {
         let v = dst.view();

@@ -15,7 +15,7 @@ use crate::result::{self as r, HcclError};
 use crate::sys::{self, HcclComm, HcclCommConfig, HcclLib, HcclRootInfo, HcclSendRecvItem};
 use anyccl_core::{Capabilities, DType, DeviceKind, ReduceOp};
 use anyccl_device::{Launched, Library, Op, Plane, Poll, Runtime, Settings, SplitRequest, SplitStart};
-use std::ffi::c_int;
+use std::ffi::{c_int, c_void};
 use std::sync::{mpsc, Arc};
 
 /// `HcclDataType` of an anyccl dtype (HCCL has every one).
@@ -69,6 +69,7 @@ pub fn hccl_capabilities(lib: &HcclLib, devices: usize) -> Capabilities {
         graphs: false,
         streams: false,
         cta_settings: false,
+        buffer_registration: lib.CommRegister.is_some() && lib.CommDeregister.is_some(),
         // Not verified on Ascend hardware: claimed only once measured there.
         detects_peer_failure: false,
         first_call_may_block: true,
@@ -331,5 +332,16 @@ impl Library for HcclLibrary {
 
     fn memory_held(&self, _comm: &HcclHandle) -> Option<u64> {
         None
+    }
+
+    unsafe fn register(&self, comm: &HcclHandle, ptr: *mut c_void, bytes: usize) -> Result<Option<usize>, HcclError> {
+        // SAFETY: a live handle under the device layer's lock; per the caller for the memory.
+        unsafe { r::comm_register(self.lib, comm.0, ptr, bytes) }
+    }
+
+    fn deregister(&self, comm: &HcclHandle, handle: usize) -> Result<(), HcclError> {
+        // SAFETY: a live handle under the device layer's lock; `handle` came from `register`
+        // on it and the device layer deregisters it once.
+        unsafe { r::comm_deregister(self.lib, comm.0, handle) }
     }
 }

@@ -247,6 +247,35 @@ launch_fns! {
     recv => Recv(b: *mut c_void, n: u64, d: c_int, peer: u32);
 }
 
+/// `HcclCommRegister` (flag 0, reserved): the handle, or `None` where the library lacks it.
+///
+/// # Safety
+/// `comm` live and not used concurrently; `ptr` addresses `bytes` bytes of the
+/// communicator's device that stay allocated until deregistered; the device is set.
+pub unsafe fn comm_register(
+    lib: &HcclLib,
+    comm: HcclComm,
+    ptr: *mut c_void,
+    bytes: usize,
+) -> Result<Option<usize>, HcclError> {
+    let (Some(f), Some(_)) = (lib.CommRegister, lib.CommDeregister) else { return Ok(None) };
+    let mut h: *mut c_void = std::ptr::null_mut();
+    // SAFETY: per the caller; `h` is a valid out-parameter.
+    check(lib, "HcclCommRegister", unsafe { f(comm, ptr, bytes as u64, &mut h, 0) })?;
+    Ok(Some(h as usize))
+}
+
+/// `HcclCommDeregister`.
+///
+/// # Safety
+/// `comm` live and not used concurrently; `handle` from [`comm_register`] on it, not
+/// deregistered before.
+pub unsafe fn comm_deregister(lib: &HcclLib, comm: HcclComm, handle: usize) -> Result<(), HcclError> {
+    let Some(f) = lib.CommDeregister else { return Ok(()) };
+    // SAFETY: per the caller.
+    check(lib, "HcclCommDeregister", unsafe { f(comm, handle as *mut c_void) })
+}
+
 /// `HcclBarrier`.
 ///
 /// # Safety

@@ -204,6 +204,10 @@ pub struct HcclLib {
     pub Recv: unsafe extern "C" fn(*mut c_void, u64, c_int, u32, HcclComm, Stream) -> Code,
     pub BatchSendRecv: Option<unsafe extern "C" fn(*mut HcclSendRecvItem, u32, HcclComm, Stream) -> Code>,
     pub Barrier: unsafe extern "C" fn(HcclComm, Stream) -> Code,
+    /// `HcclCommRegister(comm, addr, size, &handle, flag)`.
+    pub CommRegister: Option<unsafe extern "C" fn(HcclComm, *mut c_void, u64, *mut *mut c_void, u32) -> Code>,
+    /// `HcclCommDeregister(comm, handle)`.
+    pub CommDeregister: Option<unsafe extern "C" fn(HcclComm, *mut c_void) -> Code>,
 }
 
 /// Every ACL entry point anyccl uses.
@@ -272,6 +276,8 @@ fn load_hccl() -> Result<HcclLib, String> {
             Send: sym(&lib, "HcclSend")?,
             Recv: sym(&lib, "HcclRecv")?,
             BatchSendRecv: opt(&lib, "HcclBatchSendRecv"),
+            CommRegister: opt(&lib, "HcclCommRegister"),
+            CommDeregister: opt(&lib, "HcclCommDeregister"),
             Barrier: sym(&lib, "HcclBarrier")?,
             _lib: lib,
             path,

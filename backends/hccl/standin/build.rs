@@ -7,6 +7,7 @@ use std::process::Command;
 
 fn main() {
     println!("cargo:rerun-if-changed=src/standin.rs");
+    println!("cargo:rerun-if-changed=src/standin");
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR")).join("lib");
     std::fs::create_dir_all(&out).expect("create the stand-in's folder");
     let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());

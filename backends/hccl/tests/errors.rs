@@ -96,3 +96,58 @@ mod hccl {
         }
     }
 }
+
+mod hccl_registration {
+    use super::*;
+
+    fn live(lib: &libloading::Library) -> i64 {
+        // SAFETY: the stand-in's own entry point, with its C signature.
+        let f: libloading::Symbol<extern "C" fn() -> i64> =
+            unsafe { lib.get(b"anyccl_standin_registrations") }.unwrap();
+        f()
+    }
+
+    /// Registrations reach HCCL and are undone when dropped or given back; HCCL's refusals
+    /// come back as errors naming the call, the rank and the group, and a refused
+    /// deregistration neither panics nor leaks the memory.
+    #[test]
+    fn registrations_reach_hccl_and_are_undone() {
+        std::env::set_var("ANYCCL_HCCL_LIBRARY_DIR", anyccl_hccl_standin::library_dir());
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let platform = Hccl.platform(0).unwrap();
+        let path = anyccl_hccl_standin::library_dir().join("libhccl.so");
+        // SAFETY: the stand-in the backend loaded: the same object, its initialisers ran.
+        let lib = unsafe { libloading::Library::new(&path) }.unwrap();
+        let comm = connect(&rt, "registration");
+        assert!(comm.capabilities().buffer_registration);
+        let base = live(&lib);
+        let regs: Vec<_> =
+            (0..3).map(|_| comm.register(platform.alloc_registrable(DType::F32, 256).unwrap()).unwrap()).collect();
+        assert!(regs.iter().all(|r| r.is_registered()));
+        assert_eq!(live(&lib), base + 3);
+        let mut regs = regs.into_iter();
+        let first = regs.next().unwrap().into_inner().unwrap();
+        assert_eq!(first.count(), 256);
+        assert_eq!(live(&lib), base + 2);
+        drop(regs);
+        assert_eq!(live(&lib), base);
+
+        inject(&lib, "HcclCommRegister", 1);
+        let e = comm.register(platform.alloc_registrable(DType::F32, 16).unwrap()).unwrap_err();
+        let text = e.to_string();
+        assert!(matches!(e, Error::Backend { .. }), "{e:?}");
+        assert!(text.contains("register") && text.contains("rank 0") && text.contains("'registration'"), "{text}");
+        let Error::Backend { source, .. } = &e else { unreachable!() };
+        let lib_err = source.as_ref().and_then(|s| s.downcast_ref::<LibError>());
+        assert!(lib_err.is_some_and(|l| l.call == "HcclCommRegister" && l.code == 1), "{e:?}");
+        assert_eq!(live(&lib), base);
+
+        let reg = comm.register(platform.alloc_registrable(DType::F32, 16).unwrap()).unwrap();
+        inject(&lib, "HcclCommDeregister", 1);
+        assert!(reg.into_inner().is_err());
+        // Refused once: the registration stays with the communicator until it goes.
+        assert_eq!(live(&lib), base + 1);
+        rt.block_on(comm.shutdown()).unwrap();
+        assert_eq!(live(&lib), base);
+    }
+}

@@ -307,6 +307,8 @@ pub struct CudaMemory {
     dtype: DType,
     count: usize,
     cuda: Arc<Cuda>,
+    /// Allocated by `ncclMemAlloc` (freed by `ncclMemFree`), not `cuMemAlloc`.
+    nccl: Option<&'static crate::sys::NcclLib>,
 }
 
 // SAFETY: the allocation is plain device memory, addressable from any thread.
@@ -336,7 +338,44 @@ impl CudaMemory {
             unsafe { cu::memset_d8_sync(p, 0, bytes) }.map_err(|e| cuda_err("cuMemsetD8", e))?;
             p
         };
-        Ok(CudaMemory { ptr, dtype, count, cuda: cuda.clone() })
+        Ok(CudaMemory { ptr, dtype, count, cuda: cuda.clone(), nccl: None })
+    }
+
+    /// `count` zeroed elements of `dtype` on `cuda` from `ncclMemAlloc` (memory NCCL's
+    /// zero-copy paths can map once registered); `None` where the loaded NCCL lacks it.
+    ///
+    /// # Errors
+    /// `Backend` (e.g. out of memory), the library's error as its source.
+    pub fn nccl_zeroed(cuda: &Arc<Cuda>, dtype: DType, count: usize) -> Result<Option<CudaMemory>> {
+        let Ok(lib) = crate::sys::lib() else { return Ok(None) };
+        let bytes = count * dtype.size();
+        if bytes == 0 || lib.MemAlloc.is_none() || lib.MemFree.is_none() {
+            return Ok(None);
+        }
+        cuda.bind()?;
+        let p = match crate::result::mem_alloc(lib, bytes) {
+            Ok(Some(p)) => p as sys::CUdeviceptr,
+            Ok(None) => return Ok(None),
+            Err(e) => {
+                return Err(Error::Backend {
+                    backend: "nccl",
+                    op: format!("ncclMemAlloc of {bytes} bytes on {}", cuda.device()),
+                    code: e.code,
+                    text: e.to_string(),
+                    recovery: if e.kind == anyccl_device::ErrorKind::OutOfMemory {
+                        anyccl_core::Recovery::Retry
+                    } else {
+                        anyccl_core::Recovery::Fatal
+                    },
+                    source: Some(Arc::new(e)),
+                })
+            }
+        };
+        // Owned from here: an error below frees it on drop.
+        let mem = CudaMemory { ptr: p, dtype, count, cuda: cuda.clone(), nccl: Some(lib) };
+        // SAFETY: `p` points to `bytes` bytes just allocated on the current device.
+        unsafe { cu::memset_d8_sync(p, 0, bytes) }.map_err(|e| cuda_err("cuMemsetD8", e))?;
+        Ok(Some(mem))
     }
 }
 
@@ -345,6 +384,13 @@ impl Drop for CudaMemory {
         // A lost context's memory goes with the process (said once, when it was lost).
         if self.ptr != 0 && self.cuda.usable("cuMemFree").is_ok() {
             let _ = self.cuda.bind();
+            if let Some(lib) = self.nccl {
+                // SAFETY: allocated by ncclMemAlloc in `nccl_zeroed`, freed once.
+                if let Err(e) = unsafe { crate::result::mem_free(lib, self.ptr as *mut std::ffi::c_void) } {
+                    tracing::warn!("{e}");
+                }
+                return;
+            }
             // SAFETY: allocated by cuMemAlloc in `zeroed`, freed once.
             let r = unsafe { cu::free_sync(self.ptr) };
             if let Err(e) = self.cuda.check("cuMemFree", r) {
@@ -417,6 +463,12 @@ impl anyccl_device::Runtime for Cuda {
     }
     fn alloc(self: &Arc<Self>, dtype: DType, count: usize) -> Result<CudaMemory> {
         CudaMemory::zeroed(self, dtype, count)
+    }
+    fn alloc_registrable(self: &Arc<Self>, dtype: DType, count: usize) -> Result<CudaMemory> {
+        match CudaMemory::nccl_zeroed(self, dtype, count)? {
+            Some(m) => Ok(m),
+            None => CudaMemory::zeroed(self, dtype, count),
+        }
     }
     unsafe fn copy_to_device(&self, dst: *mut u8, src: &[u8]) -> Result<()> {
         // SAFETY: per the caller, `dst` addresses `src.len()` bytes of this device.

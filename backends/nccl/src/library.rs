@@ -80,6 +80,7 @@ pub fn nccl_capabilities(lib: &NcclLib, devices: usize) -> Capabilities {
         graphs: true,
         streams: true,
         cta_settings: true,
+        buffer_registration: lib.CommRegister.is_some() && lib.CommDeregister.is_some(),
         // NCCL reports neither: a dead peer leaves kernels waiting, a mismatched collective
         // runs with whatever arrives (NVIDIA/nccl#279).
         detects_peer_failure: false,
@@ -464,6 +465,19 @@ impl Library for NcclLibrary {
             Some(c) => Some(data + unsafe { r::comm_mem_stats(self.lib, c) }?),
             None => Some(data),
         }
+    }
+
+    unsafe fn register(&self, comm: &NcclHandles, ptr: *mut c_void, bytes: usize) -> Result<Option<usize>, NcclError> {
+        // On the data communicator, which runs the operations (the control one shares its
+        // resources but launches nothing).
+        // SAFETY: live handles under the device layer's lock; per the caller for the memory.
+        unsafe { r::comm_register(self.lib, comm.data, ptr, bytes) }
+    }
+
+    fn deregister(&self, comm: &NcclHandles, handle: usize) -> Result<(), NcclError> {
+        // SAFETY: live handles under the device layer's lock; `handle` came from `register`
+        // on the same data communicator and the device layer deregisters it once.
+        unsafe { r::comm_deregister(self.lib, comm.data, handle) }
     }
 }
 

@@ -181,6 +181,62 @@ pub unsafe fn comm_mem_stats(lib: &NcclLib, comm: ncclComm_t) -> Option<u64> {
     (code == sys::SUCCESS).then_some(v)
 }
 
+/// `ncclCommRegister`: the handle, or `None` where the library lacks it.
+///
+/// # Safety
+/// `comm` live and not used concurrently; `ptr` addresses `bytes` bytes of the
+/// communicator's device that stay allocated until deregistered; the device is current.
+pub unsafe fn comm_register(
+    lib: &NcclLib,
+    comm: ncclComm_t,
+    ptr: *mut c_void,
+    bytes: usize,
+) -> Result<Option<usize>, NcclError> {
+    let (Some(f), Some(_)) = (lib.CommRegister, lib.CommDeregister) else { return Ok(None) };
+    let mut h: *mut c_void = std::ptr::null_mut();
+    // SAFETY: per the caller; `h` is a valid out-parameter.
+    let code = unsafe { f(comm, ptr, bytes, &mut h) };
+    progress(lib, "ncclCommRegister", code, Some(comm))?;
+    Ok(Some(h as usize))
+}
+
+/// `ncclCommDeregister`.
+///
+/// # Safety
+/// `comm` live and not used concurrently; `handle` from [`comm_register`] on it, not
+/// deregistered before.
+pub unsafe fn comm_deregister(lib: &NcclLib, comm: ncclComm_t, handle: usize) -> Result<(), NcclError> {
+    let Some(f) = lib.CommDeregister else { return Ok(()) };
+    // SAFETY: per the caller.
+    let code = unsafe { f(comm, handle as *mut c_void) };
+    progress(lib, "ncclCommDeregister", code, Some(comm)).map(|_| ())
+}
+
+/// `ncclMemAlloc`: `bytes` of device memory on the current device, `None` where the
+/// library lacks it.
+///
+/// # Errors
+/// The library's (out of memory among them).
+pub fn mem_alloc(lib: &NcclLib, bytes: usize) -> Result<Option<*mut c_void>, NcclError> {
+    let (Some(f), Some(_)) = (lib.MemAlloc, lib.MemFree) else { return Ok(None) };
+    let mut p: *mut c_void = std::ptr::null_mut();
+    // SAFETY: a valid out-parameter; the device is current (callers bind it).
+    let code = unsafe { f(&mut p, bytes) };
+    progress(lib, "ncclMemAlloc", code, None)?;
+    Ok(Some(p))
+}
+
+/// `ncclMemFree`.
+///
+/// # Safety
+/// `ptr` from [`mem_alloc`], not freed before and not used after.
+pub unsafe fn mem_free(lib: &NcclLib, ptr: *mut c_void) -> Result<(), NcclError> {
+    let Some(f) = lib.MemFree else { return Ok(()) };
+    // SAFETY: per the caller.
+    let code = unsafe { f(ptr) };
+    progress(lib, "ncclMemFree", code, None).map(|_| ())
+}
+
 /// The data-plane calls: each returns `Ok(true)` when NCCL goes on asynchronously.
 ///
 /// # Safety (all of them)

@@ -110,6 +110,14 @@ pub struct NcclLib {
     pub GetErrorString: unsafe extern "C" fn(c_int) -> *const c_char,
     pub GetLastError: Option<unsafe extern "C" fn(ncclComm_t) -> *const c_char>,
     pub CommMemStats: Option<unsafe extern "C" fn(ncclComm_t, c_int, *mut u64) -> c_int>,
+    /// `ncclCommRegister(comm, buff, size, &handle)` (2.19).
+    pub CommRegister: Option<unsafe extern "C" fn(ncclComm_t, *mut c_void, usize, *mut *mut c_void) -> c_int>,
+    /// `ncclCommDeregister(comm, handle)` (2.19).
+    pub CommDeregister: Option<unsafe extern "C" fn(ncclComm_t, *mut c_void) -> c_int>,
+    /// `ncclMemAlloc(&ptr, size)` (2.19): memory the library's zero-copy paths can map.
+    pub MemAlloc: Option<unsafe extern "C" fn(*mut *mut c_void, usize) -> c_int>,
+    /// `ncclMemFree(ptr)` (2.19).
+    pub MemFree: Option<unsafe extern "C" fn(*mut c_void) -> c_int>,
     pub AllReduce: Coll,
     pub Reduce: Rooted,
     pub Broadcast: Bcast,
@@ -181,6 +189,7 @@ fn load() -> Result<NcclLib, String> {
                 "{path} is NCCL {version}; anyccl needs 2.18 or later (ncclCommSplit, non-blocking init)"
             ));
         }
+        let registration = version >= version_code(2, 19, 0);
         Ok(NcclLib {
             GetUniqueId: sym(&lib, "ncclGetUniqueId")?,
             CommInitRankConfig: sym(&lib, "ncclCommInitRankConfig")?,
@@ -192,6 +201,10 @@ fn load() -> Result<NcclLib, String> {
             GetErrorString: sym(&lib, "ncclGetErrorString")?,
             GetLastError: opt(&lib, "ncclGetLastError"),
             CommMemStats: if version >= version_code(2, 29, 7) { opt(&lib, "ncclCommMemStats") } else { None },
+            CommRegister: if registration { opt(&lib, "ncclCommRegister") } else { None },
+            CommDeregister: if registration { opt(&lib, "ncclCommDeregister") } else { None },
+            MemAlloc: if registration { opt(&lib, "ncclMemAlloc") } else { None },
+            MemFree: if registration { opt(&lib, "ncclMemFree") } else { None },
             AllReduce: sym(&lib, "ncclAllReduce")?,
             Reduce: sym(&lib, "ncclReduce")?,
             Broadcast: sym(&lib, "ncclBroadcast")?,

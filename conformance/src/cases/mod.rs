@@ -5,6 +5,7 @@ pub mod errors;
 pub mod groups;
 pub mod lifecycle;
 pub mod p2p;
+pub mod register;
 pub mod warmup;
 
 use anyccl_core::{Capabilities, DType, ReduceOp};

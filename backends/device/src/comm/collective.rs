@@ -6,7 +6,7 @@ use crate::library::{Library, Op, Plane, RawP2P, Settings, SplitRequest, SplitSt
 use crate::runtime::Runtime;
 use anyccl_core::{
     async_trait, AllToAllSplits, Buf, BufMut, Capabilities, Collective, CommInfo, DeviceMemory, GraphOp, P2POp,
-    ReduceOp, Result, StreamRef, Work,
+    ReduceOp, RegHandle, Result, StreamRef, Work,
 };
 use std::ffi::c_void;
 use std::sync::atomic::Ordering;
@@ -92,6 +92,26 @@ impl<L: Library> Collective for DeviceComm<L> {
         }
         // SAFETY: as above.
         unsafe { self.rt.signal_raw(&self.stream, raw) }
+    }
+
+    fn register(&self, buf: Buf<'_>) -> Result<Option<RegHandle>> {
+        self.rt.bind()?;
+        let _g = self.lock_live()?;
+        // SAFETY: the Communicator checked that the view is this device's memory, and its
+        // `Registered` owns that memory until it has called `deregister`.
+        let h = unsafe { self.lib.register(&self.comm, buf.ptr() as *mut c_void, buf.bytes()) };
+        // A refused registration leaves the communicator as it was: only this call fails.
+        h.map(|h| h.map(RegHandle)).map_err(|e| self.ctx.error("register", e))
+    }
+
+    fn deregister(&self, handle: RegHandle) -> Result<()> {
+        self.rt.bind()?;
+        let _g = self.lock();
+        if self.freed.load(Ordering::Acquire) {
+            // Destroying the communicator dropped its registrations.
+            return Ok(());
+        }
+        self.lib.deregister(&self.comm, handle.0).map_err(|e| self.ctx.error("deregister", e))
     }
 
     fn memory_held(&self) -> Option<u64> {

@@ -15,7 +15,9 @@
 //! the buffer size from the pool and failing with `HCCL_E_OOM` when it does not fit, and
 //! blocking until the peers arrive (bounded by `HCCL_CONNECT_TIMEOUT`, and by the
 //! communicator's `hcclExecTimeOut` when set: an assumption about HCCL to verify on
-//! Ascend); error codes injected on request (`anyccl_standin_inject`, or
+//! Ascend); registration of device ranges per communicator (`HcclCommRegister`: a range
+//! inside one allocation of the communicator's device, a handle valid once, dropped with
+//! the communicator); error codes injected on request (`anyccl_standin_inject`, or
 //! `ANYCCL_STANDIN_INJECT=call:code[:rank[:times]],...`).
 #![forbid(unsafe_code)]
 

@@ -2,6 +2,9 @@
 //! models). Standard library only. "Device memory" is host memory counted against a pool.
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
+#[path = "standin/register.rs"]
+mod register;
+
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::ffi::{c_char, c_void, CStr, CString};
@@ -983,6 +986,8 @@ struct Comm {
     async_err: AtomicI32,
     suspended: AtomicBool,
     seq: AtomicU64,
+    /// Registered device ranges (`HcclCommRegister`).
+    regs: Mutex<register::Registry>,
 }
 
 impl Comm {
@@ -1150,6 +1155,7 @@ unsafe fn init(n: u32, root: *const u8, rank: u32, cfg: *const u8, out: *mut *mu
         async_err: AtomicI32::new(SUCCESS),
         suspended: AtomicBool::new(false),
         seq: AtomicU64::new(0),
+        regs: Mutex::new(register::Registry::default()),
     });
     *out = Arc::into_raw(comm) as *mut c_void;
     SUCCESS
@@ -1261,6 +1267,7 @@ pub unsafe extern "C" fn HcclCommDestroy(c: *mut c_void) -> i32 {
     }
     let _ = cm.data_shut.shutdown(std::net::Shutdown::Both);
     give(cm.device, cm.reserved.swap(0, Ordering::AcqRel));
+    cm.regs.lock().unwrap_or_else(|e| e.into_inner()).clear();
     drop(Arc::from_raw(c as *const Comm));
     SUCCESS
 }

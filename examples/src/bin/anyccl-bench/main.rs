@@ -72,6 +72,12 @@ struct Args {
     /// streams (no host wait), against the two back to back.
     #[arg(long, value_name = "US", conflicts_with = "vs_raw", value_parser = parse_us)]
     overlap_us: Option<f64>,
+    /// Allocate every buffer the way the library registers best
+    /// (`Platform::alloc_registrable`; NCCL: `ncclMemAlloc`) and register it with the
+    /// communicator (NCCL: `ncclCommRegister`), as an engine does that keeps its
+    /// buffers for the job's life; the header says whether the backend registered them.
+    #[arg(long, conflicts_with_all = ["vs_raw", "overlap_us", "graph"])]
+    register: bool,
     /// all_reduce only: capture this many in-place all_reduces into a CUDA graph on the
     /// engine's stream and time its replays (per all_reduce), beside the same calls issued.
     #[arg(long, value_name = "OPS", conflicts_with_all = ["vs_raw", "overlap_us"],
@@ -148,11 +154,51 @@ fn counts(op: Op, bytes: usize, es: usize, n: usize) -> (usize, usize) {
     }
 }
 
-struct Bufs {
-    send: Box<dyn DeviceMemory>,
+/// A buffer of the benchmark: plain, or registered with the communicator (`--register`).
+enum Mem<'c> {
+    Plain(Box<dyn DeviceMemory>),
+    Registered(anyccl::Registered<'c, Box<dyn DeviceMemory>>),
+}
+
+impl std::ops::Deref for Mem<'_> {
+    type Target = dyn DeviceMemory;
+    fn deref(&self) -> &Self::Target {
+        match self {
+            Mem::Plain(m) => m.as_ref(),
+            Mem::Registered(r) => &**r,
+        }
+    }
+}
+
+impl std::ops::DerefMut for Mem<'_> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        match self {
+            Mem::Plain(m) => m.as_mut(),
+            Mem::Registered(r) => &mut **r,
+        }
+    }
+}
+
+/// `count` elements for the rows: registered with `comm` when `register` (allocated the
+/// way the library registers best), plain otherwise.
+fn alloc_mem<'c>(
+    platform: &dyn Platform,
+    comm: &'c Communicator,
+    register: bool,
+    dtype: DType,
+    count: usize,
+) -> Result<Mem<'c>> {
+    if !register {
+        return Ok(Mem::Plain(platform.alloc(dtype, count)?));
+    }
+    Ok(Mem::Registered(comm.register(platform.alloc_registrable(dtype, count)?)?))
+}
+
+struct Bufs<'c> {
+    send: Mem<'c>,
     /// Receive buffers of out-of-place calls, then the buffers of in-place calls
     /// (re-allocated where the shape differs: reduce_scatter's hold the whole input).
-    recvs: Vec<Box<dyn DeviceMemory>>,
+    recvs: Vec<Mem<'c>>,
     /// The encoded input of an in-place call (that buffer's size).
     in_place_input: Vec<u8>,
 }
@@ -430,6 +476,16 @@ async fn run(args: Args) -> Result<()> {
             let t: Vec<String> = tuning.iter().map(|(k, v)| format!("{k}={v}")).collect();
             println!("# tuning: {}", t.join(" "));
         }
+        if args.register {
+            println!(
+                "# buffers: {}",
+                if comm.capabilities().buffer_registration {
+                    "allocated for registration and registered with the communicator (--register)"
+                } else {
+                    "--register: this backend has no buffer registration; plain buffers"
+                }
+            );
+        }
         println!("#  nThread 1 nGpus 1 minBytes {min} maxBytes {max} step: {}(factor) warmup iters: {} iters: {} validation: {} in flight: {}", args.factor, args.warmup, args.iters, args.check, args.depth.map_or("as many as fit".to_string(), |d| d.to_string()));
         println!("#");
         println!("#                                                              out-of-place                       in-place                    cold first call");
@@ -455,10 +511,11 @@ async fn run(args: Args) -> Result<()> {
             depth(budget, count * dtype.size(), args.iters).min(args.depth.map_or(usize::MAX, |d| d as usize))
         };
         let send_input = input(me, sc, dtype, rop);
-        let mut b = Bufs { send: platform.alloc(dtype, sc)?, recvs: Vec::new(), in_place_input: Vec::new() };
-        platform.copy_from_host(b.send.as_mut(), &send_input)?;
+        let alloc = |count: usize| alloc_mem(platform.as_ref(), &comm, args.register && count > 0, dtype, count);
+        let mut b = Bufs { send: alloc(sc)?, recvs: Vec::new(), in_place_input: Vec::new() };
+        platform.copy_from_host(&mut *b.send, &send_input)?;
         for _ in 0..depth(rc) {
-            b.recvs.push(platform.alloc(dtype, rc)?);
+            b.recvs.push(alloc(rc)?);
         }
         // Cold: the first call of this size on this communicator, with its memory. The
         // ranks meet through the store, so no collective runs before it.
@@ -466,7 +523,7 @@ async fn run(args: Args) -> Result<()> {
         platform.synchronize()?;
         let before = platform.mem_info()?.free;
         let t = Instant::now();
-        issue(&comm, op, Some(b.send.as_ref()), b.recvs[0].as_mut(), rop, root)?.wait(timeout)?;
+        issue(&comm, op, Some(&*b.send), &mut *b.recvs[0], rop, root)?.wait(timeout)?;
         let cold_us = t.elapsed().as_secs_f64() * 1e6;
         let after = platform.mem_info()?.free;
         let cold_mib = before.saturating_sub(after) as f64 / (1 << 20) as f64;
@@ -485,7 +542,7 @@ async fn run(args: Args) -> Result<()> {
         )
         .await?;
         let oop_wrong = if args.check != 0 {
-            wrong(platform.as_ref(), op, dtype, rop, &comm, root, b.recvs[0].as_ref(), false, env.local_world_size)?
+            wrong(platform.as_ref(), op, dtype, rop, &comm, root, &*b.recvs[0], false, env.local_world_size)?
         } else {
             0
         };
@@ -497,7 +554,7 @@ async fn run(args: Args) -> Result<()> {
                 if count != rc {
                     b.recvs.clear();
                     for _ in 0..depth(count) {
-                        b.recvs.push(platform.alloc(dtype, count)?);
+                        b.recvs.push(alloc(count)?);
                     }
                 }
                 b.in_place_input = input;
@@ -505,17 +562,7 @@ async fn run(args: Args) -> Result<()> {
                     timed(&comm, &platform, op, &mut b, rop, root, warmup(false), args.iters, timeout, true, &mut sync)
                         .await?;
                 let w = if args.check != 0 {
-                    wrong(
-                        platform.as_ref(),
-                        op,
-                        dtype,
-                        rop,
-                        &comm,
-                        root,
-                        b.recvs[0].as_ref(),
-                        true,
-                        env.local_world_size,
-                    )?
+                    wrong(platform.as_ref(), op, dtype, rop, &comm, root, &*b.recvs[0], true, env.local_world_size)?
                 } else {
                     0
                 };
@@ -602,7 +649,7 @@ async fn timed(
     comm: &Communicator,
     platform: &Arc<dyn Platform>,
     op: Op,
-    b: &mut Bufs,
+    b: &mut Bufs<'_>,
     rop: ReduceOp,
     root: usize,
     warmup: Warmup,
@@ -613,7 +660,7 @@ async fn timed(
 ) -> Result<Timing> {
     // `count` calls in chunks of at most one per receive buffer; the time of the calls only,
     // and the part of it the host spent enqueuing them.
-    let run = |count: usize, b: &mut Bufs| -> Result<(Duration, Duration)> {
+    let run = |count: usize, b: &mut Bufs<'_>| -> Result<(Duration, Duration)> {
         let mut total = Duration::ZERO;
         let mut issuing = Duration::ZERO;
         let mut left = count;
@@ -627,7 +674,7 @@ async fn timed(
             let k = left.min(b.recvs.len());
             if in_place {
                 for r in b.recvs.iter_mut().take(k) {
-                    platform.copy_from_host(r.as_mut(), &b.in_place_input)?;
+                    platform.copy_from_host(&mut **r, &b.in_place_input)?;
                 }
                 // Refilling the inputs is not part of the operation, and the copies take
                 // different times on different ranks: line the ranks up again.
@@ -635,10 +682,10 @@ async fn timed(
                 t = Instant::now();
             }
             let start = t;
-            let send = (!in_place).then_some(b.send.as_ref());
+            let send = (!in_place).then_some(&*b.send);
             if k == 1 {
                 // One call at a time (depth 1): no list to allocate.
-                let mut w = issue(comm, op, send, b.recvs[0].as_mut(), rop, root)?;
+                let mut w = issue(comm, op, send, &mut *b.recvs[0], rop, root)?;
                 ones += 1;
                 if (count - left).is_multiple_of(SAMPLE) {
                     sampled.0 += 1;
@@ -648,7 +695,7 @@ async fn timed(
             } else {
                 let mut works = Vec::with_capacity(k);
                 for r in b.recvs.iter_mut().take(k) {
-                    works.push(issue(comm, op, send, r.as_mut(), rop, root)?);
+                    works.push(issue(comm, op, send, &mut **r, rop, root)?);
                 }
                 issuing += start.elapsed();
                 for mut w in works {

@@ -2,7 +2,7 @@
 //! and anyccl in interleaved pairs), `--graph` (replayed CUDA graphs) and `--overlap-us`
 //! (compute beside an all_reduce, ordered by events).
 
-use super::{bad_arg, budget, depth, timed, Args, Bufs, Op, StoreBarrier, Warmup};
+use super::{bad_arg, budget, depth, timed, Args, Bufs, Mem, Op, StoreBarrier, Warmup};
 use anyccl::{CommConfig, Communicator, DType, DeviceMemory, LaunchEnv, Platform, ReduceOp, Result};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -68,17 +68,18 @@ impl Ctx<'_> {
     }
 
     /// Receive buffers for `iters` issued calls of `count` elements.
-    fn bufs(&self, count: usize) -> Result<Bufs> {
+    fn bufs(&self, count: usize) -> Result<Bufs<'static>> {
         let p = self.platform;
-        let mut b = Bufs { send: p.alloc(self.dtype, count)?, recvs: Vec::new(), in_place_input: Vec::new() };
+        let mut b =
+            Bufs { send: Mem::Plain(p.alloc(self.dtype, count)?), recvs: Vec::new(), in_place_input: Vec::new() };
         for _ in 0..depth(budget(p.as_ref(), 1), count * self.dtype.size(), self.args.iters) {
-            b.recvs.push(p.alloc(self.dtype, count)?);
+            b.recvs.push(Mem::Plain(p.alloc(self.dtype, count)?));
         }
         Ok(b)
     }
 
     /// The normal rows' loop on `b`: microseconds per call, and per call on the host.
-    async fn issued(&mut self, b: &mut Bufs) -> Result<(f64, f64)> {
+    async fn issued(&mut self, b: &mut Bufs<'_>) -> Result<(f64, f64)> {
         let w = Warmup { calls: self.args.warmup, min_time: Duration::ZERO };
         let (a, comm, p) = (self.args, self.comm, self.platform);
         let t = timed(comm, p, Op::AllReduce, b, self.rop, 0, w, a.iters, self.timeout, false, &mut self.sync).await?;
