@@ -2,6 +2,7 @@
 //! all_reduce gets bit-identical results, and the same sizes always take the same path.
 
 use crate::reduce::{finish_avg, reduce_into};
+use crate::shm::copy_to_vec;
 use crate::transport::{Kind, Mesh};
 use anyccl_core::{DType, ReduceOp, Result};
 
@@ -22,6 +23,9 @@ pub(crate) const DIRECT_MAX: usize = 2 << 10;
 /// order against 19-34 us pairwise; pairwise wins once segments stream (tens of KiB).
 pub(crate) const ALL_TO_ALL_DIRECT_MAX: usize = 8 << 10;
 
+/// all_reduce size from which outputs are written with streaming stores ([`Tuning::stream_min`]).
+pub(crate) const STREAM_MIN: usize = 16 << 20;
+
 /// Size thresholds that pick algorithms; `ANYCCL_CPU_*` overrides.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Tuning {
@@ -31,6 +35,10 @@ pub(crate) struct Tuning {
     /// all_to_all whose segments are all at most this many bytes sends every segment, then
     /// receives every segment (one round of waiting); above it, pairwise exchange.
     pub all_to_all_direct_max: usize,
+    /// all_reduce outputs from this many bytes on are written with streaming stores
+    /// (`shm::copy_streaming`): far larger than the cache, their lines would otherwise be
+    /// read from memory before being overwritten.
+    pub stream_min: usize,
 }
 
 impl Tuning {
@@ -38,6 +46,7 @@ impl Tuning {
         Ok(Tuning {
             all_reduce_direct_max: env_bytes("ANYCCL_CPU_ALLREDUCE_DIRECT_MAX", DIRECT_MAX, rank, label)?,
             all_to_all_direct_max: env_bytes("ANYCCL_CPU_ALLTOALL_DIRECT_MAX", ALL_TO_ALL_DIRECT_MAX, rank, label)?,
+            stream_min: env_bytes("ANYCCL_CPU_STREAM_MIN", STREAM_MIN, rank, label)?,
         })
     }
 }
@@ -82,9 +91,24 @@ pub(crate) struct Coll<'m> {
     pub mesh: &'m Mesh,
     pub op: u8,
     pub seq: u64,
+    /// Received bytes and folded results go to their destination with streaming stores
+    /// (an output far larger than the cache, [`Tuning::stream_min`]).
+    pub stream: bool,
 }
 
-impl Coll<'_> {
+impl<'m> Coll<'m> {
+    /// This view, writing its outputs with streaming stores when `on`.
+    fn streaming(&self, on: bool) -> Coll<'m> {
+        Coll { mesh: self.mesh, op: self.op, seq: self.seq, stream: on }
+    }
+    /// Copy received bytes `b` to their destination.
+    fn put(&self, dst: &mut [u8], b: &[u8]) {
+        if self.stream {
+            crate::shm::copy_streaming(dst, b)
+        } else {
+            crate::shm::copy(dst, b)
+        }
+    }
     fn rank(&self) -> usize {
         self.mesh.rank
     }
@@ -96,9 +120,8 @@ impl Coll<'_> {
     }
     /// Receive `dst.len()` bytes from `peer` straight into `dst`.
     fn recv_into(&self, peer: usize, dst: &mut [u8]) -> Result<()> {
-        self.mesh.recv_coll_with(peer, self.op, self.seq, dst.len(), &mut |at, b| {
-            crate::shm::copy(&mut dst[at..at + b.len()], b)
-        })
+        self.mesh
+            .recv_coll_with(peer, self.op, self.seq, dst.len(), &mut |at, b| self.put(&mut dst[at..at + b.len()], b))
     }
     /// Send `out` to `to` while receiving `incoming` bytes from `from` into `sink`; with
     /// `mirror`, also copy `out` into it as it goes ([`Mesh::exchange`]).
@@ -163,6 +186,7 @@ pub(crate) fn all_reduce(
     let count = data.len() / dtype.size();
     if n > 1 && data.len() > tune.all_reduce_direct_max && count >= n {
         let ch = chunks(count, n);
+        let cx = &cx.streaming(data.len() >= tune.stream_min);
         ring_reduce_scatter(cx, data, src, dtype, op, &ch)?;
         ring_all_gather(cx, data, None, dtype.size(), &ch)?;
     } else if n > 1 {
@@ -232,6 +256,7 @@ fn ring_reduce_scatter(
 ) -> Result<()> {
     let (n, me, es) = (cx.size(), cx.rank(), dtype.size());
     let (right, left) = ((me + 1) % n, (me + n - 1) % n);
+    let mut scratch = Vec::new();
     for s in 0..n - 1 {
         let (send_i, recv_i) = rs_step(n, me, s);
         let (send_c, recv_c) = (ch[send_i], ch[recv_i]);
@@ -243,7 +268,16 @@ fn ring_reduce_scatter(
         let own = src.map(|src| &src[byte_range(recv_c, es)]);
         cx.exchange(right, (out, None), left, acc.len(), &mut |at, b| {
             let r = at..at + b.len();
-            fold_piece(&mut acc[r.clone()], own.map(|o| &o[r]), b, dtype, op)
+            match own {
+                // Out of place with streaming stores: folded in a cache-sized scratch, then
+                // streamed to the output, whose lines are never read.
+                Some(own) if cx.stream => {
+                    copy_to_vec(&mut scratch, &own[r.clone()]);
+                    reduce_into(&mut scratch, b, dtype, op);
+                    crate::shm::copy_streaming(&mut acc[r], &scratch);
+                }
+                _ => fold_piece(&mut acc[r.clone()], own.map(|o| &o[r]), b, dtype, op),
+            }
         })?;
     }
     Ok(())
@@ -278,7 +312,7 @@ fn ring_all_gather(cx: &Coll<'_>, data: &mut [u8], src: Option<&[u8]>, es: usize
             Some(src) if s == 0 => (src, Some(sent)),
             _ => (sent, None),
         };
-        cx.exchange(right, out, left, dst.len(), &mut |at, b| crate::shm::copy(&mut dst[at..at + b.len()], b))?;
+        cx.exchange(right, out, left, dst.len(), &mut |at, b| cx.put(&mut dst[at..at + b.len()], b))?;
     }
     Ok(())
 }
@@ -460,7 +494,7 @@ pub(crate) fn all_to_all(
         let (to, from) = ((me + k) % n, (me + n - k) % n);
         let dst = &mut recv[ro[from]..ro[from] + recv_bytes[from]];
         cx.exchange(to, (&send[so[to]..so[to] + send_bytes[to]], None), from, dst.len(), &mut |at, b| {
-            crate::shm::copy(&mut dst[at..at + b.len()], b)
+            cx.put(&mut dst[at..at + b.len()], b)
         })?;
     }
     Ok(())

@@ -53,7 +53,14 @@ impl Engine {
     fn coll(&mut self, op: u8) -> Coll<'_> {
         let seq = self.seq;
         self.seq += 1;
-        Coll { mesh: &self.mesh, op, seq }
+        Coll { mesh: &self.mesh, op, seq, stream: false }
+    }
+
+    /// [`Engine::coll`] for an operation that writes `bytes` into the caller's buffer:
+    /// received bytes go there with streaming stores from `Tuning::stream_min` on.
+    fn coll_writing(&mut self, op: u8, bytes: usize) -> Coll<'_> {
+        let stream = bytes >= self.tune.stream_min;
+        Coll { stream, ..self.coll(op) }
     }
 }
 
@@ -395,7 +402,7 @@ impl Collective for CpuComm {
                     if let (true, Some(src)) = (me == root, srcs.first()) {
                         crate::shm::copy(out, src);
                     }
-                    algo::broadcast(&e.coll(algo::OP_BROADCAST), out, root)?;
+                    algo::broadcast(&e.coll_writing(algo::OP_BROADCAST, out.len()), out, root)?;
                     return Ok(Vec::new());
                 }
                 let mut data = match input {
@@ -425,7 +432,8 @@ impl Collective for CpuComm {
             adm,
             Box::new(move |e, direct| {
                 if let Some(Direct { srcs, mut outs }) = direct {
-                    algo::all_gather(&e.coll(algo::OP_ALL_GATHER), outs[0], srcs.first().copied(), chunk)?;
+                    let cx = e.coll_writing(algo::OP_ALL_GATHER, outs[0].len());
+                    algo::all_gather(&cx, outs[0], srcs.first().copied(), chunk)?;
                     return Ok(Vec::new());
                 }
                 let mut out = e.pool.zeroed(total);
@@ -516,7 +524,8 @@ impl Collective for CpuComm {
             Box::new(move |e, direct| {
                 let max = e.tune.all_to_all_direct_max;
                 if let Some(Direct { srcs, mut outs }) = direct {
-                    algo::all_to_all(&e.coll(algo::OP_ALL_TO_ALL), srcs[0], &sb, outs[0], &rb, max)?;
+                    let cx = e.coll_writing(algo::OP_ALL_TO_ALL, outs[0].len());
+                    algo::all_to_all(&cx, srcs[0], &sb, outs[0], &rb, max)?;
                     return Ok(Vec::new());
                 }
                 let data = data.take(e)?;

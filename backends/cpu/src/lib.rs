@@ -92,6 +92,7 @@ fn tuning(links: Option<Links>) -> Vec<(String, String)> {
             "ANYCCL_CPU_ALLTOALL_DIRECT_MAX".into(),
             env("ANYCCL_CPU_ALLTOALL_DIRECT_MAX", algo::ALL_TO_ALL_DIRECT_MAX.to_string()),
         ),
+        ("ANYCCL_CPU_STREAM_MIN".into(), env("ANYCCL_CPU_STREAM_MIN", algo::STREAM_MIN.to_string())),
         (
             "ANYCCL_CPU_BY_REF_MIN".into(),
             env("ANYCCL_CPU_BY_REF_MIN", format!("{} (send/recv; collectives: off)", transport::BY_REF_MIN)),
