@@ -1,0 +1,341 @@
+//! ACL: device memory counted against a pool per device, the current device per thread,
+//! copies, and streams that run their tasks in order on a worker thread, with events.
+
+use super::*;
+
+pub(crate) struct Pool {
+    pub(crate) used: u64,
+}
+
+pub(crate) fn capacity() -> u64 {
+    env_u64("ANYCCL_STANDIN_DEVICE_MEMORY", 64 << 30)
+}
+
+pub(crate) fn device_count() -> u32 {
+    env_u64("ANYCCL_STANDIN_DEVICES", 8) as u32
+}
+
+pub(crate) fn pools() -> &'static Mutex<HashMap<i32, Pool>> {
+    static P: OnceLock<Mutex<HashMap<i32, Pool>>> = OnceLock::new();
+    P.get_or_init(Default::default)
+}
+
+pub(crate) fn take(dev: i32, bytes: u64) -> bool {
+    let mut p = pools().lock().unwrap_or_else(|e| e.into_inner());
+    let pool = p.entry(dev).or_insert(Pool { used: 0 });
+    if pool.used + bytes > capacity() {
+        return false;
+    }
+    pool.used += bytes;
+    true
+}
+
+pub(crate) fn give(dev: i32, bytes: u64) {
+    let mut p = pools().lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(pool) = p.get_mut(&dev) {
+        pool.used = pool.used.saturating_sub(bytes);
+    }
+}
+
+pub(crate) fn allocs() -> &'static Mutex<HashMap<usize, (usize, i32)>> {
+    static A: OnceLock<Mutex<HashMap<usize, (usize, i32)>>> = OnceLock::new();
+    A.get_or_init(Default::default)
+}
+
+pub(crate) fn current() -> Option<i32> {
+    let d = DEVICE.with(|d| d.get());
+    (d >= 0).then_some(d)
+}
+
+// ---------------------------------------------------------------- ACL
+
+#[no_mangle]
+pub extern "C" fn aclInit(_config: *const c_char) -> i32 {
+    static DONE: AtomicBool = AtomicBool::new(false);
+    if DONE.swap(true, Ordering::AcqRel) {
+        ACL_ERROR_REPEAT_INITIALIZE
+    } else {
+        ACL_SUCCESS
+    }
+}
+
+#[no_mangle]
+pub extern "C" fn aclFinalize() -> i32 {
+    ACL_SUCCESS
+}
+
+#[no_mangle]
+pub extern "C" fn aclrtSetDevice(id: i32) -> i32 {
+    if id < 0 || id as u32 >= device_count() {
+        set_error(format!("aclrtSetDevice: device {id} does not exist ({} devices)", device_count()));
+        return ACL_ERROR_INVALID_PARAM;
+    }
+    DEVICE.with(|d| d.set(id));
+    ACL_SUCCESS
+}
+
+#[no_mangle]
+pub extern "C" fn aclrtResetDevice(_id: i32) -> i32 {
+    ACL_SUCCESS
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn aclrtGetDevice(id: *mut i32) -> i32 {
+    match current() {
+        Some(d) if !id.is_null() => {
+            *id = d;
+            ACL_SUCCESS
+        }
+        _ => ACL_ERROR_RT_CONTEXT_NULL,
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn aclrtGetDeviceCount(count: *mut u32) -> i32 {
+    if count.is_null() {
+        return ACL_ERROR_INVALID_PARAM;
+    }
+    *count = device_count();
+    ACL_SUCCESS
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn aclrtMalloc(ptr: *mut *mut c_void, size: usize, _policy: i32) -> i32 {
+    let Some(dev) = current() else { return ACL_ERROR_RT_CONTEXT_NULL };
+    if ptr.is_null() {
+        return ACL_ERROR_INVALID_PARAM;
+    }
+    if !take(dev, size as u64) {
+        set_error(format!("aclrtMalloc: {size} bytes do not fit in device {dev}'s free memory"));
+        return ACL_ERROR_RT_MEMORY_ALLOCATION;
+    }
+    let layout = std::alloc::Layout::from_size_align(size.max(1), 64).expect("layout");
+    let p = std::alloc::alloc_zeroed(layout);
+    if p.is_null() {
+        give(dev, size as u64);
+        return ACL_ERROR_RT_MEMORY_ALLOCATION;
+    }
+    allocs().lock().unwrap_or_else(|e| e.into_inner()).insert(p as usize, (size, dev));
+    *ptr = p as *mut c_void;
+    ACL_SUCCESS
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn aclrtFree(ptr: *mut c_void) -> i32 {
+    let Some((size, dev)) = allocs().lock().unwrap_or_else(|e| e.into_inner()).remove(&(ptr as usize)) else {
+        return ACL_ERROR_INVALID_PARAM;
+    };
+    std::alloc::dealloc(ptr as *mut u8, std::alloc::Layout::from_size_align(size.max(1), 64).expect("layout"));
+    give(dev, size as u64);
+    ACL_SUCCESS
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn aclrtMemcpy(
+    dst: *mut c_void,
+    max: usize,
+    src: *const c_void,
+    count: usize,
+    _kind: i32,
+) -> i32 {
+    if count > max || (count > 0 && (dst.is_null() || src.is_null())) {
+        return ACL_ERROR_INVALID_PARAM;
+    }
+    std::ptr::copy(src as *const u8, dst as *mut u8, count);
+    ACL_SUCCESS
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn aclrtMemcpyAsync(
+    dst: *mut c_void,
+    max: usize,
+    src: *const c_void,
+    count: usize,
+    _kind: i32,
+    stream: *mut c_void,
+) -> i32 {
+    if count > max || (count > 0 && (dst.is_null() || src.is_null())) {
+        return ACL_ERROR_INVALID_PARAM;
+    }
+    let Some(s) = stream_ref(stream) else { return ACL_ERROR_INVALID_PARAM };
+    let (d, sp) = (Ptr(dst as *mut u8), Ptr(src as *mut u8));
+    if s.submit(Box::new(move || {
+        let (d, sp) = (d, sp);
+        std::ptr::copy(sp.0, d.0, count)
+    })) {
+        ACL_SUCCESS
+    } else {
+        ACL_ERROR_INVALID_PARAM
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn aclrtMemset(dst: *mut c_void, max: usize, value: i32, count: usize) -> i32 {
+    if count > max || (count > 0 && dst.is_null()) {
+        return ACL_ERROR_INVALID_PARAM;
+    }
+    std::ptr::write_bytes(dst as *mut u8, value as u8, count);
+    ACL_SUCCESS
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn aclrtGetMemInfo(_attr: i32, free: *mut usize, total: *mut usize) -> i32 {
+    let Some(dev) = current() else { return ACL_ERROR_RT_CONTEXT_NULL };
+    if free.is_null() || total.is_null() {
+        return ACL_ERROR_INVALID_PARAM;
+    }
+    let used = pools().lock().unwrap_or_else(|e| e.into_inner()).get(&dev).map(|p| p.used).unwrap_or(0);
+    *total = capacity() as usize;
+    *free = capacity().saturating_sub(used) as usize;
+    ACL_SUCCESS
+}
+
+#[no_mangle]
+pub extern "C" fn aclGetRecentErrMsg() -> *const c_char {
+    LAST_ERROR.with(|e| e.borrow().as_ptr())
+}
+
+// ---------------------------------------------------------------- streams and events
+
+pub(crate) type Task = Box<dyn FnOnce() + Send>;
+
+pub(crate) struct Progress {
+    pub(crate) done: Mutex<u64>,
+    pub(crate) cv: Condvar,
+}
+
+pub(crate) struct StreamObj {
+    pub(crate) tx: Mutex<Option<mpsc::Sender<(u64, Task)>>>,
+    pub(crate) submitted: AtomicU64,
+    pub(crate) progress: Arc<Progress>,
+}
+
+impl StreamObj {
+    pub(crate) fn submit(&self, t: Task) -> bool {
+        let tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(tx) = tx.as_ref() else { return false };
+        let seq = self.submitted.fetch_add(1, Ordering::AcqRel) + 1;
+        tx.send((seq, t)).is_ok()
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn aclrtCreateStream(stream: *mut *mut c_void) -> i32 {
+    if current().is_none() {
+        return ACL_ERROR_RT_CONTEXT_NULL;
+    }
+    if stream.is_null() {
+        return ACL_ERROR_INVALID_PARAM;
+    }
+    let (tx, rx) = mpsc::channel::<(u64, Task)>();
+    let progress = Arc::new(Progress { done: Mutex::new(0), cv: Condvar::new() });
+    let p2 = progress.clone();
+    let spawned = std::thread::Builder::new().name("standin-stream".into()).spawn(move || {
+        for (seq, t) in rx {
+            t();
+            *p2.done.lock().unwrap_or_else(|e| e.into_inner()) = seq;
+            p2.cv.notify_all();
+        }
+    });
+    if spawned.is_err() {
+        return ACL_ERROR_RT_MEMORY_ALLOCATION;
+    }
+    let s = Box::new(StreamObj { tx: Mutex::new(Some(tx)), submitted: AtomicU64::new(0), progress });
+    *stream = Box::into_raw(s) as *mut c_void;
+    ACL_SUCCESS
+}
+
+pub(crate) unsafe fn stream_ref<'a>(s: *mut c_void) -> Option<&'a StreamObj> {
+    (s as *const StreamObj).as_ref()
+}
+
+pub(crate) fn wait_done(s: &StreamObj, target: u64, timeout: Option<Duration>) -> bool {
+    let deadline = timeout.map(|t| Instant::now() + t);
+    let mut d = s.progress.done.lock().unwrap_or_else(|e| e.into_inner());
+    while *d < target {
+        match deadline {
+            None => d = s.progress.cv.wait(d).unwrap_or_else(|e| e.into_inner()),
+            Some(dl) => {
+                let now = Instant::now();
+                if now >= dl {
+                    return false;
+                }
+                d = s.progress.cv.wait_timeout(d, dl - now).unwrap_or_else(|e| e.into_inner()).0;
+            }
+        }
+    }
+    true
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn aclrtDestroyStream(stream: *mut c_void) -> i32 {
+    let Some(s) = stream_ref(stream) else { return ACL_ERROR_INVALID_PARAM };
+    wait_done(s, s.submitted.load(Ordering::Acquire), None);
+    drop(s.tx.lock().unwrap_or_else(|e| e.into_inner()).take());
+    drop(Box::from_raw(stream as *mut StreamObj));
+    ACL_SUCCESS
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn aclrtSynchronizeStream(stream: *mut c_void) -> i32 {
+    let Some(s) = stream_ref(stream) else { return ACL_ERROR_INVALID_PARAM };
+    wait_done(s, s.submitted.load(Ordering::Acquire), None);
+    ACL_SUCCESS
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn aclrtSynchronizeStreamWithTimeout(stream: *mut c_void, timeout_ms: i32) -> i32 {
+    let Some(s) = stream_ref(stream) else { return ACL_ERROR_INVALID_PARAM };
+    let t = (timeout_ms >= 0).then(|| Duration::from_millis(timeout_ms as u64));
+    if wait_done(s, s.submitted.load(Ordering::Acquire), t) {
+        ACL_SUCCESS
+    } else {
+        507000 + 46 // ACL_ERROR_RT_STREAM_SYNC_TIMEOUT
+    }
+}
+
+pub(crate) struct EventObj {
+    pub(crate) at: Mutex<Option<(Arc<Progress>, u64)>>,
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn aclrtCreateEvent(event: *mut *mut c_void) -> i32 {
+    if event.is_null() {
+        return ACL_ERROR_INVALID_PARAM;
+    }
+    *event = Box::into_raw(Box::new(EventObj { at: Mutex::new(None) })) as *mut c_void;
+    ACL_SUCCESS
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn aclrtDestroyEvent(event: *mut c_void) -> i32 {
+    if event.is_null() {
+        return ACL_ERROR_INVALID_PARAM;
+    }
+    drop(Box::from_raw(event as *mut EventObj));
+    ACL_SUCCESS
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn aclrtRecordEvent(event: *mut c_void, stream: *mut c_void) -> i32 {
+    let (Some(e), Some(s)) = ((event as *const EventObj).as_ref(), stream_ref(stream)) else {
+        return ACL_ERROR_INVALID_PARAM;
+    };
+    *e.at.lock().unwrap_or_else(|p| p.into_inner()) = Some((s.progress.clone(), s.submitted.load(Ordering::Acquire)));
+    ACL_SUCCESS
+}
+
+/// `status`: 0 not ready, 1 complete (`aclrtEventRecordedStatus`).
+#[no_mangle]
+pub unsafe extern "C" fn aclrtQueryEventStatus(event: *mut c_void, status: *mut i32) -> i32 {
+    let Some(e) = (event as *const EventObj).as_ref() else { return ACL_ERROR_INVALID_PARAM };
+    if status.is_null() {
+        return ACL_ERROR_INVALID_PARAM;
+    }
+    let done = match &*e.at.lock().unwrap_or_else(|p| p.into_inner()) {
+        None => true,
+        Some((p, target)) => *p.done.lock().unwrap_or_else(|e| e.into_inner()) >= *target,
+    };
+    *status = done as i32;
+    ACL_SUCCESS
+}
