@@ -10,10 +10,12 @@ use std::ops::{Deref, DerefMut};
 
 /// Memory registered with a communicator ([`Communicator::register`]). It owns the memory
 /// (`Box<dyn DeviceMemory>`, or an `Arc` for buffers that captured operations share):
-/// operations use it through [`Registered::memory`] and [`Registered::memory_mut`], whose
-/// borrows keep it registered while their `Work` lives. Dropping it deregisters, then frees
-/// the memory; [`Registered::into_inner`] deregisters and gives the memory back. Keep it at
-/// least as long as a `Captured` operation on the same memory.
+/// operations use it through `Deref`/`DerefMut` to `dyn DeviceMemory` (`view`, `view_mut`),
+/// whose borrows keep it registered while their `Work` lives. The owner itself is only lent
+/// shared ([`Registered::memory`]): replacing it would free memory still registered.
+/// Dropping it deregisters, then frees the memory; [`Registered::into_inner`] deregisters and
+/// gives the memory back. Keep it at least as long as a `Captured` operation on the same
+/// memory.
 pub struct Registered<'c, M: Deref<Target = dyn DeviceMemory>> {
     comm: &'c Communicator,
     handle: Option<RegHandle>,
@@ -36,11 +38,6 @@ impl<'c, M: Deref<Target = dyn DeviceMemory>> Registered<'c, M> {
     /// The registered memory.
     pub fn memory(&self) -> &M {
         self.mem.as_ref().unwrap_or_else(|| unreachable!("taken only by into_inner and drop"))
-    }
-
-    /// The registered memory, for operations that write it.
-    pub fn memory_mut(&mut self) -> &mut M {
-        self.mem.as_mut().unwrap_or_else(|| unreachable!("taken only by into_inner and drop"))
     }
 
     /// Deregister, and give the memory back.
@@ -103,6 +100,6 @@ impl<M: Deref<Target = dyn DeviceMemory>> Deref for Registered<'_, M> {
 
 impl<M: DerefMut<Target = dyn DeviceMemory>> DerefMut for Registered<'_, M> {
     fn deref_mut(&mut self) -> &mut Self::Target {
-        &mut **self.memory_mut()
+        &mut **self.mem.as_mut().unwrap_or_else(|| unreachable!("taken only by into_inner and drop"))
     }
 }
