@@ -26,29 +26,41 @@ pub(crate) fn copy(dst: &mut [u8], src: &[u8]) {
     }
     #[cfg(target_arch = "x86_64")]
     {
-        use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_storeu_si128};
-        let (n, s, d) = (src.len(), src.as_ptr(), dst.as_mut_ptr());
-        let mut i = 0;
-        while i + 64 <= n {
-            // SAFETY: `i + 64 <= n`, the length of both slices, so the four 16-byte loads and
-            // stores stay inside them (unaligned accesses); `&[u8]` and `&mut [u8]` never
-            // overlap. SSE2 is part of every x86_64 target.
-            unsafe {
-                let a = _mm_loadu_si128(s.add(i).cast::<__m128i>());
-                let b = _mm_loadu_si128(s.add(i + 16).cast::<__m128i>());
-                let c = _mm_loadu_si128(s.add(i + 32).cast::<__m128i>());
-                let e = _mm_loadu_si128(s.add(i + 48).cast::<__m128i>());
-                _mm_storeu_si128(d.add(i).cast::<__m128i>(), a);
-                _mm_storeu_si128(d.add(i + 16).cast::<__m128i>(), b);
-                _mm_storeu_si128(d.add(i + 32).cast::<__m128i>(), c);
-                _mm_storeu_si128(d.add(i + 48).cast::<__m128i>(), e);
-            }
-            i += 64;
-        }
+        let i = blocks64(dst, src, 0, false);
         dst[i..].copy_from_slice(&src[i..]);
     }
     #[cfg(not(target_arch = "x86_64"))]
     dst.copy_from_slice(src);
+}
+
+/// Copy `src[from..]` to `dst[from..]` in 64-byte blocks of 16-byte vector loads and stores
+/// (streaming stores when `stream`, which need `dst[from..]` 16-byte aligned), never with
+/// the string-move instruction; returns where the blocks end (the tail is the caller's).
+#[cfg(target_arch = "x86_64")]
+fn blocks64(dst: &mut [u8], src: &[u8], from: usize, stream: bool) -> usize {
+    use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_storeu_si128, _mm_stream_si128};
+    let (n, s, d) = (src.len().min(dst.len()), src.as_ptr(), dst.as_mut_ptr());
+    debug_assert!(!stream || from + 64 > n || (d as usize + from).is_multiple_of(16));
+    let mut i = from;
+    while i + 64 <= n {
+        // SAFETY: `i + 64 <= n`, the length of both slices, so the four 16-byte loads and
+        // stores stay inside them; streaming stores go to 16-byte aligned addresses (`from`
+        // is, per the caller, and steps are 64); `&[u8]` and `&mut [u8]` never overlap. SSE2
+        // is part of every x86_64 target.
+        unsafe {
+            let v = [0, 16, 32, 48].map(|k| _mm_loadu_si128(s.add(i + k).cast::<__m128i>()));
+            for (k, x) in [0, 16, 32, 48].into_iter().zip(v) {
+                let p = d.add(i + k).cast::<__m128i>();
+                if stream {
+                    _mm_stream_si128(p, x)
+                } else {
+                    _mm_storeu_si128(p, x)
+                }
+            }
+        }
+        i += 64;
+    }
+    i
 }
 
 /// `dst.copy_from_slice(src)` with streaming (non-temporal) stores: the destination's lines
@@ -63,30 +75,12 @@ pub(crate) fn copy_streaming(dst: &mut [u8], src: &[u8]) {
     assert_eq!(dst.len(), src.len(), "copy between buffers of different lengths");
     #[cfg(target_arch = "x86_64")]
     {
-        use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
+        use std::arch::x86_64::_mm_sfence;
         let n = src.len();
         // Plain stores up to the destination's first 16-byte boundary.
         let head = dst.as_ptr().align_offset(16).min(n);
         dst[..head].copy_from_slice(&src[..head]);
-        let (s, d) = (src.as_ptr(), dst.as_mut_ptr());
-        let mut i = head;
-        while i + 64 <= n {
-            // SAFETY: `i + 64 <= n`, the length of both slices, so the four 16-byte loads and
-            // stores stay inside them; `d + i` is 16-byte aligned (from `head` on, in steps
-            // of 64), as streaming stores need; the slices never overlap. SSE2 is part of
-            // every x86_64 target.
-            unsafe {
-                let a = _mm_loadu_si128(s.add(i).cast::<__m128i>());
-                let b = _mm_loadu_si128(s.add(i + 16).cast::<__m128i>());
-                let c = _mm_loadu_si128(s.add(i + 32).cast::<__m128i>());
-                let e = _mm_loadu_si128(s.add(i + 48).cast::<__m128i>());
-                _mm_stream_si128(d.add(i).cast::<__m128i>(), a);
-                _mm_stream_si128(d.add(i + 16).cast::<__m128i>(), b);
-                _mm_stream_si128(d.add(i + 32).cast::<__m128i>(), c);
-                _mm_stream_si128(d.add(i + 48).cast::<__m128i>(), e);
-            }
-            i += 64;
-        }
+        let i = blocks64(dst, src, head, true);
         dst[i..].copy_from_slice(&src[i..]);
         // SAFETY: a store fence has no memory operands.
         unsafe { _mm_sfence() };
