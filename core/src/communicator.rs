@@ -8,14 +8,15 @@ use crate::config::CommConfig;
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
 use crate::group::GroupSpec;
-use crate::recorder::{FlightRecorder, OpRecord, OpState};
+use crate::recorder::FlightRecorder;
 use crate::store::Store;
-use crate::work::{Work, WorkInfo};
+use crate::work::Work;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod helpers;
+mod issue;
 mod register;
 pub use register::Registered;
 mod streams;
@@ -92,6 +93,10 @@ pub struct Communicator {
     recording_on: std::sync::atomic::AtomicBool,
     /// Detail mode's cross-member check of every collective (`CommConfig::detail`).
     detail: Option<crate::detail::Detail>,
+    /// What calls are validated against.
+    accepts: validate::Accepts,
+    /// This group's index in the flight recorder.
+    group_id: u16,
 }
 
 /// The shape of one operation, as recorded for a warmup plan: distinct signatures of a real
@@ -189,8 +194,11 @@ impl Communicator {
                 msg: format!("spec lists {} ranks, the communicator has {}", spec.ranks.len(), info.size),
             });
         }
+        let accepts = validate::Accepts::of(inner.capabilities(), info.device);
+        let name: Arc<str> = Arc::from(spec.name.as_str());
+        let group_id = recorder.intern(&name);
         Ok(Communicator {
-            name: Arc::from(spec.name.as_str()),
+            name,
             inner,
             spec: Arc::new(spec),
             seq: AtomicU64::new(0),
@@ -199,6 +207,8 @@ impl Communicator {
             recording: std::sync::Mutex::new(None),
             recording_on: std::sync::atomic::AtomicBool::new(false),
             detail: None,
+            accepts,
+            group_id,
         })
     }
 
@@ -324,71 +334,6 @@ impl Communicator {
     /// Operations issued so far.
     pub fn issued(&self) -> u64 {
         self.seq.load(Ordering::Relaxed)
-    }
-
-    /// Add `call`'s signature to the recording, keeping one entry per (op, dtype, size
-    /// class, peer) with the largest size seen.
-    fn record(&self, call: &Call) {
-        let Ok(mut rec) = self.recording.lock() else { return };
-        let Some(map) = rec.as_mut() else { return };
-        let one: [(Option<usize>, usize); 1] = [(call.peer, call.bytes)];
-        let batch: Vec<(Option<usize>, usize)> = call.batch.iter().map(|&(p, b)| (Some(p), b)).collect();
-        let entries: &[(Option<usize>, usize)] = if batch.is_empty() { &one } else { &batch };
-        for &(peer, bytes) in entries {
-            let class = if bytes == 0 { 0 } else { usize::BITS - 1 - bytes.leading_zeros() };
-            let most = map.entry((call.op, call.dtype, class, peer)).or_default();
-            *most = (*most).max(bytes);
-        }
-    }
-
-    fn issue<'a>(&'a self, call: Call, f: impl FnOnce(&'a dyn Collective) -> Result<Work<'a>>) -> Result<Work<'a>> {
-        if let Some(d) = self.detail.as_ref().filter(|_| !call.is_point_to_point()) {
-            d.check(call.op, &call.fingerprint(), self.config.op_timeout)?;
-        }
-        let seq = self.seq.fetch_add(1, Ordering::Relaxed);
-        let info = self.inner.info();
-        let span = tracing::debug_span!(
-            "collective",
-            backend = info.backend,
-            group = %self.name,
-            rank = info.rank,
-            world_size = info.size,
-            op = call.op,
-            seq,
-            bytes = call.bytes
-        );
-        let _g = span.enter();
-        let started = Instant::now();
-        let ticket = self.recorder.push(OpRecord {
-            group: self.name.clone(),
-            rank: info.rank,
-            seq,
-            op: call.op,
-            dtype: call.dtype,
-            count: call.count,
-            bytes: call.bytes,
-            peer: call.peer,
-            started,
-            elapsed: None,
-            state: OpState::Pending,
-        });
-        match f(self.inner.as_ref()) {
-            Ok(mut w) => {
-                // Only what the backend accepted: a rejected call is nothing to warm.
-                if self.recording_on.load(Ordering::Acquire) {
-                    self.record(&call);
-                }
-                let winfo = WorkInfo { op: call.op, seq, group: self.name.clone(), rank: info.rank, started };
-                w.attach(winfo, Some((self.recorder.clone(), ticket)));
-                tracing::trace!("enqueued");
-                Ok(w)
-            }
-            Err(e) => {
-                self.recorder.finish(ticket, OpState::Failed(e.to_string()));
-                tracing::debug!(error = %e, "enqueue failed");
-                Err(e)
-            }
-        }
     }
 
     /// Element-wise reduction across the group; `send: None` reduces `recv` in place.

@@ -3,7 +3,8 @@
 
 use crate::dtype::DType;
 use std::fmt::Write as _;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// Where an operation stands.
@@ -40,34 +41,134 @@ pub struct OpRecord {
     pub peer: Option<usize>,
     /// When it was enqueued.
     pub started: Instant,
-    /// How long until its completion was observed.
+    /// How long until its completion was observed, to the coarse clock's tick (1-4 ms on
+    /// Linux): never more than the true time, and zero for operations shorter than a tick.
     pub elapsed: Option<Duration>,
     /// State.
     pub state: OpState,
 }
 
 /// A bounded ring of [`OpRecord`]s.
+///
+/// A push and a finish run on every operation, so neither takes a lock: a push claims the
+/// next ticket with one atomic add and writes its slot, a finish writes its slot's outcome
+/// with one compare-and-swap. Readers (dumps, errors) copy a slot between two reads of its
+/// tag and keep the copy only when the tag did not change.
 #[derive(Debug)]
 pub struct FlightRecorder {
     capacity: usize,
-    entries: Mutex<Ring>,
+    /// What record times count from.
+    base: Instant,
+    /// `base` on the coarse clock's scale (nanoseconds of `CLOCK_MONOTONIC`).
+    #[cfg(target_os = "linux")]
+    base_ns: u64,
+    slots: Box<[Slot]>,
+    /// Records ever pushed: the ring holds tickets `pushed - capacity .. pushed` (fewer
+    /// until it fills).
+    pushed: AtomicU64,
+    /// Group and operation names, and failure texts: taken when a communicator is made, a
+    /// new operation name is first seen, or an operation fails.
+    names: Mutex<Names>,
+    /// Operation names already seen, by index (a lookup without the lock).
+    ops: [OnceLock<&'static str>; MAX_OPS],
 }
 
-/// The records, ticket `t` at `records[t % capacity]`: a full ring overwrites its oldest
-/// record in place (a push moves one record, not two).
+/// Operation names a recorder tells apart (any more are shown as `?`).
+const MAX_OPS: usize = 32;
+
 #[derive(Debug, Default)]
-struct Ring {
-    records: Vec<OpRecord>,
-    /// Records ever pushed: the ring holds tickets `pushed - len .. pushed`.
-    pushed: u64,
+struct Names {
+    /// Group names, each once (a name used again takes its old index).
+    groups: Vec<Arc<str>>,
+    /// The text of each failed record, by ticket (pruned as the ring moves on).
+    failures: std::collections::HashMap<u64, String>,
 }
 
-impl Ring {
-    /// The records, oldest first.
-    fn iter(&self, capacity: usize) -> impl DoubleEndedIterator<Item = &OpRecord> {
-        let first = self.pushed - self.records.len() as u64;
-        (first..self.pushed).map(move |t| &self.records[(t % capacity as u64) as usize])
+/// One record: a cache line of words. `tag` is `ticket << 8 | state` (`EMPTY` before the
+/// first push), written last by a push (`WRITING` meanwhile) and moved from `PENDING` by
+/// the one finish that wins it.
+#[derive(Debug, Default)]
+#[repr(align(64))]
+struct Slot {
+    tag: AtomicU64,
+    seq: AtomicU64,
+    /// From the recorder's base to the start, in nanoseconds.
+    started_ns: AtomicU64,
+    /// Until completion was observed, in nanoseconds (meaningful once finished).
+    elapsed_ns: AtomicU64,
+    count: AtomicU64,
+    bytes: AtomicU64,
+    /// `rank << 32 | peer` (`u32::MAX` for no peer).
+    who: AtomicU64,
+    /// `group << 16 | op << 8 | dtype` (`0xff` for none).
+    what: AtomicU64,
+}
+
+const PENDING: u64 = 0;
+const COMPLETED: u64 = 1;
+const FAILED: u64 = 2;
+const DROPPED: u64 = 3;
+const WRITING: u64 = 0xfe;
+const EMPTY: u64 = u64::MAX;
+
+/// An operation's facts as a push records them (an [`OpRecord`] without group, timing
+/// and state).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct OpFields {
+    pub(crate) rank: usize,
+    pub(crate) seq: u64,
+    pub(crate) op: &'static str,
+    pub(crate) dtype: Option<DType>,
+    pub(crate) count: usize,
+    pub(crate) bytes: usize,
+    pub(crate) peer: Option<usize>,
+    pub(crate) started: Instant,
+}
+
+fn code(s: &OpState) -> u64 {
+    match s {
+        OpState::Pending => PENDING,
+        OpState::Completed => COMPLETED,
+        OpState::Failed(_) => FAILED,
+        OpState::Dropped => DROPPED,
     }
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+#[cfg(target_os = "linux")]
+fn mono_ns(clock: rustix::time::ClockId) -> u64 {
+    let t = rustix::time::clock_gettime(clock);
+    (t.tv_sec.max(0) as u64).saturating_mul(1_000_000_000).saturating_add(t.tv_nsec.max(0) as u64)
+}
+
+/// How finely completion times are known: the coarse clock's tick.
+pub(crate) fn completion_resolution() -> Duration {
+    #[cfg(target_os = "linux")]
+    {
+        let r = rustix::time::clock_getres(rustix::time::ClockId::MonotonicCoarse);
+        Duration::new(r.tv_sec.max(0) as u64, r.tv_nsec.clamp(0, 999_999_999) as u32)
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        Duration::ZERO
+    }
+}
+
+/// A slot's words, copied.
+#[derive(Debug, Clone, Copy)]
+struct Copied {
+    ticket: u64,
+    state: u64,
+    seq: u64,
+    started_ns: u64,
+    elapsed_ns: u64,
+    count: u64,
+    bytes: u64,
+    who: u64,
+    what: u64,
 }
 
 /// Names one pushed record, so finishing it is a lookup, not a search (it runs on every
@@ -78,60 +179,230 @@ pub struct Ticket(u64);
 impl FlightRecorder {
     /// A recorder keeping the last `capacity` operations.
     pub fn new(capacity: usize) -> Arc<Self> {
-        let r = Arc::new(FlightRecorder { capacity: capacity.max(1), entries: Mutex::new(Ring::default()) });
+        let capacity = capacity.max(1);
+        let slots: Box<[Slot]> =
+            (0..capacity).map(|_| Slot { tag: AtomicU64::new(EMPTY), ..Slot::default() }).collect();
+        let r = Arc::new(FlightRecorder {
+            capacity,
+            base: Instant::now(),
+            #[cfg(target_os = "linux")]
+            base_ns: mono_ns(rustix::time::ClockId::Monotonic),
+            slots,
+            pushed: AtomicU64::new(0),
+            names: Mutex::new(Names::default()),
+            ops: std::array::from_fn(|_| OnceLock::new()),
+        });
         crate::trace::register(&r);
         r
     }
 
+    fn names(&self) -> std::sync::MutexGuard<'_, Names> {
+        self.names.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The index of `group` in this recorder, for [`FlightRecorder::push_pending`].
+    pub(crate) fn intern(&self, group: &Arc<str>) -> u16 {
+        let mut n = self.names();
+        let found = n.groups.iter().position(|x| Arc::ptr_eq(x, group) || **x == **group);
+        let i = found.unwrap_or_else(|| {
+            n.groups.push(group.clone());
+            n.groups.len() - 1
+        });
+        u16::try_from(i).unwrap_or(u16::MAX)
+    }
+
+    /// The index of operation name `op`.
+    fn op_index(&self, op: &'static str) -> u64 {
+        for (i, cell) in self.ops.iter().enumerate() {
+            match cell.get() {
+                Some(x) if std::ptr::eq(*x, op) || *x == op => return i as u64,
+                Some(_) => continue,
+                None => {
+                    let x = *cell.get_or_init(|| op);
+                    if x == op {
+                        return i as u64;
+                    }
+                }
+            }
+        }
+        0xff
+    }
+
+    fn op_name(&self, what: u64) -> &'static str {
+        self.ops.get(((what >> 8) & 0xff) as usize).and_then(|c| c.get().copied()).unwrap_or("?")
+    }
+
     /// Record a newly enqueued operation.
     pub fn push(&self, rec: OpRecord) -> Ticket {
-        let Ok(mut e) = self.entries.lock() else { return Ticket(u64::MAX) };
-        let slot = (e.pushed % self.capacity as u64) as usize;
-        if e.records.len() == self.capacity {
-            e.records[slot] = rec;
-        } else {
-            e.records.push(rec);
+        let f = OpFields {
+            rank: rec.rank,
+            seq: rec.seq,
+            op: rec.op,
+            dtype: rec.dtype,
+            count: rec.count,
+            bytes: rec.bytes,
+            peer: rec.peer,
+            started: rec.started,
+        };
+        let group = self.intern(&rec.group);
+        let state = code(&rec.state);
+        let elapsed = rec.elapsed.map_or(0, nanos);
+        let t = self.write(group, &f, state, elapsed);
+        if let OpState::Failed(m) = rec.state {
+            self.names().failures.insert(t, m);
         }
-        e.pushed += 1;
-        Ticket(e.pushed - 1)
+        Ticket(t)
+    }
+
+    /// [`FlightRecorder::push`] of a pending operation of the group `intern` named `group`
+    /// (what every operation pushes).
+    pub(crate) fn push_pending(&self, group: u16, f: &OpFields) -> Ticket {
+        Ticket(self.write(group, f, PENDING, 0))
+    }
+
+    fn write(&self, group: u16, f: &OpFields, state: u64, elapsed_ns: u64) -> u64 {
+        let t = self.pushed.fetch_add(1, Ordering::Relaxed);
+        let s = &self.slots[(t % self.capacity as u64) as usize];
+        // One writer a slot (the ring would have to come round during this push for two).
+        let old = s.tag.load(Ordering::Relaxed);
+        s.tag.store(t << 8 | WRITING, Ordering::Relaxed);
+        // Fields written after the tag says so: a reader that saw the old tag sees it change.
+        std::sync::atomic::fence(Ordering::Release);
+        if old != EMPTY && old & 0xff == FAILED {
+            self.names().failures.remove(&(old >> 8));
+        }
+        let dtype = f.dtype.and_then(|d| DType::ALL.iter().position(|x| *x == d)).map_or(0xff, |i| i as u64);
+        let peer = f.peer.map_or(u32::MAX as u64, |p| p.min(u32::MAX as usize - 1) as u64);
+        s.seq.store(f.seq, Ordering::Relaxed);
+        s.started_ns.store(nanos(f.started.saturating_duration_since(self.base)), Ordering::Relaxed);
+        s.elapsed_ns.store(elapsed_ns, Ordering::Relaxed);
+        s.count.store(f.count as u64, Ordering::Relaxed);
+        s.bytes.store(f.bytes as u64, Ordering::Relaxed);
+        s.who.store((f.rank.min(u32::MAX as usize) as u64) << 32 | peer, Ordering::Relaxed);
+        s.what.store((group as u64) << 16 | self.op_index(f.op) << 8 | dtype, Ordering::Relaxed);
+        s.tag.store(t << 8 | state, Ordering::Release);
+        t
     }
 
     /// Mark a pending operation as finished (a no-op once it has left the ring).
     pub fn finish(&self, ticket: Ticket, state: OpState) {
-        if let Ok(mut e) = self.entries.lock() {
-            let first = e.pushed - e.records.len() as u64;
-            if !(first..e.pushed).contains(&ticket.0) {
-                return;
+        let t = ticket.0;
+        let Some(s) = self.slots.get((t % self.capacity as u64) as usize) else { return };
+        let pending = t << 8 | PENDING;
+        if s.tag.load(Ordering::Acquire) != pending {
+            // Finished already, or overwritten by a later push.
+            return;
+        }
+        let started = s.started_ns.load(Ordering::Relaxed);
+        s.elapsed_ns.store(self.now_coarse_ns().saturating_sub(started), Ordering::Relaxed);
+        let code = code(&state);
+        if let OpState::Failed(m) = state {
+            self.names().failures.insert(t, m);
+        }
+        if s.tag.compare_exchange(pending, t << 8 | code, Ordering::Release, Ordering::Relaxed).is_err()
+            && code == FAILED
+        {
+            self.names().failures.remove(&t);
+        }
+    }
+
+    /// Now, from `base`, to the coarse clock's tick ([`completion_resolution`]): a
+    /// completion is stamped on every operation, and reading the tick costs a load where
+    /// the precise clock costs a computation several times slower. Never later than the
+    /// precise time.
+    fn now_coarse_ns(&self) -> u64 {
+        #[cfg(target_os = "linux")]
+        {
+            mono_ns(rustix::time::ClockId::MonotonicCoarse).saturating_sub(self.base_ns)
+        }
+        #[cfg(not(target_os = "linux"))]
+        {
+            nanos(self.base.elapsed())
+        }
+    }
+
+    /// Slot `i` copied whole, or `None` while it is empty or being written.
+    fn copy(&self, i: usize) -> Option<Copied> {
+        let s = &self.slots[i];
+        for _ in 0..64 {
+            let a = s.tag.load(Ordering::Acquire);
+            if a == EMPTY {
+                return None;
             }
-            let i = (ticket.0 % self.capacity as u64) as usize;
-            if let Some(r) = e.records.get_mut(i) {
-                if r.state == OpState::Pending {
-                    r.elapsed = Some(r.started.elapsed());
-                    r.state = state;
-                }
+            if a & 0xff == WRITING {
+                std::hint::spin_loop();
+                continue;
             }
+            let c = Copied {
+                ticket: a >> 8,
+                state: a & 0xff,
+                seq: s.seq.load(Ordering::Relaxed),
+                started_ns: s.started_ns.load(Ordering::Relaxed),
+                elapsed_ns: s.elapsed_ns.load(Ordering::Relaxed),
+                count: s.count.load(Ordering::Relaxed),
+                bytes: s.bytes.load(Ordering::Relaxed),
+                who: s.who.load(Ordering::Relaxed),
+                what: s.what.load(Ordering::Relaxed),
+            };
+            std::sync::atomic::fence(Ordering::Acquire);
+            if s.tag.load(Ordering::Relaxed) == a {
+                return Some(c);
+            }
+        }
+        None
+    }
+
+    /// The records in the ring, oldest first.
+    fn copies(&self) -> Vec<Copied> {
+        let pushed = self.pushed.load(Ordering::Acquire);
+        let first = pushed.saturating_sub(self.capacity as u64);
+        (first..pushed)
+            .filter_map(|t| self.copy((t % self.capacity as u64) as usize).filter(|c| c.ticket == t))
+            .collect()
+    }
+
+    fn record(&self, c: &Copied, names: &Names) -> OpRecord {
+        let state = match c.state {
+            PENDING => OpState::Pending,
+            COMPLETED => OpState::Completed,
+            FAILED => OpState::Failed(names.failures.get(&c.ticket).cloned().unwrap_or_default()),
+            _ => OpState::Dropped,
+        };
+        let peer = c.who & 0xffff_ffff;
+        OpRecord {
+            group: names.groups.get((c.what >> 16) as usize).cloned().unwrap_or_else(|| Arc::from("?")),
+            rank: (c.who >> 32) as usize,
+            seq: c.seq,
+            op: self.op_name(c.what),
+            dtype: DType::ALL.get((c.what & 0xff) as usize).copied(),
+            count: c.count as usize,
+            bytes: c.bytes as usize,
+            peer: (peer != u32::MAX as u64).then_some(peer as usize),
+            started: self.base + Duration::from_nanos(c.started_ns),
+            elapsed: (c.state != PENDING).then(|| Duration::from_nanos(c.elapsed_ns)),
+            state,
         }
     }
 
     /// A copy of the recorded operations, oldest first.
     pub fn snapshot(&self) -> Vec<OpRecord> {
-        self.entries.lock().map(|e| e.iter(self.capacity).cloned().collect()).unwrap_or_default()
+        let copies = self.copies();
+        let names = self.names();
+        copies.iter().map(|c| self.record(c, &names)).collect()
     }
 
     /// The newest completed operation of `group` still in the ring: its name, sequence
     /// number and how long ago it finished (for errors: whether a group ever ran).
     pub fn last_completed(&self, group: &str) -> Option<(&'static str, u64, Duration)> {
-        let e = self.entries.lock().ok()?;
-        let found =
-            e.iter(self.capacity).rev().find(|r| r.state == OpState::Completed && &*r.group == group).map(|r| {
-                let done = r.started + r.elapsed.unwrap_or_default();
-                (r.op, r.seq, done.elapsed())
-            });
-        found
+        let g = self.names().groups.iter().position(|x| &**x == group)? as u64;
+        let found = self.copies().into_iter().rev().find(|c| c.state == COMPLETED && c.what >> 16 == g)?;
+        let done = self.base + Duration::from_nanos(found.started_ns.saturating_add(found.elapsed_ns));
+        Some((self.op_name(found.what), found.seq, done.elapsed()))
     }
 
     /// A human-readable table of the recorded operations, oldest first.
     pub fn dump(&self) -> String {
+        let tick = completion_resolution();
         let mut s =
             String::from("group            rank   seq  op              dtype  bytes        peer  state      elapsed\n");
         for r in self.snapshot() {
@@ -152,7 +423,11 @@ impl FlightRecorder {
                 r.bytes,
                 r.peer.map(|p| p.to_string()).unwrap_or_else(|| "-".into()),
                 state,
-                r.elapsed.map(|d| format!("{d:?}")).unwrap_or_else(|| format!("{:?}+", r.started.elapsed())),
+                match r.elapsed {
+                    Some(d) if d < tick => format!("<{tick:?}"),
+                    Some(d) => format!("{d:?}"),
+                    None => format!("{:?}+", r.started.elapsed()),
+                },
             );
         }
         s
@@ -197,5 +472,76 @@ mod tests {
         // A finished record keeps its first outcome.
         r.finish(t[3], OpState::Completed);
         assert_eq!(r.snapshot()[1].state, OpState::Failed("x".into()));
+    }
+
+    #[test]
+    fn concurrent_pushes_and_finishes_leave_whole_records() {
+        let r = FlightRecorder::new(64);
+        let g: Arc<str> = Arc::from("g");
+        let id = r.intern(&g);
+        std::thread::scope(|sc| {
+            for rank in 0..4usize {
+                let r = &r;
+                sc.spawn(move || {
+                    for seq in 0..5000u64 {
+                        let f = OpFields {
+                            rank,
+                            seq,
+                            op: if seq % 2 == 0 { "all_reduce" } else { "send" },
+                            dtype: Some(DType::F32),
+                            count: seq as usize,
+                            bytes: 4 * seq as usize,
+                            peer: (seq % 2 == 1).then_some(rank),
+                            started: Instant::now(),
+                        };
+                        let t = r.push_pending(id, &f);
+                        r.finish(
+                            t,
+                            if seq % 3 == 0 { OpState::Failed(format!("{rank}/{seq}")) } else { OpState::Completed },
+                        );
+                    }
+                });
+            }
+            for _ in 0..200 {
+                for rec in r.snapshot() {
+                    // Every field of a record comes from the same push.
+                    assert_eq!(rec.count as u64, rec.seq);
+                    assert_eq!(rec.bytes, 4 * rec.count);
+                    assert_eq!(rec.op, if rec.seq % 2 == 0 { "all_reduce" } else { "send" });
+                    assert_eq!(rec.peer, (rec.seq % 2 == 1).then_some(rec.rank));
+                    if let OpState::Failed(m) = &rec.state {
+                        assert!(m.is_empty() || *m == format!("{}/{}", rec.rank, rec.seq), "{m}");
+                    }
+                }
+            }
+        });
+        let s = r.snapshot();
+        assert_eq!(s.len(), 64);
+        for rec in &s {
+            let want = if rec.seq % 3 == 0 {
+                OpState::Failed(format!("{}/{}", rec.rank, rec.seq))
+            } else {
+                OpState::Completed
+            };
+            assert_eq!(rec.state, want);
+        }
+        // Texts of failures that left the ring are not kept.
+        assert!(r.names().failures.len() <= 64);
+    }
+
+    #[test]
+    fn completion_times_are_never_later_than_the_clock() {
+        let r = FlightRecorder::new(4);
+        let started = Instant::now();
+        let t = r.push(rec("g", 0));
+        std::thread::sleep(Duration::from_millis(30));
+        r.finish(t, OpState::Completed);
+        let took = started.elapsed();
+        let e = r.snapshot()[0].elapsed.expect("finished");
+        assert!(e <= took, "{e:?} > {took:?}");
+        assert!(e + completion_resolution() + Duration::from_millis(1) >= Duration::from_millis(30), "{e:?}");
+        assert!(r.dump().contains(" ok "), "{}", r.dump());
+        assert_eq!(r.last_completed("g").map(|(op, seq, _)| (op, seq)), Some(("all_reduce", 0)));
+        assert_eq!(r.last_completed("h"), None);
     }
 }

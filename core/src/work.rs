@@ -46,7 +46,7 @@ pub struct Work<'a> {
     /// Set by the communicator that issued it; `None` for a backend's bare work.
     info: Option<WorkInfo>,
     state: Option<std::result::Result<(), String>>,
-    recorder: Option<(Arc<FlightRecorder>, Ticket)>,
+    recorder: Option<(&'a FlightRecorder, Ticket)>,
 }
 
 impl fmt::Debug for Work<'_> {
@@ -66,7 +66,7 @@ impl<'a> Work<'a> {
         Work { imp: None, info: None, state: Some(Ok(())), recorder: None }
     }
 
-    pub(crate) fn attach(&mut self, info: WorkInfo, recorder: Option<(Arc<FlightRecorder>, Ticket)>) {
+    pub(crate) fn attach(&mut self, info: WorkInfo, recorder: Option<(&'a FlightRecorder, Ticket)>) {
         self.info = Some(info);
         self.recorder = recorder;
         if self.state.is_some() {

@@ -6,13 +6,36 @@ use crate::buffer::{overlaps, Buf, BufMut};
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
 
+/// What every call is checked against, read once from the backend: a lookup per call, not
+/// a search of its lists through the trait object.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Accepts {
+    /// Bit `d as u32` for every accepted dtype `d`.
+    dtypes: u32,
+    /// Bit `op as u32` for every accepted reduce op.
+    reduce_ops: u32,
+    /// The communicator's device.
+    device: crate::buffer::Device,
+}
+
+impl Accepts {
+    pub(super) fn of(caps: &crate::capability::Capabilities, device: crate::buffer::Device) -> Accepts {
+        let bits = |it: &mut dyn Iterator<Item = u32>| it.fold(0u32, |m, b| m | 1 << b);
+        Accepts {
+            dtypes: bits(&mut caps.dtypes.iter().map(|&d| d as u32)),
+            reduce_ops: bits(&mut caps.reduce_ops.iter().map(|&o| o as u32)),
+            device,
+        }
+    }
+}
+
 impl Communicator {
     pub(super) fn invalid(&self, op: &'static str, arg: &'static str, msg: impl Into<String>) -> Error {
         Error::InvalidArgument { op, arg, rank: self.rank(), group: self.spec.name.clone(), msg: msg.into() }
     }
 
     pub(super) fn check_dtype(&self, op: &'static str, arg: &'static str, dtype: DType) -> Result<()> {
-        if !self.capabilities().supports_dtype(dtype) {
+        if self.accepts.dtypes & 1 << dtype as u32 == 0 {
             return Err(self.invalid(
                 op,
                 arg,
@@ -23,7 +46,7 @@ impl Communicator {
     }
 
     pub(super) fn check_reduce_op(&self, op: &'static str, rop: ReduceOp) -> Result<()> {
-        if !self.capabilities().supports_reduce_op(rop) {
+        if self.accepts.reduce_ops & 1 << rop as u32 == 0 {
             return Err(self.invalid(
                 op,
                 "op",
@@ -34,7 +57,7 @@ impl Communicator {
     }
 
     pub(super) fn check_device(&self, op: &'static str, arg: &'static str, dev: crate::buffer::Device) -> Result<()> {
-        let want = self.info().device;
+        let want = self.accepts.device;
         if dev != want {
             return Err(self.invalid(op, arg, format!("buffer is on {dev}, the communicator uses {want}")));
         }
