@@ -264,9 +264,9 @@ impl CpuComm {
         let op_timeout = self.mesh.op_timeout;
         Ok(Work::new(Box::new(CpuWork {
             id,
-            pool: self.pool.clone(),
+            pool: &self.pool,
             op_timeout,
-            sched: self.sched.clone(),
+            sched: &self.sched,
             done,
             sources,
             targets,

@@ -83,10 +83,10 @@ impl Input {
 
 pub(super) struct CpuWork<'a> {
     pub(super) id: u64,
-    pub(super) pool: Arc<Pool>,
+    pub(super) pool: &'a Pool,
     /// The communicator's operation timeout: a wait at least this long may run the job.
     pub(super) op_timeout: Duration,
-    pub(super) sched: Arc<Sched>,
+    pub(super) sched: &'a Sched,
     pub(super) done: Arc<Completion>,
     /// The send buffers, for the job to read when it runs inside this caller's wait.
     pub(super) sources: Few<Buf<'a>>,

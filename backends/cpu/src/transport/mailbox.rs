@@ -62,6 +62,9 @@ pub(crate) struct Mailbox {
     /// Set once a peer's connection closed (its inbox's `closed`), read without the lock by
     /// shared-memory waits.
     pub(super) closed: Vec<AtomicBool>,
+    /// Messages held from each peer (changed under the lock): a look at an empty inbox, the
+    /// usual case between peers of one host, takes no lock.
+    queued: Vec<AtomicUsize>,
     /// Bytes a peer's unconsumed messages may hold before its reader stops reading
     /// (`ANYCCL_CPU_MAX_INBOX_BYTES`): the peer's writes then wait, and end at the
     /// operation timeout if this rank consumes nothing.
@@ -73,7 +76,15 @@ impl Mailbox {
         let mut st = State::default();
         st.inbox.resize_with(n, Inbox::default);
         let closed = (0..n).map(|_| AtomicBool::new(false)).collect();
-        Mailbox { state: Mutex::new(st), cv: Condvar::new(), is_dead: AtomicBool::new(false), closed, inbox_limit }
+        let queued = (0..n).map(|_| AtomicUsize::new(0)).collect();
+        Mailbox {
+            state: Mutex::new(st),
+            cv: Condvar::new(),
+            is_dead: AtomicBool::new(false),
+            closed,
+            queued,
+            inbox_limit,
+        }
     }
 
     /// Block the reader of `from` while that peer's unconsumed messages fill the bound (one
@@ -95,6 +106,7 @@ impl Mailbox {
         let mut st = self.lock();
         st.inbox[from].bytes += m.data.len();
         st.inbox[from].coll.push_back(m);
+        self.queued[from].fetch_add(1, Ordering::Release);
         drop(st);
         self.cv.notify_all();
     }
@@ -103,6 +115,7 @@ impl Mailbox {
         let mut st = self.lock();
         st.inbox[from].bytes += data.len();
         st.inbox[from].p2p.push_back(data);
+        self.queued[from].fetch_add(1, Ordering::Release);
         drop(st);
         self.cv.notify_all();
     }
@@ -145,22 +158,34 @@ impl Mailbox {
 
     /// The next message `take` selects from what `from` sent and was drained, without waiting.
     pub(super) fn try_take<T>(&self, from: usize, take: impl FnOnce(&mut Inbox) -> Option<T>) -> Option<T> {
-        let mut st = self.lock();
-        if st.inbox[from].bytes == 0 && st.inbox[from].coll.is_empty() && st.inbox[from].p2p.is_empty() {
+        if self.empty(from) {
             return None;
         }
-        take(&mut st.inbox[from])
+        let mut st = self.lock();
+        let v = take(&mut st.inbox[from]);
+        if v.is_some() {
+            self.queued[from].fetch_sub(1, Ordering::Release);
+        }
+        v
+    }
+
+    /// Nothing from `from` is held (as of the last push or take this thread can have seen).
+    fn empty(&self, from: usize) -> bool {
+        self.queued[from].load(Ordering::Acquire) == 0
     }
 
     pub(super) fn has_coll(&self, from: usize) -> bool {
-        !self.lock().inbox[from].coll.is_empty()
+        !self.empty(from) && !self.lock().inbox[from].coll.is_empty()
     }
 
     pub(super) fn has_p2p(&self, from: usize) -> bool {
-        !self.lock().inbox[from].p2p.is_empty()
+        !self.empty(from) && !self.lock().inbox[from].p2p.is_empty()
     }
 
     pub(super) fn held(&self, from: usize) -> usize {
+        if self.empty(from) {
+            return 0;
+        }
         self.lock().inbox[from].bytes
     }
 
@@ -178,6 +203,7 @@ impl Mailbox {
             }
             let full = st.inbox[from].bytes >= self.inbox_limit;
             if let Some(v) = take(&mut st.inbox[from]) {
+                self.queued[from].fetch_sub(1, Ordering::Release);
                 if full && st.inbox[from].bytes < self.inbox_limit {
                     // The peer's reader may be waiting for room.
                     drop(st);
