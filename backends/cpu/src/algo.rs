@@ -221,13 +221,15 @@ fn fold_in_rank_order(cx: &Coll<'_>, data: &mut [u8], src: Option<&[u8]>, dtype:
     // This rank's contribution, kept aside unless it is first (rank 0) or lies elsewhere: on
     // the stack up to the default direct size (the smallest, latency-bound calls), in words
     // so that every element type is aligned for the reduction.
+    // Filled where it lies: a move of the vector would copy its whole inline array.
     let len = data.len();
-    let kept = (me != 0 && src.is_none()).then(|| {
-        let mut v = smallvec::SmallVec::<[u64; DIRECT_MAX / 8]>::from_elem(0, len.div_ceil(8));
-        bytemuck::cast_slice_mut::<u64, u8>(&mut v)[..len].copy_from_slice(data);
-        v
-    });
-    let mine = src.or(kept.as_ref().map(|v| &bytemuck::cast_slice::<u64, u8>(v)[..len]));
+    let keep = me != 0 && src.is_none();
+    let mut kept = smallvec::SmallVec::<[u64; DIRECT_MAX / 8]>::new();
+    if keep {
+        kept.resize(len.div_ceil(8), 0);
+        bytemuck::cast_slice_mut::<u64, u8>(&mut kept)[..len].copy_from_slice(data);
+    }
+    let mine = src.or(keep.then(|| &bytemuck::cast_slice::<u64, u8>(&kept)[..len]));
     if me != 0 {
         cx.recv_into(0, data)?;
     } else if let Some(src) = src {
