@@ -364,7 +364,8 @@ pub struct CommConfig {
     pub op_timeout: Duration,
     /// Limit on connecting and splitting (`ANYCCL_INIT_TIMEOUT_S`, default 300).
     pub init_timeout: Duration,
-    /// Operations kept by the flight recorder (`ANYCCL_FLIGHT_RECORDER`, default 2048).
+    /// Operations kept by the flight recorder (`ANYCCL_FLIGHT_RECORDER`, default 2048, at
+    /// most 1048576: 64 bytes each, allocated when the communicator is made).
     pub flight_recorder: usize,
     /// Detail mode (`ANYCCL_DEBUG=detail`): members compare every collective's fingerprint
     /// through the store before it runs, so ranks issuing different collectives get an
@@ -408,6 +409,14 @@ impl CommConfig {
         }
         if self.buffer_mb == Some(0) {
             return Err("CommConfig::buffer_mb = 0: at least 1 MiB".into());
+        }
+        let most = crate::recorder::MAX_RECORDS;
+        if !(1..=most).contains(&self.flight_recorder) {
+            return Err(format!(
+                "CommConfig::flight_recorder = {} (ANYCCL_FLIGHT_RECORDER) is not from 1 to {most} records (64 bytes \
+                 each, allocated at connect)",
+                self.flight_recorder
+            ));
         }
         Ok(())
     }
@@ -616,6 +625,18 @@ mod tests {
         for bad in ["novalue", "=x", "1A=x", "A B=x"] {
             let e = parse_rank_env(bad, 1).unwrap_err().to_string();
             assert!(e.contains("ANYCCL_RANK_ENV"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn flight_recorder_sizes_outside_1_to_max_are_refused() {
+        use super::CommConfig;
+        for bad in [0, crate::recorder::MAX_RECORDS + 1, usize::MAX] {
+            let e = CommConfig { flight_recorder: bad, ..CommConfig::default() }.check().unwrap_err();
+            assert!(e.contains("flight_recorder") && e.contains("ANYCCL_FLIGHT_RECORDER"), "{e}");
+        }
+        for good in [1, 2048, crate::recorder::MAX_RECORDS] {
+            assert!(CommConfig { flight_recorder: good, ..CommConfig::default() }.check().is_ok());
         }
     }
 }

@@ -57,7 +57,7 @@ pub use error::{Error, Recovery, Result};
 pub use group::{GroupRegistry, GroupSpec, Role};
 pub use logging::init_logging;
 pub use platform::{DeviceMemory, HostMemory, HostPlatform, MemInfo, Platform};
-pub use recorder::{FlightRecorder, OpRecord, OpState, Ticket};
+pub use recorder::{FlightRecorder, OpRecord, OpState, Ticket, MAX_RECORDS};
 pub use store::{
     abandon_generation, connect_generation, in_new_generation, joined_generation, store_barrier, CasOutcome, EtcdStore,
     MemoryStore, PrefixStore, Store, StoreStats, TcpStore, TcpStoreOptions, TcpStoreServer,

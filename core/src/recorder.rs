@@ -73,6 +73,10 @@ pub struct FlightRecorder {
     ops: [OnceLock<&'static str>; MAX_OPS],
 }
 
+/// The most records a recorder keeps (64 MiB of slots): a larger capacity is refused at
+/// connect (`CommConfig::check`) and cut to this where a recorder is made directly.
+pub const MAX_RECORDS: usize = 1 << 20;
+
 /// Operation names a recorder tells apart (any more are shown as `?`).
 const MAX_OPS: usize = 32;
 
@@ -177,9 +181,9 @@ struct Copied {
 pub struct Ticket(u64);
 
 impl FlightRecorder {
-    /// A recorder keeping the last `capacity` operations.
+    /// A recorder keeping the last `capacity` operations (1 to [`MAX_RECORDS`]).
     pub fn new(capacity: usize) -> Arc<Self> {
-        let capacity = capacity.max(1);
+        let capacity = capacity.clamp(1, MAX_RECORDS);
         let slots: Box<[Slot]> =
             (0..capacity).map(|_| Slot { tag: AtomicU64::new(EMPTY), ..Slot::default() }).collect();
         let r = Arc::new(FlightRecorder {
