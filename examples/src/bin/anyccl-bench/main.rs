@@ -664,54 +664,39 @@ async fn timed(
         let mut total = Duration::ZERO;
         let mut issuing = Duration::ZERO;
         let mut left = count;
-        // One clock read a chunk: the end of one chunk is the start of the next (a clock
-        // read costs tens of nanoseconds, a fair share of a small operation). At depth 1 the
-        // issue's share is timed on every 16th call from the first, and scaled.
+        // The clock is read where a timed stretch starts and ends, not around every call (a
+        // read costs tens of nanoseconds, a fair share of a small operation): out of place
+        // the loop is one stretch, as an MPI benchmark times its blocking loop; in place each
+        // refill ends one. At depth 1 the issue's share is timed on every 16th call from the
+        // first, and scaled.
         const SAMPLE: usize = 16;
         let (mut ones, mut sampled) = (0u32, (0u32, Duration::ZERO));
-        if !in_place && b.recvs.len() == 1 {
-            // Depth 1 out of place: one clock read for the whole loop, as an MPI benchmark
-            // times its blocking loop (a read per call would add its cost to every call); the
-            // issue's share read around every 16th call only.
-            let start = Instant::now();
-            for i in 0..count {
-                let sample = i.is_multiple_of(SAMPLE).then(Instant::now);
-                let mut w = issue(comm, op, Some(&*b.send), &mut *b.recvs[0], rop, root)?;
-                if let Some(s) = sample {
-                    sampled.0 += 1;
-                    sampled.1 += s.elapsed();
-                }
-                w.wait(timeout)?;
-            }
-            let total = start.elapsed();
-            let calls = u32::try_from(count).unwrap_or(u32::MAX);
-            let issuing = if sampled.0 > 0 { sampled.1 / sampled.0 * calls } else { Duration::ZERO };
-            return Ok((total, issuing));
-        }
-        let mut t = Instant::now();
+        let mut stretch = Instant::now();
         while left > 0 {
             let k = left.min(b.recvs.len());
             if in_place {
+                total += stretch.elapsed();
                 for r in b.recvs.iter_mut().take(k) {
                     platform.copy_from_host(&mut **r, &b.in_place_input)?;
                 }
                 // Refilling the inputs is not part of the operation, and the copies take
                 // different times on different ranks: line the ranks up again.
                 comm.barrier()?.wait(timeout)?;
-                t = Instant::now();
+                stretch = Instant::now();
             }
-            let start = t;
             let send = (!in_place).then_some(&*b.send);
             if k == 1 {
                 // One call at a time (depth 1): no list to allocate.
+                let sample = (count - left).is_multiple_of(SAMPLE).then(Instant::now);
                 let mut w = issue(comm, op, send, &mut *b.recvs[0], rop, root)?;
                 ones += 1;
-                if (count - left).is_multiple_of(SAMPLE) {
+                if let Some(s) = sample {
                     sampled.0 += 1;
-                    sampled.1 += start.elapsed();
+                    sampled.1 += s.elapsed();
                 }
                 w.wait(timeout)?;
             } else {
+                let start = Instant::now();
                 let mut works = Vec::with_capacity(k);
                 for r in b.recvs.iter_mut().take(k) {
                     works.push(issue(comm, op, send, &mut **r, rop, root)?);
@@ -721,10 +706,9 @@ async fn timed(
                     w.wait(timeout)?;
                 }
             }
-            t = Instant::now();
-            total += t - start;
             left -= k;
         }
+        total += stretch.elapsed();
         if sampled.0 > 0 {
             // The sampled calls' mean issue time, for every call of the chunks of one.
             issuing += sampled.1 / sampled.0 * ones;
