@@ -275,7 +275,9 @@ impl FlightRecorder {
         if old != EMPTY && old & 0xff == FAILED {
             self.names().failures.remove(&(old >> 8));
         }
-        let dtype = f.dtype.and_then(|d| DType::ALL.iter().position(|x| *x == d)).map_or(0xff, |i| i as u64);
+        // `DType::ALL` lists the variants in declaration order, so a variant's number is its
+        // index there (the reader maps it back through `ALL`).
+        let dtype = f.dtype.map_or(0xff, |d| d as u64);
         let peer = f.peer.map_or(u32::MAX as u64, |p| p.min(u32::MAX as usize - 1) as u64);
         s.seq.store(f.seq, Ordering::Relaxed);
         s.started_ns.store(nanos(f.started.saturating_duration_since(self.base)), Ordering::Relaxed);
@@ -547,5 +549,16 @@ mod tests {
         assert!(r.dump().contains(" ok "), "{}", r.dump());
         assert_eq!(r.last_completed("g").map(|(op, seq, _)| (op, seq)), Some(("all_reduce", 0)));
         assert_eq!(r.last_completed("h"), None);
+    }
+
+    #[test]
+    fn every_dtype_is_recorded_as_itself() {
+        // A slot stores a dtype as its variant number and reads it back through `DType::ALL`.
+        for (i, d) in DType::ALL.iter().enumerate() {
+            assert_eq!(*d as usize, i);
+            let r = FlightRecorder::new(1);
+            r.push(OpRecord { dtype: Some(*d), ..rec("g", 0) });
+            assert_eq!(r.snapshot()[0].dtype, Some(*d));
+        }
     }
 }

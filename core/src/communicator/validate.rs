@@ -20,10 +20,9 @@ pub(super) struct Accepts {
 
 impl Accepts {
     pub(super) fn of(caps: &crate::capability::Capabilities, device: crate::buffer::Device) -> Accepts {
-        let bits = |it: &mut dyn Iterator<Item = u32>| it.fold(0u32, |m, b| m | 1 << b);
         Accepts {
-            dtypes: bits(&mut caps.dtypes.iter().map(|&d| d as u32)),
-            reduce_ops: bits(&mut caps.reduce_ops.iter().map(|&o| o as u32)),
+            dtypes: caps.dtypes.iter().fold(0, |m, &d| m | 1 << d as u32),
+            reduce_ops: caps.reduce_ops.iter().fold(0, |m, &o| m | 1 << o as u32),
             device,
         }
     }
