@@ -102,6 +102,16 @@ impl Collective for Faulty {
     fn deregister(&self, handle: anyccl_core::RegHandle) -> Result<()> {
         self.inner.deregister(handle)
     }
+    async fn register_window(
+        &self,
+        buf: Buf<'_>,
+        deadline: std::time::Instant,
+    ) -> Result<Option<anyccl_core::RegHandle>> {
+        self.inner.register_window(buf, deadline).await
+    }
+    fn deregister_window(&self, handle: anyccl_core::RegHandle) -> Result<()> {
+        self.inner.deregister_window(handle)
+    }
     fn wait_stream(&self, stream: anyccl_core::StreamRef<'_>) -> Result<()> {
         self.inner.wait_stream(stream)
     }

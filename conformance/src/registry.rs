@@ -99,5 +99,6 @@ pub fn all_cases() -> Vec<Case> {
     crate::cases::lifecycle::register(&mut v);
     crate::cases::warmup::register(&mut v);
     crate::cases::register::register(&mut v);
+    crate::cases::window::register(&mut v);
     v
 }

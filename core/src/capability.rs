@@ -56,6 +56,10 @@ pub struct Capabilities {
     /// Buffers can be registered with a communicator (`Communicator::register`), letting the
     /// library skip its staging copies; elsewhere registering succeeds and does nothing.
     pub buffer_registration: bool,
+    /// Buffers can be registered collectively as windows (`Communicator::register_window`:
+    /// NCCL's symmetric windows, whose kernels serve small collectives on them faster);
+    /// elsewhere registering a window succeeds and does nothing.
+    pub windows: bool,
 }
 
 impl Capabilities {

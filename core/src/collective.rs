@@ -181,6 +181,25 @@ pub trait Collective: Send + Sync + fmt::Debug + 'static {
         Ok(())
     }
 
+    /// Register the memory `buf` views as a *window* of this communicator (NCCL's
+    /// `ncclCommWindowRegister` with `NCCL_WIN_COLL_SYMMETRIC`, HCCL's
+    /// `HcclCommSymWinRegister`); `Capabilities::windows`. Collective: every member calls it,
+    /// in the same order relative to its other windows, with the same number of bytes; the
+    /// backend compares the sizes across members before the library sees them, and returns by
+    /// `deadline`. `None` where the backend has no windows. The Communicator validated the
+    /// buffer and keeps it allocated until [`Collective::deregister_window`].
+    async fn register_window(&self, buf: Buf<'_>, deadline: Instant) -> Result<Option<RegHandle>> {
+        let _ = (buf, deadline);
+        Ok(None)
+    }
+
+    /// Undo a [`Collective::register_window`]: collective where the library's is (every
+    /// member drops its windows in the same order); a no-op once the communicator is freed.
+    fn deregister_window(&self, handle: RegHandle) -> Result<()> {
+        let _ = handle;
+        Ok(())
+    }
+
     /// Report an asynchronous failure of the communicator, if any (`Ok` when healthy).
     async fn health(&self, deadline: Instant) -> Result<()>;
     /// Stop every pending operation on this rank (they fail with `Aborted`); the

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 mod helpers;
 mod issue;
 mod register;
-pub use register::Registered;
+pub use register::{agree_window, Registered};
 mod streams;
 pub use streams::Captured;
 mod validate;

@@ -75,6 +75,9 @@ pub struct CpuComm {
     store: Arc<dyn Store>,
     ns: String,
     splits: AtomicU64,
+    /// Windows registered so far: nothing is registered on the host, but the members still
+    /// agree on each, so a program that would fail on a device backend fails here too.
+    windows: AtomicU64,
     queue: Arc<Queue>,
     pool: Arc<Pool>,
 }
@@ -102,6 +105,7 @@ pub fn cpu_capabilities() -> Capabilities {
         // Ranks of a host copy through shared memory or read each other's memory directly:
         // there is nothing to register.
         buffer_registration: false,
+        windows: false,
         detects_peer_failure: true,
         first_call_may_block: false,
         detects_mismatch: true,
@@ -164,6 +168,7 @@ impl CpuComm {
             store,
             ns,
             splits: AtomicU64::new(0),
+            windows: AtomicU64::new(0),
             queue,
             pool,
         }))
@@ -638,6 +643,17 @@ impl Collective for CpuComm {
                 Ok(vec![])
             }),
         )
+    }
+
+    async fn register_window(&self, buf: Buf<'_>, deadline: Instant) -> Result<Option<anyccl_core::RegHandle>> {
+        if let Some(d) = self.mesh.mailbox.dead() {
+            return Err(self.mesh.dead_err(d));
+        }
+        let seq = self.windows.fetch_add(1, Ordering::Relaxed);
+        let who = (self.info.rank, self.info.size);
+        anyccl_core::agree_window(&*self.store, &self.ns, &self.mesh.label, who, seq, buf.bytes(), None, deadline)
+            .await?;
+        Ok(None)
     }
 
     async fn health(&self, _deadline: Instant) -> Result<()> {

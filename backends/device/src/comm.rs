@@ -64,6 +64,8 @@ pub struct DeviceComm<L: Library> {
     /// Store prefix of this communicator (its splits' keys live under it).
     ns: String,
     splits: AtomicU64,
+    /// Windows registered so far (their agreement keys live under `ns`).
+    windows: AtomicU64,
     stream: Stream<L>,
     scratch: Memory<L>,
     comm: L::Comm,
@@ -259,6 +261,7 @@ impl<L: Library> DeviceComm<L> {
             store,
             ns,
             splits: AtomicU64::new(0),
+            windows: AtomicU64::new(0),
             stream,
             scratch,
             comm,
@@ -531,39 +534,10 @@ impl<L: Library> DeviceComm<L> {
         }
         self.rt.bind()?;
         self.settle(name)?;
-        let g = self.lock_live()?;
-        self.in_call_since.store(self.epoch.elapsed().as_nanos().max(1) as u64, Ordering::Release);
-        let started = Instant::now();
-        // SAFETY: per this function's contract; the call lock is held.
-        let r = unsafe { self.lib.launch(&self.comm, &self.stream, &op) };
-        self.in_call_since.store(0, Ordering::Release);
-        if let Lifecycle::TimedOut(_) = self.lifecycle() {
-            drop(g);
-            // A library that could not be stopped was left to this call to free.
-            self.release();
-            return Err(self.ctx.timeout(
-                name,
-                started.elapsed(),
-                format!("{}; communicator aborted", self.blocked_why()),
-            ));
-        }
-        if let Some(e) = self.dead() {
-            drop(g);
-            self.release();
-            return Err(e);
-        }
-        let launched = match r {
-            Ok(l) => l,
-            Err(e) => {
-                let mut e = self.ctx.error(name, e);
-                if let Error::Timeout { after, .. } = &mut e {
-                    *after = started.elapsed();
-                }
-                drop(g);
-                self.fail(&e);
-                return Err(e);
-            }
-        };
+        let (g, launched) = self.watched_call(name, || {
+            // SAFETY: per this function's contract; the call lock is held.
+            unsafe { self.lib.launch(&self.comm, &self.stream, &op) }
+        })?;
         if launched == Launched::InProgress {
             self.in_progress_returns.fetch_add(1, Ordering::Relaxed);
             let slot: Arc<LaunchSlot<Event<L>>> = Arc::default();
@@ -627,6 +601,51 @@ impl<L: Library> DeviceComm<L> {
         let members: Vec<usize> = same.into_iter().map(|(_, r)| r).collect();
         let new_rank = members.iter().position(|&r| r == me);
         Ok((members, new_rank))
+    }
+
+    /// Run `call` inside the library under the call lock, watched: a call blocked past the
+    /// enqueue timeout (a peer that never makes the matching call, or the library's queue
+    /// full behind a stopped peer) is ended by the watchdog, which aborts the communicator,
+    /// and comes back as a `Timeout`. A call the library failed fails the communicator (a
+    /// collective call may have left the peers inside it; freeing ends their wait too).
+    /// Returns the call lock, still held, with the result.
+    fn watched_call<T>(
+        &self,
+        op: &str,
+        call: impl FnOnce() -> std::result::Result<T, LibError>,
+    ) -> Result<(MutexGuard<'_, ()>, T)> {
+        let g = self.lock_live()?;
+        self.in_call_since.store(self.epoch.elapsed().as_nanos().max(1) as u64, Ordering::Release);
+        let started = Instant::now();
+        let r = call();
+        self.in_call_since.store(0, Ordering::Release);
+        if let Lifecycle::TimedOut(_) = self.lifecycle() {
+            drop(g);
+            // A library that could not be stopped was left to this call to free.
+            self.release();
+            return Err(self.ctx.timeout(
+                op,
+                started.elapsed(),
+                format!("{}; communicator aborted", self.blocked_why()),
+            ));
+        }
+        if let Some(e) = self.dead() {
+            drop(g);
+            self.release();
+            return Err(e);
+        }
+        match r {
+            Ok(v) => Ok((g, v)),
+            Err(e) => {
+                let mut e = self.ctx.error(op, e);
+                if let Error::Timeout { after, .. } = &mut e {
+                    *after = started.elapsed();
+                }
+                drop(g);
+                self.fail(&e);
+                Err(e)
+            }
+        }
     }
 
     /// Poll a split the library runs, under the lock and only while this communicator lives.

@@ -328,4 +328,40 @@ pub trait Library: Send + Sync + fmt::Debug + 'static {
         let _ = (comm, handle);
         Ok(())
     }
+    /// Why the `bytes` bytes at `ptr` cannot be a window of this library (NCCL's need memory
+    /// from `ncclMemAlloc`), asked on every rank before the members agree to register, so a
+    /// refusal is an error on all of them instead of a peer left waiting inside the
+    /// library. The device is current.
+    fn window_refusal(&self, ptr: *mut c_void, bytes: usize) -> Option<String> {
+        let _ = (ptr, bytes);
+        None
+    }
+    /// Register `bytes` bytes at `ptr` as a window of the communicator (NCCL's
+    /// `ncclCommWindowRegister`, HCCL's `HcclCommSymWinRegister`): collective, called by
+    /// the device layer on every rank once all agreed on the size. `None` where the library
+    /// has no windows (`Capabilities::windows` false). The device is current.
+    ///
+    /// # Safety
+    /// As [`Library::register`], until [`Library::deregister_window`].
+    ///
+    /// # Errors
+    /// The library's.
+    unsafe fn register_window(
+        &self,
+        comm: &Self::Comm,
+        ptr: *mut c_void,
+        bytes: usize,
+    ) -> Result<Option<usize>, LibError> {
+        let _ = (comm, ptr, bytes);
+        Ok(None)
+    }
+    /// Undo a [`Library::register_window`] that returned `handle` (collective where the
+    /// library's is). The device is current.
+    ///
+    /// # Errors
+    /// The library's.
+    fn deregister_window(&self, comm: &Self::Comm, handle: usize) -> Result<(), LibError> {
+        let _ = (comm, handle);
+        Ok(())
+    }
 }

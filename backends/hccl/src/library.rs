@@ -70,6 +70,9 @@ pub fn hccl_capabilities(lib: &HcclLib, devices: usize) -> Capabilities {
         streams: false,
         cta_settings: false,
         buffer_registration: lib.CommRegister.is_some() && lib.CommDeregister.is_some(),
+        // `HcclCommSymWinRegister` (CANN 9, Atlas A3 only) wants memory from
+        // `HcommMemAlloc` and has no stand-in here to test against: not wired.
+        windows: false,
         // Not verified on Ascend hardware: claimed only once measured there.
         detects_peer_failure: false,
         first_call_may_block: true,

@@ -300,6 +300,28 @@ impl Drop for Event {
     }
 }
 
+/// Why the `bytes` bytes at `ptr` cannot be an NCCL window: they are not one cuMem (VMM)
+/// allocation, such as `ncclMemAlloc` gives, or run past its end. The context is current.
+pub(crate) fn window_refusal(ptr: *mut std::ffi::c_void, bytes: usize) -> Option<String> {
+    let mut h: sys::CUmemGenericAllocationHandle = 0;
+    // SAFETY: a valid out-parameter; the driver only looks the address up.
+    let r = unsafe { sys::cuMemRetainAllocationHandle(&mut h, ptr) };
+    if r != sys::CUresult::CUDA_SUCCESS {
+        return Some(format!(
+            "{bytes} bytes at {ptr:p} are not cuMem memory ({r:?}): a window needs memory from \
+             Platform::alloc_registrable (ncclMemAlloc)"
+        ));
+    }
+    // SAFETY: releasing the reference just retained, once.
+    unsafe { sys::cuMemRelease(h) };
+    let (mut base, mut size): (sys::CUdeviceptr, usize) = (0, 0);
+    // SAFETY: valid out-parameters.
+    let r = unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, ptr as sys::CUdeviceptr) };
+    let end = ptr as u64 + bytes as u64;
+    (r != sys::CUresult::CUDA_SUCCESS || end > base + size as u64)
+        .then(|| format!("{bytes} bytes at {ptr:p} run past their allocation ({size} bytes at {base:#x}; {r:?})"))
+}
+
 /// Device memory, freed on drop.
 #[derive(Debug)]
 pub struct CudaMemory {

@@ -81,6 +81,12 @@ pub fn nccl_capabilities(lib: &NcclLib, devices: usize) -> Capabilities {
         streams: true,
         cta_settings: true,
         buffer_registration: lib.CommRegister.is_some() && lib.CommDeregister.is_some(),
+        // Only on a blocking data communicator: a non-blocking one writes the window handle
+        // after the call returned, into an out-parameter the call no longer owns.
+        windows: lib.CommWindowRegister.is_some()
+            && lib.CommWindowDeregister.is_some()
+            && blocking_data_plane()
+            && lib.CommSplit.is_some(),
         // NCCL reports neither: a dead peer leaves kernels waiting, a mismatched collective
         // runs with whatever arrives (NVIDIA/nccl#279).
         detects_peer_failure: false,
@@ -478,6 +484,27 @@ impl Library for NcclLibrary {
         // SAFETY: live handles under the device layer's lock; `handle` came from `register`
         // on the same data communicator and the device layer deregisters it once.
         unsafe { r::comm_deregister(self.lib, comm.data, handle) }
+    }
+
+    fn window_refusal(&self, ptr: *mut c_void, bytes: usize) -> Option<String> {
+        crate::cuda::window_refusal(ptr, bytes)
+    }
+
+    unsafe fn register_window(
+        &self,
+        comm: &NcclHandles,
+        ptr: *mut c_void,
+        bytes: usize,
+    ) -> Result<Option<usize>, NcclError> {
+        // On the data communicator, which runs the operations (as `register`).
+        // SAFETY: live handles under the device layer's lock; per the caller for the memory.
+        unsafe { r::comm_window_register(self.lib, comm.data, ptr, bytes) }
+    }
+
+    fn deregister_window(&self, comm: &NcclHandles, handle: usize) -> Result<(), NcclError> {
+        // SAFETY: live handles under the device layer's lock; `handle` came from
+        // `register_window` on the same data communicator, deregistered once.
+        unsafe { r::comm_window_deregister(self.lib, comm.data, handle) }
     }
 }
 

@@ -212,6 +212,38 @@ pub unsafe fn comm_deregister(lib: &NcclLib, comm: ncclComm_t, handle: usize) ->
     progress(lib, "ncclCommDeregister", code, Some(comm)).map(|_| ())
 }
 
+/// `ncclCommWindowRegister` with `NCCL_WIN_COLL_SYMMETRIC`: the window, or `None` where
+/// the library lacks windows. Collective: returns once every rank registered its window.
+///
+/// # Safety
+/// `comm` live and not used concurrently; `ptr` addresses `bytes` bytes of the
+/// communicator's device that stay allocated until deregistered; the device is current.
+pub unsafe fn comm_window_register(
+    lib: &NcclLib,
+    comm: ncclComm_t,
+    ptr: *mut c_void,
+    bytes: usize,
+) -> Result<Option<usize>, NcclError> {
+    let (Some(f), Some(_)) = (lib.CommWindowRegister, lib.CommWindowDeregister) else { return Ok(None) };
+    let mut w: *mut c_void = std::ptr::null_mut();
+    // SAFETY: per the caller; `w` is a valid out-parameter.
+    let code = unsafe { f(comm, ptr, bytes, &mut w, sys::WIN_COLL_SYMMETRIC) };
+    progress(lib, "ncclCommWindowRegister", code, Some(comm))?;
+    Ok(Some(w as usize))
+}
+
+/// `ncclCommWindowDeregister` (collective, as its register).
+///
+/// # Safety
+/// `comm` live and not used concurrently; `win` from [`comm_window_register`] on it, not
+/// deregistered before.
+pub unsafe fn comm_window_deregister(lib: &NcclLib, comm: ncclComm_t, win: usize) -> Result<(), NcclError> {
+    let Some(f) = lib.CommWindowDeregister else { return Ok(()) };
+    // SAFETY: per the caller.
+    let code = unsafe { f(comm, win as *mut c_void) };
+    progress(lib, "ncclCommWindowDeregister", code, Some(comm)).map(|_| ())
+}
+
 /// `ncclMemAlloc`: `bytes` of device memory on the current device, `None` where the
 /// library lacks it.
 ///

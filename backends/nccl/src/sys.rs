@@ -78,6 +78,9 @@ pub const API_MAGIC: u32 = 0xcafe_beef;
 pub const UNDEF_INT: c_int = c_int::MIN;
 /// `ncclStatGpuMemTotal`.
 pub const STAT_GPU_MEM_TOTAL: c_int = 3;
+/// `NCCL_WIN_COLL_SYMMETRIC`: every rank passes the same offset into its window to a
+/// collective, so the library may use its symmetric kernels.
+pub const WIN_COLL_SYMMETRIC: c_int = 0x01;
 
 /// NCCL's version code for `major.minor.patch` (2.9 and later).
 pub const fn version_code(major: i32, minor: i32, patch: i32) -> i32 {
@@ -114,6 +117,12 @@ pub struct NcclLib {
     pub CommRegister: Option<unsafe extern "C" fn(ncclComm_t, *mut c_void, usize, *mut *mut c_void) -> c_int>,
     /// `ncclCommDeregister(comm, handle)` (2.19).
     pub CommDeregister: Option<unsafe extern "C" fn(ncclComm_t, *mut c_void) -> c_int>,
+    /// `ncclCommWindowRegister(comm, buff, size, &win, flags)` (2.27.3): collective; memory
+    /// from `ncclMemAlloc` (cuMem), the same size on every rank.
+    pub CommWindowRegister:
+        Option<unsafe extern "C" fn(ncclComm_t, *mut c_void, usize, *mut *mut c_void, c_int) -> c_int>,
+    /// `ncclCommWindowDeregister(comm, win)` (2.27.3).
+    pub CommWindowDeregister: Option<unsafe extern "C" fn(ncclComm_t, *mut c_void) -> c_int>,
     /// `ncclMemAlloc(&ptr, size)` (2.19): memory the library's zero-copy paths can map.
     pub MemAlloc: Option<unsafe extern "C" fn(*mut *mut c_void, usize) -> c_int>,
     /// `ncclMemFree(ptr)` (2.19).
@@ -190,6 +199,7 @@ fn load() -> Result<NcclLib, String> {
             ));
         }
         let registration = version >= version_code(2, 19, 0);
+        let windows = version >= version_code(2, 27, 3);
         Ok(NcclLib {
             GetUniqueId: sym(&lib, "ncclGetUniqueId")?,
             CommInitRankConfig: sym(&lib, "ncclCommInitRankConfig")?,
@@ -203,6 +213,8 @@ fn load() -> Result<NcclLib, String> {
             CommMemStats: if version >= version_code(2, 29, 7) { opt(&lib, "ncclCommMemStats") } else { None },
             CommRegister: if registration { opt(&lib, "ncclCommRegister") } else { None },
             CommDeregister: if registration { opt(&lib, "ncclCommDeregister") } else { None },
+            CommWindowRegister: if windows { opt(&lib, "ncclCommWindowRegister") } else { None },
+            CommWindowDeregister: if windows { opt(&lib, "ncclCommWindowDeregister") } else { None },
             MemAlloc: if registration { opt(&lib, "ncclMemAlloc") } else { None },
             MemFree: if registration { opt(&lib, "ncclMemFree") } else { None },
             AllReduce: sym(&lib, "ncclAllReduce")?,

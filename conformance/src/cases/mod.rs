@@ -7,6 +7,7 @@ pub mod lifecycle;
 pub mod p2p;
 pub mod register;
 pub mod warmup;
+pub mod window;
 
 use anyccl_core::{Capabilities, DType, ReduceOp};
 

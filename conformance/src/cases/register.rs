@@ -10,27 +10,46 @@ use anyccl_core::{DType, DeviceMemory, Error, ReduceOp};
 use std::sync::Arc;
 
 /// `alloc_registrable` memory holding `vals`.
-fn registrable(cx: &RankCtx, dtype: DType, vals: &[f64]) -> Result<Box<dyn DeviceMemory>, crate::CaseError> {
+pub(crate) fn registrable(cx: &RankCtx, dtype: DType, vals: &[f64]) -> Result<Box<dyn DeviceMemory>, crate::CaseError> {
     let mut m = cx.platform.alloc_registrable(dtype, vals.len())?;
     cx.platform.copy_from_host(m.as_mut(), &crate::pattern::encode(vals, dtype))?;
     Ok(m)
 }
 
-/// all_reduce out of place and in place, several times, on registered send and receive
-/// buffers (one of them shared, as captured operations hold theirs); the memory comes back
-/// from `into_inner` holding the result.
-fn registered_all_reduce(cx: &RankCtx) -> CaseResult {
+/// `mem` registered with the communicator, as a window when `window` (collective: every
+/// member registers its windows in the same order).
+fn reg<M: std::ops::Deref<Target = dyn DeviceMemory>>(
+    cx: &RankCtx,
+    mem: M,
+    window: bool,
+) -> Result<anyccl_core::Registered<'_, M>, crate::CaseError> {
+    Ok(if window { cx.block_on(cx.comm.register_window(mem))? } else { cx.comm.register(mem)? })
+}
+
+/// all_reduce out of place and in place, several times and at sizes on both sides of the
+/// libraries' small-message paths, on registered send and receive buffers (one of them
+/// shared, as captured operations hold theirs), or on windows when `window`; the memory comes
+/// back from `into_inner` holding the result. Every member registers and drops its buffers
+/// in the same order, as windows need.
+pub(crate) fn registered_all_reduce_on(cx: &RankCtx, window: bool) -> CaseResult {
     let (n, dtype, op) = (cx.size, DType::F32, ReduceOp::Sum);
-    let want_registered = cx.comm.capabilities().buffer_registration;
+    let caps = cx.comm.capabilities();
+    let want_registered = if window { caps.windows } else { caps.buffer_registration };
     for (salt, count) in [(0usize, 1usize), (1, 1031), (2, 1 << 18)] {
         let input = values(cx.rank, count, Some(op), salt);
         let want: Vec<f64> = (0..count).map(|i| reduced(n, i, dtype, op, salt)).collect();
         let send: Arc<dyn DeviceMemory> = Arc::from(registrable(cx, dtype, &input)?);
-        let send_reg = cx.comm.register(send.clone())?;
-        let mut recv = cx.comm.register(cx.platform.alloc_registrable(dtype, count)?)?;
+        let send_reg = reg(cx, send.clone(), window)?;
+        let mut recv = reg(cx, cx.platform.alloc_registrable(dtype, count)?, window)?;
+        ensure!(
+            send_reg.is_window() == window && recv.is_window() == window,
+            "windows: send {}, recv {}; asked for windows: {window}",
+            send_reg.is_window(),
+            recv.is_window()
+        );
         ensure!(
             send_reg.is_registered() == want_registered && recv.is_registered() == want_registered,
-            "registered: send {}, recv {}; the backend's buffer_registration says {want_registered}",
+            "registered: send {}, recv {}; the backend's capability says {want_registered}",
             send_reg.is_registered(),
             recv.is_registered()
         );
@@ -44,15 +63,20 @@ fn registered_all_reduce(cx: &RankCtx) -> CaseResult {
                 Some(op),
             )?;
         }
-        let mut buf = cx.comm.register(registrable(cx, dtype, &input)?)?;
+        let mut buf = reg(cx, registrable(cx, dtype, &input)?, window)?;
         cx.wait(cx.comm.all_reduce(None, buf.view_mut(), op)?)?;
         check(&format!("in place, {count} elements"), &cx.download(&*buf)?, &want, dtype, Some(op))?;
         let recv = recv.into_inner()?;
         check(&format!("memory given back, {count} elements"), &cx.download(recv.as_ref())?, &want, dtype, Some(op))?;
+        drop(buf);
         drop(send_reg);
         ensure!(Arc::strong_count(&send) == 1, "the registration kept its share of the memory after it was dropped");
     }
     Ok(())
+}
+
+fn registered_all_reduce(cx: &RankCtx) -> CaseResult {
+    registered_all_reduce_on(cx, false)
 }
 
 /// Memory of no bytes is refused before the library sees it, naming the argument, the rank

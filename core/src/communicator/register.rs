@@ -19,12 +19,18 @@ use std::ops::{Deref, DerefMut};
 pub struct Registered<'c, M: Deref<Target = dyn DeviceMemory>> {
     comm: &'c Communicator,
     handle: Option<RegHandle>,
+    /// A window ([`Communicator::register_window`]), whose deregistration is collective.
+    window: bool,
     mem: Option<M>,
 }
 
 impl<M: Deref<Target = dyn DeviceMemory>> std::fmt::Debug for Registered<'_, M> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Registered").field("group", &self.comm.spec.name).field("handle", &self.handle).finish()
+        f.debug_struct("Registered")
+            .field("group", &self.comm.spec.name)
+            .field("handle", &self.handle)
+            .field("window", &self.window)
+            .finish()
     }
 }
 
@@ -50,10 +56,16 @@ impl<'c, M: Deref<Target = dyn DeviceMemory>> Registered<'c, M> {
         Ok(self.mem.take().unwrap_or_else(|| unreachable!("taken only by into_inner and drop")))
     }
 
+    /// Whether this is a window ([`Communicator::register_window`]).
+    pub fn is_window(&self) -> bool {
+        self.window
+    }
+
     fn deregister(&mut self) -> Result<()> {
-        match self.handle.take() {
-            Some(h) => self.comm.inner.deregister(h),
-            None => Ok(()),
+        match (self.handle.take(), self.window) {
+            (Some(h), false) => self.comm.inner.deregister(h),
+            (Some(h), true) => self.comm.inner.deregister_window(h),
+            (None, _) => Ok(()),
         }
     }
 }
@@ -87,7 +99,48 @@ impl Communicator {
             return Err(self.invalid(OP, "mem", "the buffer holds no bytes: nothing to register"));
         }
         let handle = self.inner.register(view)?;
-        Ok(Registered { comm: self, handle, mem: Some(mem) })
+        Ok(Registered { comm: self, handle, window: false, mem: Some(mem) })
+    }
+
+    /// Register `mem` as a *window* of this communicator: NCCL's symmetric window
+    /// (`ncclCommWindowRegister` with `NCCL_WIN_COLL_SYMMETRIC`; HCCL's
+    /// `HcclCommSymWinRegister`), which lets the library run small collectives on buffers
+    /// inside windows with its faster symmetric kernels. Unlike [`Communicator::register`]:
+    ///
+    /// - **Collective.** Every member calls it, in the same order relative to its other
+    ///   windows, with memory of the same number of bytes; a collective on windows passes the
+    ///   same offset into them on every member. The sizes are compared across members before
+    ///   the library is called: a mismatch, or memory a member's library cannot take, is an
+    ///   `InvalidArgument` on every member; a member that never calls it, a `Timeout` after
+    ///   the operation timeout.
+    /// - **Memory** must be what [`crate::Platform::alloc_registrable`] gives (NCCL: cuMem
+    ///   memory from `ncclMemAlloc`).
+    /// - **Dropping it is collective too** where the library's deregistration is (NCCL,
+    ///   HCCL): members drop their windows in the same order. A member that never does
+    ///   leaves the others' drop blocked until the operation timeout, which then aborts
+    ///   their communicator (the error is logged from `drop`, returned from `into_inner`).
+    ///
+    /// Where the backend has no windows (`Capabilities::windows` false) it succeeds and does
+    /// nothing ([`Registered::is_registered`] says which); use it there as any buffer.
+    ///
+    /// # Errors
+    /// `InvalidArgument` (naming `mem`, the rank and the group) for memory on another device,
+    /// of no bytes, of another size than another member's, or that the library cannot take;
+    /// `Timeout` when a member never registers it; `Aborted` on a dead communicator;
+    /// `Backend` when the library refuses.
+    pub async fn register_window<M: Deref<Target = dyn DeviceMemory>>(&self, mem: M) -> Result<Registered<'_, M>> {
+        const OP: &str = "register_window";
+        let (device, bytes) = {
+            let view = mem.view();
+            (view.device(), view.bytes())
+        };
+        self.check_device(OP, "mem", device)?;
+        if bytes == 0 {
+            return Err(self.invalid(OP, "mem", "the buffer holds no bytes: nothing to register"));
+        }
+        let deadline = crate::deadline_in(self.config.op_timeout);
+        let handle = self.inner.register_window(mem.view(), deadline).await?;
+        Ok(Registered { comm: self, handle, window: true, mem: Some(mem) })
     }
 }
 
@@ -101,5 +154,154 @@ impl<M: Deref<Target = dyn DeviceMemory>> Deref for Registered<'_, M> {
 impl<M: DerefMut<Target = dyn DeviceMemory>> DerefMut for Registered<'_, M> {
     fn deref_mut(&mut self) -> &mut Self::Target {
         &mut **self.mem.as_mut().unwrap_or_else(|| unreachable!("taken only by into_inner and drop"))
+    }
+}
+
+/// A window's agreement among the members of a communicator, for backends
+/// ([`crate::Collective::register_window`]): window `seq` of `bytes` bytes on rank `rank` of
+/// `size` (or, with `refusal`, memory this rank's library cannot take) is published under
+/// `prefix` in `store` and compared with every other member's by `deadline`. So a mismatch
+/// or a refusal anywhere is an error on every member before the library's collective call,
+/// which would otherwise leave the others waiting inside it.
+///
+/// # Errors
+/// `InvalidArgument` naming `mem`, the rank, the group and every member that differs or
+/// refused; `Timeout` naming the first member that never published; the store's.
+#[allow(clippy::too_many_arguments)]
+pub async fn agree_window(
+    store: &dyn crate::Store,
+    prefix: &str,
+    group: &str,
+    (rank, size): (usize, usize),
+    seq: u64,
+    bytes: usize,
+    refusal: Option<&str>,
+    deadline: std::time::Instant,
+) -> Result<()> {
+    const OP: &str = "register_window";
+    let base = format!("{prefix}/window{seq}");
+    let mine = match refusal {
+        Some(why) => format!("! {why}"),
+        None => bytes.to_string(),
+    };
+    store.set(&format!("{base}/r{rank}"), mine.as_bytes()).await?;
+    let mut problems: Vec<String> =
+        refusal.map(|why| format!("this rank cannot register it: {why}")).into_iter().collect();
+    for r in (0..size).filter(|&r| r != rank) {
+        let v = match store.wait(&format!("{base}/r{r}"), deadline).await {
+            Ok(v) => v,
+            Err(crate::Error::Timeout { after, .. }) => {
+                return Err(crate::Error::Timeout {
+                    op: OP.into(),
+                    rank,
+                    group: group.to_string(),
+                    after,
+                    detail: format!("rank {r} never registered window #{seq}"),
+                })
+            }
+            Err(e) => return Err(e),
+        };
+        let theirs = String::from_utf8_lossy(&v);
+        match theirs.strip_prefix("! ") {
+            Some(why) => problems.push(format!("rank {r} cannot register it: {why}")),
+            None if refusal.is_none() && theirs != mine => problems.push(format!("rank {r} registers {theirs} bytes")),
+            None => {}
+        }
+    }
+    if problems.is_empty() {
+        return Ok(());
+    }
+    Err(crate::Error::InvalidArgument {
+        op: OP,
+        arg: "mem",
+        rank,
+        group: group.to_string(),
+        msg: format!(
+            "window #{seq} ({bytes} bytes here) is registered by no member: {} (a window is memory the library \
+             can map, of the same size on every member)",
+            problems.join("; ")
+        ),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::agree_window;
+    use crate::store::{MemoryStore, Store};
+    use crate::Error;
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    /// Every member's result of window `seq`, member `r` offering `offers[r]` (bytes, or a
+    /// refusal); `None` for a member that never takes part.
+    fn agree(offers: &[Option<Result<usize, &'static str>>], wait: Duration) -> Vec<Option<crate::Result<()>>> {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let n = offers.len();
+        rt.block_on(async {
+            let tasks: Vec<_> = offers
+                .iter()
+                .enumerate()
+                .map(|(r, o)| {
+                    let (store, o) = (store.clone(), *o);
+                    tokio::spawn(async move {
+                        let o = o?;
+                        let (bytes, refusal) = match o {
+                            Ok(b) => (b, None),
+                            Err(why) => (64, Some(why)),
+                        };
+                        Some(agree_window(&*store, "t", "g", (r, n), 0, bytes, refusal, Instant::now() + wait).await)
+                    })
+                })
+                .collect();
+            let mut out = Vec::new();
+            for t in tasks {
+                out.push(t.await.unwrap());
+            }
+            out
+        })
+    }
+
+    fn msg(r: &Option<crate::Result<()>>) -> String {
+        match r {
+            Some(Err(Error::InvalidArgument { op: "register_window", arg: "mem", group, msg, .. })) if group == "g" => {
+                msg.clone()
+            }
+            other => panic!("expected a refusal naming mem and the group, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn members_of_one_size_agree() {
+        let r = agree(&[Some(Ok(64)), Some(Ok(64)), Some(Ok(64))], Duration::from_secs(5));
+        assert!(r.iter().all(|r| matches!(r, Some(Ok(())))), "{r:?}");
+    }
+
+    #[test]
+    fn a_different_size_is_refused_on_every_member() {
+        let r = agree(&[Some(Ok(64)), Some(Ok(64)), Some(Ok(128))], Duration::from_secs(5));
+        assert!(msg(&r[0]).contains("rank 2 registers 128 bytes"), "{}", msg(&r[0]));
+        assert!(msg(&r[1]).contains("rank 2 registers 128 bytes"), "{}", msg(&r[1]));
+        assert!(msg(&r[2]).contains("rank 0 registers 64 bytes"), "{}", msg(&r[2]));
+    }
+
+    #[test]
+    fn a_refusal_is_an_error_on_every_member() {
+        let r = agree(&[Some(Ok(64)), Some(Err("not cuMem memory"))], Duration::from_secs(5));
+        assert!(msg(&r[0]).contains("rank 1 cannot register it: not cuMem memory"), "{}", msg(&r[0]));
+        assert!(msg(&r[1]).contains("this rank cannot register it: not cuMem memory"), "{}", msg(&r[1]));
+    }
+
+    #[test]
+    fn a_member_that_never_registers_is_named_at_the_deadline() {
+        let t = Instant::now();
+        let r = agree(&[Some(Ok(64)), None], Duration::from_millis(300));
+        match &r[0] {
+            Some(Err(Error::Timeout { op, detail, .. })) if op == "register_window" => {
+                assert!(detail.contains("rank 1 never registered window #0"), "{detail}")
+            }
+            other => panic!("expected a timeout, got {other:?}"),
+        }
+        assert!(t.elapsed() < Duration::from_secs(3), "took {:?}", t.elapsed());
     }
 }

@@ -114,6 +114,50 @@ impl<L: Library> Collective for DeviceComm<L> {
         self.lib.deregister(&self.comm, handle.0).map_err(|e| self.ctx.error("deregister", e))
     }
 
+    async fn register_window(&self, buf: Buf<'_>, deadline: Instant) -> Result<Option<RegHandle>> {
+        if let Some(e) = self.dead() {
+            return Err(e);
+        }
+        let bytes = buf.bytes();
+        self.rt.bind()?;
+        let refusal = if self.caps.windows { self.lib.window_refusal(buf.ptr() as *mut c_void, bytes) } else { None };
+        let seq = self.windows.fetch_add(1, Ordering::Relaxed);
+        let who = (self.info.rank, self.info.size);
+        anyccl_core::agree_window(
+            &*self.store,
+            &self.ns,
+            &self.ctx.group,
+            who,
+            seq,
+            bytes,
+            refusal.as_deref(),
+            deadline,
+        )
+        .await?;
+        if !self.caps.windows {
+            return Ok(None);
+        }
+        // The agreement may have resumed on another thread.
+        self.rt.bind()?;
+        self.settle("register_window")?;
+        let ptr = buf.ptr() as *mut c_void;
+        let (_g, h) = self.watched_call("register_window", || {
+            // SAFETY: the Communicator checked that the view is this device's memory, and its
+            // `Registered` owns that memory until it has called `deregister_window`.
+            unsafe { self.lib.register_window(&self.comm, ptr, bytes) }
+        })?;
+        Ok(h.map(RegHandle))
+    }
+
+    fn deregister_window(&self, handle: RegHandle) -> Result<()> {
+        self.rt.bind()?;
+        if self.freed.load(Ordering::Acquire) || self.dead().is_some() {
+            // Destroying (or aborting) the communicator drops its windows.
+            return Ok(());
+        }
+        self.watched_call("deregister_window", || self.lib.deregister_window(&self.comm, handle.0)).map(|_| ())
+    }
+
     fn memory_held(&self) -> Option<u64> {
         let _g = self.calls.try_lock().ok()?;
         if self.freed.load(Ordering::Acquire) {

@@ -78,6 +78,12 @@ struct Args {
     /// buffers for the job's life; the header says whether the backend registered them.
     #[arg(long, conflicts_with_all = ["vs_raw", "overlap_us", "graph"])]
     register: bool,
+    /// As `--register`, but each buffer registered as a window of the communicator
+    /// (`Communicator::register_window`; NCCL: a symmetric window, whose kernels serve small
+    /// collectives): a collective registration, so every rank keeps the same buffers,
+    /// `--depth` of them (default 8) per size.
+    #[arg(long, conflicts_with_all = ["vs_raw", "overlap_us", "graph", "register"])]
+    window: bool,
     /// all_reduce only: capture this many in-place all_reduces into a CUDA graph on the
     /// engine's stream and time its replays (per all_reduce), beside the same calls issued.
     #[arg(long, value_name = "OPS", conflicts_with_all = ["vs_raw", "overlap_us"],
@@ -179,19 +185,36 @@ impl std::ops::DerefMut for Mem<'_> {
     }
 }
 
-/// `count` elements for the rows: registered with `comm` when `register` (allocated the
-/// way the library registers best), plain otherwise.
-fn alloc_mem<'c>(
+/// How the rows' buffers are allocated and registered.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Registration {
+    Plain,
+    /// `--register`.
+    Local,
+    /// `--window`.
+    Window,
+}
+
+/// Receive buffers per size with `--window` when `--depth` does not say: each is a
+/// collective registration, and every rank must make the same ones.
+const WINDOW_DEPTH: usize = 8;
+
+/// `count` elements for the rows: allocated the way the library registers best and
+/// registered with `comm` (`--register`), or registered as a window of it (`--window`:
+/// collective), or plain.
+async fn alloc_mem<'c>(
     platform: &dyn Platform,
     comm: &'c Communicator,
-    register: bool,
+    how: Registration,
     dtype: DType,
     count: usize,
 ) -> Result<Mem<'c>> {
-    if !register {
-        return Ok(Mem::Plain(platform.alloc(dtype, count)?));
-    }
-    Ok(Mem::Registered(comm.register(platform.alloc_registrable(dtype, count)?)?))
+    Ok(match how {
+        _ if count == 0 => Mem::Plain(platform.alloc(dtype, count)?),
+        Registration::Plain => Mem::Plain(platform.alloc(dtype, count)?),
+        Registration::Local => Mem::Registered(comm.register(platform.alloc_registrable(dtype, count)?)?),
+        Registration::Window => Mem::Registered(comm.register_window(platform.alloc_registrable(dtype, count)?).await?),
+    })
 }
 
 struct Bufs<'c> {
@@ -486,6 +509,16 @@ async fn run(args: Args) -> Result<()> {
                 }
             );
         }
+        if args.window {
+            println!(
+                "# buffers: {}",
+                if comm.capabilities().windows {
+                    "allocated for registration and registered as windows of the communicator (--window)"
+                } else {
+                    "--window: this backend has no windows; plain buffers"
+                }
+            );
+        }
         println!("#  nThread 1 nGpus 1 minBytes {min} maxBytes {max} step: {}(factor) warmup iters: {} iters: {} validation: {} in flight: {}", args.factor, args.warmup, args.iters, args.check, args.depth.map_or("as many as fit".to_string(), |d| d.to_string()));
         println!("#");
         println!("#                                                              out-of-place                       in-place                    cold first call");
@@ -499,6 +532,11 @@ async fn run(args: Args) -> Result<()> {
         min_time: if first { Duration::from_millis(args.warmup_ms) } else { Duration::ZERO },
     };
     let budget = budget(platform.as_ref(), env.local_world_size);
+    let how = match (args.register, args.window) {
+        (true, _) => Registration::Local,
+        (_, true) => Registration::Window,
+        _ => Registration::Plain,
+    };
     let mut bytes = min.max(dtype.size() * n);
     let mut sum_bus = 0.0;
     let mut wrong_total = 0;
@@ -507,15 +545,16 @@ async fn run(args: Args) -> Result<()> {
         let size_b = rc.max(sc) * dtype.size();
         // Enough receive buffers to enqueue a run back to back without waiting, within the
         // budget above.
-        let depth = |count: usize| {
-            depth(budget, count * dtype.size(), args.iters).min(args.depth.map_or(usize::MAX, |d| d as usize))
+        let depth = |count: usize| match how {
+            Registration::Window => args.depth.map_or(WINDOW_DEPTH, |d| d as usize),
+            _ => depth(budget, count * dtype.size(), args.iters).min(args.depth.map_or(usize::MAX, |d| d as usize)),
         };
         let send_input = input(me, sc, dtype, rop);
-        let alloc = |count: usize| alloc_mem(platform.as_ref(), &comm, args.register && count > 0, dtype, count);
-        let mut b = Bufs { send: alloc(sc)?, recvs: Vec::new(), in_place_input: Vec::new() };
+        let alloc = |count: usize| alloc_mem(platform.as_ref(), &comm, how, dtype, count);
+        let mut b = Bufs { send: alloc(sc).await?, recvs: Vec::new(), in_place_input: Vec::new() };
         platform.copy_from_host(&mut *b.send, &send_input)?;
         for _ in 0..depth(rc) {
-            b.recvs.push(alloc(rc)?);
+            b.recvs.push(alloc(rc).await?);
         }
         // Cold: the first call of this size on this communicator, with its memory. The
         // ranks meet through the store, so no collective runs before it.
@@ -554,7 +593,7 @@ async fn run(args: Args) -> Result<()> {
                 if count != rc {
                     b.recvs.clear();
                     for _ in 0..depth(count) {
-                        b.recvs.push(alloc(count)?);
+                        b.recvs.push(alloc(count).await?);
                     }
                 }
                 b.in_place_input = input;
