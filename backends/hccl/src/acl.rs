@@ -7,7 +7,7 @@ use crate::sys::{self, aclrtEvent, aclrtStream, AclLib};
 use anyccl_core::{Buf, BufMut, DType, Device, DeviceKind, DeviceMemory, Error, MemInfo, Result};
 use std::cell::Cell;
 use std::ffi::c_void;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// Whether ACL loads and initialises, and how many devices it sees.
 ///
@@ -46,6 +46,10 @@ thread_local! {
 pub struct Acl {
     lib: &'static AclLib,
     ordinal: i32,
+    /// Events a stream was made to wait for, each with a marker recorded on the waiting
+    /// stream after the wait: ACL before CANN 8 lets an event go only once the wait on it
+    /// has run, so they are destroyed when their marker is done.
+    waits: Mutex<Vec<(AclEvent, AclEvent)>>,
 }
 
 impl Acl {
@@ -55,7 +59,7 @@ impl Acl {
     /// `Unavailable` without ACL; `Backend` on an ACL error.
     pub fn new(ordinal: i32) -> Result<Arc<Acl>> {
         let (lib, _) = probe().map_err(|reason| Error::Unavailable { backend: "hccl", reason })?;
-        let a = Arc::new(Acl { lib, ordinal });
+        let a = Arc::new(Acl { lib, ordinal, waits: Mutex::new(Vec::new()) });
         anyccl_device::Runtime::bind(&*a)?;
         Ok(a)
     }
@@ -154,6 +158,35 @@ impl Acl {
     }
 }
 
+impl Acl {
+    /// `waiter` runs its later work after the work on `first` so far, neither host thread
+    /// waiting: an event recorded on `first`, waited for on `waiter`.
+    ///
+    /// # Safety
+    /// Both are live streams of this device.
+    unsafe fn order(&self, first: aclrtStream, waiter: aclrtStream) -> Result<()> {
+        let Some(wait) = self.lib.StreamWaitEvent else {
+            return Err(Error::Unsupported {
+                backend: "hccl",
+                op: "wait_stream",
+                what: "events between streams (this ACL has no aclrtStreamWaitEvent)".into(),
+            });
+        };
+        anyccl_device::Runtime::bind(self)?;
+        // SAFETY: per the caller.
+        let ev = AclEvent { raw: unsafe { record_event(self.lib, first) }?, lib: self.lib };
+        // SAFETY: both handles live.
+        acl_check(self.lib, "aclrtStreamWaitEvent", unsafe { wait(waiter, ev.raw) })?;
+        // SAFETY: per the caller.
+        let marker = AclEvent { raw: unsafe { record_event(self.lib, waiter) }?, lib: self.lib };
+        let mut waits = self.waits.lock().unwrap_or_else(|p| p.into_inner());
+        // SAFETY: markers are live events of ours.
+        waits.retain(|(_, m)| !unsafe { event_done(self.lib, m.raw) }.unwrap_or(false));
+        waits.push((ev, marker));
+        Ok(())
+    }
+}
+
 impl anyccl_device::Runtime for Acl {
     type Stream = AclStream;
     type Event = AclEvent;
@@ -226,6 +259,14 @@ impl anyccl_device::Runtime for Acl {
             )
         };
         acl_check(self.lib, "aclrtMemcpy", code)
+    }
+    unsafe fn wait_raw(&self, stream: &AclStream, raw: *mut c_void) -> Result<()> {
+        // SAFETY: per the caller, `raw` is a live stream of this device; ours is live.
+        unsafe { self.order(raw, stream.raw) }
+    }
+    unsafe fn signal_raw(&self, stream: &AclStream, raw: *mut c_void) -> Result<()> {
+        // SAFETY: as in `wait_raw`.
+        unsafe { self.order(stream.raw, raw) }
     }
     fn synchronize(&self) -> Result<()> {
         match self.lib.SynchronizeDevice {

@@ -67,7 +67,8 @@ pub fn hccl_capabilities(lib: &HcclLib, devices: usize) -> Capabilities {
         max_world_size: usize::MAX,
         max_local_ranks: devices,
         graphs: false,
-        streams: false,
+        // Ordering with an engine's streams through ACL events (no graph capture).
+        streams: crate::sys::acl().is_ok_and(|a| a.StreamWaitEvent.is_some()),
         cta_settings: false,
         buffer_registration: lib.CommRegister.is_some() && lib.CommDeregister.is_some(),
         // `HcclCommSymWinRegister` (CANN 9, Atlas A3 only) wants memory from

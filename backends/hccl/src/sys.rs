@@ -227,6 +227,8 @@ pub struct AclLib {
     pub DestroyEvent: unsafe extern "C" fn(aclrtEvent) -> Code,
     pub RecordEvent: unsafe extern "C" fn(aclrtEvent, aclrtStream) -> Code,
     pub QueryEventStatus: unsafe extern "C" fn(aclrtEvent, *mut c_int) -> Code,
+    /// `aclrtStreamWaitEvent(stream, event)`: the stream waits for the event's work.
+    pub StreamWaitEvent: Option<unsafe extern "C" fn(aclrtStream, aclrtEvent) -> Code>,
     pub Malloc: unsafe extern "C" fn(*mut *mut c_void, usize, c_int) -> Code,
     pub Free: unsafe extern "C" fn(*mut c_void) -> Code,
     pub Memcpy: unsafe extern "C" fn(*mut c_void, usize, *const c_void, usize, c_int) -> Code,
@@ -303,6 +305,7 @@ fn load_acl() -> Result<AclLib, String> {
             DestroyEvent: sym(&lib, "aclrtDestroyEvent")?,
             RecordEvent: sym(&lib, "aclrtRecordEvent")?,
             QueryEventStatus: sym(&lib, "aclrtQueryEventStatus")?,
+            StreamWaitEvent: opt(&lib, "aclrtStreamWaitEvent"),
             Malloc: sym(&lib, "aclrtMalloc")?,
             Free: sym(&lib, "aclrtFree")?,
             Memcpy: sym(&lib, "aclrtMemcpy")?,

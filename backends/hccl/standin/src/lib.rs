@@ -9,7 +9,9 @@
 //! and type sizes (`HcclCommConfigInit` is not exported, as in HCCL); device memory from a
 //! fixed pool per device (`ANYCCL_STANDIN_DEVICE_MEMORY`, default 64 GiB as on an Ascend 910B; `ANYCCL_STANDIN_DEVICES`
 //! devices, default 8) reported by `aclrtGetMemInfo`; the current device per thread; streams
-//! that execute in order on a worker thread; collectives that exchange data between
+//! that execute in order on a worker thread, and wait for each other's events
+//! (`aclrtStreamWaitEvent`; the test hook `anyccl_standin_stream_sleep` delays a stream as
+//! an engine's long kernel would); collectives that exchange data between
 //! ranks (threads or processes) through a hub that the root rank's process runs; lazy
 //! link set-up at the first use of each operator and of each send/recv pair, taking 2 ×
 //! the buffer size from the pool and failing with `HCCL_E_OOM` when it does not fit, and

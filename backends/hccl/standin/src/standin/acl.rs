@@ -325,6 +325,40 @@ pub unsafe extern "C" fn aclrtRecordEvent(event: *mut c_void, stream: *mut c_voi
     ACL_SUCCESS
 }
 
+/// The stream waits (without blocking the caller) for the work before the event's last
+/// record at the time of this call; an event never recorded holds nothing back.
+#[no_mangle]
+pub unsafe extern "C" fn aclrtStreamWaitEvent(stream: *mut c_void, event: *mut c_void) -> i32 {
+    let (Some(s), Some(e)) = (stream_ref(stream), (event as *const EventObj).as_ref()) else {
+        return ACL_ERROR_INVALID_PARAM;
+    };
+    let Some((progress, target)) = e.at.lock().unwrap_or_else(|p| p.into_inner()).clone() else {
+        return ACL_SUCCESS;
+    };
+    let waited = s.submit(Box::new(move || {
+        let mut d = progress.done.lock().unwrap_or_else(|e| e.into_inner());
+        while *d < target {
+            d = progress.cv.wait(d).unwrap_or_else(|e| e.into_inner());
+        }
+    }));
+    if waited {
+        ACL_SUCCESS
+    } else {
+        ACL_ERROR_INVALID_PARAM
+    }
+}
+
+/// Test hook: the stream's next task sleeps `ms` milliseconds (an engine's long kernel).
+#[no_mangle]
+pub unsafe extern "C" fn anyccl_standin_stream_sleep(stream: *mut c_void, ms: u32) -> i32 {
+    let Some(s) = stream_ref(stream) else { return ACL_ERROR_INVALID_PARAM };
+    if s.submit(Box::new(move || std::thread::sleep(Duration::from_millis(u64::from(ms))))) {
+        ACL_SUCCESS
+    } else {
+        ACL_ERROR_INVALID_PARAM
+    }
+}
+
 /// `status`: 0 not ready, 1 complete (`aclrtEventRecordedStatus`).
 #[no_mangle]
 pub unsafe extern "C" fn aclrtQueryEventStatus(event: *mut c_void, status: *mut i32) -> i32 {

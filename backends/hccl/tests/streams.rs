@@ -1,0 +1,135 @@
+//! Ordering with an engine's own ACL stream, against the stand-in (two ranks as threads of
+//! this process): `wait_stream` holds the all_reduce until the engine's copy has written
+//! its input, and `signal_stream` holds the engine's stream until the all_reduce is done,
+//! neither host thread waiting. Rank 1's engine starts 300 ms late, so leaving out either
+//! call gives a wrong result (checked: each was left out once while this test was written).
+
+use anyccl_core::{Backend, CommConfig, Communicator, DType, GroupSpec, MemoryStore, ReduceOp, Store, StreamRef};
+use anyccl_hccl::Hccl;
+use std::ffi::c_void;
+use std::sync::Arc;
+use std::time::Duration;
+
+const COUNT: usize = 1 << 16;
+const T: Duration = Duration::from_secs(20);
+
+type Code = i32;
+
+/// The stand-in's ACL calls an engine makes on its own stream.
+struct Engine {
+    _lib: libloading::Library,
+    set_device: unsafe extern "C" fn(i32) -> Code,
+    create: unsafe extern "C" fn(*mut *mut c_void) -> Code,
+    destroy: unsafe extern "C" fn(*mut c_void) -> Code,
+    sync: unsafe extern "C" fn(*mut c_void) -> Code,
+    copy: unsafe extern "C" fn(*mut c_void, usize, *const c_void, usize, i32, *mut c_void) -> Code,
+    sleep: unsafe extern "C" fn(*mut c_void, u32) -> Code,
+}
+
+impl Engine {
+    fn load() -> Engine {
+        let path = anyccl_hccl_standin::library_dir().join("libascendcl.so");
+        // SAFETY: the stand-in the backend loaded: the same object, its initialisers ran.
+        let lib = unsafe { libloading::Library::new(&path) }.unwrap();
+        // SAFETY: the stand-in's entry points, each with its C signature.
+        unsafe {
+            Engine {
+                set_device: *lib.get(b"aclrtSetDevice").unwrap(),
+                create: *lib.get(b"aclrtCreateStream").unwrap(),
+                destroy: *lib.get(b"aclrtDestroyStream").unwrap(),
+                sync: *lib.get(b"aclrtSynchronizeStream").unwrap(),
+                copy: *lib.get(b"aclrtMemcpyAsync").unwrap(),
+                sleep: *lib.get(b"anyccl_standin_stream_sleep").unwrap(),
+                _lib: lib,
+            }
+        }
+    }
+}
+
+fn e(x: impl std::fmt::Display) -> String {
+    x.to_string()
+}
+
+fn ok(what: &str, code: Code) -> Result<(), String> {
+    if code == 0 {
+        Ok(())
+    } else {
+        Err(format!("{what}: {code}"))
+    }
+}
+
+fn rank(r: usize, store: Arc<dyn Store>) -> Result<(), String> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(e)?;
+    let platform = Hccl.platform(r).map_err(e)?;
+    let config = CommConfig { op_timeout: T, init_timeout: T, ..CommConfig::default() };
+    let comm = rt
+        .block_on(Communicator::connect(&Hccl, GroupSpec::world(2, "streams"), r, store, platform.device(), config))
+        .map_err(e)?;
+    if !comm.capabilities().streams {
+        return Err("the stand-in has aclrtStreamWaitEvent, but the backend claims no streams".into());
+    }
+    // Connected first, so what follows measures ordering, not the first connect.
+    let mut buf = platform.alloc(DType::F32, COUNT).map_err(e)?;
+    comm.all_reduce(None, buf.view_mut(), ReduceOp::Sum).and_then(|mut w| w.wait(T)).map_err(e)?;
+    let eng = Engine::load();
+    let mut raw: *mut c_void = std::ptr::null_mut();
+    // SAFETY: plain calls with valid out-parameters.
+    unsafe {
+        ok("aclrtSetDevice", (eng.set_device)(r as i32))?;
+        ok("aclrtCreateStream", (eng.create)(&mut raw))?;
+    }
+    // SAFETY: the stream lives until it is destroyed at the end of this function.
+    let engine = unsafe { StreamRef::from_raw(platform.device(), raw) };
+    let bytes = COUNT * 4;
+    let input: Vec<u8> = ((r + 1) as f32).to_le_bytes().repeat(COUNT);
+    let mut output = vec![0u8; bytes];
+    let dev = buf.view_mut().ptr() as *mut c_void;
+    // SAFETY: the host vectors and the device buffer outlive the stream's synchronize below.
+    unsafe {
+        if r == 1 {
+            ok("anyccl_standin_stream_sleep", (eng.sleep)(raw, 300))?;
+        }
+        ok("aclrtMemcpyAsync in", (eng.copy)(dev, bytes, input.as_ptr() as *const c_void, bytes, 1, raw))?;
+    }
+    comm.wait_stream(engine).map_err(e)?;
+    let w = comm.all_reduce(None, buf.view_mut(), ReduceOp::Sum).map_err(e)?;
+    comm.signal_stream(engine).map_err(e)?;
+    // SAFETY: as above.
+    unsafe {
+        ok("aclrtMemcpyAsync out", (eng.copy)(output.as_mut_ptr() as *mut c_void, bytes, dev, bytes, 2, raw))?;
+        ok("aclrtSynchronizeStream", (eng.sync)(raw))?;
+    }
+    let mut w = w;
+    if !w.is_completed().map_err(e)? {
+        return Err(format!("rank {r}: the engine's stream finished before the all_reduce it was ordered after"));
+    }
+    drop(w);
+    let wrong = output.chunks_exact(4).filter(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) != 3.0).count();
+    // SAFETY: created above, destroyed once, nothing queued on it any more.
+    unsafe { ok("aclrtDestroyStream", (eng.destroy)(raw))? };
+    if wrong > 0 {
+        let first = f32::from_le_bytes([output[0], output[1], output[2], output[3]]);
+        return Err(format!("rank {r}: {wrong} of {COUNT} elements are not 1 + 2 (the first reads {first})"));
+    }
+    rt.block_on(comm.shutdown()).map_err(e)
+}
+
+mod hccl {
+    pub mod streams {
+        use super::super::*;
+
+        #[test]
+        fn engine_stream_orders_an_all_reduce() {
+            std::env::set_var("ANYCCL_HCCL_LIBRARY_DIR", anyccl_hccl_standin::library_dir());
+            let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+            let ranks: Vec<_> = (0..2)
+                .map(|r| {
+                    let s = store.clone();
+                    std::thread::spawn(move || rank(r, s))
+                })
+                .collect();
+            let errors: Vec<String> = ranks.into_iter().filter_map(|h| h.join().unwrap().err()).collect();
+            assert!(errors.is_empty(), "{}", errors.join("; "));
+        }
+    }
+}
