@@ -105,9 +105,10 @@ impl Collective for Faulty {
     async fn register_window(
         &self,
         buf: Buf<'_>,
+        refusal: Option<&str>,
         deadline: std::time::Instant,
     ) -> Result<Option<anyccl_core::RegHandle>> {
-        self.inner.register_window(buf, deadline).await
+        self.inner.register_window(buf, refusal, deadline).await
     }
     fn deregister_window(&self, handle: anyccl_core::RegHandle) -> Result<()> {
         self.inner.deregister_window(handle)

@@ -182,14 +182,21 @@ pub trait Collective: Send + Sync + fmt::Debug + 'static {
     }
 
     /// Register the memory `buf` views as a *window* of this communicator (NCCL's
-    /// `ncclCommWindowRegister` with `NCCL_WIN_COLL_SYMMETRIC`, HCCL's
-    /// `HcclCommSymWinRegister`); `Capabilities::windows`. Collective: every member calls it,
+    /// `ncclCommWindowRegister` with `NCCL_WIN_COLL_SYMMETRIC`); `Capabilities::windows`. Collective: every member calls it,
     /// in the same order relative to its other windows, with the same number of bytes; the
-    /// backend compares the sizes across members before the library sees them, and returns by
-    /// `deadline`. `None` where the backend has no windows. The Communicator validated the
-    /// buffer and keeps it allocated until [`Collective::deregister_window`].
-    async fn register_window(&self, buf: Buf<'_>, deadline: Instant) -> Result<Option<RegHandle>> {
-        let _ = (buf, deadline);
+    /// backend compares the sizes across members ([`crate::agree_window`]) before the library
+    /// sees them, and returns by `deadline`. With `refusal` (the Communicator found the buffer
+    /// unfit, and says why) the backend only tells the other members, so that every member
+    /// fails alike and counts the window (the Communicator returns its own error). `None`
+    /// where the backend has no windows. The Communicator validated the buffer otherwise and keeps it allocated
+    /// until [`Collective::deregister_window`].
+    async fn register_window(
+        &self,
+        buf: Buf<'_>,
+        refusal: Option<&str>,
+        deadline: Instant,
+    ) -> Result<Option<RegHandle>> {
+        let _ = (buf, refusal, deadline);
         Ok(None)
     }
 

@@ -645,13 +645,18 @@ impl Collective for CpuComm {
         )
     }
 
-    async fn register_window(&self, buf: Buf<'_>, deadline: Instant) -> Result<Option<anyccl_core::RegHandle>> {
+    async fn register_window(
+        &self,
+        buf: Buf<'_>,
+        refusal: Option<&str>,
+        deadline: Instant,
+    ) -> Result<Option<anyccl_core::RegHandle>> {
         if let Some(d) = self.mesh.mailbox.dead() {
             return Err(self.mesh.dead_err(d));
         }
         let seq = self.windows.fetch_add(1, Ordering::Relaxed);
         let who = (self.info.rank, self.info.size);
-        anyccl_core::agree_window(&*self.store, &self.ns, &self.mesh.label, who, seq, buf.bytes(), None, deadline)
+        anyccl_core::agree_window(&*self.store, &self.ns, &self.mesh.label, who, seq, buf.bytes(), refusal, deadline)
             .await?;
         Ok(None)
     }

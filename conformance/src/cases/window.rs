@@ -15,18 +15,24 @@ fn windowed_all_reduce(cx: &RankCtx) -> CaseResult {
     registered_all_reduce_on(cx, true)
 }
 
-/// Memory of no bytes is refused on the spot; windows whose sizes differ between members
-/// are refused on every member (naming the argument, the rank and the group) before the
-/// library sees them; the communicator works on, and a later window of one size on all
-/// members registers.
+/// Memory of no bytes on one member is refused there on the spot and on the others through
+/// the agreement; windows whose sizes differ between members are refused on every member
+/// (naming the argument, the rank, the group and the member that differs) before the library
+/// sees them; the communicator works on, and a later window of one size on all members
+/// registers (every member counted the refused ones alike).
 fn window_size_mismatch(cx: &RankCtx) -> CaseResult {
     let group = cx.comm.spec().name.clone();
-    let empty = cx.platform.alloc_registrable(DType::F32, 0)?;
-    match cx.block_on(cx.comm.register_window(empty)) {
-        Err(Error::InvalidArgument { op: "register_window", arg: "mem", rank, group: g, .. })
-            if rank == cx.rank && g == group => {}
-        Err(e) => return Err(crate::CaseError(format!("wrong error for an empty window: {e}"))),
-        Ok(_) => return Err(crate::CaseError("an empty window was registered".into())),
+    // Only rank 0's memory is empty.
+    let count = if cx.rank == 0 { 0 } else { 64 };
+    match cx.block_on(cx.comm.register_window(cx.platform.alloc_registrable(DType::F32, count)?)) {
+        Err(Error::InvalidArgument { op: "register_window", arg: "mem", rank, group: g, msg })
+            if rank == cx.rank && g == group =>
+        {
+            let why = if cx.rank == 0 { "no bytes" } else { "rank 0 cannot register it" };
+            ensure!(msg.contains(why), "the refusal does not say why ({why}): {msg}");
+        }
+        Err(e) => return Err(crate::CaseError(format!("wrong error for an empty window on rank 0: {e}"))),
+        Ok(_) => return Err(crate::CaseError("a window that is empty on rank 0 was registered".into())),
     }
     // Rank 0 asks for twice the others' size.
     let count = if cx.rank == 0 { 128 } else { 64 };

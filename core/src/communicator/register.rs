@@ -103,20 +103,20 @@ impl Communicator {
     }
 
     /// Register `mem` as a *window* of this communicator: NCCL's symmetric window
-    /// (`ncclCommWindowRegister` with `NCCL_WIN_COLL_SYMMETRIC`; HCCL's
-    /// `HcclCommSymWinRegister`), which lets the library run small collectives on buffers
+    /// (`ncclCommWindowRegister` with `NCCL_WIN_COLL_SYMMETRIC`), which lets the library run small collectives on buffers
     /// inside windows with its faster symmetric kernels. Unlike [`Communicator::register`]:
     ///
     /// - **Collective.** Every member calls it, in the same order relative to its other
     ///   windows, with memory of the same number of bytes; a collective on windows passes the
     ///   same offset into them on every member. The sizes are compared across members before
-    ///   the library is called: a mismatch, or memory a member's library cannot take, is an
-    ///   `InvalidArgument` on every member; a member that never calls it, a `Timeout` after
-    ///   the operation timeout.
+    ///   the library is called: a mismatch, or memory a member cannot register (of no bytes,
+    ///   on another device, or that its library cannot take), is an `InvalidArgument` on
+    ///   every member; a member that never calls it, a `Timeout` after the operation
+    ///   timeout.
     /// - **Memory** must be what [`crate::Platform::alloc_registrable`] gives (NCCL: cuMem
     ///   memory from `ncclMemAlloc`).
-    /// - **Dropping it is collective too** where the library's deregistration is (NCCL,
-    ///   HCCL): members drop their windows in the same order. A member that never does
+    /// - **Dropping it is collective too** where the library's deregistration is (NCCL):
+    ///   members drop their windows in the same order. A member that never does
     ///   leaves the others' drop blocked until the operation timeout, which then aborts
     ///   their communicator (the error is logged from `drop`, returned from `into_inner`).
     ///
@@ -134,12 +134,22 @@ impl Communicator {
             let view = mem.view();
             (view.device(), view.bytes())
         };
-        self.check_device(OP, "mem", device)?;
-        if bytes == 0 {
-            return Err(self.invalid(OP, "mem", "the buffer holds no bytes: nothing to register"));
-        }
+        let unfit = self.check_device(OP, "mem", device).and_then(|()| match bytes {
+            0 => Err(self.invalid(OP, "mem", "the buffer holds no bytes: nothing to register")),
+            _ => Ok(()),
+        });
         let deadline = crate::deadline_in(self.config.op_timeout);
-        let handle = self.inner.register_window(mem.view(), deadline).await?;
+        if let Err(e) = unfit {
+            // The other members still hear of it (they fail alike instead of waiting), and
+            // every member counts the window, so the next ones still pair up.
+            let why = match &e {
+                crate::Error::InvalidArgument { msg, .. } => msg.clone(),
+                e => e.to_string(),
+            };
+            let _ = self.inner.register_window(mem.view(), Some(&why), deadline).await;
+            return Err(e);
+        }
+        let handle = self.inner.register_window(mem.view(), None, deadline).await?;
         Ok(Registered { comm: self, handle, window: true, mem: Some(mem) })
     }
 }

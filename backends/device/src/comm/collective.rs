@@ -114,13 +114,22 @@ impl<L: Library> Collective for DeviceComm<L> {
         self.lib.deregister(&self.comm, handle.0).map_err(|e| self.ctx.error("deregister", e))
     }
 
-    async fn register_window(&self, buf: Buf<'_>, deadline: Instant) -> Result<Option<RegHandle>> {
+    async fn register_window(
+        &self,
+        buf: Buf<'_>,
+        refusal: Option<&str>,
+        deadline: Instant,
+    ) -> Result<Option<RegHandle>> {
         if let Some(e) = self.dead() {
             return Err(e);
         }
         let bytes = buf.bytes();
         self.rt.bind()?;
-        let refusal = if self.caps.windows { self.lib.window_refusal(buf.ptr() as *mut c_void, bytes) } else { None };
+        let refusal = match refusal {
+            Some(why) => Some(why.to_string()),
+            None if self.caps.windows => self.lib.window_refusal(buf.ptr() as *mut c_void, bytes),
+            None => None,
+        };
         let seq = self.windows.fetch_add(1, Ordering::Relaxed);
         let who = (self.info.rank, self.info.size);
         anyccl_core::agree_window(
