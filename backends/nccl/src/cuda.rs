@@ -322,6 +322,22 @@ pub(crate) fn window_refusal(ptr: *mut std::ffi::c_void, bytes: usize) -> Option
         .then(|| format!("{bytes} bytes at {ptr:p} run past their allocation ({size} bytes at {base:#x}; {r:?})"))
 }
 
+/// Zero `bytes` bytes at `p` and wait until they are: `cuMemsetD8` runs on the legacy
+/// default stream, asynchronously to the host, so without the wait an operation on a
+/// non-blocking stream (every communicator's) could run before it, and an `ncclMemFree`
+/// (which unmaps without synchronizing, unlike `cuMemFree`) of memory dropped at once faulted
+/// the context ("unspecified launch failure", seen on an H200 when a refused window's
+/// memory was freed right after its allocation).
+///
+/// # Safety
+/// `p` addresses `bytes` bytes of the current context's device.
+unsafe fn zero(p: sys::CUdeviceptr, bytes: usize) -> Result<()> {
+    // SAFETY: per the caller.
+    unsafe { cu::memset_d8_sync(p, 0, bytes) }.map_err(|e| cuda_err("cuMemsetD8", e))?;
+    // SAFETY: the legacy default stream of the current context.
+    unsafe { cu::stream::synchronize(std::ptr::null_mut()) }.map_err(|e| cuda_err("cuStreamSynchronize", e))
+}
+
 /// Device memory, freed on drop.
 #[derive(Debug)]
 pub struct CudaMemory {
@@ -357,7 +373,11 @@ impl CudaMemory {
             // SAFETY: a plain allocation of `bytes` bytes, freed in Drop.
             let p = unsafe { cu::malloc_sync(bytes) }.map_err(|e| cuda_err("cuMemAlloc", e))?;
             // SAFETY: `p` points to `bytes` bytes just allocated.
-            unsafe { cu::memset_d8_sync(p, 0, bytes) }.map_err(|e| cuda_err("cuMemsetD8", e))?;
+            if let Err(e) = unsafe { zero(p, bytes) } {
+                // SAFETY: allocated above, freed once.
+                let _ = unsafe { cu::free_sync(p) };
+                return Err(e);
+            }
             p
         };
         Ok(CudaMemory { ptr, dtype, count, cuda: cuda.clone(), nccl: None })
@@ -396,7 +416,7 @@ impl CudaMemory {
         // Owned from here: an error below frees it on drop.
         let mem = CudaMemory { ptr: p, dtype, count, cuda: cuda.clone(), nccl: Some(lib) };
         // SAFETY: `p` points to `bytes` bytes just allocated on the current device.
-        unsafe { cu::memset_d8_sync(p, 0, bytes) }.map_err(|e| cuda_err("cuMemsetD8", e))?;
+        unsafe { zero(p, bytes) }?;
         Ok(Some(mem))
     }
 }
