@@ -195,6 +195,23 @@ enum Registration {
     Window,
 }
 
+impl Registration {
+    /// What the header says of the buffers, where they are registered.
+    fn header(self, caps: &anyccl::Capabilities) -> Option<&'static str> {
+        match self {
+            Registration::Plain => None,
+            Registration::Local if caps.buffer_registration => {
+                Some("allocated for registration and registered with the communicator (--register)")
+            }
+            Registration::Local => Some("--register: this backend has no buffer registration; plain buffers"),
+            Registration::Window if caps.windows => {
+                Some("allocated for registration and registered as windows of the communicator (--window)")
+            }
+            Registration::Window => Some("--window: this backend has no windows; plain buffers"),
+        }
+    }
+}
+
 /// Receive buffers per size with `--window` when `--depth` does not say: each is a
 /// collective registration, and every rank must make the same ones.
 const WINDOW_DEPTH: usize = 8;
@@ -484,6 +501,11 @@ async fn run(args: Args) -> Result<()> {
         comm.shutdown().await?;
         return r;
     }
+    let how = match (args.register, args.window) {
+        (true, _) => Registration::Local,
+        (_, true) => Registration::Window,
+        _ => Registration::Plain,
+    };
     if print && !args.json {
         let info = backend.probe()?;
         println!(
@@ -499,27 +521,14 @@ async fn run(args: Args) -> Result<()> {
             let t: Vec<String> = tuning.iter().map(|(k, v)| format!("{k}={v}")).collect();
             println!("# tuning: {}", t.join(" "));
         }
-        if args.register {
-            println!(
-                "# buffers: {}",
-                if comm.capabilities().buffer_registration {
-                    "allocated for registration and registered with the communicator (--register)"
-                } else {
-                    "--register: this backend has no buffer registration; plain buffers"
-                }
-            );
+        if let Some(said) = how.header(comm.capabilities()) {
+            println!("# buffers: {said}");
         }
-        if args.window {
-            println!(
-                "# buffers: {}",
-                if comm.capabilities().windows {
-                    "allocated for registration and registered as windows of the communicator (--window)"
-                } else {
-                    "--window: this backend has no windows; plain buffers"
-                }
-            );
-        }
-        println!("#  nThread 1 nGpus 1 minBytes {min} maxBytes {max} step: {}(factor) warmup iters: {} iters: {} validation: {} in flight: {}", args.factor, args.warmup, args.iters, args.check, args.depth.map_or("as many as fit".to_string(), |d| d.to_string()));
+        println!("#  nThread 1 nGpus 1 minBytes {min} maxBytes {max} step: {}(factor) warmup iters: {} iters: {} validation: {} in flight: {}", args.factor, args.warmup, args.iters, args.check, match (args.depth, args.window) {
+            (Some(d), _) => d.to_string(),
+            (None, true) => WINDOW_DEPTH.to_string(),
+            (None, false) => "as many as fit".to_string(),
+        });
         println!("#");
         println!("#                                                              out-of-place                       in-place                    cold first call");
         println!("#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong     time   devmem");
@@ -532,11 +541,7 @@ async fn run(args: Args) -> Result<()> {
         min_time: if first { Duration::from_millis(args.warmup_ms) } else { Duration::ZERO },
     };
     let budget = budget(platform.as_ref(), env.local_world_size);
-    let how = match (args.register, args.window) {
-        (true, _) => Registration::Local,
-        (_, true) => Registration::Window,
-        _ => Registration::Plain,
-    };
+
     let mut bytes = min.max(dtype.size() * n);
     let mut sum_bus = 0.0;
     let mut wrong_total = 0;
