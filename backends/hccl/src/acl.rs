@@ -178,7 +178,15 @@ impl Acl {
         // SAFETY: both handles live.
         acl_check(self.lib, "aclrtStreamWaitEvent", unsafe { wait(waiter, ev.raw) })?;
         // SAFETY: per the caller.
-        let marker = AclEvent { raw: unsafe { record_event(self.lib, waiter) }?, lib: self.lib };
+        let marker = match unsafe { record_event(self.lib, waiter) } {
+            Ok(raw) => AclEvent { raw, lib: self.lib },
+            Err(e) => {
+                // No marker to tell when the wait has run: the event is kept for the life of
+                // the process rather than destroyed under a pending wait.
+                std::mem::forget(ev);
+                return Err(e);
+            }
+        };
         let mut waits = self.waits.lock().unwrap_or_else(|p| p.into_inner());
         // SAFETY: markers are live events of ours.
         waits.retain(|(_, m)| !unsafe { event_done(self.lib, m.raw) }.unwrap_or(false));
