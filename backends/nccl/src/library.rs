@@ -62,6 +62,8 @@ fn blocking_data_plane() -> bool {
 
 /// What the NCCL backend supports with the loaded library.
 pub fn nccl_capabilities(lib: &NcclLib, devices: usize) -> Capabilities {
+    // The data plane is a blocking communicator split off the control one.
+    let blocking_data = blocking_data_plane() && lib.CommSplit.is_some();
     Capabilities {
         device_kind: anyccl_core::DeviceKind::Cuda,
         dtypes: DType::ALL.to_vec(),
@@ -83,16 +85,12 @@ pub fn nccl_capabilities(lib: &NcclLib, devices: usize) -> Capabilities {
         buffer_registration: lib.CommRegister.is_some() && lib.CommDeregister.is_some(),
         // Only on a blocking data communicator: a non-blocking one writes the window handle
         // after the call returned, into an out-parameter the call no longer owns.
-        windows: lib.CommWindowRegister.is_some()
-            && lib.CommWindowDeregister.is_some()
-            && blocking_data_plane()
-            && lib.CommSplit.is_some(),
+        windows: lib.CommWindowRegister.is_some() && lib.CommWindowDeregister.is_some() && blocking_data,
         // NCCL reports neither: a dead peer leaves kernels waiting, a mismatched collective
         // runs with whatever arrives (NVIDIA/nccl#279).
         detects_peer_failure: false,
-        // Enqueues can block on peers exactly when the data plane is a blocking
-        // communicator split off the control one.
-        first_call_may_block: blocking_data_plane() && lib.CommSplit.is_some(),
+        // Enqueues can block on peers exactly when the data plane is blocking.
+        first_call_may_block: blocking_data,
         detects_mismatch: false,
     }
 }

@@ -89,23 +89,40 @@ fn register_rejects_empty(cx: &RankCtx) -> CaseResult {
         Err(e) => return Err(crate::CaseError(format!("wrong error for an empty buffer: {e}"))),
         Ok(_) => return Err(crate::CaseError("an empty buffer was registered".into())),
     }
+    all_reduce_works_on(cx, "all_reduce after the refusal")
+}
+
+/// A 7-element all_reduce on a plain buffer gives the right sums: the communicator still
+/// works (after a refusal).
+pub(crate) fn all_reduce_works_on(cx: &RankCtx, what: &str) -> CaseResult {
     let mut b = cx.upload(DType::F32, &values(cx.rank, 7, Some(ReduceOp::Sum), 0))?;
     cx.wait(cx.comm.all_reduce(None, b.view_mut(), ReduceOp::Sum)?)?;
     let want: Vec<f64> = (0..7).map(|i| reduced(cx.size, i, DType::F32, ReduceOp::Sum, 0)).collect();
-    check("all_reduce after the refusal", &cx.download(b.as_ref())?, &want, DType::F32, Some(ReduceOp::Sum))?;
+    check(what, &cx.download(b.as_ref())?, &want, DType::F32, Some(ReduceOp::Sum))?;
     Ok(())
 }
 
-/// A registration still held when the communicator is aborted is dropped without an error
-/// or a panic (the library dropped it with the communicator), and its memory is usable.
-fn registration_outlives_abort(cx: &RankCtx) -> CaseResult {
-    let mut reg = cx.comm.register(registrable(cx, DType::F32, &[1.0; 64])?)?;
+/// A registration (a window when `window`) still held when the communicator is aborted is
+/// dropped without an error, a panic or a wait for the peers (the library dropped it with the
+/// communicator), and its memory is usable.
+pub(crate) fn outlives_abort_on(cx: &RankCtx, window: bool) -> CaseResult {
+    let mut reg = reg(cx, registrable(cx, DType::F32, &[1.0; 64])?, window)?;
     cx.wait(cx.comm.all_reduce(None, reg.view_mut(), ReduceOp::Sum)?)?;
     cx.block_on(cx.comm.abort())?;
+    let started = std::time::Instant::now();
     let mem = reg.into_inner()?;
+    ensure!(
+        started.elapsed() < std::time::Duration::from_secs(5),
+        "dropping the registration waited {:?}",
+        started.elapsed()
+    );
     let got = cx.download(mem.as_ref())?;
     ensure!(got.iter().all(|&v| v == cx.size as f64), "memory after the abort holds {:?}, not the sums", &got[..4]);
     Ok(())
+}
+
+fn registration_outlives_abort(cx: &RankCtx) -> CaseResult {
+    outlives_abort_on(cx, false)
 }
 
 /// Add the registration cases to `v`.

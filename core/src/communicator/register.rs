@@ -176,7 +176,7 @@ impl<M: DerefMut<Target = dyn DeviceMemory>> DerefMut for Registered<'_, M> {
 ///
 /// # Errors
 /// `InvalidArgument` naming `mem`, the rank, the group and every member that differs or
-/// refused; `Timeout` naming the first member that never published; the store's.
+/// refused; `Timeout` naming every member that never published; the store's.
 #[allow(clippy::too_many_arguments)]
 pub async fn agree_window(
     store: &dyn crate::Store,
@@ -194,24 +194,26 @@ pub async fn agree_window(
         Some(why) => format!("! {why}"),
         None => bytes.to_string(),
     };
+    let started = std::time::Instant::now();
     store.set(&format!("{base}/r{rank}"), mine.as_bytes()).await?;
+    let others: Vec<usize> = (0..size).filter(|&r| r != rank).collect();
+    // One request where the store allows, rather than one per member.
+    let keys: Vec<String> = others.iter().map(|r| format!("{base}/r{r}")).collect();
+    let theirs = store.wait_many(&keys, deadline).await?;
+    let missing: Vec<usize> = others.iter().zip(&theirs).filter(|(_, v)| v.is_none()).map(|(&r, _)| r).collect();
+    if !missing.is_empty() {
+        return Err(crate::Error::Timeout {
+            op: OP.into(),
+            rank,
+            group: group.to_string(),
+            after: started.elapsed(),
+            detail: format!("ranks {missing:?} never registered window #{seq}"),
+        });
+    }
     let mut problems: Vec<String> =
         refusal.map(|why| format!("this rank cannot register it: {why}")).into_iter().collect();
-    for r in (0..size).filter(|&r| r != rank) {
-        let v = match store.wait(&format!("{base}/r{r}"), deadline).await {
-            Ok(v) => v,
-            Err(crate::Error::Timeout { after, .. }) => {
-                return Err(crate::Error::Timeout {
-                    op: OP.into(),
-                    rank,
-                    group: group.to_string(),
-                    after,
-                    detail: format!("rank {r} never registered window #{seq}"),
-                })
-            }
-            Err(e) => return Err(e),
-        };
-        let theirs = String::from_utf8_lossy(&v);
+    for (r, v) in others.iter().zip(theirs.iter().flatten()) {
+        let theirs = String::from_utf8_lossy(v);
         match theirs.strip_prefix("! ") {
             Some(why) => problems.push(format!("rank {r} cannot register it: {why}")),
             None if refusal.is_none() && theirs != mine => problems.push(format!("rank {r} registers {theirs} bytes")),
@@ -308,7 +310,7 @@ mod tests {
         let r = agree(&[Some(Ok(64)), None], Duration::from_millis(300));
         match &r[0] {
             Some(Err(Error::Timeout { op, detail, .. })) if op == "register_window" => {
-                assert!(detail.contains("rank 1 never registered window #0"), "{detail}")
+                assert!(detail.contains("ranks [1] never registered window #0"), "{detail}")
             }
             other => panic!("expected a timeout, got {other:?}"),
         }
