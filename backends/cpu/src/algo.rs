@@ -1,8 +1,7 @@
 //! Collective algorithms over the mesh. All of them are deterministic: every rank of an
 //! all_reduce gets bit-identical results, and the same sizes always take the same path.
 
-use crate::reduce::{finish_avg, reduce_into};
-use crate::shm::copy_to_vec;
+use crate::reduce::{finish_avg, reduce_into, reduce_to};
 use crate::transport::{Kind, Mesh};
 use anyccl_core::{DType, ReduceOp, Result};
 
@@ -26,6 +25,16 @@ pub(crate) const ALL_TO_ALL_DIRECT_MAX: usize = 8 << 10;
 /// all_reduce size from which outputs are written with streaming stores ([`Tuning::stream_min`]).
 pub(crate) const STREAM_MIN: usize = 16 << 20;
 
+/// all_reduce size from which two ranks go a piece at a time ([`Tuning::pair_min`]). Measured
+/// on 2 cores, out-of-place busbw, medians of alternating rounds against the ring: 4 and
+/// 8 MiB 2.68 and 2.07 GB/s against 2.18 and 1.96, 16-256 MiB 1.96-2.79 against 1.79-1.96;
+/// 1-2 MiB, which stay in cache either way, lower (2.02-2.29 against 2.34-3.54).
+pub(crate) const PAIR_MIN: usize = 4 << 20;
+
+/// Bytes of a piece of a two-rank all_reduce ([`Tuning::pair_piece`]): its folded half (the
+/// scratch, when streaming) stays in a core's 512 KiB L2.
+pub(crate) const PAIR_PIECE: usize = 512 << 10;
+
 /// Size thresholds that pick algorithms; `ANYCCL_CPU_*` overrides.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Tuning {
@@ -39,6 +48,11 @@ pub(crate) struct Tuning {
     /// (`shm::copy_streaming`): far larger than the cache, their lines would otherwise be
     /// read from memory before being overwritten.
     pub stream_min: usize,
+    /// all_reduce between two ranks from this many bytes on goes a piece at a time
+    /// ([`pairwise_all_reduce`]) instead of by the ring over the whole buffer.
+    pub pair_min: usize,
+    /// Bytes of each piece of that exchange.
+    pub pair_piece: usize,
 }
 
 impl Tuning {
@@ -47,6 +61,8 @@ impl Tuning {
             all_reduce_direct_max: env_bytes("ANYCCL_CPU_ALLREDUCE_DIRECT_MAX", DIRECT_MAX, rank, label)?,
             all_to_all_direct_max: env_bytes("ANYCCL_CPU_ALLTOALL_DIRECT_MAX", ALL_TO_ALL_DIRECT_MAX, rank, label)?,
             stream_min: env_bytes("ANYCCL_CPU_STREAM_MIN", STREAM_MIN, rank, label)?,
+            pair_min: env_bytes("ANYCCL_CPU_PAIR_MIN", PAIR_MIN, rank, label)?,
+            pair_piece: env_bytes("ANYCCL_CPU_PAIR_PIECE", PAIR_PIECE, rank, label)?,
         })
     }
 }
@@ -168,7 +184,8 @@ fn byte_range(c: (usize, usize), esize: usize) -> std::ops::Range<usize> {
 }
 
 /// all_reduce of `data`: whole buffers exchanged up to the tuning's size, ring
-/// reduce-scatter + all-gather above it.
+/// reduce-scatter + all-gather above it, and, between two ranks, from the tuning's pair
+/// size, the pairwise exchange a piece at a time.
 ///
 /// `src`: this rank's input, when it is not `data` already (out of place). The ring then
 /// reads it where it is needed, a piece at a time, instead of copying all of it first: a
@@ -184,7 +201,10 @@ pub(crate) fn all_reduce(
 ) -> Result<()> {
     let n = cx.size();
     let count = data.len() / dtype.size();
-    if n > 1 && data.len() > tune.all_reduce_direct_max && count >= n {
+    if n == 2 && data.len() > tune.all_reduce_direct_max && data.len() >= tune.pair_min {
+        let cx = &cx.streaming(data.len() >= tune.stream_min);
+        pairwise_all_reduce(cx, data, src, dtype, op, tune.pair_piece)?;
+    } else if n > 1 && data.len() > tune.all_reduce_direct_max && count >= n {
         let ch = chunks(count, n);
         let cx = &cx.streaming(data.len() >= tune.stream_min);
         ring_reduce_scatter(cx, data, src, dtype, op, &ch)?;
@@ -196,6 +216,60 @@ pub(crate) fn all_reduce(
     }
     if op == ReduceOp::Avg {
         finish_avg(data, dtype, n);
+    }
+    Ok(())
+}
+
+/// all_reduce between two ranks, a piece at a time: each rank sends the other its input of
+/// the other's half of the piece and folds the half it receives with its own; then sends
+/// the folded half, which is still in cache, while it receives the other's. With streaming
+/// stores (an output far larger than the cache), the fold goes into a cache-sized scratch
+/// that is sent from there and streamed to the output, so the input is read once and the
+/// output written once (a ring over the whole buffer reads each folded half back from
+/// memory to send it). Each element is folded once, by one rank, in the ring's order (own
+/// op received): the same bits on both.
+fn pairwise_all_reduce(
+    cx: &Coll<'_>,
+    data: &mut [u8],
+    src: Option<&[u8]>,
+    dtype: DType,
+    op: ReduceOp,
+    piece: usize,
+) -> Result<()> {
+    let (me, es) = (cx.rank(), dtype.size());
+    let peer = 1 - me;
+    let count = data.len() / es;
+    let per = (piece / es).max(2);
+    let mut scratch = if cx.stream { vec![0u8; per.min(count).div_ceil(2) * es] } else { Vec::new() };
+    let mut start = 0;
+    while start < count {
+        let len = per.min(count - start);
+        let ch = chunks(len, 2);
+        let (mine, theirs) =
+            (byte_range((start + ch[me].0, ch[me].1), es), byte_range((start + ch[peer].0, ch[peer].1), es));
+        let (m, t) = two_mut(data, mine.clone(), theirs.clone());
+        let (out, own) = match src {
+            Some(s) => (&s[theirs], Some(&s[mine])),
+            None => (&*t, None),
+        };
+        let folded: &[u8] = if cx.stream {
+            let f = &mut scratch[..m.len()];
+            let own = own.unwrap_or(m);
+            cx.exchange(peer, (out, None), peer, f.len(), &mut |at, b| {
+                let r = at..at + b.len();
+                reduce_to(&mut f[r.clone()], &own[r], b, dtype, op)
+            })?;
+            crate::shm::copy_streaming(m, f);
+            f
+        } else {
+            cx.exchange(peer, (out, None), peer, m.len(), &mut |at, b| {
+                let r = at..at + b.len();
+                fold_piece(&mut m[r.clone()], own.map(|o| &o[r]), b, dtype, op)
+            })?;
+            m
+        };
+        cx.exchange(peer, (folded, None), peer, t.len(), &mut |at, b| cx.put(&mut t[at..at + b.len()], b))?;
+        start += len;
     }
     Ok(())
 }
@@ -274,8 +348,8 @@ fn ring_reduce_scatter(
                 // Out of place with streaming stores: folded in a cache-sized scratch, then
                 // streamed to the output, whose lines are never read.
                 Some(own) if cx.stream => {
-                    copy_to_vec(&mut scratch, &own[r.clone()]);
-                    reduce_into(&mut scratch, b, dtype, op);
+                    scratch.resize(b.len(), 0);
+                    reduce_to(&mut scratch, &own[r.clone()], b, dtype, op);
                     crate::shm::copy_streaming(&mut acc[r], &scratch);
                 }
                 _ => fold_piece(&mut acc[r.clone()], own.map(|o| &o[r]), b, dtype, op),
@@ -293,10 +367,10 @@ fn rs_step(n: usize, me: usize, s: usize) -> (usize, usize) {
 /// Fold a received piece `b` into `acc`: `acc = own op b` out of place (`own`: this rank's
 /// input of the piece), `acc = acc op b` in place.
 fn fold_piece(acc: &mut [u8], own: Option<&[u8]>, b: &[u8], dtype: DType, op: ReduceOp) {
-    if let Some(own) = own {
-        crate::shm::copy(acc, own);
+    match own {
+        Some(own) => reduce_to(acc, own, b, dtype, op),
+        None => reduce_into(acc, b, dtype, op),
     }
-    reduce_into(acc, b, dtype, op)
 }
 
 /// Ring all-gather: chunk `rank` is this rank's; afterwards every chunk is filled. In place,

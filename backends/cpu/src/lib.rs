@@ -93,6 +93,8 @@ fn tuning(links: Option<Links>) -> Vec<(String, String)> {
             env("ANYCCL_CPU_ALLTOALL_DIRECT_MAX", algo::ALL_TO_ALL_DIRECT_MAX.to_string()),
         ),
         ("ANYCCL_CPU_STREAM_MIN".into(), env("ANYCCL_CPU_STREAM_MIN", algo::STREAM_MIN.to_string())),
+        ("ANYCCL_CPU_PAIR_MIN".into(), env("ANYCCL_CPU_PAIR_MIN", algo::PAIR_MIN.to_string())),
+        ("ANYCCL_CPU_PAIR_PIECE".into(), env("ANYCCL_CPU_PAIR_PIECE", algo::PAIR_PIECE.to_string())),
         (
             "ANYCCL_CPU_BY_REF_MIN".into(),
             env("ANYCCL_CPU_BY_REF_MIN", format!("{} (send/recv; collectives: off)", transport::BY_REF_MIN)),

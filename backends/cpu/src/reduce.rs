@@ -9,14 +9,38 @@
 use anyccl_core::{bf16, f16, DType, ReduceOp};
 use bytemuck::Pod;
 
-fn zip_with<T: Pod>(acc: &mut [u8], other: &[u8], f: impl Fn(T, T) -> T) {
-    match (bytemuck::try_cast_slice_mut::<u8, T>(acc), bytemuck::try_cast_slice::<u8, T>(other)) {
-        (Ok(a), Ok(b)) => {
-            for (x, y) in a.iter_mut().zip(b) {
+/// The operands of one reduction.
+enum Operands<'a> {
+    /// `acc = acc op other`.
+    InPlace { acc: &'a mut [u8], other: &'a [u8] },
+    /// `dst = a op b`: one pass over the three buffers, where copying `a` into `dst` first
+    /// would be a second.
+    To { dst: &'a mut [u8], a: &'a [u8], b: &'a [u8] },
+}
+
+/// Whether `b` can be viewed in place as a slice of `T`.
+fn fits<T: Pod>(b: &[u8]) -> bool {
+    bytemuck::try_cast_slice::<u8, T>(b).is_ok()
+}
+
+fn zip_with<T: Pod>(ops: Operands<'_>, f: impl Fn(T, T) -> T) {
+    match ops {
+        Operands::To { dst, a, b } if fits::<T>(dst) && fits::<T>(a) && fits::<T>(b) => {
+            let (d, a, b) = (bytemuck::cast_slice_mut::<u8, T>(dst), bytemuck::cast_slice(a), bytemuck::cast_slice(b));
+            for ((x, y), z) in d.iter_mut().zip(a).zip(b) {
+                *x = f(*y, *z);
+            }
+        }
+        Operands::To { dst, a, b } => {
+            dst.copy_from_slice(a);
+            zip_with::<T>(Operands::InPlace { acc: dst, other: b }, f)
+        }
+        Operands::InPlace { acc, other } if fits::<T>(acc) && fits::<T>(other) => {
+            for (x, y) in bytemuck::cast_slice_mut::<u8, T>(acc).iter_mut().zip(bytemuck::cast_slice(other)) {
                 *x = f(*x, *y);
             }
         }
-        _ => {
+        Operands::InPlace { acc, other } => {
             let mut a: Vec<T> = bytemuck::pod_collect_to_vec(acc);
             let b: Vec<T> = bytemuck::pod_collect_to_vec(other);
             for (x, y) in a.iter_mut().zip(&b) {
@@ -39,23 +63,23 @@ fn map<T: Pod>(buf: &mut [u8], f: impl Fn(T) -> T) {
 }
 
 macro_rules! int_op {
-    ($t:ty, $acc:expr, $other:expr, $op:expr) => {
+    ($t:ty, $ops:expr, $op:expr) => {
         match $op {
-            ReduceOp::Sum | ReduceOp::Avg => zip_with::<$t>($acc, $other, |a, b| a.wrapping_add(b)),
-            ReduceOp::Prod => zip_with::<$t>($acc, $other, |a, b| a.wrapping_mul(b)),
-            ReduceOp::Min => zip_with::<$t>($acc, $other, |a, b| a.min(b)),
-            ReduceOp::Max => zip_with::<$t>($acc, $other, |a, b| a.max(b)),
+            ReduceOp::Sum | ReduceOp::Avg => zip_with::<$t>($ops, |a, b| a.wrapping_add(b)),
+            ReduceOp::Prod => zip_with::<$t>($ops, |a, b| a.wrapping_mul(b)),
+            ReduceOp::Min => zip_with::<$t>($ops, |a, b| a.min(b)),
+            ReduceOp::Max => zip_with::<$t>($ops, |a, b| a.max(b)),
         }
     };
 }
 
 macro_rules! float_op {
-    ($t:ty, $acc:expr, $other:expr, $op:expr) => {
+    ($t:ty, $ops:expr, $op:expr) => {
         match $op {
-            ReduceOp::Sum | ReduceOp::Avg => zip_with::<$t>($acc, $other, |a, b| a + b),
-            ReduceOp::Prod => zip_with::<$t>($acc, $other, |a, b| a * b),
-            ReduceOp::Min => zip_with::<$t>($acc, $other, |a, b| if b < a { b } else { a }),
-            ReduceOp::Max => zip_with::<$t>($acc, $other, |a, b| if b > a { b } else { a }),
+            ReduceOp::Sum | ReduceOp::Avg => zip_with::<$t>($ops, |a, b| a + b),
+            ReduceOp::Prod => zip_with::<$t>($ops, |a, b| a * b),
+            ReduceOp::Min => zip_with::<$t>($ops, |a, b| if b < a { b } else { a }),
+            ReduceOp::Max => zip_with::<$t>($ops, |a, b| if b > a { b } else { a }),
         }
     };
 }
@@ -99,37 +123,47 @@ impl Half for bf16 {
     }
 }
 
-fn half_zip<T: Half>(acc: &mut [u8], other: &[u8], f: impl Fn(f32, f32) -> f32 + Copy) {
-    let block = |a: &mut [T], b: &[T]| {
+fn half_zip<T: Half>(ops: Operands<'_>, f: impl Fn(f32, f32) -> f32 + Copy) {
+    // `dst = a op b`, or, without `a`, `dst = dst op b`.
+    let block = |d: &mut [T], a: Option<&[T]>, b: &[T]| {
         let (mut x, mut y) = ([0f32; BLOCK], [0f32; BLOCK]);
-        for (ca, cb) in a.chunks_mut(BLOCK).zip(b.chunks(BLOCK)) {
-            let k = ca.len();
-            T::widen(ca, &mut x[..k]);
+        for (i, (cd, cb)) in d.chunks_mut(BLOCK).zip(b.chunks(BLOCK)).enumerate() {
+            let k = cd.len();
+            T::widen(a.map_or(&*cd, |a| &a[i * BLOCK..i * BLOCK + k]), &mut x[..k]);
             T::widen(cb, &mut y[..k]);
             for (p, q) in x[..k].iter_mut().zip(&y[..k]) {
                 *p = f(*p, *q);
             }
-            T::narrow(&x[..k], ca);
+            T::narrow(&x[..k], cd);
         }
     };
-    match (bytemuck::try_cast_slice_mut::<u8, T>(acc), bytemuck::try_cast_slice::<u8, T>(other)) {
-        (Ok(a), Ok(b)) => block(a, b),
-        _ => {
+    match ops {
+        Operands::To { dst, a, b } if fits::<T>(dst) && fits::<T>(a) && fits::<T>(b) => {
+            block(bytemuck::cast_slice_mut(dst), Some(bytemuck::cast_slice(a)), bytemuck::cast_slice(b))
+        }
+        Operands::To { dst, a, b } => {
+            dst.copy_from_slice(a);
+            half_zip::<T>(Operands::InPlace { acc: dst, other: b }, f)
+        }
+        Operands::InPlace { acc, other } if fits::<T>(acc) && fits::<T>(other) => {
+            block(bytemuck::cast_slice_mut(acc), None, bytemuck::cast_slice(other))
+        }
+        Operands::InPlace { acc, other } => {
             let mut a: Vec<T> = bytemuck::pod_collect_to_vec(acc);
             let b: Vec<T> = bytemuck::pod_collect_to_vec(other);
-            block(&mut a, &b);
+            block(&mut a, None, &b);
             acc.copy_from_slice(bytemuck::cast_slice(&a));
         }
     }
 }
 
 macro_rules! half_op {
-    ($t:ty, $acc:expr, $other:expr, $op:expr) => {
+    ($t:ty, $ops:expr, $op:expr) => {
         match $op {
-            ReduceOp::Sum | ReduceOp::Avg => half_zip::<$t>($acc, $other, |a, b| a + b),
-            ReduceOp::Prod => half_zip::<$t>($acc, $other, |a, b| a * b),
-            ReduceOp::Min => half_zip::<$t>($acc, $other, |a, b| if b < a { b } else { a }),
-            ReduceOp::Max => half_zip::<$t>($acc, $other, |a, b| if b > a { b } else { a }),
+            ReduceOp::Sum | ReduceOp::Avg => half_zip::<$t>($ops, |a, b| a + b),
+            ReduceOp::Prod => half_zip::<$t>($ops, |a, b| a * b),
+            ReduceOp::Min => half_zip::<$t>($ops, |a, b| if b < a { b } else { a }),
+            ReduceOp::Max => half_zip::<$t>($ops, |a, b| if b > a { b } else { a }),
         }
     };
 }
@@ -137,17 +171,28 @@ macro_rules! half_op {
 /// `acc[i] = acc[i] op other[i]` (for `Avg`, the sum; call [`finish_avg`] once at the end).
 pub(crate) fn reduce_into(acc: &mut [u8], other: &[u8], dtype: DType, op: ReduceOp) {
     debug_assert_eq!(acc.len(), other.len());
+    reduce(Operands::InPlace { acc, other }, dtype, op)
+}
+
+/// `dst[i] = a[i] op b[i]`, in one pass: the bits of copying `a` into `dst` and then
+/// [`reduce_into`]`(dst, b)`.
+pub(crate) fn reduce_to(dst: &mut [u8], a: &[u8], b: &[u8], dtype: DType, op: ReduceOp) {
+    debug_assert!(dst.len() == a.len() && a.len() == b.len());
+    reduce(Operands::To { dst, a, b }, dtype, op)
+}
+
+fn reduce(ops: Operands<'_>, dtype: DType, op: ReduceOp) {
     match dtype {
-        DType::I8 => int_op!(i8, acc, other, op),
-        DType::U8 => int_op!(u8, acc, other, op),
-        DType::I32 => int_op!(i32, acc, other, op),
-        DType::U32 => int_op!(u32, acc, other, op),
-        DType::I64 => int_op!(i64, acc, other, op),
-        DType::U64 => int_op!(u64, acc, other, op),
-        DType::F32 => float_op!(f32, acc, other, op),
-        DType::F64 => float_op!(f64, acc, other, op),
-        DType::F16 => half_op!(f16, acc, other, op),
-        DType::BF16 => half_op!(bf16, acc, other, op),
+        DType::I8 => int_op!(i8, ops, op),
+        DType::U8 => int_op!(u8, ops, op),
+        DType::I32 => int_op!(i32, ops, op),
+        DType::U32 => int_op!(u32, ops, op),
+        DType::I64 => int_op!(i64, ops, op),
+        DType::U64 => int_op!(u64, ops, op),
+        DType::F32 => float_op!(f32, ops, op),
+        DType::F64 => float_op!(f64, ops, op),
+        DType::F16 => half_op!(f16, ops, op),
+        DType::BF16 => half_op!(bf16, ops, op),
     }
 }
 
@@ -217,6 +262,28 @@ mod tests {
             <bf16 as Half>::narrow(&[x], &mut got);
             let want = bf16::from_f32(x);
             assert!(got[0].to_bits() == want.to_bits() || (got[0].is_nan() && want.is_nan()), "{bits:#x}");
+        }
+    }
+
+    /// `reduce_to(dst, a, b)` gives the bits of copying `a` into `dst` and reducing `b` into
+    /// it, for every type and op, aligned and not (the unaligned path copies).
+    #[test]
+    fn reduce_to_matches_copy_then_reduce() {
+        let bytes =
+            |seed: u32| -> Vec<u8> { (0..1031u32).map(|i| (i.wrapping_mul(2_654_435_761) ^ seed) as u8).collect() };
+        let (a, b) = (bytes(0x5a), bytes(0xc3));
+        for dtype in DType::ALL {
+            for op in ReduceOp::ALL {
+                for off in [0, 1] {
+                    let n = (1024 / dtype.size()) * dtype.size();
+                    let (a, b) = (&a[off..off + n], &b[off..off + n]);
+                    let mut want = a.to_vec();
+                    reduce_into(&mut want, b, dtype, op);
+                    let mut got = vec![0u8; n + 1];
+                    reduce_to(&mut got[off..off + n], a, b, dtype, op);
+                    assert_eq!(&got[off..off + n], &want[..], "{dtype:?} {op:?} offset {off}");
+                }
+            }
         }
     }
 
