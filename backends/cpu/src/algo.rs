@@ -62,7 +62,13 @@ impl Tuning {
             all_to_all_direct_max: env_bytes("ANYCCL_CPU_ALLTOALL_DIRECT_MAX", ALL_TO_ALL_DIRECT_MAX, rank, label)?,
             stream_min: env_bytes("ANYCCL_CPU_STREAM_MIN", STREAM_MIN, rank, label)?,
             pair_min: env_bytes("ANYCCL_CPU_PAIR_MIN", PAIR_MIN, rank, label)?,
-            pair_piece: env_bytes("ANYCCL_CPU_PAIR_PIECE", PAIR_PIECE, rank, label)?,
+            pair_piece: at_least(
+                env_bytes("ANYCCL_CPU_PAIR_PIECE", PAIR_PIECE, rank, label)?,
+                "ANYCCL_CPU_PAIR_PIECE",
+                4096,
+                rank,
+                label,
+            )?,
         })
     }
 }
@@ -82,6 +88,23 @@ pub(crate) fn env_bytes(name: &str, default: usize, rank: usize, label: &str) ->
             msg: format!("{name}={v:?} is not a number of bytes (such as 65536, 64K, 16M or 1G)"),
         }),
     }
+}
+
+/// `v`, the value of the variable `name`, when it is at least `min`.
+///
+/// # Errors
+/// `InvalidArgument` naming the variable, the rank and the group when it is smaller.
+fn at_least(v: usize, name: &str, min: usize, rank: usize, label: &str) -> Result<usize> {
+    if v >= min {
+        return Ok(v);
+    }
+    Err(anyccl_core::Error::InvalidArgument {
+        op: "connect",
+        arg: "environment",
+        rank,
+        group: label.into(),
+        msg: format!("{name}={v} is below {min} bytes"),
+    })
 }
 
 /// A whole number (`what` it counts, for the error) from the environment variable `name`

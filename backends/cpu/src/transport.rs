@@ -434,7 +434,8 @@ impl Mesh {
             return Err(self.peer_err(
                 peer,
                 format!(
-                    "{} #{seq}: rank {peer} sent {len} bytes, this rank expected {expect} (counts differ across ranks)",
+                    "{} #{seq}: rank {peer} sent {len} bytes, this rank expected {expect} (counts, or the ANYCCL_CPU_* \
+                     algorithm settings, differ across ranks)",
                     op_name(op)
                 ),
             ));
