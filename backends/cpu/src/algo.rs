@@ -142,10 +142,14 @@ impl<'m> Coll<'m> {
     }
     /// Copy received bytes `b` to their destination.
     fn put(&self, dst: &mut [u8], b: &[u8]) {
+        (self.copier())(dst, b)
+    }
+    /// How this view writes its outputs.
+    fn copier(&self) -> fn(&mut [u8], &[u8]) {
         if self.stream {
-            crate::shm::copy_streaming(dst, b)
+            crate::shm::copy_streaming
         } else {
-            crate::shm::copy(dst, b)
+            crate::shm::copy
         }
     }
     fn rank(&self) -> usize {
@@ -172,7 +176,7 @@ impl<'m> Coll<'m> {
         incoming: usize,
         sink: &mut dyn FnMut(usize, &[u8]),
     ) -> Result<()> {
-        self.mesh.exchange((self.op, self.seq), to, out, mirror, from, incoming, sink)
+        self.mesh.exchange((self.op, self.seq), to, out, mirror.map(|m| (m, self.copier())), from, incoming, sink)
     }
     /// Receive `acc.len()` bytes from `peer`, reducing them into `acc` as they arrive.
     fn recv_reduce(&self, peer: usize, acc: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
@@ -474,7 +478,7 @@ pub(crate) fn all_gather(cx: &Coll<'_>, out: &mut [u8], src: Option<&[u8]>, chun
     let (n, me) = (cx.size(), cx.rank());
     if n == 1 || chunk_bytes == 0 {
         if let Some(src) = src {
-            crate::shm::copy(&mut out[me * chunk_bytes..(me + 1) * chunk_bytes], src);
+            cx.put(&mut out[me * chunk_bytes..(me + 1) * chunk_bytes], src);
         }
         return Ok(());
     }
@@ -574,7 +578,7 @@ pub(crate) fn all_to_all(
             .collect()
     };
     let (so, ro) = (offsets(send_bytes), offsets(recv_bytes));
-    crate::shm::copy(&mut recv[ro[me]..ro[me] + recv_bytes[me]], &send[so[me]..so[me] + send_bytes[me]]);
+    cx.put(&mut recv[ro[me]..ro[me] + recv_bytes[me]], &send[so[me]..so[me] + send_bytes[me]]);
     if send_bytes.iter().chain(recv_bytes).all(|&b| b <= direct_max) {
         // Small: the rings (and sockets) hold every segment, so no send waits for a peer.
         for k in 1..n {

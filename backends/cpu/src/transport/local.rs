@@ -76,6 +76,10 @@ struct Hdr {
 /// Bytes of a by-reference message's body.
 const REF_BODY: usize = 16;
 
+/// A buffer that gets a copy of what is sent, and the copy to make (plain or streaming
+/// stores: `shm::copy`, `shm::copy_streaming`).
+pub(crate) type Mirror<'a> = Option<(&'a mut [u8], fn(&mut [u8], &[u8]))>;
+
 /// Where a received payload goes.
 pub(super) enum Sink<'a> {
     /// Copied to this buffer.
@@ -223,15 +227,16 @@ impl Mesh {
     /// collective message `op` number `seq`, at once: between peers of this host the two
     /// streams advance together, a piece at a time, so neither waits for the other to finish
     /// (and nothing is buffered on the way, whatever the size). `mirror` (of `data`'s length)
-    /// gets a copy of `data`: between peers of this host a piece at a time as it goes into
-    /// the ring, while it is in cache, so `data` is read once for both.
+    /// gets a copy of `data`, made by its copier (plain or streaming stores): between peers
+    /// of this host a piece at a time as it goes into the ring, while it is in cache, so
+    /// `data` is read once for both.
     #[allow(clippy::too_many_arguments)] // the two halves of one step, and the copy
     pub(crate) fn exchange(
         &self,
         (op, seq): (u8, u64),
         to: usize,
         data: &[u8],
-        mirror: Option<&mut [u8]>,
+        mirror: Mirror<'_>,
         from: usize,
         expect: usize,
         sink: &mut dyn FnMut(usize, &[u8]),
@@ -295,7 +300,7 @@ impl Mesh {
         (op, seq): (u8, u64),
         to: usize,
         data: Data<'_>,
-        mirror: Option<&mut [u8]>,
+        mirror: Mirror<'_>,
         from: usize,
         expect: usize,
         sink: &mut Sink<'_>,
@@ -306,10 +311,10 @@ impl Mesh {
         // Where the message does not go through the ring a piece at a time, the copy is made
         // first, whole.
         let mut mirror = mirror;
-        debug_assert!(mirror.as_ref().is_none_or(|m| m.len() == bytes.len()), "a mirror of another length");
-        let mirror_all = |m: &mut Option<&mut [u8]>| {
-            if let Some(m) = m.take() {
-                crate::shm::copy(m, bytes);
+        debug_assert!(mirror.as_ref().is_none_or(|m| m.0.len() == bytes.len()), "a mirror of another length");
+        let mirror_all = |m: &mut Mirror<'_>| {
+            if let Some((m, copy)) = m.take() {
+                copy(m, bytes);
             }
         };
         let (Some(out), Some(inc)) = (&self.shm[to], &self.shm[from]) else {
@@ -347,10 +352,10 @@ impl Mesh {
             let rx = &st.rx;
             loop {
                 let mut progressed = !w.done() && tx.write_some(&mut w);
-                if let Some(m) = mirror.as_deref_mut() {
+                if let Some((m, copy)) = mirror.as_mut() {
                     let upto = w.written().saturating_sub(HEADER).min(bytes.len());
                     if upto > mirrored {
-                        crate::shm::copy(&mut m[mirrored..upto], &bytes[mirrored..upto]);
+                        copy(&mut m[mirrored..upto], &bytes[mirrored..upto]);
                         mirrored = upto;
                     }
                 }
