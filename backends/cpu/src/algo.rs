@@ -22,13 +22,21 @@ pub(crate) const DIRECT_MAX: usize = 2 << 10;
 /// order against 19-34 us pairwise; pairwise wins once segments stream (tens of KiB).
 pub(crate) const ALL_TO_ALL_DIRECT_MAX: usize = 8 << 10;
 
-/// all_reduce size from which outputs are written with streaming stores ([`Tuning::stream_min`]).
-pub(crate) const STREAM_MIN: usize = 16 << 20;
+/// Output size from which outputs are written with streaming stores ([`Tuning::stream_min`]).
+/// From 4 MiB the input, the output and the rings no longer stay in the 32 MiB L3 that
+/// the machines measured share with their neighbours: 2 ranks, 4 and 8 MiB, medians of 6
+/// alternating rounds against 16 MiB: all_reduce 4.11 and 3.09 GB/s busbw against 2.71
+/// and 2.54, all_gather 2.58 and 2.27 against 2.36 and 1.42, all_to_all 2.77 and 1.79
+/// against 2.18 and 1.49, broadcast 4.96 and 2.68 against 3.45 and 2.60; at 2 MiB
+/// all_to_all lost (3.46 against 6.19).
+pub(crate) const STREAM_MIN: usize = 4 << 20;
 
-/// all_reduce size from which two ranks go a piece at a time ([`Tuning::pair_min`]). Measured
-/// on 2 cores, out-of-place busbw, medians of alternating rounds against the ring: 4 and
-/// 8 MiB 2.68 and 2.07 GB/s against 2.18 and 1.96, 16-256 MiB 1.96-2.79 against 1.79-1.96;
-/// 1-2 MiB, which stay in cache either way, lower (2.02-2.29 against 2.34-3.54).
+/// all_reduce size from which two ranks go a piece at a time ([`Tuning::pair_min`]), folding
+/// into a scratch that streams to the output (from [`STREAM_MIN`], the same size). Measured
+/// on 2 cores, out-of-place busbw, medians of alternating rounds against the ring, both
+/// streaming from 16 MiB: 4 and 8 MiB 2.68 and 2.07 GB/s against 2.18 and 1.96, 16-256 MiB
+/// 1.96-2.79 against 1.79-1.96; 1-2 MiB, which stay in cache either way, lower (2.02-2.29
+/// against 2.34-3.54).
 pub(crate) const PAIR_MIN: usize = 4 << 20;
 
 /// Bytes of a piece of a two-rank all_reduce ([`Tuning::pair_piece`]): its folded half (the
@@ -372,9 +380,10 @@ fn ring_reduce_scatter(
         cx.exchange(right, (out, None), left, acc.len(), &mut |at, b| {
             let r = at..at + b.len();
             match own {
-                // Out of place with streaming stores: folded in a cache-sized scratch, then
-                // streamed to the output, whose lines are never read.
-                Some(own) if cx.stream => {
+                // Out of place with streaming stores, at the last step (earlier steps' folds
+                // are sent at the next, so they stay in cache): folded in a cache-sized
+                // scratch, then streamed to the output, whose lines are never read.
+                Some(own) if cx.stream && s == n - 2 => {
                     scratch.resize(b.len(), 0);
                     reduce_to(&mut scratch, &own[r.clone()], b, dtype, op);
                     crate::shm::copy_streaming(&mut acc[r], &scratch);
