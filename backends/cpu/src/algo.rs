@@ -314,11 +314,39 @@ fn pairwise_all_reduce(
 /// Out of place (`src`), the input is sent and folded where it is, never copied first.
 fn direct_all_reduce(cx: &Coll<'_>, data: &mut [u8], src: Option<&[u8]>, dtype: DType, op: ReduceOp) -> Result<()> {
     let (n, me) = (cx.size(), cx.rank());
+    if n == 2 {
+        return direct_pair(cx, data, src, dtype, op);
+    }
     let input = src.unwrap_or(data);
     for k in 1..n {
         cx.send((me + k) % n, input)?;
     }
     fold_in_rank_order(cx, data, src, dtype, op)
+}
+
+/// [`direct_all_reduce`] of two ranks in one exchange: each sends its input while it folds
+/// the other's as it arrives, rank 0's operand first on both.
+fn direct_pair(cx: &Coll<'_>, data: &mut [u8], src: Option<&[u8]>, dtype: DType, op: ReduceOp) -> Result<()> {
+    let (me, len) = (cx.rank(), data.len());
+    // In place, the input is sent from a copy (on the stack up to the default direct size),
+    // since the fold overwrites it as the other's arrives.
+    let mut kept = smallvec::SmallVec::<[u64; DIRECT_MAX / 8]>::new();
+    let own: &[u8] = match src {
+        Some(s) => s,
+        None => {
+            kept.resize(len.div_ceil(8), 0);
+            bytemuck::cast_slice_mut::<u64, u8>(&mut kept)[..len].copy_from_slice(data);
+            &bytemuck::cast_slice::<u64, u8>(&kept)[..len]
+        }
+    };
+    cx.exchange(1 - me, (own, None), 1 - me, len, &mut |at, b| {
+        let (d, o) = (&mut data[at..at + b.len()], &own[at..at + b.len()]);
+        if me == 0 {
+            reduce_to(d, o, b, dtype, op)
+        } else {
+            reduce_to(d, b, o, dtype, op)
+        }
+    })
 }
 
 /// Replace `data` (this rank's contribution) by every rank's, received from the others,
