@@ -328,16 +328,12 @@ fn direct_all_reduce(cx: &Coll<'_>, data: &mut [u8], src: Option<&[u8]>, dtype: 
 /// the other's as it arrives, rank 0's operand first on both.
 fn direct_pair(cx: &Coll<'_>, data: &mut [u8], src: Option<&[u8]>, dtype: DType, op: ReduceOp) -> Result<()> {
     let (me, len) = (cx.rank(), data.len());
-    // In place, the input is sent from a copy (on the stack up to the default direct size),
-    // since the fold overwrites it as the other's arrives.
-    let mut kept = smallvec::SmallVec::<[u64; DIRECT_MAX / 8]>::new();
+    // In place, the input is sent from a copy ([`keep`]), since the fold overwrites it as
+    // the other's arrives.
+    let mut kept = Kept::new();
     let own: &[u8] = match src {
         Some(s) => s,
-        None => {
-            kept.resize(len.div_ceil(8), 0);
-            bytemuck::cast_slice_mut::<u64, u8>(&mut kept)[..len].copy_from_slice(data);
-            &bytemuck::cast_slice::<u64, u8>(&kept)[..len]
-        }
+        None => keep(&mut kept, data),
     };
     cx.exchange(1 - me, (own, None), 1 - me, len, &mut |at, b| {
         let (d, o) = (&mut data[at..at + b.len()], &own[at..at + b.len()]);
@@ -349,24 +345,29 @@ fn direct_pair(cx: &Coll<'_>, data: &mut [u8], src: Option<&[u8]>, dtype: DType,
     })
 }
 
+/// A copy of a small input: on the stack up to the default direct size (the smallest,
+/// latency-bound calls), in words so that every element type is aligned for the reduction.
+type Kept = smallvec::SmallVec<[u64; DIRECT_MAX / 8]>;
+
+/// Fill `kept` with a copy of `data` and return it. Filled where it lies: a move of the
+/// vector would copy its whole inline array.
+fn keep<'k>(kept: &'k mut Kept, data: &[u8]) -> &'k [u8] {
+    let len = data.len();
+    kept.resize(len.div_ceil(8), 0);
+    let bytes = &mut bytemuck::cast_slice_mut::<u64, u8>(kept)[..len];
+    bytes.copy_from_slice(data);
+    bytes
+}
+
 /// Replace `data` (this rank's contribution) by every rank's, received from the others,
 /// folded in rank order: the same order, so the same bits, on every rank that folds.
 ///
 /// `src`: this rank's contribution when it is not in `data` (out of place).
 fn fold_in_rank_order(cx: &Coll<'_>, data: &mut [u8], src: Option<&[u8]>, dtype: DType, op: ReduceOp) -> Result<()> {
     let (n, me) = (cx.size(), cx.rank());
-    // This rank's contribution, kept aside unless it is first (rank 0) or lies elsewhere: on
-    // the stack up to the default direct size (the smallest, latency-bound calls), in words
-    // so that every element type is aligned for the reduction.
-    // Filled where it lies: a move of the vector would copy its whole inline array.
-    let len = data.len();
-    let keep = me != 0 && src.is_none();
-    let mut kept = smallvec::SmallVec::<[u64; DIRECT_MAX / 8]>::new();
-    if keep {
-        kept.resize(len.div_ceil(8), 0);
-        bytemuck::cast_slice_mut::<u64, u8>(&mut kept)[..len].copy_from_slice(data);
-    }
-    let mine = src.or(keep.then(|| &bytemuck::cast_slice::<u64, u8>(&kept)[..len]));
+    // This rank's contribution, kept aside unless it is first (rank 0) or lies elsewhere.
+    let mut kept = Kept::new();
+    let mine = src.or_else(|| (me != 0).then(|| keep(&mut kept, data)));
     if me != 0 {
         cx.recv_into(0, data)?;
     } else if let Some(src) = src {
