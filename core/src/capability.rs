@@ -47,7 +47,7 @@ pub struct Capabilities {
     /// Operations can be ordered with an engine's own streams without the host waiting
     /// (`Communicator::wait_stream`, `signal_stream`).
     pub streams: bool,
-    /// Operations can be captured into an engine's CUDA graph and replayed
+    /// Operations can be captured into an engine's CUDA graph (ACL graph on Ascend) and replayed
     /// (`Communicator::capture_all_reduce`).
     pub graphs: bool,
     /// The library takes per-communicator thread-block settings (`CommConfig::min_ctas`,

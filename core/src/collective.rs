@@ -143,7 +143,7 @@ pub trait Collective: Send + Sync + fmt::Debug + 'static {
         })
     }
 
-    /// Put `op` into the capture under way on `stream` (a CUDA graph being recorded): it
+    /// Put `op` into the capture under way on `stream` (a CUDA or ACL graph being recorded): it
     /// becomes part of the graph and runs at every replay; nothing runs now and no `Work`
     /// follows (`Capabilities::graphs`). The addresses were validated by the
     /// Communicator, which keeps the buffers allocated for as long as the graph may replay.

@@ -50,6 +50,9 @@ pub struct Acl {
     /// stream after the wait: ACL before CANN 8 lets an event go only once the wait on it
     /// has run, so they are destroyed when their marker is done.
     waits: Mutex<Vec<(AclEvent, AclEvent)>>,
+    /// Events of orderings recorded into a graph capture: a replay of the graph may use
+    /// them, so they live as long as this runtime.
+    captured: Mutex<Vec<AclEvent>>,
 }
 
 impl Acl {
@@ -59,7 +62,7 @@ impl Acl {
     /// `Unavailable` without ACL; `Backend` on an ACL error.
     pub fn new(ordinal: i32) -> Result<Arc<Acl>> {
         let (lib, _) = probe().map_err(|reason| Error::Unavailable { backend: "hccl", reason })?;
-        let a = Arc::new(Acl { lib, ordinal, waits: Mutex::new(Vec::new()) });
+        let a = Arc::new(Acl { lib, ordinal, waits: Mutex::new(Vec::new()), captured: Mutex::new(Vec::new()) });
         anyccl_device::Runtime::bind(&*a)?;
         Ok(a)
     }
@@ -177,6 +180,12 @@ impl Acl {
         let ev = AclEvent { raw: unsafe { record_event(self.lib, first) }?, lib: self.lib };
         // SAFETY: both handles live.
         acl_check(self.lib, "aclrtStreamWaitEvent", unsafe { wait(waiter, ev.raw) })?;
+        // SAFETY: per the caller. A runtime that cannot say is not capturing.
+        if unsafe { self.capture_status(waiter) }.unwrap_or(0) != 0 {
+            // Recorded into a graph, not run: there is no run to mark.
+            self.captured.lock().unwrap_or_else(|p| p.into_inner()).push(ev);
+            return Ok(());
+        }
         // SAFETY: per the caller.
         let marker = match unsafe { record_event(self.lib, waiter) } {
             Ok(raw) => AclEvent { raw, lib: self.lib },
@@ -192,6 +201,21 @@ impl Acl {
         waits.retain(|(_, m)| !unsafe { event_done(self.lib, m.raw) }.unwrap_or(false));
         waits.push((ev, marker));
         Ok(())
+    }
+}
+
+impl Acl {
+    /// `aclmdlRICaptureGetInfo`'s status of `stream`: 0 none, 1 capturing, 2 invalidated
+    /// (0 where ACL has no graph capture).
+    ///
+    /// # Safety
+    /// `stream` is a live stream of this device.
+    unsafe fn capture_status(&self, stream: aclrtStream) -> Result<i32> {
+        let Some(info) = self.lib.CaptureGetInfo else { return Ok(0) };
+        let (mut status, mut model) = (0, std::ptr::null_mut());
+        // SAFETY: per the caller; valid out-parameters.
+        acl_check(self.lib, "aclmdlRICaptureGetInfo", unsafe { info(stream, &mut status, &mut model) })?;
+        Ok(status)
     }
 }
 
@@ -275,6 +299,11 @@ impl anyccl_device::Runtime for Acl {
     unsafe fn signal_raw(&self, stream: &AclStream, raw: *mut c_void) -> Result<()> {
         // SAFETY: as in `wait_raw`.
         unsafe { self.order(stream.raw, raw) }
+    }
+    unsafe fn capturing(&self, raw: *mut c_void) -> Result<bool> {
+        self.bind()?;
+        // SAFETY: per the caller.
+        Ok(unsafe { self.capture_status(raw) }? == 1)
     }
     fn synchronize(&self) -> Result<()> {
         match self.lib.SynchronizeDevice {

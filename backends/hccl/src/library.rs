@@ -66,8 +66,10 @@ pub fn hccl_capabilities(lib: &HcclLib, devices: usize) -> Capabilities {
         warmup_large_bytes: 32 << 20,
         max_world_size: usize::MAX,
         max_local_ranks: devices,
-        graphs: false,
-        // Ordering with an engine's streams through ACL events (no graph capture).
+        // Capture into an engine's ACL graph (`aclmdlRICaptureBegin` on its stream): the
+        // communicator's stream joins the capture through events, as ACL documents.
+        graphs: crate::sys::acl().is_ok_and(|a| a.StreamWaitEvent.is_some() && a.CaptureGetInfo.is_some()),
+        // Ordering with an engine's streams through ACL events.
         streams: crate::sys::acl().is_ok_and(|a| a.StreamWaitEvent.is_some()),
         cta_settings: false,
         buffer_registration: lib.CommRegister.is_some() && lib.CommDeregister.is_some(),

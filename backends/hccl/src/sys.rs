@@ -229,6 +229,9 @@ pub struct AclLib {
     pub QueryEventStatus: unsafe extern "C" fn(aclrtEvent, *mut c_int) -> Code,
     /// `aclrtStreamWaitEvent(stream, event)`: the stream waits for the event's work.
     pub StreamWaitEvent: Option<unsafe extern "C" fn(aclrtStream, aclrtEvent) -> Code>,
+    /// `aclmdlRICaptureGetInfo(stream, &status, &modelRI)` (CANN 8.1+, an experimental
+    /// feature there): whether the stream is capturing a graph (status 1).
+    pub CaptureGetInfo: Option<unsafe extern "C" fn(aclrtStream, *mut c_int, *mut *mut c_void) -> Code>,
     pub Malloc: unsafe extern "C" fn(*mut *mut c_void, usize, c_int) -> Code,
     pub Free: unsafe extern "C" fn(*mut c_void) -> Code,
     pub Memcpy: unsafe extern "C" fn(*mut c_void, usize, *const c_void, usize, c_int) -> Code,
@@ -306,6 +309,7 @@ fn load_acl() -> Result<AclLib, String> {
             RecordEvent: sym(&lib, "aclrtRecordEvent")?,
             QueryEventStatus: sym(&lib, "aclrtQueryEventStatus")?,
             StreamWaitEvent: opt(&lib, "aclrtStreamWaitEvent"),
+            CaptureGetInfo: opt(&lib, "aclmdlRICaptureGetInfo"),
             Malloc: sym(&lib, "aclrtMalloc")?,
             Free: sym(&lib, "aclrtFree")?,
             Memcpy: sym(&lib, "aclrtMemcpy")?,

@@ -3,6 +3,7 @@
 //! its input, and `signal_stream` holds the engine's stream until the all_reduce is done,
 //! neither host thread waiting. Rank 1's engine starts 300 ms late, so leaving out either
 //! call gives a wrong result (checked: each was left out once while this test was written).
+//! And all_reduces captured into the engine's ACL graph (`aclmdlRICaptureBegin`), replayed.
 
 use anyccl_core::{Backend, CommConfig, Communicator, DType, GroupSpec, MemoryStore, ReduceOp, Store, StreamRef};
 use anyccl_hccl::Hccl;
@@ -24,6 +25,10 @@ struct Engine {
     sync: unsafe extern "C" fn(*mut c_void) -> Code,
     copy: unsafe extern "C" fn(*mut c_void, usize, *const c_void, usize, i32, *mut c_void) -> Code,
     sleep: unsafe extern "C" fn(*mut c_void, u32) -> Code,
+    begin: unsafe extern "C" fn(*mut c_void, i32) -> Code,
+    end: unsafe extern "C" fn(*mut c_void, *mut *mut c_void) -> Code,
+    execute: unsafe extern "C" fn(*mut c_void, *mut c_void) -> Code,
+    destroy_model: unsafe extern "C" fn(*mut c_void) -> Code,
 }
 
 impl Engine {
@@ -40,6 +45,10 @@ impl Engine {
                 sync: *lib.get(b"aclrtSynchronizeStream").unwrap(),
                 copy: *lib.get(b"aclrtMemcpyAsync").unwrap(),
                 sleep: *lib.get(b"anyccl_standin_stream_sleep").unwrap(),
+                begin: *lib.get(b"aclmdlRICaptureBegin").unwrap(),
+                end: *lib.get(b"aclmdlRICaptureEnd").unwrap(),
+                execute: *lib.get(b"aclmdlRIExecuteAsync").unwrap(),
+                destroy_model: *lib.get(b"aclmdlRIDestroy").unwrap(),
                 _lib: lib,
             }
         }
@@ -114,22 +123,119 @@ fn rank(r: usize, store: Arc<dyn Store>) -> Result<(), String> {
     rt.block_on(comm.shutdown()).map_err(e)
 }
 
+/// Three all_reduces captured into the engine's graph behind a captured copy of the host
+/// input, replayed: replay `i` copies `(rank + 1) * (i + 1)` and reduces three times, so
+/// every element ends at `3 * (i + 1) * 2 * 2` (a replay that did not run, or ran against
+/// the wrong input, shows). Then 30 replays queued at once. Capturing on a stream that is
+/// not capturing is refused.
+fn graph_rank(r: usize, store: Arc<dyn Store>) -> Result<(), String> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(e)?;
+    let platform = Hccl.platform(r).map_err(e)?;
+    let config = CommConfig { op_timeout: T, init_timeout: T, ..CommConfig::default() };
+    let comm = rt
+        .block_on(Communicator::connect(&Hccl, GroupSpec::world(2, "graphs"), r, store, platform.device(), config))
+        .map_err(e)?;
+    if !comm.capabilities().graphs {
+        return Err("the stand-in has aclmdlRICaptureGetInfo, but the backend claims no graphs".into());
+    }
+    let mut buf = platform.alloc(DType::F32, COUNT).map_err(e)?;
+    comm.all_reduce(None, buf.view_mut(), ReduceOp::Sum).and_then(|mut w| w.wait(T)).map_err(e)?;
+    let g: Arc<dyn anyccl_core::DeviceMemory> = Arc::from(buf);
+    let eng = Engine::load();
+    let mut raw: *mut c_void = std::ptr::null_mut();
+    // SAFETY: plain calls with valid out-parameters.
+    unsafe {
+        ok("aclrtSetDevice", (eng.set_device)(r as i32))?;
+        ok("aclrtCreateStream", (eng.create)(&mut raw))?;
+    }
+    // SAFETY: the stream lives until it is destroyed at the end of this function.
+    let engine = unsafe { StreamRef::from_raw(platform.device(), raw) };
+    match comm.capture_all_reduce(engine, None, &g, ReduceOp::Sum) {
+        Err(anyccl_core::Error::InvalidArgument { arg: "stream", .. }) => {}
+        other => return Err(format!("capturing outside a capture: expected InvalidArgument, got {other:?}")),
+    }
+    let bytes = COUNT * 4;
+    let mut input = vec![0u8; bytes];
+    let dev = g.view().ptr() as *mut c_void;
+    let mut model: *mut c_void = std::ptr::null_mut();
+    // SAFETY: `input` and `g` outlive every replay (synchronized below before either goes).
+    unsafe {
+        ok("aclmdlRICaptureBegin", (eng.begin)(raw, 1))?;
+        ok("aclrtMemcpyAsync in", (eng.copy)(dev, bytes, input.as_ptr() as *const c_void, bytes, 1, raw))?;
+    }
+    let mut captured = Vec::new();
+    for _ in 0..3 {
+        captured.push(comm.capture_all_reduce(engine, None, &g, ReduceOp::Sum).map_err(e)?);
+    }
+    // SAFETY: valid out-parameter; the capture began on this stream.
+    unsafe { ok("aclmdlRICaptureEnd", (eng.end)(raw, &mut model))? };
+    let mut output = vec![0u8; bytes];
+    let mut check = |want: f32, what: &str| -> Result<(), String> {
+        platform.copy_to_host(g.as_ref(), &mut output).map_err(e)?;
+        let wrong = output.chunks_exact(4).filter(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) != want).count();
+        if wrong > 0 {
+            let first = f32::from_le_bytes([output[0], output[1], output[2], output[3]]);
+            return Err(format!(
+                "rank {r}, {what}: {wrong} of {COUNT} elements are not {want} (the first reads {first})"
+            ));
+        }
+        Ok(())
+    };
+    for i in 0..5 {
+        input.copy_from_slice(&(((r + 1) * (i + 1)) as f32).to_le_bytes().repeat(COUNT));
+        // SAFETY: the model and the stream are live; the previous replay was synchronized.
+        unsafe {
+            ok("aclmdlRIExecuteAsync", (eng.execute)(model, raw))?;
+            ok("aclrtSynchronizeStream", (eng.sync)(raw))?;
+        }
+        check((3 * (i + 1) * 4) as f32, &format!("replay {i}"))?;
+    }
+    for _ in 0..30 {
+        // SAFETY: as above; `input` is not written while these run.
+        unsafe { ok("aclmdlRIExecuteAsync", (eng.execute)(model, raw))? };
+    }
+    // SAFETY: the stream is live.
+    unsafe { ok("aclrtSynchronizeStream", (eng.sync)(raw))? };
+    check(60.0, "after 30 queued replays")?;
+    // SAFETY: created above, destroyed once, nothing queued on either any more.
+    unsafe {
+        ok("aclmdlRIDestroy", (eng.destroy_model)(model))?;
+        ok("aclrtDestroyStream", (eng.destroy)(raw))?;
+    }
+    drop(captured);
+    rt.block_on(comm.shutdown()).map_err(e)
+}
+
+/// Run `f` as ranks 0 and 1 on threads of this process, against the stand-in.
+fn two_ranks(f: fn(usize, Arc<dyn Store>) -> Result<(), String>) {
+    std::env::set_var("ANYCCL_HCCL_LIBRARY_DIR", anyccl_hccl_standin::library_dir());
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let ranks: Vec<_> = (0..2)
+        .map(|r| {
+            let s = store.clone();
+            std::thread::spawn(move || f(r, s))
+        })
+        .collect();
+    let errors: Vec<String> = ranks.into_iter().filter_map(|h| h.join().unwrap().err()).collect();
+    assert!(errors.is_empty(), "{}", errors.join("; "));
+}
+
 mod hccl {
     pub mod streams {
         use super::super::*;
 
         #[test]
         fn engine_stream_orders_an_all_reduce() {
-            std::env::set_var("ANYCCL_HCCL_LIBRARY_DIR", anyccl_hccl_standin::library_dir());
-            let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-            let ranks: Vec<_> = (0..2)
-                .map(|r| {
-                    let s = store.clone();
-                    std::thread::spawn(move || rank(r, s))
-                })
-                .collect();
-            let errors: Vec<String> = ranks.into_iter().filter_map(|h| h.join().unwrap().err()).collect();
-            assert!(errors.is_empty(), "{}", errors.join("; "));
+            two_ranks(rank);
+        }
+    }
+
+    pub mod graphs {
+        use super::super::*;
+
+        #[test]
+        fn captured_all_reduce_replays() {
+            two_ranks(graph_rank);
         }
     }
 }

@@ -1,6 +1,6 @@
 //! Ordering with an engine's own streams, operations in stream order only, and capture
-//! into an engine's CUDA graph: the calls for GPU engines, which share their buffers
-//! (`Arc`) where no `Work` keeps them borrowed.
+//! into an engine's CUDA or ACL graph: the calls for GPU engines, which share their
+//! buffers (`Arc`) where no `Work` keeps them borrowed.
 
 use super::Communicator;
 use crate::buffer::StreamRef;
@@ -11,11 +11,11 @@ use crate::platform::DeviceMemory;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-/// An operation captured into an engine's CUDA graph ([`Communicator::capture_all_reduce`])
-/// or issued in stream order only ([`Communicator::enqueue_all_reduce`]): it holds the
-/// operation's buffers, which the device reads and writes after the call (at every replay
-/// of a graph). Keep it as long as the graph may be replayed, or until the engine's stream
-/// has passed the operation.
+/// An operation captured into an engine's CUDA or ACL graph
+/// ([`Communicator::capture_all_reduce`]) or issued in stream order only
+/// ([`Communicator::enqueue_all_reduce`]): it holds the operation's buffers, which the
+/// device reads and writes after the call (at every replay of a graph). Keep it as long
+/// as the graph may be replayed, or until the engine's stream has passed the operation.
 #[derive(Debug)]
 pub struct Captured {
     recv: Arc<dyn DeviceMemory>,
@@ -76,9 +76,9 @@ impl Communicator {
         self.inner.signal_stream(stream)
     }
 
-    /// Capture an all_reduce into the CUDA graph being recorded on `stream` (the engine
-    /// began capturing it, e.g. for a decode step): the all_reduce becomes part of the graph
-    /// and runs at every replay, in the graph's order; nothing runs now.
+    /// Capture an all_reduce into the CUDA (or ACL) graph being recorded on `stream` (the
+    /// engine began capturing it, e.g. for a decode step): the all_reduce becomes part of
+    /// the graph and runs at every replay, in the graph's order; nothing runs now.
     ///
     /// The contract differs from issued operations: there is no `Work` (a captured operation
     /// never completes as such; the engine synchronizes its stream after a replay), and

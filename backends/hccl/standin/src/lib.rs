@@ -20,7 +20,10 @@
 //! Ascend); registration of device ranges per communicator (`HcclCommRegister`: a range
 //! inside one allocation of the communicator's device, a handle valid once, dropped with
 //! the communicator); error codes injected on request (`anyccl_standin_inject`, or
-//! `ANYCCL_STANDIN_INJECT=call:code[:rank[:times]],...`).
+//! `ANYCCL_STANDIN_INJECT=call:code[:rank[:times]],...`); graph capture
+//! (`aclmdlRICaptureBegin` to `aclmdlRIExecuteAsync`): work put on a capturing stream, or on
+//! a stream that joined the capture by waiting for an event recorded in it, is recorded and
+//! replayed in recorded order, collectives taking fresh sequence numbers at each replay.
 #![forbid(unsafe_code)]
 
 /// The folder holding the built stand-in (`libhccl.so`, `libascendcl.so`, `libhcomm.so`).

@@ -1,12 +1,15 @@
 //! The HCCL and ACL stand-in (built by build.rs as `libhccl.so`; see lib.rs for what it
 //! models). Standard library only. "Device memory" is host memory counted against a pool.
 //! Here: return codes, error injection and communicators (init, split, destroy, queries);
-//! by API family in `standin/`: ACL (`acl.rs`), the hub that moves the data (`hub.rs`),
-//! the operations (`ops.rs`) and buffer registration (`register.rs`).
+//! by API family in `standin/`: ACL (`acl.rs`), graph capture (`graph.rs`), the hub that
+//! moves the data (`hub.rs`), the operations (`ops.rs`) and buffer registration
+//! (`register.rs`).
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
 #[path = "standin/acl.rs"]
 mod acl;
+#[path = "standin/graph.rs"]
+mod graph;
 #[path = "standin/hub.rs"]
 mod hub;
 #[path = "standin/ops.rs"]
@@ -15,6 +18,7 @@ mod ops;
 mod register;
 
 use acl::*;
+use graph::*;
 use hub::*;
 use ops::*;
 

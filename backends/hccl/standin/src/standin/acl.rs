@@ -159,10 +159,11 @@ pub unsafe extern "C" fn aclrtMemcpyAsync(
     }
     let Some(s) = stream_ref(stream) else { return ACL_ERROR_INVALID_PARAM };
     let (d, sp) = (Ptr(dst as *mut u8), Ptr(src as *mut u8));
-    if s.submit(Box::new(move || {
+    let run: Run = Arc::new(move |_| {
         let (d, sp) = (d, sp);
         std::ptr::copy(sp.0, d.0, count)
-    })) {
+    });
+    if s.put(Node { numbered: None, run }) {
         ACL_SUCCESS
     } else {
         ACL_ERROR_INVALID_PARAM
@@ -208,14 +209,56 @@ pub(crate) struct StreamObj {
     pub(crate) tx: Mutex<Option<mpsc::Sender<(u64, Task)>>>,
     pub(crate) submitted: AtomicU64,
     pub(crate) progress: Arc<Progress>,
+    /// The capture this stream is in (`graph.rs`); an ended one no longer counts.
+    pub(crate) capture: Mutex<Option<Arc<Capture>>>,
 }
 
 impl StreamObj {
+    /// Run `t` once, in order (the worker's queue).
     pub(crate) fn submit(&self, t: Task) -> bool {
         let tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
         let Some(tx) = tx.as_ref() else { return false };
         let seq = self.submitted.fetch_add(1, Ordering::AcqRel) + 1;
         tx.send((seq, t)).is_ok()
+    }
+
+    /// The stream's identity within a capture.
+    pub(crate) fn key(&self) -> usize {
+        self as *const StreamObj as usize
+    }
+
+    /// The capture under way on this stream, if any.
+    pub(crate) fn capturing(&self) -> Option<Arc<Capture>> {
+        let mut c = self.capture.lock().unwrap_or_else(|e| e.into_inner());
+        if c.as_ref().is_some_and(|c| c.ended()) {
+            *c = None;
+        }
+        c.clone()
+    }
+
+    /// Put a task on the stream: recorded while it captures, else run once.
+    pub(crate) fn put(&self, node: Node) -> bool {
+        match self.capturing() {
+            Some(cap) => {
+                cap.record(self.key(), node);
+                true
+            }
+            None => node.issue(self),
+        }
+    }
+
+    /// `Err` (the capture invalidated) when the stream captures: a host wait for it would
+    /// never end, since its work is recorded, not run.
+    pub(crate) fn refuse_host_wait(&self, call: &str) -> Result<(), i32> {
+        match self.capturing() {
+            Some(cap) => {
+                let why = format!("{call} on a capturing stream");
+                set_error(format!("{call}: the stream is capturing a graph (the capture is invalidated)"));
+                cap.invalidate(why);
+                Err(ACL_ERROR_INVALID_PARAM)
+            }
+            None => Ok(()),
+        }
     }
 }
 
@@ -240,7 +283,12 @@ pub unsafe extern "C" fn aclrtCreateStream(stream: *mut *mut c_void) -> i32 {
     if spawned.is_err() {
         return ACL_ERROR_RT_MEMORY_ALLOCATION;
     }
-    let s = Box::new(StreamObj { tx: Mutex::new(Some(tx)), submitted: AtomicU64::new(0), progress });
+    let s = Box::new(StreamObj {
+        tx: Mutex::new(Some(tx)),
+        submitted: AtomicU64::new(0),
+        progress,
+        capture: Mutex::new(None),
+    });
     *stream = Box::into_raw(s) as *mut c_void;
     ACL_SUCCESS
 }
@@ -279,6 +327,9 @@ pub unsafe extern "C" fn aclrtDestroyStream(stream: *mut c_void) -> i32 {
 #[no_mangle]
 pub unsafe extern "C" fn aclrtSynchronizeStream(stream: *mut c_void) -> i32 {
     let Some(s) = stream_ref(stream) else { return ACL_ERROR_INVALID_PARAM };
+    if let Err(code) = s.refuse_host_wait("aclrtSynchronizeStream") {
+        return code;
+    }
     wait_done(s, s.submitted.load(Ordering::Acquire), None);
     ACL_SUCCESS
 }
@@ -286,6 +337,9 @@ pub unsafe extern "C" fn aclrtSynchronizeStream(stream: *mut c_void) -> i32 {
 #[no_mangle]
 pub unsafe extern "C" fn aclrtSynchronizeStreamWithTimeout(stream: *mut c_void, timeout_ms: i32) -> i32 {
     let Some(s) = stream_ref(stream) else { return ACL_ERROR_INVALID_PARAM };
+    if let Err(code) = s.refuse_host_wait("aclrtSynchronizeStreamWithTimeout") {
+        return code;
+    }
     let t = (timeout_ms >= 0).then(|| Duration::from_millis(timeout_ms as u64));
     if wait_done(s, s.submitted.load(Ordering::Acquire), t) {
         ACL_SUCCESS
@@ -294,8 +348,17 @@ pub unsafe extern "C" fn aclrtSynchronizeStreamWithTimeout(stream: *mut c_void, 
     }
 }
 
+/// Where an event was last recorded.
+#[derive(Clone)]
+pub(crate) enum Recorded {
+    /// Behind the stream's first `.1` tasks.
+    Run(Arc<Progress>, u64),
+    /// In a capture, behind the first `pos` tasks stream `stream` recorded there.
+    Captured { cap: Arc<Capture>, stream: usize, pos: u64 },
+}
+
 pub(crate) struct EventObj {
-    pub(crate) at: Mutex<Option<(Arc<Progress>, u64)>>,
+    pub(crate) at: Mutex<Option<Recorded>>,
 }
 
 #[no_mangle]
@@ -321,30 +384,67 @@ pub unsafe extern "C" fn aclrtRecordEvent(event: *mut c_void, stream: *mut c_voi
     let (Some(e), Some(s)) = ((event as *const EventObj).as_ref(), stream_ref(stream)) else {
         return ACL_ERROR_INVALID_PARAM;
     };
-    *e.at.lock().unwrap_or_else(|p| p.into_inner()) = Some((s.progress.clone(), s.submitted.load(Ordering::Acquire)));
+    let at = match s.capturing() {
+        Some(cap) => Recorded::Captured { pos: cap.position(s.key()), cap, stream: s.key() },
+        None => Recorded::Run(s.progress.clone(), s.submitted.load(Ordering::Acquire)),
+    };
+    *e.at.lock().unwrap_or_else(|p| p.into_inner()) = Some(at);
     ACL_SUCCESS
 }
 
 /// The stream waits (without blocking the caller) for the work before the event's last
-/// record at the time of this call; an event never recorded holds nothing back.
+/// record at the time of this call; an event never recorded holds nothing back. An event
+/// recorded in a capture brings a stream that is not capturing into it (a fork), and joins
+/// the recording stream's work so far into the waiter's (a join); a capturing stream may
+/// not wait for work outside its capture.
 #[no_mangle]
 pub unsafe extern "C" fn aclrtStreamWaitEvent(stream: *mut c_void, event: *mut c_void) -> i32 {
     let (Some(s), Some(e)) = (stream_ref(stream), (event as *const EventObj).as_ref()) else {
         return ACL_ERROR_INVALID_PARAM;
     };
-    let Some((progress, target)) = e.at.lock().unwrap_or_else(|p| p.into_inner()).clone() else {
+    let Some(at) = e.at.lock().unwrap_or_else(|p| p.into_inner()).clone() else {
         return ACL_SUCCESS;
     };
-    let waited = s.submit(Box::new(move || {
-        let mut d = progress.done.lock().unwrap_or_else(|e| e.into_inner());
-        while *d < target {
-            d = progress.cv.wait(d).unwrap_or_else(|e| e.into_inner());
+    let mine = s.capturing();
+    match at {
+        Recorded::Captured { cap, stream: from, pos } => {
+            if cap.ended() {
+                set_error("aclrtStreamWaitEvent: the event was recorded in a capture that has ended".into());
+                return ACL_ERROR_INVALID_PARAM;
+            }
+            match mine {
+                Some(m) if !Arc::ptr_eq(&m, &cap) => {
+                    set_error("aclrtStreamWaitEvent: the event belongs to another capture".into());
+                    cap.invalidate("a stream of another capture waited for its event".into());
+                    return ACL_ERROR_INVALID_PARAM;
+                }
+                Some(_) => {}
+                None => {
+                    cap.add(s.key());
+                    *s.capture.lock().unwrap_or_else(|p| p.into_inner()) = Some(cap.clone());
+                }
+            }
+            cap.join(from, pos);
+            ACL_SUCCESS
         }
-    }));
-    if waited {
-        ACL_SUCCESS
-    } else {
-        ACL_ERROR_INVALID_PARAM
+        Recorded::Run(progress, target) => {
+            if let Some(m) = mine {
+                set_error("aclrtStreamWaitEvent: a capturing stream waits for work outside the capture".into());
+                m.invalidate("a wait for an event recorded outside the capture".into());
+                return ACL_ERROR_INVALID_PARAM;
+            }
+            let waited = s.submit(Box::new(move || {
+                let mut d = progress.done.lock().unwrap_or_else(|e| e.into_inner());
+                while *d < target {
+                    d = progress.cv.wait(d).unwrap_or_else(|e| e.into_inner());
+                }
+            }));
+            if waited {
+                ACL_SUCCESS
+            } else {
+                ACL_ERROR_INVALID_PARAM
+            }
+        }
     }
 }
 
@@ -352,7 +452,8 @@ pub unsafe extern "C" fn aclrtStreamWaitEvent(stream: *mut c_void, event: *mut c
 #[no_mangle]
 pub unsafe extern "C" fn anyccl_standin_stream_sleep(stream: *mut c_void, ms: u32) -> i32 {
     let Some(s) = stream_ref(stream) else { return ACL_ERROR_INVALID_PARAM };
-    if s.submit(Box::new(move || std::thread::sleep(Duration::from_millis(u64::from(ms))))) {
+    let run: Run = Arc::new(move |_| std::thread::sleep(Duration::from_millis(u64::from(ms))));
+    if s.put(Node { numbered: None, run }) {
         ACL_SUCCESS
     } else {
         ACL_ERROR_INVALID_PARAM
@@ -368,7 +469,11 @@ pub unsafe extern "C" fn aclrtQueryEventStatus(event: *mut c_void, status: *mut 
     }
     let done = match &*e.at.lock().unwrap_or_else(|p| p.into_inner()) {
         None => true,
-        Some((p, target)) => *p.done.lock().unwrap_or_else(|e| e.into_inner()) >= *target,
+        Some(Recorded::Run(p, target)) => *p.done.lock().unwrap_or_else(|e| e.into_inner()) >= *target,
+        Some(Recorded::Captured { .. }) => {
+            set_error("aclrtQueryEventStatus: the event was recorded in a capture (it marks no run)".into());
+            return ACL_ERROR_INVALID_PARAM;
+        }
     };
     *status = done as i32;
     ACL_SUCCESS

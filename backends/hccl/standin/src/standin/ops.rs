@@ -5,8 +5,11 @@ use super::*;
 
 #[derive(Clone, Copy)]
 pub(crate) struct Ptr(pub(crate) *mut u8);
-// SAFETY-equivalent: the caller keeps the memory valid until the stream passed the task.
+// SAFETY-equivalent: the caller keeps the memory valid until the stream passed the task
+// (every replay's task, for a recorded one).
 unsafe impl Send for Ptr {}
+// SAFETY-equivalent: only the address is shared; the stream's one worker uses it.
+unsafe impl Sync for Ptr {}
 
 /// Checks every data-plane call makes before it links or enqueues.
 pub(crate) unsafe fn prologue<'a>(
@@ -37,13 +40,17 @@ pub(crate) unsafe fn prologue<'a>(
     Ok((cm, s))
 }
 
-/// Put `task` (run against the communicator) on the stream.
+/// Put `task` (run against the communicator with its sequence number) on the stream, or
+/// into the stream's capture. `numbered`: a collective, whose every issue takes the
+/// communicator's next sequence number.
 pub(crate) fn enqueue(
     s: &StreamObj,
     cm: Arc<Comm>,
-    task: impl FnOnce(&Comm) -> Result<(), (i32, String)> + Send + 'static,
+    numbered: bool,
+    task: impl Fn(&Comm, u64) -> Result<(), (i32, String)> + Send + Sync + 'static,
 ) -> i32 {
-    let ok = s.submit(Box::new(move || {
+    let numbered = numbered.then(|| cm.clone());
+    let run: Run = Arc::new(move |seq| {
         if cm.async_err.load(Ordering::Acquire) != SUCCESS {
             return;
         }
@@ -51,10 +58,11 @@ pub(crate) fn enqueue(
             cm.fail(E_SUSPENDING, "communicator suspended");
             return;
         }
-        if let Err((code, msg)) = task(&cm) {
+        if let Err((code, msg)) = task(&cm, seq) {
             cm.fail(code, &msg);
         }
-    }));
+    });
+    let ok = s.put(Node { numbered, run });
     if ok {
         SUCCESS
     } else {
@@ -108,10 +116,9 @@ pub(crate) unsafe fn coll(
     if r != SUCCESS {
         return r;
     }
-    let seq = cm.seq.fetch_add(1, Ordering::AcqRel);
     let (sp, rp) = (Ptr(send as *mut u8), Ptr(recv as *mut u8));
     let (n, rank, name) = (cm.n, cm.rank, name.to_string());
-    enqueue(s, comm_arc(c), move |cm| {
+    enqueue(s, comm_arc(c), true, move |cm, seq| {
         let (sp, rp) = (sp, rp);
         // Broadcast: only the root's data matters.
         let input = if kind == K_BROADCAST && rank != root || in_bytes == 0 {
@@ -237,10 +244,9 @@ pub(crate) unsafe fn all_to_all(
         return r;
     }
     let es = dtype_size(st).unwrap_or(1);
-    let seq = cm.seq.fetch_add(1, Ordering::AcqRel);
     let (sp, rp) = (Ptr(send as *mut u8), Ptr(recv as *mut u8));
     let name = name.to_string();
-    enqueue(s, comm_arc(c), move |cm| {
+    enqueue(s, comm_arc(c), true, move |cm, seq| {
         let (sp, rp) = (sp, rp);
         let n = cm.n as usize;
         let mut data: Vec<u8> = sc.iter().flat_map(|&c| (c * es as u64).to_le_bytes()).collect();
@@ -371,7 +377,7 @@ pub unsafe extern "C" fn HcclSend(
         Err(e) => return e,
     };
     let (p, bytes) = (Ptr(buf as *mut u8), count as usize * dtype_size(dtype).unwrap_or(0));
-    enqueue(s, comm_arc(c), move |cm| {
+    enqueue(s, comm_arc(c), false, move |cm, _| {
         let p = p;
         send_now(cm, dest, std::slice::from_raw_parts(p.0, bytes))
     })
@@ -391,7 +397,7 @@ pub unsafe extern "C" fn HcclRecv(
         Err(e) => return e,
     };
     let (p, bytes) = (Ptr(buf as *mut u8), count as usize * dtype_size(dtype).unwrap_or(0));
-    enqueue(s, comm_arc(c), move |cm| recv_now(cm, src, p, bytes))
+    enqueue(s, comm_arc(c), false, move |cm, _| recv_now(cm, src, p, bytes))
 }
 
 /// `HcclSendRecvItem`: 32 bytes on LP64.
@@ -432,7 +438,7 @@ pub unsafe extern "C" fn HcclBatchSendRecv(items: *mut c_void, n: u32, c: *mut c
         .iter()
         .map(|i| (i.kind, Ptr(i.buf as *mut u8), i.count as usize * dtype_size(i.dtype).unwrap_or(0), i.remote))
         .collect();
-    enqueue(s, comm_arc(c), move |cm| {
+    enqueue(s, comm_arc(c), false, move |cm, _| {
         // Sends first (the hub queues them), then receives: no order of items can deadlock.
         for &(kind, p, bytes, peer) in &list {
             if kind == 0 {
