@@ -120,6 +120,14 @@ impl RankCtx {
         Ok(())
     }
 
+    /// Whether some rank has signalled `key` by now (no waiting).
+    ///
+    /// # Errors
+    /// Store failures.
+    pub fn signalled(&self, key: &str) -> Result<bool, CaseError> {
+        Ok(self.block_on(self.store.get(&format!("case/{key}")))?.is_some())
+    }
+
     /// After a passing body: wait (at most 5 s) until every rank's body has passed, so no
     /// rank tears its communicator down while a peer's last operation is still finishing
     /// (NCCL over sockets reports that as a remote error on the peer).

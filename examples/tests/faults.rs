@@ -141,9 +141,16 @@ impl Job {
         let t = Instant::now();
         loop {
             if let Some(st) = self.child.try_wait().expect("wait") {
-                std::thread::sleep(Duration::from_millis(50));
-                while let Ok(x) = self.lines.try_recv() {
-                    self.seen.push(x);
+                // Every line: both readers end at the end of their pipe, once the launcher
+                // and whatever shared its output (ranks, the reaper) are gone; bounded, in
+                // case one of them outlives it (a test then says so).
+                let until = Instant::now() + Duration::from_secs(10);
+                loop {
+                    let left = until.saturating_duration_since(Instant::now());
+                    match self.lines.recv_timeout(left) {
+                        Ok(x) => self.seen.push(x),
+                        Err(_) => break,
+                    }
                 }
                 self.code = st.code();
                 return Ok(st.code());
@@ -154,6 +161,13 @@ impl Job {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+    /// The number of the last `step N:` line so far.
+    fn last_step(&mut self) -> Option<u64> {
+        while let Ok(x) = self.lines.try_recv() {
+            self.seen.push(x);
+        }
+        self.seen.iter().rev().find_map(|(_, l)| l.strip_prefix("step ")?.split(':').next()?.parse().ok())
     }
     fn child_ok(&self) -> bool {
         self.code == Some(0)
@@ -200,17 +214,24 @@ fn signal_to_launcher(sig: &'static str, code: i32) -> Outcome {
 }
 
 fn failing_rank_under_wrapper() -> Outcome {
-    let script = "if [ \"$RANK\" = 2 ]; then sleep 0.5; exit 3; fi; sleep 300 & wait";
-    let mut job = Job::start(&mut launcher(4, &["sh", "-c", script]));
-    let groups = rank_groups(job.pid(), 4)?;
+    // Rank 2 exits once this test has seen all four ranks (the file `GO`; at most 20 s).
+    let go = std::env::temp_dir().join(format!("anyccl-faults-go-{}", std::process::id()));
+    let _ = std::fs::remove_file(&go);
+    let script = "if [ \"$RANK\" = 2 ]; then i=0; while [ ! -e \"$GO\" ] && [ $i -lt 400 ]; do sleep 0.05; \
+                  i=$((i+1)); done; exit 3; fi; sleep 300 & wait";
+    let mut job = Job::start(launcher(4, &["sh", "-c", script]).env("GO", &go));
+    let groups = rank_groups(job.pid(), 4);
+    std::fs::write(&go, b"")?;
+    let groups = groups?;
     let t = Instant::now();
     let got = job.finish(Duration::from_secs(10))?;
     let took = t.elapsed();
     check(got == Some(1), || format!("exit code {got:?}:\n{}", job.text()))?;
     check(job.text().contains("FAILED: rank 2 exited with code 3"), || format!("rank 2 not named:\n{}", job.text()))?;
     check(alive(&groups).is_empty(), || format!("processes {:?} outlived the launcher", alive(&groups)))?;
+    let _ = std::fs::remove_file(&go);
     check(took < Duration::from_secs(5), || format!("took {took:?}"))?;
-    println!("    a wrapper shell's rank exits 3: launcher exited naming it, nothing left, {took:.2?} after start");
+    println!("    a wrapper shell's rank exits 3: launcher exited naming it, nothing left, {took:.2?} after its go");
     Ok(())
 }
 
@@ -286,7 +307,9 @@ fn stopped_rank(count: usize) -> Outcome {
     let victim = rank_pid(job.pid(), 1).ok_or("rank 1 not found")?;
     let t = Instant::now();
     signal(victim, "STOP");
-    let limit = Duration::from_secs(TIMEOUT_S + 2);
+    // Each rank's error as this test reads it, through the launcher: a loaded machine adds
+    // seconds to that relay, never a hang.
+    let limit = Duration::from_secs(TIMEOUT_S + 5);
     let mut times = Vec::new();
     for r in [0, 2, 3] {
         let at = job.expect(&format!("[rank {r}] anyccl-demo:"), Duration::from_secs(30))?;
@@ -458,31 +481,26 @@ fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).unwrap_or(29611)
 }
 
+/// A second job's rank 1 that comes to the first job's port is refused with `want`, and the
+/// first job (running until stopped, so it is surely there) goes on stepping after it.
 fn two_jobs_on_one_port(ids: [Option<&str>; 2], want: &str) -> Outcome {
     let port = free_port();
-    let mut a0 = Job::start(&mut by_hand(0, port, ids[0], "400"));
-    let mut a1 = Job::start(&mut by_hand(1, port, ids[0], "400"));
+    let mut a0 = Job::start(&mut by_hand(0, port, ids[0], "100000000"));
+    let mut a1 = Job::start(&mut by_hand(1, port, ids[0], "100000000"));
     a0.expect("step 2:", Duration::from_secs(30))?;
     let t = Instant::now();
     let mut b1 = Job::start(&mut by_hand(1, port, ids[1], "400"));
     let b = b1.finish(Duration::from_secs(20))?;
     let took = t.elapsed();
-    check(b == Some(1) && b1.text().contains(want), || {
-        format!(
-            "the second job's rank 1: {b:?}
-{}",
-            b1.text()
-        )
-    })?;
+    check(b == Some(1) && b1.text().contains(want), || format!("the second job's rank 1: {b:?}\n{}", b1.text()))?;
+    let after = a0.last_step().unwrap_or(0) + 20;
+    let went_on = a0.expect(&format!("step {after}:"), Duration::from_secs(30));
+    for j in [&a0, &a1] {
+        signal(j.pid(), "TERM");
+    }
     let (x, y) = (a0.finish(Duration::from_secs(60))?, a1.finish(Duration::from_secs(60))?);
-    check(x == Some(0) && y == Some(0), || {
-        format!(
-            "the first job failed: {x:?} {y:?}
-{}
-{}",
-            a0.text(),
-            a1.text()
-        )
+    check(went_on.is_ok(), || {
+        format!("the first job did not step on after the refusal ({x:?} {y:?}):\n{}\n{}", a0.text(), a1.text())
     })?;
     println!(
         "    a second job's rank 1 on the same port was refused after {took:.2?}: {}",
