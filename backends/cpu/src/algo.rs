@@ -23,16 +23,19 @@ pub(crate) const DIRECT_MAX: usize = 2 << 10;
 pub(crate) const ALL_TO_ALL_DIRECT_MAX: usize = 8 << 10;
 
 /// Output size from which outputs are written with streaming stores ([`Tuning::stream_min`]).
-/// From 4 MiB the input, the output and the rings no longer stay in the 32 MiB L3 that
-/// the machines measured share with their neighbours: 2 ranks, 4 and 8 MiB, medians of 6
-/// alternating rounds against 16 MiB: all_reduce 4.11 and 3.09 GB/s busbw against 2.71
-/// and 2.54, all_gather 2.58 and 2.27 against 2.36 and 1.42, all_to_all 2.77 and 1.79
-/// against 2.18 and 1.49, broadcast 4.96 and 2.68 against 3.45 and 2.60; at 2 MiB
-/// all_to_all lost (3.46 against 6.19).
-pub(crate) const STREAM_MIN: usize = 4 << 20;
+/// From 8 MiB the input, the output and the rings no longer stay in the 32 MiB L3 that
+/// the machines measured share with their neighbours; 4 MiB sits at the edge, where what
+/// the neighbours hold decides. 2 ranks, busbw, medians of alternating rounds: at 8 MiB
+/// streaming won on both days measured (all_reduce 3.09 and 3.60 GB/s against 2.54 and
+/// 2.23, all_to_all 1.79 and 2.75 against 1.49 and 2.58); at 4 MiB it won on the first
+/// (all_reduce 4.11 against 2.71) and lost every operation on the second (all_reduce 4.23
+/// against 5.74, all_gather 3.17 against 5.26, reduce_scatter 5.88 against 6.65,
+/// broadcast 5.50 against 6.36, all_to_all 5.06 against 5.53), when Open MPI, which keeps
+/// 4 MiB in cache, ran 4.7-7.6. At 2 MiB all_to_all lost (3.46 against 6.19).
+pub(crate) const STREAM_MIN: usize = 8 << 20;
 
 /// all_reduce size from which two ranks go a piece at a time ([`Tuning::pair_min`]), folding
-/// into a scratch that streams to the output (from [`STREAM_MIN`], the same size). Measured
+/// into a scratch that streams to the output (from [`STREAM_MIN`]). Measured
 /// on 2 cores, out-of-place busbw, medians of alternating rounds against the ring, both
 /// streaming from 16 MiB: 4 and 8 MiB 2.68 and 2.07 GB/s against 2.18 and 1.96, 16-256 MiB
 /// 1.96-2.79 against 1.79-1.96; 1-2 MiB, which stay in cache either way, lower (2.02-2.29
