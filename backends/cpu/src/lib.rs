@@ -44,16 +44,16 @@
 
 mod algo;
 mod comm;
+mod platform;
 mod reduce;
 mod shm;
 mod transport;
 
 pub use comm::{cpu_capabilities, CpuComm};
+pub use platform::CpuPlatform;
 pub use transport::Links;
 
-use anyccl_core::{
-    async_trait, Backend, BackendInfo, Capabilities, Collective, ConnectOptions, HostPlatform, Platform, Result,
-};
+use anyccl_core::{async_trait, Backend, BackendInfo, Capabilities, Collective, ConnectOptions, Platform, Result};
 use std::sync::Arc;
 
 /// The CPU backend: shared memory between ranks of one host, TCP between hosts
@@ -84,6 +84,7 @@ fn tuning(links: Option<Links>) -> Vec<(String, String)> {
     };
     vec![
         ("ANYCCL_CPU_LINKS".into(), links),
+        ("ANYCCL_CPU_HUGE_PAGES".into(), env("ANYCCL_CPU_HUGE_PAGES", "1 (allocations of 2 MiB and more)".into())),
         (
             "ANYCCL_CPU_ALLREDUCE_DIRECT_MAX".into(),
             env("ANYCCL_CPU_ALLREDUCE_DIRECT_MAX", algo::DIRECT_MAX.to_string()),
@@ -127,7 +128,7 @@ macro_rules! cpu_backend {
                 Ok(cpu_capabilities())
             }
             fn platform(&self, _local_rank: usize) -> Result<Arc<dyn Platform>> {
-                Ok(Arc::new(HostPlatform))
+                Ok(Arc::new(CpuPlatform::from_env(anyccl_core::env_rank())?))
             }
             fn tuning(&self) -> Vec<(String, String)> {
                 #[allow(clippy::redundant_closure_call)]

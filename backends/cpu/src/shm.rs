@@ -26,7 +26,7 @@
 mod copy;
 mod wait;
 
-pub(crate) use copy::{copy, copy_streaming, copy_to_vec, read_remote};
+pub(crate) use copy::{advise_huge_pages, copy, copy_streaming, copy_to_vec, read_remote};
 use wait::{futex_wake, sleep_until, spin_then_yield, wait_until};
 pub(crate) use wait::{Check, Patience};
 
