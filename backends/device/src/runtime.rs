@@ -108,6 +108,16 @@ pub trait Runtime: Send + Sync + fmt::Debug + 'static {
         let _ = raw;
         Ok(false)
     }
+    /// The engine's stream `raw` as a stream the library can launch on, not owned (never
+    /// destroyed by the returned value); `None` where the runtime cannot lend one, and a
+    /// capture then forks this communicator's stream into the engine's through events.
+    ///
+    /// # Safety
+    /// `raw` is a live stream of this device that outlives the returned value.
+    unsafe fn borrow_raw(self: &Arc<Self>, raw: *mut std::ffi::c_void) -> Option<Self::Stream> {
+        let _ = raw;
+        None
+    }
     /// Make the engine's stream `raw` wait, on the device, for the work enqueued on
     /// `stream` so far. The device is current.
     ///

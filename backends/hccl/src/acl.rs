@@ -50,7 +50,8 @@ pub struct Acl {
     /// stream after the wait: ACL before CANN 8 lets an event go only once the wait on it
     /// has run, so they are destroyed when their marker is done.
     waits: Mutex<Vec<(AclEvent, AclEvent)>>,
-    /// Events of orderings recorded into a graph capture: a replay of the graph may use
+    /// Events of `wait_stream`/`signal_stream` orderings recorded into a graph capture by
+    /// the program (a captured operation itself uses none): a replay of the graph may use
     /// them, so they live as long as this runtime.
     captured: Mutex<Vec<AclEvent>>,
 }
@@ -72,11 +73,13 @@ impl Acl {
     }
 }
 
-/// A stream, destroyed on drop.
+/// A stream, destroyed on drop when it is ours (an engine's stream lent for a capture is
+/// not).
 #[derive(Debug)]
 pub struct AclStream {
     pub(crate) raw: aclrtStream,
     acl: Arc<Acl>,
+    owned: bool,
 }
 // SAFETY: ACL streams may be used from any thread with their device set.
 unsafe impl Send for AclStream {}
@@ -85,6 +88,9 @@ unsafe impl Sync for AclStream {}
 
 impl Drop for AclStream {
     fn drop(&mut self) {
+        if !self.owned {
+            return;
+        }
         let _ = anyccl_device::Runtime::bind(&*self.acl);
         // SAFETY: created by us, destroyed once; ACL waits for its queued work.
         let code = unsafe { (self.acl.lib.DestroyStream)(self.raw) };
@@ -180,11 +186,15 @@ impl Acl {
         let ev = AclEvent { raw: unsafe { record_event(self.lib, first) }?, lib: self.lib };
         // SAFETY: both handles live.
         acl_check(self.lib, "aclrtStreamWaitEvent", unsafe { wait(waiter, ev.raw) })?;
-        // SAFETY: per the caller. A runtime that cannot say is not capturing.
-        if unsafe { self.capture_status(waiter) }.unwrap_or(0) != 0 {
-            // Recorded into a graph, not run: there is no run to mark.
-            self.captured.lock().unwrap_or_else(|p| p.into_inner()).push(ev);
-            return Ok(());
+        // SAFETY: per the caller.
+        match unsafe { self.capture_status(waiter) } {
+            Ok(0) => {}
+            status => {
+                // Recorded into a graph (or not known not to be): no run to mark, and a
+                // replay may use the event, which therefore lives as long as this runtime.
+                self.captured.lock().unwrap_or_else(|p| p.into_inner()).push(ev);
+                return status.map(|_| ());
+            }
         }
         // SAFETY: per the caller.
         let marker = match unsafe { record_event(self.lib, waiter) } {
@@ -241,7 +251,7 @@ impl anyccl_device::Runtime for Acl {
         let mut raw: aclrtStream = std::ptr::null_mut();
         // SAFETY: valid out-parameter; the device is set.
         acl_check(self.lib, "aclrtCreateStream", unsafe { (self.lib.CreateStream)(&mut raw) })?;
-        Ok(AclStream { raw, acl: self.clone() })
+        Ok(AclStream { raw, acl: self.clone(), owned: true })
     }
     fn record(&self, stream: &AclStream) -> Result<AclEvent> {
         // SAFETY: the stream is live.
@@ -303,7 +313,14 @@ impl anyccl_device::Runtime for Acl {
     unsafe fn capturing(&self, raw: *mut c_void) -> Result<bool> {
         self.bind()?;
         // SAFETY: per the caller.
+        // An invalidated capture (2) records nothing more: as good as none.
         Ok(unsafe { self.capture_status(raw) }? == 1)
+    }
+    unsafe fn borrow_raw(self: &Arc<Self>, raw: *mut c_void) -> Option<AclStream> {
+        // HCCL puts a collective issued on a capturing stream into that capture (its
+        // internal streams included), as its capture sample does: no events between
+        // streams, which the graph would need alive for as long as it may replay.
+        Some(AclStream { raw, acl: self.clone(), owned: false })
     }
     fn synchronize(&self) -> Result<()> {
         match self.lib.SynchronizeDevice {

@@ -123,11 +123,12 @@ fn rank(r: usize, store: Arc<dyn Store>) -> Result<(), String> {
     rt.block_on(comm.shutdown()).map_err(e)
 }
 
-/// Three all_reduces captured into the engine's graph behind a captured copy of the host
-/// input, replayed: replay `i` copies `(rank + 1) * (i + 1)` and reduces three times, so
-/// every element ends at `3 * (i + 1) * 2 * 2` (a replay that did not run, or ran against
-/// the wrong input, shows). Then 30 replays queued at once. Capturing on a stream that is
-/// not capturing is refused.
+/// Three all_reduces captured into the engine's graph behind a captured device-to-device
+/// copy of the input (staged from the host before each replay: a capture may not copy from
+/// pageable host memory), replayed: replay `i` stages `(rank + 1) * (i + 1)` and reduces
+/// three times, so every element ends at `3 * (i + 1) * 2 * 2` (a replay that did not run,
+/// or ran against the wrong input, shows). Then 30 replays queued at once after staging
+/// `6 * (rank + 1)`: 72. Capturing on a stream that is not capturing is refused.
 fn graph_rank(r: usize, store: Arc<dyn Store>) -> Result<(), String> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(e)?;
     let platform = Hccl.platform(r).map_err(e)?;
@@ -141,6 +142,7 @@ fn graph_rank(r: usize, store: Arc<dyn Store>) -> Result<(), String> {
     let mut buf = platform.alloc(DType::F32, COUNT).map_err(e)?;
     comm.all_reduce(None, buf.view_mut(), ReduceOp::Sum).and_then(|mut w| w.wait(T)).map_err(e)?;
     let g: Arc<dyn anyccl_core::DeviceMemory> = Arc::from(buf);
+    let mut staging = platform.alloc(DType::F32, COUNT).map_err(e)?;
     let eng = Engine::load();
     let mut raw: *mut c_void = std::ptr::null_mut();
     // SAFETY: plain calls with valid out-parameters.
@@ -148,27 +150,55 @@ fn graph_rank(r: usize, store: Arc<dyn Store>) -> Result<(), String> {
         ok("aclrtSetDevice", (eng.set_device)(r as i32))?;
         ok("aclrtCreateStream", (eng.create)(&mut raw))?;
     }
-    // SAFETY: the stream lives until it is destroyed at the end of this function.
+    let mut model: *mut c_void = std::ptr::null_mut();
+    let body = graph_body(r, &eng, raw, &mut model, &comm, platform.as_ref(), &g, staging.as_mut());
+    // Whatever happened, nothing runs on the stream once this function returns: the model
+    // and the stream go after their work, before the buffers they use.
+    // SAFETY: created above, destroyed once.
+    unsafe {
+        let _ = (eng.sync)(raw);
+        if !model.is_null() {
+            let _ = (eng.destroy_model)(model);
+        }
+        let _ = (eng.destroy)(raw);
+    }
+    body?;
+    rt.block_on(comm.shutdown()).map_err(e)
+}
+
+/// [`graph_rank`]'s capture and replays on the engine's stream `raw`; the model it made is
+/// left in `model` for the caller to destroy.
+#[allow(clippy::too_many_arguments)]
+fn graph_body(
+    r: usize,
+    eng: &Engine,
+    raw: *mut c_void,
+    model: &mut *mut c_void,
+    comm: &Communicator,
+    platform: &dyn anyccl_core::Platform,
+    g: &Arc<dyn anyccl_core::DeviceMemory>,
+    staging: &mut dyn anyccl_core::DeviceMemory,
+) -> Result<(), String> {
+    // SAFETY: the caller keeps the stream alive until after this returns.
     let engine = unsafe { StreamRef::from_raw(platform.device(), raw) };
-    match comm.capture_all_reduce(engine, None, &g, ReduceOp::Sum) {
+    match comm.capture_all_reduce(engine, None, g, ReduceOp::Sum) {
         Err(anyccl_core::Error::InvalidArgument { arg: "stream", .. }) => {}
         other => return Err(format!("capturing outside a capture: expected InvalidArgument, got {other:?}")),
     }
     let bytes = COUNT * 4;
-    let mut input = vec![0u8; bytes];
-    let dev = g.view().ptr() as *mut c_void;
-    let mut model: *mut c_void = std::ptr::null_mut();
-    // SAFETY: `input` and `g` outlive every replay (synchronized below before either goes).
+    let (dev, stage) = (g.view().ptr() as *mut c_void, staging.view().ptr() as *const c_void);
+    // SAFETY: both device buffers outlive every replay (the caller synchronizes the stream
+    // before they go).
     unsafe {
         ok("aclmdlRICaptureBegin", (eng.begin)(raw, 1))?;
-        ok("aclrtMemcpyAsync in", (eng.copy)(dev, bytes, input.as_ptr() as *const c_void, bytes, 1, raw))?;
+        ok("aclrtMemcpyAsync in", (eng.copy)(dev, bytes, stage, bytes, 3, raw))?;
     }
     let mut captured = Vec::new();
     for _ in 0..3 {
-        captured.push(comm.capture_all_reduce(engine, None, &g, ReduceOp::Sum).map_err(e)?);
+        captured.push(comm.capture_all_reduce(engine, None, g, ReduceOp::Sum).map_err(e)?);
     }
     // SAFETY: valid out-parameter; the capture began on this stream.
-    unsafe { ok("aclmdlRICaptureEnd", (eng.end)(raw, &mut model))? };
+    unsafe { ok("aclmdlRICaptureEnd", (eng.end)(raw, model))? };
     let mut output = vec![0u8; bytes];
     let mut check = |want: f32, what: &str| -> Result<(), String> {
         platform.copy_to_host(g.as_ref(), &mut output).map_err(e)?;
@@ -181,34 +211,35 @@ fn graph_rank(r: usize, store: Arc<dyn Store>) -> Result<(), String> {
         }
         Ok(())
     };
+    let stage_value = |staging: &mut dyn anyccl_core::DeviceMemory, v: usize| {
+        platform.copy_from_host(staging, &(v as f32).to_le_bytes().repeat(COUNT)).map_err(e)
+    };
     for i in 0..5 {
-        input.copy_from_slice(&(((r + 1) * (i + 1)) as f32).to_le_bytes().repeat(COUNT));
+        stage_value(staging, (r + 1) * (i + 1))?;
         // SAFETY: the model and the stream are live; the previous replay was synchronized.
         unsafe {
-            ok("aclmdlRIExecuteAsync", (eng.execute)(model, raw))?;
+            ok("aclmdlRIExecuteAsync", (eng.execute)(*model, raw))?;
             ok("aclrtSynchronizeStream", (eng.sync)(raw))?;
         }
         check((3 * (i + 1) * 4) as f32, &format!("replay {i}"))?;
     }
+    stage_value(staging, 6 * (r + 1))?;
     for _ in 0..30 {
-        // SAFETY: as above; `input` is not written while these run.
-        unsafe { ok("aclmdlRIExecuteAsync", (eng.execute)(model, raw))? };
+        // SAFETY: as above; the staging buffer is not written while these run.
+        unsafe { ok("aclmdlRIExecuteAsync", (eng.execute)(*model, raw))? };
     }
     // SAFETY: the stream is live.
     unsafe { ok("aclrtSynchronizeStream", (eng.sync)(raw))? };
-    check(60.0, "after 30 queued replays")?;
-    // SAFETY: created above, destroyed once, nothing queued on either any more.
-    unsafe {
-        ok("aclmdlRIDestroy", (eng.destroy_model)(model))?;
-        ok("aclrtDestroyStream", (eng.destroy)(raw))?;
-    }
+    check(72.0, "after 30 queued replays")?;
     drop(captured);
-    rt.block_on(comm.shutdown()).map_err(e)
+    Ok(())
 }
 
 /// Run `f` as ranks 0 and 1 on threads of this process, against the stand-in.
 fn two_ranks(f: fn(usize, Arc<dyn Store>) -> Result<(), String>) {
-    std::env::set_var("ANYCCL_HCCL_LIBRARY_DIR", anyccl_hccl_standin::library_dir());
+    // Once, before any rank runs: the stand-in reads the environment from its own threads.
+    static SET: std::sync::Once = std::sync::Once::new();
+    SET.call_once(|| std::env::set_var("ANYCCL_HCCL_LIBRARY_DIR", anyccl_hccl_standin::library_dir()));
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let ranks: Vec<_> = (0..2)
         .map(|r| {

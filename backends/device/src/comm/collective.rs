@@ -62,19 +62,27 @@ impl<L: Library> Collective for DeviceComm<L> {
                 arg: "stream",
                 rank: self.info.rank,
                 group: self.ctx.group.clone(),
-                msg: "the stream is not capturing a graph (begin the capture first)".into(),
+                msg: "the stream is not capturing a graph (begin the capture first; an invalidated capture records \
+                      nothing more)"
+                    .into(),
             });
         }
         let GraphOp::AllReduce { send, recv, count, dtype, op } = op;
         let op = Op::AllReduce { send: send as *const c_void, recv: recv as *mut c_void, count, dtype, op };
-        // Fork: this communicator's stream joins the capture after the engine's work so
-        // far; the operation is recorded, not run; join: the engine's stream continues
-        // after it.
-        // SAFETY: as above.
-        unsafe { self.rt.wait_raw(&self.stream, raw) }?;
+        // Where the runtime can launch on the engine's stream itself, the operation goes
+        // there, in the capture's own order, with nothing between streams to keep alive for
+        // the graph's replays. Elsewhere, fork: this communicator's stream joins the capture
+        // after the engine's work so far; the operation is recorded, not run; join (below):
+        // the engine's stream continues after it.
+        // SAFETY: as above; the borrowed stream is dropped before this call returns.
+        let borrowed = unsafe { self.rt.borrow_raw(raw) };
+        if borrowed.is_none() {
+            // SAFETY: as above.
+            unsafe { self.rt.wait_raw(&self.stream, raw) }?;
+        }
         // SAFETY: the Communicator validated the addresses, and its `Captured` keeps the
         // buffers allocated for as long as the graph may replay; the call lock is held.
-        let launched = unsafe { self.lib.launch(&self.comm, &self.stream, &op) };
+        let launched = unsafe { self.lib.launch(&self.comm, borrowed.as_ref().unwrap_or(&self.stream), &op) };
         match launched {
             Ok(crate::library::Launched::Enqueued) => {}
             Ok(crate::library::Launched::InProgress) => {
@@ -89,6 +97,9 @@ impl<L: Library> Collective for DeviceComm<L> {
                 self.fail(&e);
                 return Err(e);
             }
+        }
+        if borrowed.is_some() {
+            return Ok(());
         }
         // SAFETY: as above.
         unsafe { self.rt.signal_raw(&self.stream, raw) }

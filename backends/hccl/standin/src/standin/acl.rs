@@ -239,10 +239,11 @@ impl StreamObj {
     /// Put a task on the stream: recorded while it captures, else run once.
     pub(crate) fn put(&self, node: Node) -> bool {
         match self.capturing() {
-            Some(cap) => {
-                cap.record(self.key(), node);
-                true
-            }
+            Some(cap) => match cap.record(self.key(), node) {
+                Ok(()) => true,
+                // The capture ended since: the task runs as if put after the end.
+                Err(node) => node.issue(self),
+            },
             None => node.issue(self),
         }
     }

@@ -43,6 +43,8 @@ struct State {
     nodes: Vec<Node>,
     members: HashMap<usize, Member>,
     invalid: Option<String>,
+    /// Set by the end, under this lock: a task put after it is not recorded.
+    ended: bool,
 }
 
 /// A capture under way, shared by the streams in it.
@@ -62,11 +64,15 @@ impl Capture {
     pub(crate) fn invalid(&self) -> bool {
         self.state().invalid.is_some()
     }
-    /// Record `node` as stream `s`'s next task.
-    pub(crate) fn record(&self, s: usize, node: Node) {
+    /// Record `node` as stream `s`'s next task; `Err(node)` once the capture has ended.
+    pub(crate) fn record(&self, s: usize, node: Node) -> Result<(), Node> {
         let mut st = self.state();
+        if st.ended {
+            return Err(node);
+        }
         st.nodes.push(node);
         st.members.entry(s).or_default().added += 1;
+        Ok(())
     }
     /// How many tasks stream `s` has recorded (an event recorded now stands behind them).
     pub(crate) fn position(&self, s: usize) -> u64 {
@@ -115,21 +121,22 @@ pub unsafe extern "C" fn aclmdlRICaptureBegin(stream: *mut c_void, mode: i32) ->
     ACL_SUCCESS
 }
 
-/// `status`: 0 none, 1 active, 2 invalidated; `model` (may be null): the capture's handle.
+/// `status`: 0 none, 1 active, 2 invalidated; `model` (may be null): null (the stand-in
+/// makes the model at the end).
 #[no_mangle]
 pub unsafe extern "C" fn aclmdlRICaptureGetInfo(stream: *mut c_void, status: *mut i32, model: *mut *mut c_void) -> i32 {
     let Some(s) = stream_ref(stream) else { return ACL_ERROR_INVALID_PARAM };
     if status.is_null() {
         return ACL_ERROR_INVALID_PARAM;
     }
-    let cap = s.capturing();
-    *status = match &cap {
+    *status = match s.capturing() {
         None => 0,
         Some(c) if c.invalid() => 2,
         Some(_) => 1,
     };
     if !model.is_null() {
-        *model = cap.map_or(std::ptr::null_mut(), |c| Arc::as_ptr(&c) as *mut c_void);
+        // The model exists once the capture ends (`aclmdlRICaptureEnd`): none to hand out.
+        *model = std::ptr::null_mut();
     }
     ACL_SUCCESS
 }
@@ -149,8 +156,12 @@ pub unsafe extern "C" fn aclmdlRICaptureEnd(stream: *mut c_void, model: *mut *mu
         return ACL_ERROR_INVALID_PARAM;
     }
     // Every stream of the capture leaves it, whatever the outcome.
-    cap.ended.store(true, Ordering::Release);
-    let st = std::mem::take(&mut *cap.state());
+    let st = {
+        let mut st = cap.state();
+        st.ended = true;
+        cap.ended.store(true, Ordering::Release);
+        std::mem::take(&mut *st)
+    };
     if let Some(why) = st.invalid {
         set_error(format!("aclmdlRICaptureEnd: the capture was invalidated: {why}"));
         return ACL_ERROR_INVALID_PARAM;

@@ -8,7 +8,9 @@ pub(crate) struct Ptr(pub(crate) *mut u8);
 // SAFETY-equivalent: the caller keeps the memory valid until the stream passed the task
 // (every replay's task, for a recorded one).
 unsafe impl Send for Ptr {}
-// SAFETY-equivalent: only the address is shared; the stream's one worker uses it.
+// SAFETY-equivalent: only the address is shared; which threads touch the memory (a
+// stream's worker, or several streams' workers running replays of one capture) is the
+// program's to order, as on a device.
 unsafe impl Sync for Ptr {}
 
 /// Checks every data-plane call makes before it links or enqueues.
