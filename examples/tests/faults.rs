@@ -149,7 +149,12 @@ impl Job {
                     let left = until.saturating_duration_since(Instant::now());
                     match self.lines.recv_timeout(left) {
                         Ok(x) => self.seen.push(x),
-                        Err(_) => break,
+                        Err(mpsc::RecvTimeoutError::Disconnected) => break,
+                        Err(mpsc::RecvTimeoutError::Timeout) => {
+                            let note = "(test: the launcher's output was still open 10 s after it exited)";
+                            self.seen.push((Instant::now(), note.to_string()));
+                            break;
+                        }
                     }
                 }
                 self.code = st.code();

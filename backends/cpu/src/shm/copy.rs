@@ -150,7 +150,11 @@ fn read_direct(pid: i32, addr: usize, dst: &mut [u8]) -> Result<(), String> {
 /// (`MADV_HUGEPAGE`): advice only, so the bytes stay as they are, and a kernel without
 /// huge pages (or one that refuses) leaves the buffer as it was.
 pub(crate) fn advise_huge_pages(buf: &mut [u8]) {
-    let page = 4096;
+    // SAFETY: a plain query.
+    let page = match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
+        p if p > 0 && (p as usize).is_power_of_two() => p as usize,
+        _ => return,
+    };
     let start = (buf.as_ptr() as usize).next_multiple_of(page);
     let end = (buf.as_ptr() as usize + buf.len()) & !(page - 1);
     if end <= start {
