@@ -67,8 +67,8 @@ pub fn hccl_capabilities(lib: &HcclLib, devices: usize) -> Capabilities {
         max_world_size: usize::MAX,
         max_local_ranks: devices,
         // Capture into an engine's ACL graph (`aclmdlRICaptureBegin` on its stream): the
-        // communicator's stream joins the capture through events, as ACL documents.
-        graphs: crate::sys::acl().is_ok_and(|a| a.StreamWaitEvent.is_some() && a.CaptureGetInfo.is_some()),
+        // all_reduce goes on the engine's capturing stream itself (`Acl::borrow_raw`).
+        graphs: crate::sys::acl().is_ok_and(|a| a.CaptureGetInfo.is_some()),
         // Ordering with an engine's streams through ACL events.
         streams: crate::sys::acl().is_ok_and(|a| a.StreamWaitEvent.is_some()),
         cta_settings: false,

@@ -67,17 +67,25 @@ fn ok(what: &str, code: Code) -> Result<(), String> {
     }
 }
 
-fn rank(r: usize, store: Arc<dyn Store>) -> Result<(), String> {
+/// A rank's start: its communicator on group `name` (already connected by one all_reduce,
+/// so that what follows measures ordering, not the first connect), that all_reduce's
+/// buffer, and an engine stream of its own on the rank's device.
+struct Start {
+    rt: tokio::runtime::Runtime,
+    platform: Arc<dyn anyccl_core::Platform>,
+    comm: Communicator,
+    buf: Box<dyn anyccl_core::DeviceMemory>,
+    eng: Engine,
+    raw: *mut c_void,
+}
+
+fn start(r: usize, store: Arc<dyn Store>, name: &str) -> Result<Start, String> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(e)?;
     let platform = Hccl.platform(r).map_err(e)?;
     let config = CommConfig { op_timeout: T, init_timeout: T, ..CommConfig::default() };
     let comm = rt
-        .block_on(Communicator::connect(&Hccl, GroupSpec::world(2, "streams"), r, store, platform.device(), config))
+        .block_on(Communicator::connect(&Hccl, GroupSpec::world(2, name), r, store, platform.device(), config))
         .map_err(e)?;
-    if !comm.capabilities().streams {
-        return Err("the stand-in has aclrtStreamWaitEvent, but the backend claims no streams".into());
-    }
-    // Connected first, so what follows measures ordering, not the first connect.
     let mut buf = platform.alloc(DType::F32, COUNT).map_err(e)?;
     comm.all_reduce(None, buf.view_mut(), ReduceOp::Sum).and_then(|mut w| w.wait(T)).map_err(e)?;
     let eng = Engine::load();
@@ -86,6 +94,20 @@ fn rank(r: usize, store: Arc<dyn Store>) -> Result<(), String> {
     unsafe {
         ok("aclrtSetDevice", (eng.set_device)(r as i32))?;
         ok("aclrtCreateStream", (eng.create)(&mut raw))?;
+    }
+    Ok(Start { rt, platform, comm, buf, eng, raw })
+}
+
+/// `None` when every f32 of `output` is `want`; else how many are not, and the first.
+fn mismatch(output: &[u8], want: f32) -> Option<(usize, f32)> {
+    let wrong = output.chunks_exact(4).filter(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) != want).count();
+    (wrong > 0).then(|| (wrong, f32::from_le_bytes([output[0], output[1], output[2], output[3]])))
+}
+
+fn rank(r: usize, store: Arc<dyn Store>) -> Result<(), String> {
+    let Start { rt, platform, comm, mut buf, eng, raw } = start(r, store, "streams")?;
+    if !comm.capabilities().streams {
+        return Err("the stand-in has aclrtStreamWaitEvent, but the backend claims no streams".into());
     }
     // SAFETY: the stream lives until it is destroyed at the end of this function.
     let engine = unsafe { StreamRef::from_raw(platform.device(), raw) };
@@ -113,11 +135,9 @@ fn rank(r: usize, store: Arc<dyn Store>) -> Result<(), String> {
         return Err(format!("rank {r}: the engine's stream finished before the all_reduce it was ordered after"));
     }
     drop(w);
-    let wrong = output.chunks_exact(4).filter(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) != 3.0).count();
     // SAFETY: created above, destroyed once, nothing queued on it any more.
     unsafe { ok("aclrtDestroyStream", (eng.destroy)(raw))? };
-    if wrong > 0 {
-        let first = f32::from_le_bytes([output[0], output[1], output[2], output[3]]);
+    if let Some((wrong, first)) = mismatch(&output, 3.0) {
         return Err(format!("rank {r}: {wrong} of {COUNT} elements are not 1 + 2 (the first reads {first})"));
     }
     rt.block_on(comm.shutdown()).map_err(e)
@@ -130,26 +150,13 @@ fn rank(r: usize, store: Arc<dyn Store>) -> Result<(), String> {
 /// or ran against the wrong input, shows). Then 30 replays queued at once after staging
 /// `6 * (rank + 1)`: 72. Capturing on a stream that is not capturing is refused.
 fn graph_rank(r: usize, store: Arc<dyn Store>) -> Result<(), String> {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(e)?;
-    let platform = Hccl.platform(r).map_err(e)?;
-    let config = CommConfig { op_timeout: T, init_timeout: T, ..CommConfig::default() };
-    let comm = rt
-        .block_on(Communicator::connect(&Hccl, GroupSpec::world(2, "graphs"), r, store, platform.device(), config))
-        .map_err(e)?;
+    let Start { rt, platform, comm, buf, eng, raw } = start(r, store, "graphs")?;
+    let g: Arc<dyn anyccl_core::DeviceMemory> = Arc::from(buf);
+    // Nothing is queued on the stream yet: these early returns leave it idle.
     if !comm.capabilities().graphs {
         return Err("the stand-in has aclmdlRICaptureGetInfo, but the backend claims no graphs".into());
     }
-    let mut buf = platform.alloc(DType::F32, COUNT).map_err(e)?;
-    comm.all_reduce(None, buf.view_mut(), ReduceOp::Sum).and_then(|mut w| w.wait(T)).map_err(e)?;
-    let g: Arc<dyn anyccl_core::DeviceMemory> = Arc::from(buf);
     let mut staging = platform.alloc(DType::F32, COUNT).map_err(e)?;
-    let eng = Engine::load();
-    let mut raw: *mut c_void = std::ptr::null_mut();
-    // SAFETY: plain calls with valid out-parameters.
-    unsafe {
-        ok("aclrtSetDevice", (eng.set_device)(r as i32))?;
-        ok("aclrtCreateStream", (eng.create)(&mut raw))?;
-    }
     let mut model: *mut c_void = std::ptr::null_mut();
     let body = graph_body(r, &eng, raw, &mut model, &comm, platform.as_ref(), &g, staging.as_mut());
     // Whatever happened, nothing runs on the stream once this function returns: the model
@@ -202,9 +209,7 @@ fn graph_body(
     let mut output = vec![0u8; bytes];
     let mut check = |want: f32, what: &str| -> Result<(), String> {
         platform.copy_to_host(g.as_ref(), &mut output).map_err(e)?;
-        let wrong = output.chunks_exact(4).filter(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) != want).count();
-        if wrong > 0 {
-            let first = f32::from_le_bytes([output[0], output[1], output[2], output[3]]);
+        if let Some((wrong, first)) = mismatch(&output, want) {
             return Err(format!(
                 "rank {r}, {what}: {wrong} of {COUNT} elements are not {want} (the first reads {first})"
             ));

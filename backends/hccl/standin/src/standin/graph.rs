@@ -50,7 +50,6 @@ struct State {
 /// A capture under way, shared by the streams in it.
 pub(crate) struct Capture {
     origin: usize,
-    ended: AtomicBool,
     state: Mutex<State>,
 }
 
@@ -59,7 +58,7 @@ impl Capture {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
     pub(crate) fn ended(&self) -> bool {
-        self.ended.load(Ordering::Acquire)
+        self.state().ended
     }
     pub(crate) fn invalid(&self) -> bool {
         self.state().invalid.is_some()
@@ -115,7 +114,7 @@ pub unsafe extern "C" fn aclmdlRICaptureBegin(stream: *mut c_void, mode: i32) ->
         return ACL_ERROR_INVALID_PARAM;
     }
     let key = s.key();
-    let cap = Capture { origin: key, ended: AtomicBool::new(false), state: Mutex::new(State::default()) };
+    let cap = Capture { origin: key, state: Mutex::new(State::default()) };
     cap.add(key);
     *c = Some(Arc::new(cap));
     ACL_SUCCESS
@@ -158,9 +157,8 @@ pub unsafe extern "C" fn aclmdlRICaptureEnd(stream: *mut c_void, model: *mut *mu
     // Every stream of the capture leaves it, whatever the outcome.
     let st = {
         let mut st = cap.state();
-        st.ended = true;
-        cap.ended.store(true, Ordering::Release);
-        std::mem::take(&mut *st)
+        // Taken whole, leaving it ended: a task put from now on is not recorded.
+        std::mem::replace(&mut *st, State { ended: true, ..State::default() })
     };
     if let Some(why) = st.invalid {
         set_error(format!("aclmdlRICaptureEnd: the capture was invalidated: {why}"));
