@@ -456,7 +456,11 @@ fn ring_all_gather(cx: &Coll<'_>, data: &mut [u8], src: Option<&[u8]>, es: usize
             Some(src) if s == 0 => (src, Some(sent)),
             _ => (sent, None),
         };
-        cx.exchange(right, out, left, dst.len(), &mut |at, b| cx.put(&mut dst[at..at + b.len()], b))?;
+        if cx.stream {
+            cx.exchange(right, out, left, dst.len(), &mut |at, b| cx.put(&mut dst[at..at + b.len()], b))?;
+        } else {
+            cx.mesh.exchange_into((cx.op, cx.seq), right, out.0, out.1.map(|m| (m, cx.copier())), left, dst)?;
+        }
     }
     Ok(())
 }

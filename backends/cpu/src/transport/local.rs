@@ -244,6 +244,21 @@ impl Mesh {
         self.exchange_kind(Kind::Coll, (op, seq), to, Data::Bytes(data), mirror, from, expect, &mut Sink::With(sink))
     }
 
+    /// [`Mesh::exchange`] into `dst` with plain copies: a message sent by reference is copied
+    /// straight out of the sender's memory into `dst`.
+    pub(crate) fn exchange_into(
+        &self,
+        (op, seq): (u8, u64),
+        to: usize,
+        data: &[u8],
+        mirror: Mirror<'_>,
+        from: usize,
+        dst: &mut [u8],
+    ) -> Result<()> {
+        let n = dst.len();
+        self.exchange_kind(Kind::Coll, (op, seq), to, Data::Bytes(data), mirror, from, n, &mut Sink::Into(dst))
+    }
+
     /// Whether a message of `kind` and `len` bytes on `tx` goes by reference (the peer
     /// copies it out of this process's memory).
     fn by_ref(&self, tx: &shm::Tx, kind: Kind, len: usize) -> bool {
@@ -276,9 +291,7 @@ impl Mesh {
     ) -> Result<()> {
         match (kind, sink) {
             (Kind::Coll, Sink::With(f)) => self.recv_coll_with(from, op, seq, expect, *f),
-            (Kind::Coll, Sink::Into(dst)) => {
-                self.recv_coll_with(from, op, seq, expect, &mut |at, b| crate::shm::copy(&mut dst[at..at + b.len()], b))
-            }
+            (Kind::Coll, Sink::Into(dst)) => self.recv_coll_into(from, op, seq, &mut dst[..expect]),
             (_, sink) => match &self.shm[from] {
                 Some(link) => self.shm_recv(from, link, Kind::P2p, (0, 0), expect, sink),
                 None => {
