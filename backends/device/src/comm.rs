@@ -40,13 +40,18 @@ type Stream<L> = <<L as Library>::Runtime as Runtime>::Stream;
 type Memory<L> = <<L as Library>::Runtime as Runtime>::Memory;
 
 /// What a launch that the library answered with [`Launched::InProgress`] became: nothing
-/// yet, the event recorded once the library finished enqueuing it, or why it failed.
-/// Shared by the `Work` and the communicator (which resolves it at the next launch or wait).
-type LaunchSlot<E> = Mutex<Option<std::result::Result<Mark<E>, String>>>;
+/// yet, its number once the library finished enqueuing it, or why it failed. Shared by the
+/// `Work` and the communicator (which resolves it at the next launch or wait).
+type LaunchSlot = Mutex<Option<std::result::Result<u64, String>>>;
 
-/// An event recorded on the stream after an operation, numbered in recording order: when
-/// mark `n` is done, every mark up to `n` is too (one stream), which lets one look at the
-/// device settle many `Work`s.
+/// An event on the stream and the operations it follows: every operation numbered up to
+/// `seq` (operations are numbered in stream order). When it is done, so are they, which
+/// lets one look at the device settle many `Work`s.
+///
+/// Marks are recorded lazily, at the first look at a `Work` whose operation no mark
+/// follows yet (a poll, a wait, a drop), at the stream's end then: a run of operations
+/// issued back to back and then waited costs one event, not one each (an event record is
+/// about a tenth of an all_reduce's host time on H200 hosts).
 pub(crate) struct Mark<E> {
     seq: u64,
     event: Arc<E>,
@@ -80,16 +85,19 @@ pub struct DeviceComm<L: Library> {
     epoch: Instant,
     /// The slot of an operation the library is still launching. No other call may be
     /// made until it clears.
-    pending: Mutex<Option<Arc<LaunchSlot<Event<L>>>>>,
+    pending: Mutex<Option<Arc<LaunchSlot>>>,
+    /// Operations put on the stream so far: the number of the newest (counted under the
+    /// call lock once the library has enqueued it, so numbers follow the stream's order).
+    placed: AtomicU64,
     in_progress_returns: AtomicU64,
     /// Operations whose completion a `Work` observed: whether the peers had ever joined
     /// when a later call blocks.
     completed: AtomicU64,
     /// The newest mark recorded on the stream (marks are recorded under this lock, so
-    /// their numbers follow the stream's order).
+    /// the operations they follow only grow).
     newest: Mutex<Option<(u64, Arc<Event<L>>)>>,
-    /// Every mark up to this number is done and the library reported no error after it:
-    /// their `Work`s are finished without asking the device again.
+    /// Every operation up to this number is done and the library reported no error after
+    /// it: their `Work`s are finished without asking the device again.
     finished_upto: AtomicU64,
 }
 
@@ -272,6 +280,7 @@ impl<L: Library> DeviceComm<L> {
             epoch: Instant::now(),
             pending: Mutex::new(None),
             in_progress_returns: AtomicU64::new(0),
+            placed: AtomicU64::new(0),
             completed: AtomicU64::new(0),
             newest: Mutex::new(None),
             finished_upto: AtomicU64::new(0),
@@ -432,18 +441,38 @@ impl<L: Library> DeviceComm<L> {
         }
     }
 
-    /// Record the next mark at the current end of the stream. The device must be current.
-    fn mark(&self) -> Result<Mark<Event<L>>> {
+    /// A mark that follows operation `op`: the newest, if it does, else one recorded now at
+    /// the stream's end (following every operation placed so far). The device must be
+    /// current. A mark that cannot be recorded leaves operations on the stream that nothing
+    /// tracks: the caller fails the communicator (outside the call lock) rather than let a
+    /// caller reuse buffers they may still touch.
+    fn mark_following(&self, op: u64) -> Result<Mark<Event<L>>> {
         let mut newest = self.newest.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((seq, event)) = newest.as_ref().filter(|(seq, _)| *seq >= op) {
+            return Ok(Mark { seq: *seq, event: event.clone() });
+        }
+        // Read before the record: every operation counted was enqueued before it.
+        let seq = self.placed.load(Ordering::Acquire);
+        debug_assert!(seq >= op, "a mark for an operation not placed yet");
         let event = Arc::new(self.rt.record(&self.stream)?);
-        let seq = newest.as_ref().map_or(0, |(s, _)| *s) + 1;
         *newest = Some((seq, event.clone()));
         Ok(Mark { seq, event })
     }
 
-    /// Whether mark `m` is done (the device must be current): `Some(upto)` when it is,
-    /// with the newest mark known done, and the library's asynchronous error checked once
-    /// for all of them.
+    /// Follow every operation placed so far with a mark, if the newest does not: before
+    /// this communicator's stream joins a graph capture, since a mark recorded during it
+    /// would be part of the graph. The call lock is held.
+    fn mark_placed(&self) -> Result<()> {
+        let n = self.placed.load(Ordering::Acquire);
+        if n > self.finished_upto.load(Ordering::Acquire) {
+            self.mark_following(n)?;
+        }
+        Ok(())
+    }
+
+    /// Whether mark `m` is done (the device must be current). When it is, the operations it
+    /// follows are settled, with those of the newest mark if that is done too, and the
+    /// library's asynchronous error is checked once for all of them.
     fn settle_mark(&self, m: &Mark<Event<L>>) -> Result<bool> {
         if self.finished_upto.load(Ordering::Acquire) >= m.seq {
             return Ok(true);
@@ -466,14 +495,16 @@ impl<L: Library> DeviceComm<L> {
     }
 
     /// If an operation is still being launched, see whether the library is done with it
-    /// and, if so, record its event. `Ok(true)` while it is still in progress.
+    /// and, if so, number it. `Ok(true)` while it is still in progress.
     fn resolve_pending(&self, op: &str) -> Result<bool> {
         let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
         let Some(slot) = p.as_ref() else { return Ok(false) };
         match self.poll_async(Plane::Data, op) {
             Ok(true) => Ok(true),
             Ok(false) => {
-                *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(self.mark().map_err(|e| e.to_string()));
+                // No other call was made while it was pending: the next number is its own.
+                let n = self.placed.fetch_add(1, Ordering::AcqRel) + 1;
+                *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(Ok(n));
                 *p = None;
                 Ok(false)
             }
@@ -540,7 +571,7 @@ impl<L: Library> DeviceComm<L> {
         })?;
         if launched == Launched::InProgress {
             self.in_progress_returns.fetch_add(1, Ordering::Relaxed);
-            let slot: Arc<LaunchSlot<Event<L>>> = Arc::default();
+            let slot: Arc<LaunchSlot> = Arc::default();
             // Set while the lock is held, so no other launch can slip in between.
             *self.pending.lock().unwrap_or_else(|e| e.into_inner()) = Some(slot.clone());
             drop(g);
@@ -549,19 +580,12 @@ impl<L: Library> DeviceComm<L> {
             }
             return Ok(Some(Work::new(Box::new(DeviceWork { comm: self, state: WorkState::Launching(slot) }))));
         }
+        let n = self.placed.fetch_add(1, Ordering::AcqRel) + 1;
         drop(g);
         if !mark {
             return Ok(None);
         }
-        match self.mark() {
-            Ok(m) => Ok(Some(Work::new(Box::new(DeviceWork { comm: self, state: WorkState::Running(m) })))),
-            Err(e) => {
-                // On the stream but untracked: stop it rather than let the caller reuse
-                // buffers it may still touch.
-                self.fail(&e);
-                Err(e)
-            }
-        }
+        Ok(Some(Work::new(Box::new(DeviceWork { comm: self, state: WorkState::Placed { op: n, mark: None } }))))
     }
 
     /// The new group's members (parent ranks, in new-rank order) and this rank's place,

@@ -148,7 +148,7 @@ impl RawNccl {
         let mut out = Vec::new();
         let t = Instant::now();
         for _ in 0..reps {
-            self.cuda.bind()?;
+            self.cuda.set_current()?;
         }
         out.push(("cuCtxSetCurrent", per(t)));
         let t = Instant::now();

@@ -67,6 +67,13 @@ impl<L: Library> Collective for DeviceComm<L> {
                     .into(),
             });
         }
+        // Operations not followed by a mark yet get one now: recorded once this stream has
+        // joined the capture, it would be part of the graph.
+        if let Err(e) = self.mark_placed() {
+            drop(g);
+            self.fail(&e);
+            return Err(e);
+        }
         let GraphOp::AllReduce { send, recv, count, dtype, op } = op;
         let op = Op::AllReduce { send: send as *const c_void, recv: recv as *mut c_void, count, dtype, op };
         // Where the runtime can launch on the engine's stream itself, the operation goes

@@ -1,5 +1,6 @@
-//! The `Work` of an operation on a [`DeviceComm`]: its event, polled against the
-//! communicator's async error and the caller's deadline; drained on drop.
+//! The `Work` of an operation on a [`DeviceComm`]: the mark that follows it (recorded at the
+//! first look), polled against the communicator's async error and the caller's deadline;
+//! drained on drop.
 
 use super::{backoff, DeviceComm, Event, LaunchSlot, Mark};
 use crate::library::{Library, Plane};
@@ -11,9 +12,10 @@ use std::time::{Duration, Instant};
 
 pub(super) enum WorkState<E> {
     /// The library has not finished putting the operation on the stream.
-    Launching(Arc<LaunchSlot<E>>),
-    /// On the stream; done when its mark is.
-    Running(Mark<E>),
+    Launching(Arc<LaunchSlot>),
+    /// On the stream as operation number `op`; done when a mark that follows it is (the
+    /// first look takes one: [`DeviceComm::mark_following`]).
+    Placed { op: u64, mark: Option<Mark<E>> },
 }
 
 pub(super) struct DeviceWork<'a, L: Library> {
@@ -34,23 +36,36 @@ impl<L: Library> DeviceWork<'_, L> {
                     *s = Some(Err(msg.clone()));
                     return Err(self.comm.ctx.aborted(msg));
                 }
-                Some(Ok(ev)) => {
+                Some(Ok(op)) => {
                     drop(s);
-                    self.state = WorkState::Running(ev);
+                    self.state = WorkState::Placed { op, mark: None };
                 }
             }
         }
-        match &self.state {
+        match &mut self.state {
+            WorkState::Placed { op, .. } if self.comm.finished_upto.load(Ordering::Acquire) >= *op => Ok(true),
             // Done, and the library's asynchronous error checked after it.
-            WorkState::Running(m) => self.comm.settle_mark(m),
+            WorkState::Placed { op, mark } => {
+                let m = match mark {
+                    Some(m) => m,
+                    None => match self.comm.mark_following(*op) {
+                        Ok(m) => mark.insert(m),
+                        Err(e) => {
+                            self.comm.fail(&e);
+                            return Err(e);
+                        }
+                    },
+                };
+                self.comm.settle_mark(m)
+            }
             WorkState::Launching(_) => Ok(false),
         }
     }
 
-    /// Settled without asking the device: a newer mark was seen done.
+    /// Settled without asking the device: a mark that follows it was seen done.
     fn settled(&self) -> bool {
         match &self.state {
-            WorkState::Running(m) => self.comm.finished_upto.load(Ordering::Acquire) >= m.seq,
+            WorkState::Placed { op, .. } => self.comm.finished_upto.load(Ordering::Acquire) >= *op,
             WorkState::Launching(_) => false,
         }
     }

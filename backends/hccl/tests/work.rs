@@ -1,0 +1,125 @@
+//! What a `Work` costs the host on a device backend, counted against the stand-in (which
+//! counts `aclrtRecordEvent` calls): operations issued back to back and then waited share one
+//! completion event, recorded at the first look at one of them; a `Work` looked at right
+//! after its call gets an event of its own; every output is still right.
+
+use anyccl_core::{Backend, CommConfig, Communicator, DType, GroupSpec, MemoryStore, Platform, ReduceOp, Store};
+use anyccl_hccl::Hccl;
+use std::sync::Arc;
+use std::time::Duration;
+
+const T: Duration = Duration::from_secs(20);
+const COUNT: usize = 4096;
+
+/// The stand-in's count of recorded events.
+struct Events {
+    _lib: libloading::Library,
+    recorded: extern "C" fn() -> u64,
+}
+
+impl Events {
+    fn load() -> Events {
+        let path = anyccl_hccl_standin::library_dir().join("libhccl.so");
+        // SAFETY: the stand-in the backend loaded: the same object, its initialisers ran.
+        let lib = unsafe { libloading::Library::new(&path) }.unwrap();
+        // SAFETY: the stand-in's test hook, with its C signature.
+        let recorded = unsafe { *lib.get::<extern "C" fn() -> u64>(b"anyccl_standin_events_recorded").unwrap() };
+        Events { _lib: lib, recorded }
+    }
+
+    fn now(&self) -> u64 {
+        (self.recorded)()
+    }
+}
+
+/// Device buffers holding `v` in every element, one per value.
+fn filled(platform: &dyn Platform, values: &[f32]) -> Vec<Box<dyn anyccl_core::DeviceMemory>> {
+    values
+        .iter()
+        .map(|v| {
+            let mut m = platform.alloc(DType::F32, COUNT).unwrap();
+            platform.copy_from_host(m.as_mut(), &v.to_le_bytes().repeat(COUNT)).unwrap();
+            m
+        })
+        .collect()
+}
+
+/// Every element of `m` is `want`.
+fn check(platform: &dyn Platform, m: &dyn anyccl_core::DeviceMemory, want: f32, what: &str) {
+    let mut host = vec![0u8; COUNT * 4];
+    platform.copy_to_host(m, &mut host).unwrap();
+    let wrong = host.chunks_exact(4).filter(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) != want).count();
+    assert_eq!(wrong, 0, "{what}: {wrong} of {COUNT} elements are not {want}");
+}
+
+mod hccl {
+    pub mod work {
+        use super::super::*;
+
+        #[test]
+        fn back_to_back_calls_share_one_event() {
+            std::env::set_var("ANYCCL_HCCL_LIBRARY_DIR", anyccl_hccl_standin::library_dir());
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            let platform = Hccl.platform(0).unwrap();
+            let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+            let config = CommConfig { op_timeout: T, init_timeout: T, ..CommConfig::default() };
+            let comm = rt
+                .block_on(Communicator::connect(
+                    &Hccl,
+                    GroupSpec::world(1, "work"),
+                    0,
+                    store,
+                    platform.device(),
+                    config,
+                ))
+                .unwrap();
+            let events = Events::load();
+            let p = platform.as_ref();
+
+            // 32 out-of-place all_reduces issued back to back, then waited in order.
+            let values: Vec<f32> = (1..=32).map(|v| v as f32).collect();
+            let inputs = filled(p, &values);
+            let mut outputs = filled(p, &vec![0.0; values.len()]);
+            let before = events.now();
+            let mut works: Vec<_> = inputs
+                .iter()
+                .zip(outputs.iter_mut())
+                .map(|(i, o)| comm.all_reduce(Some(i.view()), o.view_mut(), ReduceOp::Sum).unwrap())
+                .collect();
+            assert_eq!(events.now() - before, 0, "issuing recorded events");
+            for w in &mut works {
+                w.wait(T).unwrap();
+            }
+            assert_eq!(events.now() - before, 1, "32 calls back to back, waited in order");
+            drop(works);
+            for (o, v) in outputs.iter().zip(&values) {
+                check(p, o.as_ref(), *v, "back to back");
+            }
+
+            // Dropped without a wait: the drop's look records the one event.
+            let before = events.now();
+            let works: Vec<_> = inputs
+                .iter()
+                .zip(outputs.iter_mut())
+                .take(8)
+                .map(|(i, o)| comm.all_reduce(Some(i.view()), o.view_mut(), ReduceOp::Sum).unwrap())
+                .collect();
+            drop(works);
+            assert_eq!(events.now() - before, 1, "8 calls dropped unwaited");
+
+            // A Work polled right after its call is followed by an event of its own, so a
+            // later call does not hold it back.
+            let before = events.now();
+            let (first, rest) = outputs.split_at_mut(1);
+            let mut a = comm.all_reduce(Some(inputs[0].view()), first[0].view_mut(), ReduceOp::Sum).unwrap();
+            a.is_completed().unwrap();
+            let mut b = comm.all_reduce(Some(inputs[1].view()), rest[0].view_mut(), ReduceOp::Sum).unwrap();
+            a.wait(T).unwrap();
+            b.wait(T).unwrap();
+            assert_eq!(events.now() - before, 2, "a call looked at at once, then another");
+            drop((a, b));
+            check(p, outputs[0].as_ref(), 1.0, "looked at at once");
+            check(p, outputs[1].as_ref(), 2.0, "the call after it");
+        }
+    }
+}
