@@ -102,24 +102,26 @@ impl RawNccl {
     /// within the operation timeout.
     ///
     /// With `events`, an event is also recorded after each call (what a completion handle
-    /// per operation costs). Returns the time per call and the part of it the host spent
-    /// issuing.
+    /// per operation costs). The calls write `recvs` output buffers in turn (1: one buffer
+    /// for every call; more: what a caller that keeps each output until its call is waited
+    /// for does). Returns the time per call and the part of it the host spent issuing.
     pub fn all_reduce_us(
         &self,
         count: usize,
         dtype: DType,
-        iters: usize,
-        warmup: usize,
+        (iters, warmup): (usize, usize),
         events: bool,
+        recvs: usize,
     ) -> Result<RawTiming> {
         let send = CudaMemory::zeroed(&self.cuda, dtype, count)?;
-        let recv = CudaMemory::zeroed(&self.cuda, dtype, count)?;
+        let recv: Vec<CudaMemory> =
+            (0..recvs.max(1)).map(|_| CudaMemory::zeroed(&self.cuda, dtype, count)).collect::<Result<_>>()?;
         self.cuda.bind()?;
         let run = |k: usize| -> Result<(Duration, Duration)> {
             let mut marks = Vec::with_capacity(if events { k } else { 0 });
             let t = Instant::now();
-            for _ in 0..k {
-                self.all_reduce(&send, &recv, count, dtype)?;
+            for i in 0..k {
+                self.all_reduce(&send, &recv[i % recv.len()], count, dtype)?;
                 if events {
                     marks.push(Event::record(&self.stream)?);
                 }

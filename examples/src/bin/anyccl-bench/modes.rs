@@ -160,7 +160,8 @@ fn vs_raw_header(cx: &Ctx<'_>, raw: &anyccl::RawNccl, pairs: usize) -> Result<()
         format!("# raw: NCCL's defaults; anyccl: min_ctas {:?} max_ctas {:?} cga_cluster_size {:?}", c.min_ctas, c.max_ctas, c.cga_cluster_size),
         format!("# host cost per call, ns: {}", costs.join(", ")),
         "# enqueued: the same calls through enqueue_all_reduce (stream order only: no Work), one signal_stream and one wait".into(),
-        "#       size         count      type    raw (us)  anyccl (us)  median ratio  worst ratio  raw busbw  anyccl busbw  issue raw/anyccl (us)  raw+events (us)  enqueued (us)  median/worst ratio   pairs (raw/anyccl us)".into(),
+        "# raw, N outputs: raw writing as many outputs in turn as anyccl's run keeps (N, one per Work in flight); raw and enqueued write one".into(),
+        "#       size         count      type    raw (us)  anyccl (us)  median ratio  worst ratio  raw busbw  anyccl busbw  issue raw/anyccl (us)  raw+events (us)  raw, N outputs (us)  enqueued (us)  median/worst ratio   pairs (raw/anyccl us)".into(),
     ]);
     Ok(())
 }
@@ -186,17 +187,20 @@ async fn vs_raw(cx: &mut Ctx<'_>, raw: &anyccl::RawNccl, count: usize, pairs: us
         drop(held);
         Ok(us)
     };
-    let [mut raws, mut ours, mut ratios, mut raw_issue, mut our_issue, mut with_events, mut enq, mut enq_ratios]: [Vec<
-        f64,
-    >;
-        8] = Default::default();
+    let [mut raws, mut ours, mut ratios, mut raw_issue, mut our_issue, mut with_events, mut enq, mut enq_ratios, mut raw_outputs]: [Vec<f64>; 9] =
+        Default::default();
     let mut shown = Vec::new();
     for _ in 0..pairs {
         cx.sync.wait("raw").await?;
-        let r = raw.all_reduce_us(count, dtype, a.iters, a.warmup, false)?;
+        let r = raw.all_reduce_us(count, dtype, (a.iters, a.warmup), false, 1)?;
         let (us, issue_us) = cx.issued(&mut b).await?;
         cx.sync.wait("raw-events").await?;
-        let e = raw.all_reduce_us(count, dtype, a.iters, a.warmup, true)?;
+        let e = raw.all_reduce_us(count, dtype, (a.iters, a.warmup), true, 1)?;
+        // Raw again, writing as many outputs in turn as anyccl's run keeps (its `Work`s
+        // borrow one output each until waited), so the two differ only in what anyccl adds.
+        cx.sync.wait("raw-outputs").await?;
+        let ro = raw.all_reduce_us(count, dtype, (a.iters, a.warmup), false, b.recvs.len())?;
+        raw_outputs.push(ro.us);
         cx.sync.wait("enqueued").await?;
         enqueued(cx, a.warmup.max(1))?;
         let q = enqueued(cx, a.iters.max(1))?;
@@ -211,19 +215,21 @@ async fn vs_raw(cx: &mut Ctx<'_>, raw: &anyccl::RawNccl, count: usize, pairs: us
         shown.push(format!("{:.1}/{us:.1}", r.us));
     }
     let (w, enq_w) = (worst(&ratios), worst(&enq_ratios));
-    let (ri, ai, ev) = (median(&mut raw_issue), median(&mut our_issue), median(&mut with_events));
+    let (ri, ai, ev, ro) =
+        (median(&mut raw_issue), median(&mut our_issue), median(&mut with_events), median(&mut raw_outputs));
     let (mr, ma, mq) = (median(&mut raws), median(&mut ours), median(&mut ratios));
     let (m_enq, mq_enq) = (median(&mut enq), median(&mut enq_ratios));
     let busbw = |us: f64| (count * dtype.size()) as f64 / us / 1e3 * Op::AllReduce.bus_factor(cx.comm.size());
     let json = serde_json::json!({"raw_us": mr, "anyccl_us": ma, "median_ratio": mq, "worst_ratio": w, "pairs": shown,
-        "raw_issue_us": ri, "anyccl_issue_us": ai, "raw_with_events_us": ev,
+        "raw_issue_us": ri, "anyccl_issue_us": ai, "raw_with_events_us": ev, "raw_outputs_us": ro, "raw_outputs": b.recvs.len(),
         "enqueued_us": m_enq, "enqueued_median_ratio": mq_enq, "enqueued_worst_ratio": enq_w});
     cx.emit("vs_raw", count, json, || {
         format!(
-            "{mr:11.2} {ma:12.2} {mq:13.3} {w:12.3} {:10.2} {:13.2} {:>22} {ev:16.2} {m_enq:14.2} {:>19}   {}",
+            "{mr:11.2} {ma:12.2} {mq:13.3} {w:12.3} {:10.2} {:13.2} {:>22} {ev:16.2} {:>20} {m_enq:14.2} {:>19}   {}",
             busbw(mr),
             busbw(ma),
             format!("{ri:.2}/{ai:.2}"),
+            format!("{ro:.2} (N={})", b.recvs.len()),
             format!("{mq_enq:.3}/{enq_w:.3}"),
             shown.join(" ")
         )
