@@ -48,10 +48,11 @@ type LaunchSlot = Mutex<Option<std::result::Result<u64, String>>>;
 /// `seq` (operations are numbered in stream order). When it is done, so are they, which
 /// lets one look at the device settle many `Work`s.
 ///
-/// Marks are recorded lazily, at the first look at a `Work` whose operation no mark
-/// follows yet (a poll, a wait, a drop), at the stream's end then: a run of operations
-/// issued back to back and then waited costs one event, not one each (an event record is
-/// about a tenth of an all_reduce's host time on H200 hosts).
+/// A mark is recorded at each operation's call, or, with `Settings::shared_completion`, at
+/// the first look at a `Work` whose operation no mark follows yet (a poll, a wait, a drop),
+/// at the stream's end then: a run of operations issued back to back and then waited costs
+/// one event, not one each (an event record is about a tenth of an all_reduce's host time
+/// on H200 hosts), and a wait also waits for what was issued after it.
 pub(crate) struct Mark<E> {
     seq: u64,
     event: Arc<E>,
@@ -77,6 +78,9 @@ pub struct DeviceComm<L: Library> {
     /// Held for every call on `comm`.
     calls: Mutex<()>,
     state: Mutex<Lifecycle>,
+    /// Whether `state` left `Live` (set under its lock): the calls' checks read this, not
+    /// the lock.
+    left_live: AtomicBool,
     /// Whether `comm` was destroyed (it happens once, sometimes after the lifecycle left
     /// `Live`: a library that cannot stop a blocked call is destroyed when the call returns).
     freed: AtomicBool,
@@ -86,8 +90,10 @@ pub struct DeviceComm<L: Library> {
     /// The slot of an operation the library is still launching. No other call may be
     /// made until it clears.
     pending: Mutex<Option<Arc<LaunchSlot>>>,
-    /// Operations put on the stream so far: the number of the newest (counted under the
-    /// call lock once the library has enqueued it, so numbers follow the stream's order).
+    /// Operations put on the stream so far: the number of the newest (counted once the
+    /// library has enqueued it: under the call lock, or, for a launch that was still in
+    /// progress, when it is resolved before any later launch; so numbers follow the
+    /// stream's order).
     placed: AtomicU64,
     in_progress_returns: AtomicU64,
     /// Operations whose completion a `Work` observed: whether the peers had ever joined
@@ -275,6 +281,7 @@ impl<L: Library> DeviceComm<L> {
             comm,
             calls: Mutex::new(()),
             state: Mutex::new(Lifecycle::Live),
+            left_live: AtomicBool::new(false),
             freed: AtomicBool::new(false),
             in_call_since: AtomicU64::new(0),
             epoch: Instant::now(),
@@ -308,11 +315,15 @@ impl<L: Library> DeviceComm<L> {
             return false;
         }
         *s = to;
+        self.left_live.store(true, Ordering::Release);
         true
     }
 
     /// The error for a call on a communicator that left `Live`.
     fn dead(&self) -> Option<Error> {
+        if !self.left_live.load(Ordering::Acquire) {
+            return None;
+        }
         let why = match &*self.state.lock().unwrap_or_else(|p| p.into_inner()) {
             Lifecycle::Live => return None,
             Lifecycle::ShutDown => "the communicator was shut down".to_string(),
@@ -452,16 +463,17 @@ impl<L: Library> DeviceComm<L> {
             return Ok(Mark { seq: *seq, event: event.clone() });
         }
         // Read before the record: every operation counted was enqueued before it.
+        // At least `op`: its number was taken when it was placed.
         let seq = self.placed.load(Ordering::Acquire);
-        debug_assert!(seq >= op, "a mark for an operation not placed yet");
         let event = Arc::new(self.rt.record(&self.stream)?);
         *newest = Some((seq, event.clone()));
         Ok(Mark { seq, event })
     }
 
     /// Follow every operation placed so far with a mark, if the newest does not: before
-    /// this communicator's stream joins a graph capture, since a mark recorded during it
-    /// would be part of the graph. The call lock is held.
+    /// this communicator's stream may join a graph capture (a mark recorded during it would
+    /// be part of the graph), and before an engine's stream is signalled (a later first
+    /// look then finds a mark the engine's stream has passed). The call lock is held.
     fn mark_placed(&self) -> Result<()> {
         let n = self.placed.load(Ordering::Acquire);
         if n > self.finished_upto.load(Ordering::Acquire) {
@@ -518,6 +530,10 @@ impl<L: Library> DeviceComm<L> {
 
     /// Wait until no operation is being launched (a previous first call still connecting).
     fn settle(&self, op: &str) -> Result<()> {
+        // Nothing pending (every call but a first one that connects): no clock read.
+        if !self.resolve_pending(op)? {
+            return Ok(());
+        }
         let deadline = anyccl_core::deadline_in(self.settings.enqueue_timeout);
         let mut spins = 0u32;
         while self.resolve_pending(op)? {
@@ -585,7 +601,20 @@ impl<L: Library> DeviceComm<L> {
         if !mark {
             return Ok(None);
         }
-        Ok(Some(Work::new(Box::new(DeviceWork { comm: self, state: WorkState::Placed { op: n, mark: None } }))))
+        let mark = if self.settings.shared_completion {
+            None
+        } else {
+            match self.mark_following(n) {
+                Ok(m) => Some(m),
+                Err(e) => {
+                    // On the stream but untracked: stop it rather than let the caller reuse
+                    // buffers it may still touch.
+                    self.fail(&e);
+                    return Err(e);
+                }
+            }
+        };
+        Ok(Some(Work::new(Box::new(DeviceWork { comm: self, state: WorkState::Placed { op: n, mark } }))))
     }
 
     /// The new group's members (parent ranks, in new-rank order) and this rank's place,
@@ -639,11 +668,13 @@ impl<L: Library> DeviceComm<L> {
         call: impl FnOnce() -> std::result::Result<T, LibError>,
     ) -> Result<(MutexGuard<'_, ()>, T)> {
         let g = self.lock_live()?;
-        self.in_call_since.store(self.epoch.elapsed().as_nanos().max(1) as u64, Ordering::Release);
+        // One clock read for both (a read is a tenth of what anyccl adds to a call).
         let started = Instant::now();
+        self.in_call_since
+            .store(started.saturating_duration_since(self.epoch).as_nanos().max(1) as u64, Ordering::Release);
         let r = call();
         self.in_call_since.store(0, Ordering::Release);
-        if let Lifecycle::TimedOut(_) = self.lifecycle() {
+        if self.left_live.load(Ordering::Acquire) && matches!(self.lifecycle(), Lifecycle::TimedOut(_)) {
             drop(g);
             // A library that could not be stopped was left to this call to free.
             self.release();

@@ -20,9 +20,10 @@
 //!   watched by one process-wide watchdog thread, which stops it where the library can
 //!   and otherwise fails the communicator so the call returns an error when the library's
 //!   own timeout (set from the communicator's) releases it.
-//! - **A `Work` costs no event at its call.** Operations are numbered in stream order; a
-//!   `Work`'s first look records an event at the stream's end that settles every
-//!   operation before it, so calls issued back to back and then waited share one event.
+//! - **Marks settle many `Work`s.** Operations are numbered in stream order; an event (a
+//!   mark) recorded after one settles every operation before it. A mark is recorded at
+//!   each call, or, with `CommConfig::shared_completion`, at a `Work`'s first look, so calls
+//!   issued back to back and then waited share one event.
 //! - **Errors keep their cause.** Libraries report [`LibError`] (code, name, text, kind);
 //!   [`Ctx`] adds op, rank and group once and keeps the `LibError` as the source.
 //! - **Loading at run time.** [`loader`] opens the first of a list of candidates and

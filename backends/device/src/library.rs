@@ -25,6 +25,9 @@ pub struct Settings {
     /// Thread-block settings (`CommConfig::min_ctas`, `max_ctas`, `cga_cluster_size`), for
     /// libraries with `Capabilities::cta_settings`.
     pub ctas: Ctas,
+    /// `CommConfig::shared_completion`: a `Work`'s event is recorded at its first look and
+    /// shared, not at its call.
+    pub shared_completion: bool,
 }
 
 /// Per-communicator thread-block settings; `None`: the library's default.
@@ -47,6 +50,7 @@ impl Settings {
             op_timeout: c.op_timeout,
             enqueue_timeout,
             ctas: Ctas { min: c.min_ctas, max: c.max_ctas, cga_cluster_size: c.cga_cluster_size },
+            shared_completion: c.shared_completion,
         }
     }
 }

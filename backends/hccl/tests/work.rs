@@ -1,6 +1,7 @@
 //! What a `Work` costs the host on a device backend, counted against the stand-in (which
-//! counts `aclrtRecordEvent` calls): operations issued back to back and then waited share one
-//! completion event, recorded at the first look at one of them; a `Work` looked at right
+//! counts `aclrtRecordEvent` calls): by default every operation records its completion event
+//! at its call; with `CommConfig::shared_completion`, operations issued back to back and then
+//! waited share one, recorded at the first look at one of them, and a `Work` looked at right
 //! after its call gets an event of its own; every output is still right.
 
 use anyccl_core::{Backend, CommConfig, Communicator, DType, GroupSpec, MemoryStore, Platform, ReduceOp, Store};
@@ -61,20 +62,44 @@ mod hccl {
             std::env::set_var("ANYCCL_HCCL_LIBRARY_DIR", anyccl_hccl_standin::library_dir());
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
             let platform = Hccl.platform(0).unwrap();
-            let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-            let config = CommConfig { op_timeout: T, init_timeout: T, ..CommConfig::default() };
-            let comm = rt
-                .block_on(Communicator::connect(
+            let p = platform.as_ref();
+            let events = Events::load();
+            let connect = |name: &str, shared_completion: bool| {
+                let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+                let config = CommConfig { op_timeout: T, init_timeout: T, shared_completion, ..CommConfig::default() };
+                rt.block_on(Communicator::connect(
                     &Hccl,
-                    GroupSpec::world(1, "work"),
+                    GroupSpec::world(1, name),
                     0,
                     store,
                     platform.device(),
                     config,
                 ))
-                .unwrap();
-            let events = Events::load();
-            let p = platform.as_ref();
+                .unwrap()
+            };
+
+            // By default, an event at every call.
+            let per_call = connect("work-per-call", false);
+            let values: Vec<f32> = (1..=8).map(|v| v as f32).collect();
+            let inputs = filled(p, &values);
+            let mut outputs = filled(p, &vec![0.0; values.len()]);
+            let before = events.now();
+            let mut works: Vec<_> = inputs
+                .iter()
+                .zip(outputs.iter_mut())
+                .map(|(i, o)| per_call.all_reduce(Some(i.view()), o.view_mut(), ReduceOp::Sum).unwrap())
+                .collect();
+            assert_eq!(events.now() - before, 8, "8 calls, each with its event");
+            for w in &mut works {
+                w.wait(T).unwrap();
+            }
+            assert_eq!(events.now() - before, 8, "waits record nothing more");
+            drop(works);
+            for (o, v) in outputs.iter().zip(&values) {
+                check(p, o.as_ref(), *v, "an event per call");
+            }
+
+            let comm = connect("work-shared", true);
 
             // 32 out-of-place all_reduces issued back to back, then waited in order.
             let values: Vec<f32> = (1..=32).map(|v| v as f32).collect();

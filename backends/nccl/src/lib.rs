@@ -9,8 +9,9 @@
 //!   against deadlines; on expiry the communicator is aborted, never left hanging.
 //! - **Errors carry NCCL's words.** `ncclGetErrorString` plus `ncclGetLastError` travel in
 //!   every error (an out-of-memory during a lazy connect reads as NCCL wrote it).
-//! - **Stream order.** Each communicator has its own stream; a `Work` records an event and
-//!   its wait checks the event, the communicator's async error and the deadline. Buffers
+//! - **Stream order.** Each communicator has its own stream; a `Work` records an event (at
+//!   its call; with `CommConfig::shared_completion`, at its first look, shared by every
+//!   operation before it) and its wait checks the event, the communicator's async error and the deadline. Buffers
 //!   must be ready when an operation is enqueued (the platform's copies are synchronous).
 //! - **Written once.** Lifecycle, watchdog, `Work` polling, drain and shutdown are
 //!   `anyccl-device`'s; this crate is NCCL's types (`sys`), one function per symbol

@@ -114,6 +114,8 @@ impl RawNccl {
         recvs: usize,
     ) -> Result<RawTiming> {
         let send = CudaMemory::zeroed(&self.cuda, dtype, count)?;
+        // `recvs` outputs of `count` elements: the caller bounds it (the benchmark passes the
+        // outputs its own run holds, within its memory budget, at the sizes it compares).
         let recv: Vec<CudaMemory> =
             (0..recvs.max(1)).map(|_| CudaMemory::zeroed(&self.cuda, dtype, count)).collect::<Result<_>>()?;
         self.cuda.bind()?;

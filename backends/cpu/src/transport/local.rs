@@ -291,7 +291,10 @@ impl Mesh {
     ) -> Result<()> {
         match (kind, sink) {
             (Kind::Coll, Sink::With(f)) => self.recv_coll_with(from, op, seq, expect, *f),
-            (Kind::Coll, Sink::Into(dst)) => self.recv_coll_into(from, op, seq, &mut dst[..expect]),
+            (Kind::Coll, Sink::Into(dst)) => {
+                debug_assert_eq!(dst.len(), expect, "a destination of another length");
+                self.recv_coll_into(from, op, seq, dst)
+            }
             (_, sink) => match &self.shm[from] {
                 Some(link) => self.shm_recv(from, link, Kind::P2p, (0, 0), expect, sink),
                 None => {

@@ -27,7 +27,14 @@ impl<L: Library> Collective for DeviceComm<L> {
         // against launches from other threads.
         self.rt.bind()?;
         self.settle("wait_stream")?;
-        let _g = self.lock_live()?;
+        let g = self.lock_live()?;
+        // The engine's stream may be capturing: waiting on it brings this stream into the
+        // capture, where a mark must not be recorded.
+        if let Err(e) = self.mark_placed() {
+            drop(g);
+            self.fail(&e);
+            return Err(e);
+        }
         // SAFETY: the Communicator checked the device; the caller vouched for the stream
         // (`StreamRef::from_raw`).
         unsafe { self.rt.wait_raw(&self.stream, stream.as_ptr()) }
@@ -37,7 +44,14 @@ impl<L: Library> Collective for DeviceComm<L> {
         self.rt.bind()?;
         // An operation the library is still putting on the stream must be there first.
         self.settle("signal_stream")?;
-        let _g = self.lock_live()?;
+        let g = self.lock_live()?;
+        // So a `Work` first looked at after the engine's stream has passed this point finds
+        // its mark done, with no event to record and wait for then.
+        if let Err(e) = self.mark_placed() {
+            drop(g);
+            self.fail(&e);
+            return Err(e);
+        }
         // SAFETY: as in `wait_stream`.
         unsafe { self.rt.signal_raw(&self.stream, stream.as_ptr()) }
     }

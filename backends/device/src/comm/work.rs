@@ -96,8 +96,12 @@ impl<L: Library> WorkImpl for DeviceWork<'_, L> {
         if self.settled() {
             return self.finished();
         }
-        let deadline = anyccl_core::deadline_in(timeout);
         self.comm.rt.bind()?;
+        // One look before the clock is read: the operation is often done by now.
+        if self.step()? {
+            return self.finished();
+        }
+        let deadline = anyccl_core::deadline_in(timeout);
         let mut spins = 0u32;
         loop {
             if self.step()? {
