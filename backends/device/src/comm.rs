@@ -509,12 +509,21 @@ impl<L: Library> DeviceComm<L> {
     /// If an operation is still being launched, see whether the library is done with it
     /// and, if so, number it. `Ok(true)` while it is still in progress.
     fn resolve_pending(&self, op: &str) -> Result<bool> {
+        let Some(slot) = self.pending.lock().unwrap_or_else(|e| e.into_inner()).clone() else { return Ok(false) };
+        // Asked without the pending lock: a failure here fails the communicator, whose
+        // release waits for the call lock, and the holder of that lock may be about to take
+        // the pending lock (the order is call lock, then pending).
+        let r = self.poll_async(Plane::Data, op);
         let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(slot) = p.as_ref() else { return Ok(false) };
-        match self.poll_async(Plane::Data, op) {
+        if !p.as_ref().is_some_and(|s| Arc::ptr_eq(s, &slot)) {
+            // Another look resolved it meanwhile (a newer launch may be pending now).
+            return r.map(|_| p.is_some());
+        }
+        match r {
             Ok(true) => Ok(true),
             Ok(false) => {
-                // No other call was made while it was pending: the next number is its own.
+                // No other call was made while it was pending (`lock_settled`): the next
+                // number is its own.
                 let n = self.placed.fetch_add(1, Ordering::AcqRel) + 1;
                 *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(Ok(n));
                 *p = None;
@@ -549,6 +558,21 @@ impl<L: Library> DeviceComm<L> {
         Ok(())
     }
 
+    /// The call lock, live, with no operation still being launched: settled first, and
+    /// checked again under the lock, since another thread's launch may have come back in
+    /// progress between the two.
+    pub(crate) fn lock_settled(&self, op: &str) -> Result<MutexGuard<'_, ()>> {
+        loop {
+            self.settle(op)?;
+            let g = self.lock_live()?;
+            if self.pending.lock().unwrap_or_else(|e| e.into_inner()).is_none() {
+                return Ok(g);
+            }
+            drop(g);
+            std::thread::yield_now();
+        }
+    }
+
     /// Put `op` on the stream and return a `Work` for it.
     ///
     /// # Safety
@@ -580,8 +604,8 @@ impl<L: Library> DeviceComm<L> {
             return Err(e);
         }
         self.rt.bind()?;
-        self.settle(name)?;
-        let (g, launched) = self.watched_call(name, || {
+        let g = self.lock_settled(name)?;
+        let (g, launched) = self.watched_call_locked(g, name, || {
             // SAFETY: per this function's contract; the call lock is held.
             unsafe { self.lib.launch(&self.comm, &self.stream, &op) }
         })?;
@@ -668,6 +692,16 @@ impl<L: Library> DeviceComm<L> {
         call: impl FnOnce() -> std::result::Result<T, LibError>,
     ) -> Result<(MutexGuard<'_, ()>, T)> {
         let g = self.lock_live()?;
+        self.watched_call_locked(g, op, call)
+    }
+
+    /// [`DeviceComm::watched_call`] with the call lock `g` already held.
+    fn watched_call_locked<'g, T>(
+        &'g self,
+        g: MutexGuard<'g, ()>,
+        op: &str,
+        call: impl FnOnce() -> std::result::Result<T, LibError>,
+    ) -> Result<(MutexGuard<'g, ()>, T)> {
         // One clock read for both (a read is a tenth of what anyccl adds to a call).
         let started = Instant::now();
         self.in_call_since

@@ -26,8 +26,7 @@ impl<L: Library> Collective for DeviceComm<L> {
         // Under the call lock, so "operations issued after this call" is well defined
         // against launches from other threads.
         self.rt.bind()?;
-        self.settle("wait_stream")?;
-        let g = self.lock_live()?;
+        let g = self.lock_settled("wait_stream")?;
         // The engine's stream may be capturing: waiting on it brings this stream into the
         // capture, where a mark must not be recorded.
         if let Err(e) = self.mark_placed() {
@@ -43,8 +42,7 @@ impl<L: Library> Collective for DeviceComm<L> {
     fn signal_stream(&self, stream: StreamRef<'_>) -> Result<()> {
         self.rt.bind()?;
         // An operation the library is still putting on the stream must be there first.
-        self.settle("signal_stream")?;
-        let g = self.lock_live()?;
+        let g = self.lock_settled("signal_stream")?;
         // So a `Work` first looked at after the engine's stream has passed this point finds
         // its mark done, with no event to record and wait for then.
         if let Err(e) = self.mark_placed() {
@@ -67,8 +65,7 @@ impl<L: Library> Collective for DeviceComm<L> {
     fn capture(&self, stream: StreamRef<'_>, op: GraphOp) -> Result<()> {
         let raw = stream.as_ptr();
         self.rt.bind()?;
-        self.settle("capture")?;
-        let g = self.lock_live()?;
+        let g = self.lock_settled("capture")?;
         // SAFETY: the caller vouched for the stream (`StreamRef::from_raw`).
         if !unsafe { self.rt.capturing(raw) }? {
             return Err(anyccl_core::Error::InvalidArgument {
