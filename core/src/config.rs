@@ -388,7 +388,7 @@ pub struct CommConfig {
     /// Device backends: a `Work` gets no event at its call; the first look at it (a poll, a
     /// wait, its drop) records one at the stream's end, shared by every operation issued
     /// before that look (`ANYCCL_SHARED_COMPLETION=1`). It saves an event record per
-    /// operation (0.5-0.9 us on H200 hosts, a tenth of a small all_reduce's host time) for
+    /// operation (0.5-0.9 us measured on H200 hosts, a tenth of a small all_reduce's host time) for
     /// engines that issue runs of operations and wait them in order. The cost: waiting on
     /// a `Work` also waits for every operation issued after it before the look, so a
     /// program whose later operation needs its peers to pass a host-side step that waits
@@ -596,17 +596,19 @@ impl CommConfig {
             group: String::new(),
             msg: format!("{msg} (ANYCCL_MIN_CTAS, ANYCCL_MAX_CTAS)"),
         })?;
-        match std::env::var("ANYCCL_SHARED_COMPLETION").as_deref().map(str::trim) {
-            Err(_) | Ok("" | "0") => {}
-            Ok("1") => c.shared_completion = true,
-            Ok(v) => {
+        match std::env::var("ANYCCL_SHARED_COMPLETION") {
+            Err(std::env::VarError::NotPresent) => {}
+            Ok(v) if matches!(v.trim(), "" | "0") => {}
+            Ok(v) if v.trim() == "1" => c.shared_completion = true,
+            v => {
+                let v = v.map_or_else(|e| format!("{e}"), |v| format!("{v:?}"));
                 return Err(Error::InvalidArgument {
                     op: "CommConfig::from_env",
                     arg: "environment",
                     rank: env_rank(),
                     group: String::new(),
-                    msg: format!("ANYCCL_SHARED_COMPLETION={v:?} is not 0 or 1"),
-                })
+                    msg: format!("ANYCCL_SHARED_COMPLETION={v} is not 0 or 1"),
+                });
             }
         }
         if let Ok(v) = std::env::var("ANYCCL_FLIGHT_RECORDER") {

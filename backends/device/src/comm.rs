@@ -40,9 +40,10 @@ type Stream<L> = <<L as Library>::Runtime as Runtime>::Stream;
 type Memory<L> = <<L as Library>::Runtime as Runtime>::Memory;
 
 /// What a launch that the library answered with [`Launched::InProgress`] became: nothing
-/// yet, its number once the library finished enqueuing it, or why it failed. Shared by the
-/// `Work` and the communicator (which resolves it at the next launch or wait).
-type LaunchSlot = Mutex<Option<std::result::Result<u64, String>>>;
+/// yet, its number (and, unless completion is shared, its mark) once the library finished
+/// enqueuing it, or why it failed. Shared by the `Work` and the communicator (which
+/// resolves it at the next launch or wait).
+type LaunchSlot<E> = Mutex<Option<std::result::Result<(u64, Option<Mark<E>>), String>>>;
 
 /// An event on the stream and the operations it follows: every operation numbered up to
 /// `seq` (operations are numbered in stream order). When it is done, so are they, which
@@ -89,7 +90,7 @@ pub struct DeviceComm<L: Library> {
     epoch: Instant,
     /// The slot of an operation the library is still launching. No other call may be
     /// made until it clears.
-    pending: Mutex<Option<Arc<LaunchSlot>>>,
+    pending: Mutex<Option<Arc<LaunchSlot<Event<L>>>>>,
     /// Operations put on the stream so far: the number of the newest (counted once the
     /// library has enqueued it: under the call lock, or, for a launch that was still in
     /// progress, when it is resolved before any later launch; so numbers follow the
@@ -523,11 +524,24 @@ impl<L: Library> DeviceComm<L> {
             Ok(true) => Ok(true),
             Ok(false) => {
                 // No other call was made while it was pending (`lock_settled`): the next
-                // number is its own.
+                // number is its own, and a mark recorded now follows it alone.
                 let n = self.placed.fetch_add(1, Ordering::AcqRel) + 1;
-                *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(Ok(n));
-                *p = None;
-                Ok(false)
+                let mark = if self.settings.shared_completion { Ok(None) } else { self.mark_following(n).map(Some) };
+                match mark {
+                    Ok(m) => {
+                        *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(Ok((n, m)));
+                        *p = None;
+                        Ok(false)
+                    }
+                    Err(e) => {
+                        *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(Err(e.to_string()));
+                        *p = None;
+                        drop(p);
+                        // Outside the pending lock (see above).
+                        self.fail(&e);
+                        Err(e)
+                    }
+                }
             }
             Err(e) => {
                 *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(Err(e.to_string()));
@@ -540,12 +554,10 @@ impl<L: Library> DeviceComm<L> {
     /// Wait until no operation is being launched (a previous first call still connecting).
     fn settle(&self, op: &str) -> Result<()> {
         // Nothing pending (every call but a first one that connects): no clock read.
-        if !self.resolve_pending(op)? {
-            return Ok(());
-        }
-        let deadline = anyccl_core::deadline_in(self.settings.enqueue_timeout);
+        let mut deadline = None;
         let mut spins = 0u32;
         while self.resolve_pending(op)? {
+            let deadline = *deadline.get_or_insert_with(|| anyccl_core::deadline_in(self.settings.enqueue_timeout));
             if Instant::now() > deadline {
                 return Err(self.timed_out(
                     op,
@@ -561,6 +573,9 @@ impl<L: Library> DeviceComm<L> {
     /// The call lock, live, with no operation still being launched: settled first, and
     /// checked again under the lock, since another thread's launch may have come back in
     /// progress between the two.
+    ///
+    /// # Errors
+    /// As [`DeviceComm::settle`] and [`DeviceComm::lock_live`].
     pub(crate) fn lock_settled(&self, op: &str) -> Result<MutexGuard<'_, ()>> {
         loop {
             self.settle(op)?;
@@ -599,6 +614,7 @@ impl<L: Library> DeviceComm<L> {
     /// # Safety
     /// As [`DeviceComm::launch`].
     unsafe fn launch_op(&self, op: Op, mark: bool) -> Result<Option<Work<'_>>> {
+        let mark_wanted = mark;
         let name = op.name();
         if let Some(e) = self.dead() {
             return Err(e);
@@ -611,7 +627,7 @@ impl<L: Library> DeviceComm<L> {
         })?;
         if launched == Launched::InProgress {
             self.in_progress_returns.fetch_add(1, Ordering::Relaxed);
-            let slot: Arc<LaunchSlot> = Arc::default();
+            let slot: Arc<LaunchSlot<Event<L>>> = Arc::default();
             // Set while the lock is held, so no other launch can slip in between.
             *self.pending.lock().unwrap_or_else(|e| e.into_inner()) = Some(slot.clone());
             drop(g);
@@ -621,21 +637,20 @@ impl<L: Library> DeviceComm<L> {
             return Ok(Some(Work::new(Box::new(DeviceWork { comm: self, state: WorkState::Launching(slot) }))));
         }
         let n = self.placed.fetch_add(1, Ordering::AcqRel) + 1;
+        // Recorded under the call lock, so it follows this operation alone (no other launch
+        // can come in between).
+        let mark = if mark && !self.settings.shared_completion { Some(self.mark_following(n)) } else { None };
         drop(g);
-        if !mark {
+        if !mark_wanted {
             return Ok(None);
         }
-        let mark = if self.settings.shared_completion {
-            None
-        } else {
-            match self.mark_following(n) {
-                Ok(m) => Some(m),
-                Err(e) => {
-                    // On the stream but untracked: stop it rather than let the caller reuse
-                    // buffers it may still touch.
-                    self.fail(&e);
-                    return Err(e);
-                }
+        let mark = match mark.transpose() {
+            Ok(m) => m,
+            Err(e) => {
+                // On the stream but untracked: stop it rather than let the caller reuse
+                // buffers it may still touch.
+                self.fail(&e);
+                return Err(e);
             }
         };
         Ok(Some(Work::new(Box::new(DeviceWork { comm: self, state: WorkState::Placed { op: n, mark } }))))
@@ -696,7 +711,7 @@ impl<L: Library> DeviceComm<L> {
     }
 
     /// [`DeviceComm::watched_call`] with the call lock `g` already held.
-    fn watched_call_locked<'g, T>(
+    pub(crate) fn watched_call_locked<'g, T>(
         &'g self,
         g: MutexGuard<'g, ()>,
         op: &str,
@@ -708,7 +723,10 @@ impl<L: Library> DeviceComm<L> {
             .store(started.saturating_duration_since(self.epoch).as_nanos().max(1) as u64, Ordering::Release);
         let r = call();
         self.in_call_since.store(0, Ordering::Release);
-        if self.left_live.load(Ordering::Acquire) && matches!(self.lifecycle(), Lifecycle::TimedOut(_)) {
+        // The state lock, not `left_live`: the watchdog sets the state, then reads whether a
+        // call is running, while this thread cleared that, then reads the state; only the
+        // lock orders the two, so that one of them frees the communicator.
+        if matches!(self.lifecycle(), Lifecycle::TimedOut(_)) {
             drop(g);
             // A library that could not be stopped was left to this call to free.
             self.release();

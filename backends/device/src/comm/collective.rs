@@ -177,9 +177,9 @@ impl<L: Library> Collective for DeviceComm<L> {
         }
         // The agreement may have resumed on another thread.
         self.rt.bind()?;
-        self.settle("register_window")?;
+        let g = self.lock_settled("register_window")?;
         let ptr = buf.ptr() as *mut c_void;
-        let (_g, h) = self.watched_call("register_window", || {
+        let (_g, h) = self.watched_call_locked(g, "register_window", || {
             // SAFETY: the Communicator checked that the view is this device's memory, and its
             // `Registered` owns that memory until it has called `deregister_window`.
             unsafe { self.lib.register_window(&self.comm, ptr, bytes) }

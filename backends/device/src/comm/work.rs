@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 pub(super) enum WorkState<E> {
     /// The library has not finished putting the operation on the stream.
-    Launching(Arc<LaunchSlot>),
+    Launching(Arc<LaunchSlot<E>>),
     /// On the stream as operation number `op`; done when a mark that follows it is (the
     /// first look takes one: [`DeviceComm::mark_following`]).
     Placed { op: u64, mark: Option<Mark<E>> },
@@ -36,9 +36,9 @@ impl<L: Library> DeviceWork<'_, L> {
                     *s = Some(Err(msg.clone()));
                     return Err(self.comm.ctx.aborted(msg));
                 }
-                Some(Ok(op)) => {
+                Some(Ok((op, mark))) => {
                     drop(s);
-                    self.state = WorkState::Placed { op, mark: None };
+                    self.state = WorkState::Placed { op, mark };
                 }
             }
         }
