@@ -98,23 +98,18 @@ impl<L: Library> Collective for DeviceComm<L> {
             // SAFETY: as above.
             unsafe { self.rt.wait_raw(&self.stream, raw) }?;
         }
-        // SAFETY: the Communicator validated the addresses, and its `Captured` keeps the
-        // buffers allocated for as long as the graph may replay; the call lock is held.
-        let launched = unsafe { self.lib.launch(&self.comm, borrowed.as_ref().unwrap_or(&self.stream), &op) };
-        match launched {
-            Ok(crate::library::Launched::Enqueued) => {}
-            Ok(crate::library::Launched::InProgress) => {
-                drop(g);
-                let e = self.ctx.aborted("the library could not put the operation into the graph at once".to_string());
-                self.fail(&e);
-                return Err(e);
-            }
-            Err(e) => {
-                let e = self.ctx.error("capture", e);
-                drop(g);
-                self.fail(&e);
-                return Err(e);
-            }
+        // Watched like every launch (a call blocked inside the library is ended by the
+        // watchdog); a library error fails the communicator there.
+        let (g, launched) = self.watched_call_locked(g, "capture", || {
+            // SAFETY: the Communicator validated the addresses, and its `Captured` keeps the
+            // buffers allocated for as long as the graph may replay; the call lock is held.
+            unsafe { self.lib.launch(&self.comm, borrowed.as_ref().unwrap_or(&self.stream), &op) }
+        })?;
+        if launched == crate::library::Launched::InProgress {
+            drop(g);
+            let e = self.ctx.aborted("the library could not put the operation into the graph at once".to_string());
+            self.fail(&e);
+            return Err(e);
         }
         if borrowed.is_some() {
             return Ok(());
@@ -125,7 +120,7 @@ impl<L: Library> Collective for DeviceComm<L> {
 
     fn register(&self, buf: Buf<'_>) -> Result<Option<RegHandle>> {
         self.rt.bind()?;
-        let _g = self.lock_live()?;
+        let _g = self.lock_settled("register")?;
         // SAFETY: the Communicator checked that the view is this device's memory, and its
         // `Registered` owns that memory until it has called `deregister`.
         let h = unsafe { self.lib.register(&self.comm, buf.ptr() as *mut c_void, buf.bytes()) };
@@ -360,7 +355,8 @@ impl<L: Library> Collective for DeviceComm<L> {
             settings: &settings,
         };
         let start = {
-            let _g = self.lock_live()?;
+            self.rt.bind()?;
+            let _g = self.lock_settled("split")?;
             self.lib.split_start(&self.comm, &req)
         };
         let ctx = self.ctx.child(new_rank.unwrap_or(self.info.rank), name);
