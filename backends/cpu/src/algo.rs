@@ -2,7 +2,7 @@
 //! all_reduce gets bit-identical results, and the same sizes always take the same path.
 
 use crate::reduce::{finish_avg, reduce_into, reduce_to};
-use crate::transport::{Kind, Mesh};
+use crate::transport::{Kind, Mesh, Sink};
 use anyccl_core::{DType, ReduceOp, Result};
 
 pub(crate) const OP_ALL_REDUCE: u8 = 1;
@@ -172,8 +172,12 @@ impl<'m> Coll<'m> {
     fn send(&self, peer: usize, data: &[u8]) -> Result<()> {
         self.mesh.send(peer, Kind::Coll, self.op, self.seq, data)
     }
-    /// Receive `dst.len()` bytes from `peer` straight into `dst`.
+    /// Receive `dst.len()` bytes from `peer` straight into `dst` (a message sent by
+    /// reference copied once, out of the sender's memory, unless outputs stream).
     fn recv_into(&self, peer: usize, dst: &mut [u8]) -> Result<()> {
+        if !self.stream {
+            return self.mesh.recv_coll_into(peer, self.op, self.seq, dst);
+        }
         self.mesh
             .recv_coll_with(peer, self.op, self.seq, dst.len(), &mut |at, b| self.put(&mut dst[at..at + b.len()], b))
     }
@@ -187,7 +191,24 @@ impl<'m> Coll<'m> {
         incoming: usize,
         sink: &mut dyn FnMut(usize, &[u8]),
     ) -> Result<()> {
-        self.mesh.exchange((self.op, self.seq), to, out, mirror.map(|m| (m, self.copier())), from, incoming, sink)
+        let mirror = mirror.map(|m| (m, self.copier()));
+        self.mesh.exchange((self.op, self.seq), to, out, mirror, from, incoming, &mut Sink::With(sink))
+    }
+    /// [`Coll::exchange`] into `dst`, written as [`Coll::put`] does (a message sent by
+    /// reference copied once, out of the sender's memory, unless outputs stream).
+    fn exchange_into(
+        &self,
+        to: usize,
+        (out, mirror): (&[u8], Option<&mut [u8]>),
+        from: usize,
+        dst: &mut [u8],
+    ) -> Result<()> {
+        if self.stream {
+            return self
+                .exchange(to, (out, mirror), from, dst.len(), &mut |at, b| self.put(&mut dst[at..at + b.len()], b));
+        }
+        let mirror = mirror.map(|m| (m, self.copier()));
+        self.mesh.exchange((self.op, self.seq), to, out, mirror, from, dst.len(), &mut Sink::Into(dst))
     }
     /// Receive `acc.len()` bytes from `peer`, reducing them into `acc` as they arrive.
     fn recv_reduce(&self, peer: usize, acc: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
@@ -306,7 +327,7 @@ fn pairwise_all_reduce(
             })?;
             m
         };
-        cx.exchange(peer, (folded, None), peer, t.len(), &mut |at, b| cx.put(&mut t[at..at + b.len()], b))?;
+        cx.exchange_into(peer, (folded, None), peer, t)?;
         start += len;
     }
     Ok(())
@@ -456,11 +477,7 @@ fn ring_all_gather(cx: &Coll<'_>, data: &mut [u8], src: Option<&[u8]>, es: usize
             Some(src) if s == 0 => (src, Some(sent)),
             _ => (sent, None),
         };
-        if cx.stream {
-            cx.exchange(right, out, left, dst.len(), &mut |at, b| cx.put(&mut dst[at..at + b.len()], b))?;
-        } else {
-            cx.mesh.exchange_into((cx.op, cx.seq), right, out.0, out.1.map(|m| (m, cx.copier())), left, dst)?;
-        }
+        cx.exchange_into(right, out, left, dst)?;
     }
     Ok(())
 }
@@ -644,9 +661,7 @@ pub(crate) fn all_to_all(
     for k in 1..n {
         let (to, from) = ((me + k) % n, (me + n - k) % n);
         let dst = &mut recv[ro[from]..ro[from] + recv_bytes[from]];
-        cx.exchange(to, (&send[so[to]..so[to] + send_bytes[to]], None), from, dst.len(), &mut |at, b| {
-            cx.put(&mut dst[at..at + b.len()], b)
-        })?;
+        cx.exchange_into(to, (&send[so[to]..so[to] + send_bytes[to]], None), from, dst)?;
     }
     Ok(())
 }

@@ -14,8 +14,9 @@
 
 use crate::shm;
 use anyccl_core::{Error, Result, Store};
+pub(crate) use local::Sink;
 pub(crate) use local::BY_REF_MIN;
-use local::{by_ref_min, shm_links, ShmLink, Sink};
+use local::{by_ref_min, shm_links, ShmLink};
 use std::collections::VecDeque;
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};

@@ -81,7 +81,7 @@ const REF_BODY: usize = 16;
 pub(crate) type Mirror<'a> = Option<(&'a mut [u8], fn(&mut [u8], &[u8]))>;
 
 /// Where a received payload goes.
-pub(super) enum Sink<'a> {
+pub(crate) enum Sink<'a> {
     /// Copied to this buffer.
     Into(&'a mut [u8]),
     /// Handed over in pieces: `f(offset, bytes)`.
@@ -229,7 +229,8 @@ impl Mesh {
     /// (and nothing is buffered on the way, whatever the size). `mirror` (of `data`'s length)
     /// gets a copy of `data`, made by its copier (plain or streaming stores): between peers
     /// of this host a piece at a time as it goes into the ring, while it is in cache, so
-    /// `data` is read once for both.
+    /// `data` is read once for both. `Sink::Into` takes a message sent by reference straight
+    /// out of the sender's memory.
     #[allow(clippy::too_many_arguments)] // the two halves of one step, and the copy
     pub(crate) fn exchange(
         &self,
@@ -239,24 +240,9 @@ impl Mesh {
         mirror: Mirror<'_>,
         from: usize,
         expect: usize,
-        sink: &mut dyn FnMut(usize, &[u8]),
+        sink: &mut Sink<'_>,
     ) -> Result<()> {
-        self.exchange_kind(Kind::Coll, (op, seq), to, Data::Bytes(data), mirror, from, expect, &mut Sink::With(sink))
-    }
-
-    /// [`Mesh::exchange`] into `dst` with plain copies: a message sent by reference is copied
-    /// straight out of the sender's memory into `dst`.
-    pub(crate) fn exchange_into(
-        &self,
-        (op, seq): (u8, u64),
-        to: usize,
-        data: &[u8],
-        mirror: Mirror<'_>,
-        from: usize,
-        dst: &mut [u8],
-    ) -> Result<()> {
-        let n = dst.len();
-        self.exchange_kind(Kind::Coll, (op, seq), to, Data::Bytes(data), mirror, from, n, &mut Sink::Into(dst))
+        self.exchange_kind(Kind::Coll, (op, seq), to, Data::Bytes(data), mirror, from, expect, sink)
     }
 
     /// Whether a message of `kind` and `len` bytes on `tx` goes by reference (the peer
