@@ -511,6 +511,27 @@ pub fn env_world_size() -> usize {
         .unwrap_or(1)
 }
 
+/// A switch from the environment variable `name`: `0` or `1` (spaces around allowed),
+/// `None` when it is unset.
+///
+/// # Errors
+/// `InvalidArgument` naming the variable, `op`, `rank` and `group` when it is set to anything
+/// else (a value that is not UTF-8 included).
+pub fn env_flag(name: &str, op: &'static str, rank: usize, group: &str) -> Result<Option<bool>> {
+    match std::env::var(name) {
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Ok(v) if v.trim() == "0" => Ok(Some(false)),
+        Ok(v) if v.trim() == "1" => Ok(Some(true)),
+        v => Err(Error::InvalidArgument {
+            op,
+            arg: "environment",
+            rank,
+            group: group.into(),
+            msg: format!("{name}={} is not 0 or 1", v.map_or_else(|e| e.to_string(), |v| format!("{v:?}"))),
+        }),
+    }
+}
+
 /// A positive number of seconds, at most [`MAX_TIMEOUT`], from the environment variable
 /// `name` (`None` when it is unset).
 ///
@@ -596,20 +617,8 @@ impl CommConfig {
             group: String::new(),
             msg: format!("{msg} (ANYCCL_MIN_CTAS, ANYCCL_MAX_CTAS)"),
         })?;
-        match std::env::var("ANYCCL_SHARED_COMPLETION") {
-            Err(std::env::VarError::NotPresent) => {}
-            Ok(v) if matches!(v.trim(), "" | "0") => {}
-            Ok(v) if v.trim() == "1" => c.shared_completion = true,
-            v => {
-                let v = v.map_or_else(|e| format!("{e}"), |v| format!("{v:?}"));
-                return Err(Error::InvalidArgument {
-                    op: "CommConfig::from_env",
-                    arg: "environment",
-                    rank: env_rank(),
-                    group: String::new(),
-                    msg: format!("ANYCCL_SHARED_COMPLETION={v} is not 0 or 1"),
-                });
-            }
+        if let Some(on) = env_flag("ANYCCL_SHARED_COMPLETION", "CommConfig::from_env", env_rank(), "")? {
+            c.shared_completion = on;
         }
         if let Ok(v) = std::env::var("ANYCCL_FLIGHT_RECORDER") {
             c.flight_recorder = v.parse().map_err(|_| Error::InvalidArgument {

@@ -51,7 +51,9 @@ pub use collective::{
     abort_all, AllToAllSplits, Backend, BackendInfo, Collective, CommInfo, ConnectOptions, GraphOp, P2POp, RegHandle,
 };
 pub use communicator::{agree_window, stable_hash, Captured, Communicator, OpSignature, Registered};
-pub use config::{deadline_in, env_rank, env_secs, env_world_size, parse_bytes, CommConfig, LaunchEnv, MAX_TIMEOUT};
+pub use config::{
+    deadline_in, env_flag, env_rank, env_secs, env_world_size, parse_bytes, CommConfig, LaunchEnv, MAX_TIMEOUT,
+};
 pub use dtype::{DType, Element, ReduceOp};
 pub use error::{Error, Recovery, Result};
 pub use group::{GroupRegistry, GroupSpec, Role};

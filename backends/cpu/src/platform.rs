@@ -1,9 +1,7 @@
 //! The CPU backend's platform: host memory, where allocations of 2 MiB and more ask the
 //! kernel for transparent huge pages (`ANYCCL_CPU_HUGE_PAGES=0` does not ask).
 
-use anyccl_core::{
-    DType, Device, DeviceKind, DeviceMemory, Error, HostMemory, HostPlatform, MemInfo, Platform, Result,
-};
+use anyccl_core::{DType, Device, DeviceKind, DeviceMemory, HostMemory, HostPlatform, MemInfo, Platform, Result};
 
 /// Allocations from this size on are advised to huge pages (one huge page).
 const HUGE_MIN: usize = 2 << 20;
@@ -25,20 +23,7 @@ impl CpuPlatform {
     /// # Errors
     /// `InvalidArgument` naming the setting when it is neither `0` nor `1`.
     pub fn from_env(rank: usize) -> Result<CpuPlatform> {
-        let huge = match std::env::var("ANYCCL_CPU_HUGE_PAGES") {
-            Err(_) => true,
-            Ok(v) if v.trim() == "1" => true,
-            Ok(v) if v.trim() == "0" => false,
-            Ok(v) => {
-                return Err(Error::InvalidArgument {
-                    op: "platform",
-                    arg: "environment",
-                    rank,
-                    group: String::new(),
-                    msg: format!("ANYCCL_CPU_HUGE_PAGES={v:?} is neither 0 nor 1"),
-                })
-            }
-        };
+        let huge = anyccl_core::env_flag("ANYCCL_CPU_HUGE_PAGES", "platform", rank, "")?.unwrap_or(true);
         Ok(CpuPlatform { huge })
     }
 }
