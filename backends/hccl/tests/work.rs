@@ -45,6 +45,21 @@ fn filled(platform: &dyn Platform, values: &[f32]) -> Vec<Box<dyn anyccl_core::D
         .collect()
 }
 
+/// `all_reduce`s of each input into its output, issued back to back, their `Work`s kept.
+fn issue_all<'a>(
+    comm: &'a Communicator,
+    inputs: &'a [Box<dyn anyccl_core::DeviceMemory>],
+    outputs: &'a mut [Box<dyn anyccl_core::DeviceMemory>],
+    n: usize,
+) -> Vec<anyccl_core::Work<'a>> {
+    inputs
+        .iter()
+        .zip(outputs.iter_mut())
+        .take(n)
+        .map(|(i, o)| comm.all_reduce(Some(i.view()), o.view_mut(), ReduceOp::Sum).unwrap())
+        .collect()
+}
+
 /// Every element of `m` is `want`.
 fn check(platform: &dyn Platform, m: &dyn anyccl_core::DeviceMemory, want: f32, what: &str) {
     let mut host = vec![0u8; COUNT * 4];
@@ -84,11 +99,7 @@ mod hccl {
             let inputs = filled(p, &values);
             let mut outputs = filled(p, &vec![0.0; values.len()]);
             let before = events.now();
-            let mut works: Vec<_> = inputs
-                .iter()
-                .zip(outputs.iter_mut())
-                .map(|(i, o)| per_call.all_reduce(Some(i.view()), o.view_mut(), ReduceOp::Sum).unwrap())
-                .collect();
+            let mut works = issue_all(&per_call, &inputs, &mut outputs, 8);
             assert_eq!(events.now() - before, 8, "8 calls, each with its event");
             for w in &mut works {
                 w.wait(T).unwrap();
@@ -106,11 +117,7 @@ mod hccl {
             let inputs = filled(p, &values);
             let mut outputs = filled(p, &vec![0.0; values.len()]);
             let before = events.now();
-            let mut works: Vec<_> = inputs
-                .iter()
-                .zip(outputs.iter_mut())
-                .map(|(i, o)| comm.all_reduce(Some(i.view()), o.view_mut(), ReduceOp::Sum).unwrap())
-                .collect();
+            let mut works = issue_all(&comm, &inputs, &mut outputs, values.len());
             assert_eq!(events.now() - before, 0, "issuing recorded events");
             for w in &mut works {
                 w.wait(T).unwrap();
@@ -123,13 +130,7 @@ mod hccl {
 
             // Dropped without a wait: the drop's look records the one event.
             let before = events.now();
-            let works: Vec<_> = inputs
-                .iter()
-                .zip(outputs.iter_mut())
-                .take(8)
-                .map(|(i, o)| comm.all_reduce(Some(i.view()), o.view_mut(), ReduceOp::Sum).unwrap())
-                .collect();
-            drop(works);
+            drop(issue_all(&comm, &inputs, &mut outputs, 8));
             assert_eq!(events.now() - before, 1, "8 calls dropped unwaited");
 
             // A Work polled right after its call is followed by an event of its own, so a

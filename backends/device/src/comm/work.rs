@@ -42,8 +42,10 @@ impl<L: Library> DeviceWork<'_, L> {
                 }
             }
         }
+        if self.settled() {
+            return Ok(true);
+        }
         match &mut self.state {
-            WorkState::Placed { op, .. } if self.comm.finished_upto.load(Ordering::Acquire) >= *op => Ok(true),
             // Done, and the library's asynchronous error checked after it.
             WorkState::Placed { op, mark } => {
                 let m = match mark {

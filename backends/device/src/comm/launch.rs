@@ -1,0 +1,209 @@
+//! Operations on the stream, in order: numbering, marks (the events that settle `Work`s),
+//! launches the library answered "in progress", and the launch itself.
+
+use super::*;
+
+impl<L: Library> DeviceComm<L> {
+    /// A mark that follows operation `op`: the newest, if it does, else one recorded now at
+    /// the stream's end (following every operation placed so far). The device must be
+    /// current. A mark that cannot be recorded leaves operations on the stream that nothing
+    /// tracks: the caller fails the communicator (outside the call lock) rather than let a
+    /// caller reuse buffers they may still touch.
+    pub(super) fn mark_following(&self, op: u64) -> Result<Mark<Event<L>>> {
+        let mut newest = self.newest.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((seq, event)) = newest.as_ref().filter(|(seq, _)| *seq >= op) {
+            return Ok(Mark { seq: *seq, event: event.clone() });
+        }
+        // Read before the record: every operation counted was enqueued before it.
+        // At least `op`: its number was taken when it was placed.
+        let seq = self.placed.load(Ordering::Acquire);
+        let event = Arc::new(self.rt.record(&self.stream)?);
+        *newest = Some((seq, event.clone()));
+        Ok(Mark { seq, event })
+    }
+
+    /// Follow every operation placed so far with a mark, if the newest does not: before
+    /// this communicator's stream may join a graph capture (a mark recorded during it would
+    /// be part of the graph), and before an engine's stream is signalled (a later first
+    /// look then finds a mark the engine's stream has passed). The call lock is held.
+    pub(super) fn mark_placed(&self) -> Result<()> {
+        let n = self.placed.load(Ordering::Acquire);
+        if n > self.finished_upto.load(Ordering::Acquire) {
+            self.mark_following(n)?;
+        }
+        Ok(())
+    }
+
+    /// Whether mark `m` is done (the device must be current). When it is, the operations it
+    /// follows are settled, with those of the newest mark if that is done too, and the
+    /// library's asynchronous error is checked once for all of them.
+    pub(super) fn settle_mark(&self, m: &Mark<Event<L>>) -> Result<bool> {
+        if self.finished_upto.load(Ordering::Acquire) >= m.seq {
+            return Ok(true);
+        }
+        if !self.rt.done(&m.event)? {
+            return Ok(false);
+        }
+        // Usually the operations after it are done too (waits come after a run of
+        // launches): one more look settles all of them.
+        let newer = self.newest.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let upto = match newer {
+            Some((seq, ev)) if seq > m.seq && self.rt.done(&ev).unwrap_or(false) => seq,
+            _ => m.seq,
+        };
+        // A failed operation still lets the stream move on: finished means succeeded only
+        // if the library reported no error.
+        self.poll_async(Plane::Data, "wait")?;
+        self.finished_upto.fetch_max(upto, Ordering::AcqRel);
+        Ok(true)
+    }
+
+    /// If an operation is still being launched, see whether the library is done with it
+    /// and, if so, number it. `Ok(true)` while it is still in progress.
+    pub(super) fn resolve_pending(&self, op: &str) -> Result<bool> {
+        let Some(slot) = self.pending.lock().unwrap_or_else(|e| e.into_inner()).clone() else { return Ok(false) };
+        // Asked without the pending lock: a failure here fails the communicator, whose
+        // release waits for the call lock, and the holder of that lock may be about to take
+        // the pending lock (the order is call lock, then pending).
+        let r = self.poll_async(Plane::Data, op);
+        let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        if !p.as_ref().is_some_and(|s| Arc::ptr_eq(s, &slot)) {
+            // Another look resolved it meanwhile (a newer launch may be pending now).
+            return r.map(|_| p.is_some());
+        }
+        match r {
+            Ok(true) => Ok(true),
+            Ok(false) => {
+                // No other call was made while it was pending (`lock_settled`): the next
+                // number is its own, and a mark recorded now follows it alone.
+                let n = self.placed.fetch_add(1, Ordering::AcqRel) + 1;
+                let mark = if self.settings.shared_completion { Ok(None) } else { self.mark_following(n).map(Some) };
+                match mark {
+                    Ok(m) => {
+                        *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(Ok((n, m)));
+                        *p = None;
+                        Ok(false)
+                    }
+                    Err(e) => {
+                        *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(Err(e.to_string()));
+                        *p = None;
+                        drop(p);
+                        // Outside the pending lock (see above).
+                        self.fail(&e);
+                        Err(e)
+                    }
+                }
+            }
+            Err(e) => {
+                *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(Err(e.to_string()));
+                *p = None;
+                Err(e)
+            }
+        }
+    }
+
+    /// Wait until no operation is being launched (a previous first call still connecting).
+    pub(super) fn settle(&self, op: &str) -> Result<()> {
+        // Nothing pending (every call but a first one that connects): no clock read.
+        let mut deadline = None;
+        let mut spins = 0u32;
+        while self.resolve_pending(op)? {
+            let deadline = *deadline.get_or_insert_with(|| anyccl_core::deadline_in(self.settings.enqueue_timeout));
+            if Instant::now() > deadline {
+                return Err(self.timed_out(
+                    op,
+                    self.settings.enqueue_timeout,
+                    "an earlier operation never finished connecting",
+                ));
+            }
+            backoff(&mut spins);
+        }
+        Ok(())
+    }
+
+    /// The call lock, live, with no operation still being launched: settled first, and
+    /// checked again under the lock, since another thread's launch may have come back in
+    /// progress between the two.
+    ///
+    /// # Errors
+    /// As [`DeviceComm::settle`] and [`DeviceComm::lock_live`].
+    pub(super) fn lock_settled(&self, op: &str) -> Result<MutexGuard<'_, ()>> {
+        loop {
+            self.settle(op)?;
+            let g = self.lock_live()?;
+            if self.pending.lock().unwrap_or_else(|e| e.into_inner()).is_none() {
+                return Ok(g);
+            }
+            drop(g);
+            std::thread::yield_now();
+        }
+    }
+
+    /// Put `op` on the stream and return a `Work` for it.
+    ///
+    /// # Safety
+    /// As [`Library::launch`]: the addresses were validated by the `Communicator` and the
+    /// buffers they come from stay borrowed by the returned `Work`.
+    pub(super) unsafe fn launch(&self, op: Op) -> Result<Work<'_>> {
+        // SAFETY: per this function's contract.
+        let w = unsafe { self.launch_op(op, true) }?;
+        w.ok_or_else(|| self.ctx.aborted("no completion handle for a marked launch".to_string()))
+    }
+
+    /// Put `op` on the stream, in stream order only: no mark and no `Work`.
+    ///
+    /// # Safety
+    /// As [`Library::launch`]; the caller keeps the buffers allocated until the stream has
+    /// passed the operation.
+    pub(super) unsafe fn launch_unmarked(&self, op: Op) -> Result<()> {
+        // SAFETY: per this function's contract.
+        unsafe { self.launch_op(op, false) }.map(|_| ())
+    }
+
+    /// Put `op` on the stream; with `mark`, a `Work` follows it.
+    ///
+    /// # Safety
+    /// As [`DeviceComm::launch`].
+    pub(super) unsafe fn launch_op(&self, op: Op, mark: bool) -> Result<Option<Work<'_>>> {
+        let mark_wanted = mark;
+        let name = op.name();
+        if let Some(e) = self.dead() {
+            return Err(e);
+        }
+        self.rt.bind()?;
+        let g = self.lock_settled(name)?;
+        let (g, launched) = self.watched_call_locked(g, name, || {
+            // SAFETY: per this function's contract; the call lock is held.
+            unsafe { self.lib.launch(&self.comm, &self.stream, &op) }
+        })?;
+        if launched == Launched::InProgress {
+            self.in_progress_returns.fetch_add(1, Ordering::Relaxed);
+            let slot: Arc<LaunchSlot<Event<L>>> = Arc::default();
+            // Set while the lock is held, so no other launch can slip in between.
+            *self.pending.lock().unwrap_or_else(|e| e.into_inner()) = Some(slot.clone());
+            drop(g);
+            if !mark {
+                return Ok(None);
+            }
+            return Ok(Some(Work::new(Box::new(DeviceWork { comm: self, state: WorkState::Launching(slot) }))));
+        }
+        let n = self.placed.fetch_add(1, Ordering::AcqRel) + 1;
+        // Recorded under the call lock, so it follows this operation alone (no other launch
+        // can come in between).
+        let mark = if mark && !self.settings.shared_completion { Some(self.mark_following(n)) } else { None };
+        drop(g);
+        if !mark_wanted {
+            return Ok(None);
+        }
+        let mark = match mark.transpose() {
+            Ok(m) => m,
+            Err(e) => {
+                // On the stream but untracked: stop it rather than let the caller reuse
+                // buffers it may still touch.
+                self.fail(&e);
+                return Err(e);
+            }
+        };
+        Ok(Some(Work::new(Box::new(DeviceWork { comm: self, state: WorkState::Placed { op: n, mark } }))))
+    }
+}
