@@ -73,28 +73,53 @@ pub trait Platform: Send + Sync + fmt::Debug {
 #[derive(Debug, Default, Clone, Copy)]
 pub struct HostPlatform;
 
-/// A host allocation, 8-byte aligned so every dtype can be viewed in place.
+/// A host allocation, 8-byte aligned so every dtype can be viewed in place; one of a page
+/// or more starts at a page boundary, and one of 2 MiB or more at a 2 MiB boundary.
+///
+/// Two buffers at arbitrary addresses can sit 1 to 63 bytes apart modulo a page, where the
+/// string-move copy that the C library's `memcpy` and the kernel's copies between processes
+/// use runs many times slower (CPU backend, 2 ranks: all_gather 4 MiB read its peer's input
+/// at 3.6-4.7 GB/s busbw out of place, 7.9 in place); aligned buffers never do. And huge
+/// pages can back the whole of an aligned large buffer, not only its aligned middle.
 #[derive(Debug)]
 pub struct HostMemory {
     words: Vec<u64>,
+    /// Index of the first word of the bytes (past the slack that aligns them).
+    start: usize,
     dtype: DType,
     count: usize,
 }
+
+/// Allocations from this size on start at a page boundary.
+const PAGE: usize = 4096;
+/// Allocations from this size on start at a boundary of this size (a huge page).
+const HUGE: usize = 2 << 20;
 
 impl HostMemory {
     /// Zero-filled storage for `count` elements of `dtype`.
     pub fn new(dtype: DType, count: usize) -> Self {
         let bytes = count * dtype.size();
-        HostMemory { words: vec![0u64; bytes.div_ceil(8)], dtype, count }
+        let align = match bytes {
+            b if b >= HUGE => HUGE,
+            b if b >= PAGE => PAGE,
+            _ => 8,
+        };
+        // Slack of `align - 8` bytes past the bytes lets them start at an `align` boundary
+        // wherever the allocator puts the words (always at 8).
+        let words = vec![0u64; (bytes + align - 8).div_ceil(8)];
+        let at = words.as_ptr() as usize;
+        let start = (at.next_multiple_of(align) - at) / 8;
+        HostMemory { words, start, dtype, count }
     }
     /// The bytes.
     pub fn bytes(&self) -> &[u8] {
-        &bytemuck::cast_slice(&self.words)[..self.count * self.dtype.size()]
+        let n = self.count * self.dtype.size();
+        &bytemuck::cast_slice(&self.words[self.start..])[..n]
     }
     /// The bytes, writable.
     pub fn bytes_mut(&mut self) -> &mut [u8] {
         let n = self.count * self.dtype.size();
-        &mut bytemuck::cast_slice_mut(&mut self.words)[..n]
+        &mut bytemuck::cast_slice_mut(&mut self.words[self.start..])[..n]
     }
 }
 
@@ -171,5 +196,42 @@ fn not_host(op: &'static str) -> Error {
         rank: 0,
         group: String::new(),
         msg: "the host platform was given a device buffer".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{DType, DeviceMemory, HostMemory, HUGE, PAGE};
+
+    /// Every size lands where it should (8 bytes below a page, a page below 2 MiB, 2 MiB
+    /// from there), is zeroed, holds exactly its bytes and keeps them through writes.
+    #[test]
+    fn host_memory_is_aligned_zeroed_and_exact() {
+        for (dtype, count) in [
+            (DType::U8, 0),
+            (DType::U8, 1),
+            (DType::F16, 2047),
+            (DType::F32, 1024),
+            (DType::F64, 4097),
+            (DType::U8, HUGE - 1),
+            (DType::F32, HUGE / 4),
+            (DType::BF16, 3 * HUGE / 2 + 1),
+        ] {
+            let mut m = HostMemory::new(dtype, count);
+            let n = count * dtype.size();
+            let want = if n >= HUGE {
+                HUGE
+            } else if n >= PAGE {
+                PAGE
+            } else {
+                8
+            };
+            assert_eq!(m.bytes().len(), n);
+            assert_eq!(m.view().bytes(), n);
+            assert_eq!(m.bytes().as_ptr() as usize % want, 0, "{n} bytes");
+            assert!(m.bytes().iter().all(|&b| b == 0));
+            m.bytes_mut().iter_mut().enumerate().for_each(|(i, b)| *b = (i % 251) as u8);
+            assert!(m.bytes().iter().enumerate().all(|(i, &b)| b == (i % 251) as u8));
+        }
     }
 }
