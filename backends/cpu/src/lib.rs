@@ -10,11 +10,13 @@
 //!   meanwhile, so the eager rule holds there too, and the ring algorithms' steps stream
 //!   both directions at once with nothing buffered. The TCP connection to each such peer
 //!   stays: it carries failure notices and closes when the peer's process dies.
-//! - **Large messages by reference.** On one host a point-to-point message of 16 MiB or
-//!   more is copied once, by the receiver, out of the sender's memory (`process_vm_readv`),
-//!   and the sender waits for that copy; where a security module forbids it, the receiver
-//!   says so at connect and the ring carries it. Collective steps stream through the rings
-//!   (faster where measured; `ANYCCL_CPU_BY_REF_MIN` sends them by reference too).
+//! - **Large messages by reference.** On one host a message sent while one is received (a
+//!   collective's ring step, a sendrecv) of 256 KiB to 16 MiB, and a point-to-point message
+//!   of 16 MiB or more, is copied once, by the receiver, out of the sender's memory
+//!   (`process_vm_readv`), and the sender waits for that copy; where a security module
+//!   forbids it, the receiver says so at connect and the ring carries it. Other messages
+//!   stream through the rings (faster where measured; `ANYCCL_CPU_BY_REF_MIN` sets one size
+//!   from which every message goes by reference).
 //! - **No slow string moves.** Copies whose destination sits 1-63 bytes past the source
 //!   modulo a page, which the string-move instruction runs 15-20x slower on several AMD
 //!   cores (in the C library's `memcpy` and in the kernel's copies between processes), go
@@ -98,7 +100,15 @@ fn tuning(links: Option<Links>) -> Vec<(String, String)> {
         ("ANYCCL_CPU_PAIR_PIECE".into(), env("ANYCCL_CPU_PAIR_PIECE", algo::PAIR_PIECE.to_string())),
         (
             "ANYCCL_CPU_BY_REF_MIN".into(),
-            env("ANYCCL_CPU_BY_REF_MIN", format!("{} (send/recv; collectives: off)", transport::BY_REF_MIN)),
+            env(
+                "ANYCCL_CPU_BY_REF_MIN",
+                format!(
+                    "{} (a send alone, a collective's: off; in an exchange, a ring step or a sendrecv: {}..{} too)",
+                    transport::BY_REF_MIN,
+                    transport::BY_REF_EXCHANGE.start,
+                    transport::BY_REF_EXCHANGE.end
+                ),
+            ),
         ),
         (
             "ANYCCL_CPU_SHM_RING_BYTES".into(),

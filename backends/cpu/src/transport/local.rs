@@ -88,24 +88,46 @@ pub(crate) enum Sink<'a> {
     With(&'a mut dyn FnMut(usize, &[u8])),
 }
 
-/// The default of [`by_ref_min`] for point-to-point messages. Collective messages go
-/// through the rings unless `ANYCCL_CPU_BY_REF_MIN` is set: their steps stream both ways
-/// through the rings, and on the 2-core machines measured they were as fast or faster than
-/// by reference at every size from 256 KiB to 256 MiB (the kernel's copy between processes
-/// runs at about 9 GB/s there, and pins every page), while a large send alone gained
-/// 10-25% from 16 MiB up.
+/// The default of [`ByRef::alone`] for point-to-point messages: a message sent alone
+/// goes through the ring a piece at a time, copied in by the sender and out by the
+/// receiver at once, faster there than the kernel's single copy between processes (about
+/// 10 GB/s on the 2-core machines measured, and it pins every page) up to 16 MiB; a large
+/// send alone gained 10-25% from 16 MiB up.
 pub(crate) const BY_REF_MIN: usize = 16 << 20;
 
-/// Message sizes from which messages to peers of this host go by reference, point-to-point
-/// and collective (`ANYCCL_CPU_BY_REF_MIN` sets both; `off` never).
-pub(super) fn by_ref_min(rank: usize, label: &str) -> Result<(usize, usize)> {
+/// The default of [`ByRef::exchange`]: in an exchange (a ring step, a sendrecv) both ranks
+/// copy at once, and by reference each copies once instead of twice. 2 ranks, busbw
+/// medians of 3 alternating runs, rings -> by reference: all_reduce 256 KiB-4 MiB 1.5-5.0
+/// -> 5.1-9.5 GB/s, all_to_all 2.0-5.0 -> 4.7-7.7, all_gather 128-512 KiB 0.8-1.6 -> 6.8-7.9,
+/// sendrecv 256 KiB-4 MiB 2.9-5.7 -> 11.1-12.1. From 16 MiB, where memory bounds both, the
+/// two were within 10% of each other at 2 ranks, and by reference lost 30% at 4 ranks on 2
+/// cores (all_reduce 32 MiB 2.10 -> 1.45, 256 MiB 1.43 -> 1.01; all_gather 256 MiB 1.89 ->
+/// 1.30), so larger messages go as they would alone.
+pub(crate) const BY_REF_EXCHANGE: std::ops::Range<usize> = (256 << 10)..BY_REF_MIN;
+
+/// Message sizes from which messages to peers of this host go by reference (the receiver
+/// copies them out of the sender's memory): `ANYCCL_CPU_BY_REF_MIN` sets them all (any
+/// message from that size), `off` none.
+#[derive(Debug, Clone)]
+pub(crate) struct ByRef {
+    /// Sizes that go by reference when sent while a message from a peer is received (a
+    /// collective's step, a sendrecv); others go as they would alone.
+    pub exchange: std::ops::Range<usize>,
+    /// From these sizes a message sent alone goes by reference: point-to-point, collective
+    /// (a broadcast's or a reduce's: never by default, the ring's two copies at once being
+    /// faster than the kernel's one).
+    pub alone: (usize, usize),
+}
+
+/// [`ByRef`] from the environment.
+pub(super) fn by_ref_min(rank: usize, label: &str) -> Result<ByRef> {
     match std::env::var("ANYCCL_CPU_BY_REF_MIN") {
-        Ok(v) if v.trim() == "off" => Ok((usize::MAX, usize::MAX)),
+        Ok(v) if v.trim() == "off" => Ok(ByRef { exchange: 0..0, alone: (usize::MAX, usize::MAX) }),
         Ok(_) => {
             let v = crate::algo::env_bytes("ANYCCL_CPU_BY_REF_MIN", BY_REF_MIN, rank, label)?.max(REF_BODY + 1);
-            Ok((v, v))
+            Ok(ByRef { exchange: v..usize::MAX, alone: (v, v) })
         }
-        Err(_) => Ok((BY_REF_MIN, usize::MAX)),
+        Err(_) => Ok(ByRef { exchange: BY_REF_EXCHANGE, alone: (BY_REF_MIN, usize::MAX) }),
     }
 }
 
@@ -246,17 +268,19 @@ impl Mesh {
     }
 
     /// Whether a message of `kind` and `len` bytes on `tx` goes by reference (the peer
-    /// copies it out of this process's memory).
-    fn by_ref(&self, tx: &shm::Tx, kind: Kind, len: usize) -> bool {
-        let min = if kind == Kind::P2p { self.by_ref_min.0 } else { self.by_ref_min.1 };
-        len >= min && tx.by_ref_ok()
+    /// copies it out of this process's memory), sent in an exchange or alone.
+    fn by_ref(&self, tx: &shm::Tx, kind: Kind, len: usize, exchange: bool) -> bool {
+        let m = &self.by_ref_min;
+        let alone = if kind == Kind::P2p { m.alone.0 } else { m.alone.1 };
+        ((exchange && m.exchange.contains(&len)) || len >= alone) && tx.by_ref_ok()
     }
 
-    /// Whether a point-to-point message of `len` bytes to `peer` goes by reference.
-    pub(super) fn lends_to(&self, peer: usize, len: usize) -> bool {
+    /// Whether a point-to-point message of `len` bytes to `peer` goes by reference, sent in
+    /// an exchange or alone.
+    pub(super) fn lends_to(&self, peer: usize, len: usize, exchange: bool) -> bool {
         self.shm[peer]
             .as_ref()
-            .is_some_and(|l| self.by_ref(&l.tx.lock().unwrap_or_else(|p| p.into_inner()), Kind::P2p, len))
+            .is_some_and(|l| self.by_ref(&l.tx.lock().unwrap_or_else(|p| p.into_inner()), Kind::P2p, len, exchange))
     }
 
     /// A point-to-point send to `to` and receive from `from` (a batch of one of each), with
@@ -308,7 +332,7 @@ impl Mesh {
         sink: &mut Sink<'_>,
     ) -> Result<()> {
         let mut own = Vec::new();
-        let data = self.resolve(to, data, &mut own)?;
+        let data = self.resolve(to, data, &mut own, true)?;
         let bytes = if let Data::Bytes(b) = data { b } else { &[] };
         // Where the message does not go through the ring a piece at a time, the copy is made
         // first, whole.
@@ -337,7 +361,7 @@ impl Mesh {
             return self.recv_kind(kind, (op, seq), from, expect, sink);
         }
         let tx = out.tx.lock().unwrap_or_else(|p| p.into_inner());
-        let (h, by_ref) = self.header_for(&tx, out, kind, op, seq, data);
+        let (h, by_ref) = self.header_for(&tx, out, (kind, op, seq), data, true);
         if by_ref.is_some() {
             mirror_all(&mut mirror);
         }
@@ -429,15 +453,15 @@ impl Mesh {
     }
 
     /// The header of a message to a peer of this host, and the body that replaces the
-    /// payload when it goes by reference (large, and the peer may read this process).
+    /// payload when it goes by reference (large, and the peer may read this process), sent
+    /// in an exchange or alone.
     fn header_for(
         &self,
         tx: &shm::Tx,
         link: &ShmLink,
-        kind: Kind,
-        op: u8,
-        seq: u64,
+        (kind, op, seq): (Kind, u8, u64),
         data: Data<'_>,
+        exchange: bool,
     ) -> ([u8; HEADER], Option<[u8; REF_BODY]>) {
         let mut h = [0u8; HEADER];
         h[0] = kind as u8;
@@ -447,7 +471,7 @@ impl Mesh {
         let addr = match data {
             // Lent ranges are only sent where they go by reference (see `Mesh::resolve`).
             Data::At { addr, .. } => addr,
-            Data::Bytes(b) if self.by_ref(tx, kind, b.len()) => b.as_ptr() as usize,
+            Data::Bytes(b) if self.by_ref(tx, kind, b.len(), exchange) => b.as_ptr() as usize,
             Data::Bytes(_) => return (h, None),
         };
         h[2] = 1;
@@ -568,7 +592,7 @@ impl Mesh {
     ) -> Result<()> {
         let tx = link.tx.lock().unwrap_or_else(|p| p.into_inner());
         let what = || what(kind, op, seq);
-        let (h, by_ref) = self.header_for(&tx, link, kind, op, seq, data);
+        let (h, by_ref) = self.header_for(&tx, link, (kind, op, seq), data, false);
         // The deadline is for a peer that takes nothing: it moves while the peer reads.
         let deadline = Watch::new(self.op_timeout);
         let mut taken = None;
