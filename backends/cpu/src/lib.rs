@@ -10,9 +10,9 @@
 //!   meanwhile, so the eager rule holds there too, and the ring algorithms' steps stream
 //!   both directions at once with nothing buffered. The TCP connection to each such peer
 //!   stays: it carries failure notices and closes when the peer's process dies.
-//! - **Large messages by reference.** On one host a message sent while one is received (a
-//!   collective's ring step, a sendrecv) of 256 KiB to 16 MiB, and a point-to-point message
-//!   of 16 MiB or more, is copied once, by the receiver, out of the sender's memory
+//! - **Large messages by reference.** On one host a collective's message of 256 KiB to 16
+//!   MiB sent while one is received (a ring step), and a point-to-point message of 16 MiB
+//!   or more, is copied once, by the receiver, out of the sender's memory
 //!   (`process_vm_readv`), and the sender waits for that copy; where a security module
 //!   forbids it, the receiver says so at connect and the ring carries it. Other messages
 //!   stream through the rings (faster where measured; `ANYCCL_CPU_BY_REF_MIN` sets one size
@@ -103,7 +103,7 @@ fn tuning(links: Option<Links>) -> Vec<(String, String)> {
             env(
                 "ANYCCL_CPU_BY_REF_MIN",
                 format!(
-                    "{} (a send alone, a collective's: off; in an exchange, a ring step or a sendrecv: {}..{} too)",
+                    "{} (point-to-point; a collective's: {}..{} in a ring step, else off)",
                     transport::BY_REF_MIN,
                     transport::BY_REF_EXCHANGE.start,
                     transport::BY_REF_EXCHANGE.end

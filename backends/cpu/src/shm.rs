@@ -319,7 +319,7 @@ impl Tx {
             if w.done() {
                 return Ok(());
             }
-            self.wait_room(stalled)?;
+            self.wait_room(&w, stalled)?;
         }
     }
 
@@ -352,19 +352,20 @@ impl Tx {
         self.ring.cap as u64 - (self.head.get() - tail)
     }
 
-    /// Whether there is room for a word in the ring.
-    pub(crate) fn has_room(&self) -> bool {
-        self.room() >= 8
+    /// Whether there is room in the ring for what [`Tx::write_some`] writes of `w` next.
+    pub(crate) fn has_room(&self, w: &Writing<'_>) -> bool {
+        self.room() >= w.next_min() as u64
     }
 
-    /// Wait until there is room for a word in the ring.
-    pub(crate) fn wait_room(&self, check: Check<'_>) -> Result<(), Error> {
+    /// Wait until there is room in the ring for what [`Tx::write_some`] writes of `w` next.
+    fn wait_room(&self, w: &Writing<'_>, check: Check<'_>) -> Result<(), Error> {
         let ctl = self.ring.ctl();
-        wait_until(self.patience, &ctl.reader.bell, &ctl.writer.sleeping, || self.has_room(), check)
+        wait_until(self.patience, &ctl.reader.bell, &ctl.writer.sleeping, || self.has_room(w), check)
     }
 
-    /// Without waiting: write as much of the message as there is room for (whole words).
-    /// Returns whether anything was written.
+    /// Without waiting: write as much of the message as there is room for (whole words; a
+    /// message of at most [`WHOLE_MAX`] bytes whole or not at all). Returns whether anything
+    /// was written.
     pub(crate) fn write_some(&self, w: &mut Writing<'_>) -> bool {
         let ctl = self.ring.ctl();
         let cap = self.ring.cap as u64;
@@ -387,7 +388,7 @@ impl Tx {
             room = (cap - (head - self.tail_seen.get())) as usize;
         }
         let mut n = room.min(want) & !7;
-        if n == 0 {
+        if n == 0 || n < w.next_min() {
             return false;
         }
         w.left -= n;
@@ -432,6 +433,13 @@ impl Tx {
     }
 }
 
+/// Messages of at most this many bytes (padding included) are written to a ring whole: a
+/// header never arrives without the short body that follows it (a by-reference message's
+/// address and number, which the reader waits for while it writes nothing: two ranks
+/// exchanging such messages over nearly full rings would otherwise each wait for the
+/// other's body).
+pub(crate) const WHOLE_MAX: usize = 64;
+
 /// A message being written: its parts, where the writer is, and the bytes (padding
 /// included) still to write.
 pub(crate) struct Writing<'a> {
@@ -462,6 +470,15 @@ impl<'a> Writing<'a> {
     }
     pub(crate) fn done(&self) -> bool {
         self.left == 0
+    }
+    /// The fewest bytes the next write may put in the ring: the whole message when it is
+    /// of at most [`WHOLE_MAX`] bytes, a word otherwise.
+    fn next_min(&self) -> usize {
+        if self.total <= WHOLE_MAX {
+            self.left.max(8)
+        } else {
+            8
+        }
     }
 }
 
@@ -586,7 +603,7 @@ pub(crate) fn host_id(rank: usize, split: Option<usize>) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{link, restart_at, Layout, Patience, Segment};
+    use super::{link, restart_at, Layout, Patience, Segment, Writing, WHOLE_MAX};
     use std::sync::atomic::Ordering;
     use std::sync::Arc;
 
@@ -643,5 +660,36 @@ mod tests {
         reader.join().unwrap();
         assert!(restarts > 10, "only {restarts} restarts");
         assert_eq!(tx.consumed(), tx.ring.ctl().writer.pos.load(Ordering::Relaxed));
+    }
+
+    /// With 32 bytes free, a message of 40 (a by-reference header and body) writes nothing
+    /// until the reader makes room, then goes whole; one of 72 writes what fits.
+    #[test]
+    fn short_messages_are_written_whole() {
+        let layout = Layout { locals: 2, ring: 4096 };
+        let seg = Arc::new(Segment::create(layout.segment_bytes()).unwrap());
+        let patience = Patience { spin: std::time::Duration::ZERO, yield_for: std::time::Duration::ZERO, round: 1 };
+        let (tx, _) = link(&seg, &seg, layout, 0, 1, patience);
+        let (_, rx) = link(&seg, &seg, layout, 1, 0, patience);
+        let never = || -> Result<(), anyccl_core::Error> { panic!("the ring has room") };
+        tx.write(&[&[7u8; 4096 - 32]], &mut { never }).unwrap();
+        let (h, body) = ([1u8; 24], [2u8; 16]);
+        let parts: [&[u8]; 2] = [&h, &body];
+        let mut short = Writing::new(&parts);
+        assert!(short.total <= WHOLE_MAX);
+        assert!(!tx.has_room(&short) && !tx.write_some(&mut short), "a short message went in part");
+        assert_eq!(short.written(), 0);
+        let long_bytes = [3u8; 72];
+        let long_parts: [&[u8]; 1] = [&long_bytes];
+        let mut long = Writing::new(&long_parts);
+        assert!(tx.has_room(&long) && tx.write_some(&mut long));
+        assert_eq!(long.written(), 32);
+        let mut first = vec![0u8; 4096 - 32];
+        rx.read(first.len(), &mut |at, b| first[at..at + b.len()].copy_from_slice(b), &mut { never }).unwrap();
+        assert!(tx.write_some(&mut long) && long.done());
+        assert!(tx.write_some(&mut short) && short.done());
+        let mut rest = vec![0u8; 72 + 40];
+        rx.read(rest.len(), &mut |at, b| rest[at..at + b.len()].copy_from_slice(b), &mut { never }).unwrap();
+        assert_eq!(rest, [&long_bytes[..], &h, &body].concat());
     }
 }

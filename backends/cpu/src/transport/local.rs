@@ -75,6 +75,8 @@ struct Hdr {
 
 /// Bytes of a by-reference message's body.
 const REF_BODY: usize = 16;
+// A by-reference message is written whole: its reader waits for the body after the header.
+const _: () = assert!(HEADER + REF_BODY <= shm::WHOLE_MAX);
 
 /// A buffer that gets a copy of what is sent, and the copy to make (plain or streaming
 /// stores: `shm::copy`, `shm::copy_streaming`).
@@ -95,14 +97,17 @@ pub(crate) enum Sink<'a> {
 /// send alone gained 10-25% from 16 MiB up.
 pub(crate) const BY_REF_MIN: usize = 16 << 20;
 
-/// The default of [`ByRef::exchange`]: in an exchange (a ring step, a sendrecv) both ranks
+/// The default of [`ByRef::exchange`]: in a collective's exchange (a ring step) both ranks
 /// copy at once, and by reference each copies once instead of twice. 2 ranks, busbw
 /// medians of 3 alternating runs, rings -> by reference: all_reduce 256 KiB-4 MiB 1.5-5.0
-/// -> 5.1-9.5 GB/s, all_to_all 2.0-5.0 -> 4.7-7.7, all_gather 128-512 KiB 0.8-1.6 -> 6.8-7.9,
-/// sendrecv 256 KiB-4 MiB 2.9-5.7 -> 11.1-12.1. From 16 MiB, where memory bounds both, the
-/// two were within 10% of each other at 2 ranks, and by reference lost 30% at 4 ranks on 2
-/// cores (all_reduce 32 MiB 2.10 -> 1.45, 256 MiB 1.43 -> 1.01; all_gather 256 MiB 1.89 ->
-/// 1.30), so larger messages go as they would alone.
+/// -> 5.1-9.5 GB/s, all_to_all 2.0-5.0 -> 4.7-7.7, all_gather 128-512 KiB 0.8-1.6 -> 6.8-7.9.
+/// From 16 MiB, where memory bounds both, the two were within 10% of each other at 2 ranks,
+/// and by reference lost 30% at 4 ranks on 2 cores (all_reduce 32 MiB 2.10 -> 1.45, 256 MiB
+/// 1.43 -> 1.01; all_gather 256 MiB 1.89 -> 1.30), so larger messages go as they would
+/// alone. A sendrecv's message goes as it would alone too (it would gain as much: 2.9-5.7
+/// -> 11.1-12.1 GB/s), since a message sent by reference waits for its receiver, and the
+/// receiver of a point-to-point message may first be waiting for another rank: only a
+/// message that fits in the ring keeps the promise that a send never waits for a receive.
 pub(crate) const BY_REF_EXCHANGE: std::ops::Range<usize> = (256 << 10)..BY_REF_MIN;
 
 /// Message sizes from which messages to peers of this host go by reference (the receiver
@@ -110,8 +115,8 @@ pub(crate) const BY_REF_EXCHANGE: std::ops::Range<usize> = (256 << 10)..BY_REF_M
 /// message from that size), `off` none.
 #[derive(Debug, Clone)]
 pub(crate) struct ByRef {
-    /// Sizes that go by reference when sent while a message from a peer is received (a
-    /// collective's step, a sendrecv); others go as they would alone.
+    /// Sizes of a collective's message that go by reference when sent while one from a
+    /// peer is received (a ring step); others go as they would alone.
     pub exchange: std::ops::Range<usize>,
     /// From these sizes a message sent alone goes by reference: point-to-point, collective
     /// (a broadcast's or a reduce's: never by default, the ring's two copies at once being
@@ -272,7 +277,9 @@ impl Mesh {
     fn by_ref(&self, tx: &shm::Tx, kind: Kind, len: usize, exchange: bool) -> bool {
         let m = &self.by_ref_min;
         let alone = if kind == Kind::P2p { m.alone.0 } else { m.alone.1 };
-        ((exchange && m.exchange.contains(&len)) || len >= alone) && tx.by_ref_ok()
+        // Only a collective's: its peer takes it in the same step, while a point-to-point
+        // message's receiver may first wait for another rank, and a send must not wait for it.
+        ((exchange && kind == Kind::Coll && m.exchange.contains(&len)) || len >= alone) && tx.by_ref_ok()
     }
 
     /// Whether a point-to-point message of `len` bytes to `peer` goes by reference, sent in
@@ -436,7 +443,7 @@ impl Mesh {
                     continue;
                 }
                 let sending = !w.done();
-                let ready = || (sending && tx.has_room()) || (!received && rx.available() > 0);
+                let ready = || (sending && tx.has_room(&w)) || (!received && rx.available() > 0);
                 shm::wait_either(&tx, rx, ready, &mut || {
                     if sending {
                         self.stop(to, &deadline, || false, &what)?;
