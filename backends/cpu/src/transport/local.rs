@@ -400,10 +400,19 @@ impl Mesh {
                         if hdone == HEADER {
                             hdone = 0;
                             let m = self.parse_header(from, &hdr)?;
-                            let mut stop = || self.stop(from, &deadline, || rx.available() > 0, &what);
+                            // The deadline is for a peer that sends nothing: it moves while data
+                            // arrives.
+                            let mut got = rx.consumed();
+                            let mut stop = || {
+                                if rx.consumed() != got {
+                                    got = rx.consumed();
+                                    deadline.restart();
+                                }
+                                self.stop(from, &deadline, || rx.available() > 0, &what)
+                            };
                             if m.kind != kind as u8 {
                                 // A message of the other kind sent before this one: to the inbox.
-                                let mut d = vec![0u8; m.len];
+                                let mut d = self.message_buf(from, m.len)?;
                                 self.take_payload(from, inc, rx, m, &mut Sink::Into(&mut d), &mut stop)?;
                                 self.deliver(from, m.kind, m.op, m.seq, d);
                             } else {
@@ -634,11 +643,7 @@ impl Mesh {
                     st.rx.read_some(0, HEADER, &mut |at, b| h[at..at + b.len()].copy_from_slice(b));
                     let hdr = self.parse_header(q, &h)?;
                     let n = if hdr.by_ref { REF_BODY } else { hdr.len };
-                    let mut body = Vec::new();
-                    if body.try_reserve_exact(n).is_err() {
-                        return Err(self.peer_err(q, format!("a {n}-byte message from rank {q} cannot be allocated")));
-                    }
-                    body.resize(n, 0);
+                    let body = self.message_buf(q, n)?;
                     st.partial = Some(Partial { hdr, body, done: 0 });
                 }
                 let RxState { rx, partial } = &mut *st;
@@ -661,7 +666,7 @@ impl Mesh {
     /// memory first when it came by reference).
     fn complete(&self, peer: usize, link: &ShmLink, rx: &shm::Rx, p: Partial) -> Result<()> {
         let data = if p.hdr.by_ref {
-            let mut data = vec![0u8; p.hdr.len];
+            let mut data = self.message_buf(peer, p.hdr.len)?;
             self.copy_by_ref(peer, link, rx, p.hdr.len, &p.body, &mut Sink::Into(&mut data))?;
             data
         } else {
@@ -669,6 +674,17 @@ impl Mesh {
         };
         self.deliver(peer, p.hdr.kind, p.hdr.op, p.hdr.seq, data);
         Ok(())
+    }
+
+    /// `n` zeroed bytes for a message from `peer` on its way to the inbox (its length is the
+    /// peer's word), or an error naming the peer where they cannot be allocated.
+    fn message_buf(&self, peer: usize, n: usize) -> Result<Vec<u8>> {
+        let mut v = Vec::new();
+        if v.try_reserve_exact(n).is_err() {
+            return Err(self.peer_err(peer, format!("a {n}-byte message from rank {peer} cannot be allocated")));
+        }
+        v.resize(n, 0);
+        Ok(v)
     }
 
     fn deliver(&self, peer: usize, kind: u8, op: u8, seq: u64, data: Vec<u8>) {
@@ -777,7 +793,7 @@ impl Mesh {
                 }
                 return self.take_payload(peer, link, rx, m, sink, &mut stop);
             }
-            let mut data = vec![0u8; m.len];
+            let mut data = self.message_buf(peer, m.len)?;
             self.take_payload(peer, link, rx, m, &mut Sink::Into(&mut data), &mut stop)?;
             self.deliver(peer, m.kind, m.op, m.seq, data);
         }
