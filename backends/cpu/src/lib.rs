@@ -7,8 +7,9 @@
 //!   per-peer queues, so sends never wait for receives and no send order can deadlock.
 //! - **Shared memory on one host** (`shm`): a ring per pair of ranks in an anonymous segment
 //!   (nothing to leak); a sender whose ring is full moves what it was sent to the queues
-//!   meanwhile, so the eager rule holds there too, and the ring algorithms' steps stream
-//!   both directions at once with nothing buffered. The TCP connection to each such peer
+//!   meanwhile, so the eager rule holds there too for a message that fits in the ring (one
+//!   sent by reference, below, waits for its receiver's copy), and the ring algorithms'
+//!   steps stream both directions at once with nothing buffered. The TCP connection to each such peer
 //!   stays: it carries failure notices and closes when the peer's process dies.
 //! - **Large messages by reference.** On one host a collective's message of 256 KiB to 16
 //!   MiB sent while one is received (a ring step), and a point-to-point message of 16 MiB

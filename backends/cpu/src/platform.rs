@@ -9,9 +9,10 @@ const HUGE_MIN: usize = 2 << 20;
 /// Host memory as a device, as [`HostPlatform`], except that large allocations ask for
 /// transparent huge pages (`MADV_HUGEPAGE`, which the kernel honours in its `madvise` THP
 /// mode, for the whole huge pages of the buffer, which [`HostMemory`] starts at a huge-page
-/// boundary; in `always` mode it gives them anyway, and `never` refuses). Buffers far larger than the cache then cost fewer TLB
-/// misses and page faults: 2 ranks, 256 MiB all_reduce, 8 alternating runs, busbw median
-/// 3.12 GB/s without the advice and 4.08 with it.
+/// boundary; in `always` mode it gives them anyway, and `never` refuses). Buffers far
+/// larger than the cache then cost fewer TLB misses and page faults: 2 ranks, 256 MiB
+/// all_reduce, 8 alternating runs, busbw median 3.12 GB/s without the advice and 4.08 with
+/// it.
 #[derive(Debug, Clone, Copy)]
 pub struct CpuPlatform {
     huge: bool,

@@ -15,7 +15,7 @@
 use crate::shm;
 use anyccl_core::{Error, Result, Store};
 pub(crate) use local::Sink;
-use local::{by_ref_min, shm_links, ShmLink};
+use local::{by_ref_sizes, shm_links, ShmLink};
 pub(crate) use local::{BY_REF_EXCHANGE, BY_REF_MIN};
 use std::collections::VecDeque;
 use std::io::{Read, Write};
@@ -100,7 +100,7 @@ pub(crate) struct Mesh {
     shm: Vec<Option<ShmLink>>,
     /// Messages to peers of this host of at least these sizes go by reference: the receiver
     /// copies them out of the sender's memory (`ANYCCL_CPU_BY_REF_MIN`).
-    by_ref_min: local::ByRef,
+    by_ref_sizes: local::ByRef,
     /// Where a message read by reference lands on its way to a reduction.
     scratch: Mutex<Vec<u8>>,
     pub mailbox: Arc<Mailbox>,
@@ -326,7 +326,7 @@ impl Mesh {
             writers,
             ctl,
             shm,
-            by_ref_min: by_ref_min(rank, label)?,
+            by_ref_sizes: by_ref_sizes(rank, label)?,
             scratch: Mutex::new(Vec::new()),
             mailbox,
             readers: Mutex::new(readers),
@@ -494,19 +494,18 @@ impl Mesh {
     /// may read it, and is copied here first otherwise.
     pub(crate) fn send_data(&self, peer: usize, kind: Kind, op: u8, seq: u64, data: Data<'_>) -> Result<()> {
         let mut own = Vec::new();
-        match (self.resolve(peer, data, &mut own, false)?, &self.shm[peer]) {
+        match (self.resolve(peer, data, &mut own)?, &self.shm[peer]) {
             (Data::Bytes(b), _) => self.send(peer, kind, op, seq, b),
             (d, Some(link)) => self.shm_send(peer, link, kind, op, seq, d),
             (_, None) => Err(self.peer_err(peer, "no shared-memory link".into())),
         }
     }
 
-    /// `data` as it goes to `peer`, in an exchange or alone: a lent range stays one only
-    /// where `peer` copies it out by reference ([`Mesh::lends_to`]); otherwise it is first
-    /// copied into `own`.
-    fn resolve<'d>(&self, peer: usize, data: Data<'d>, own: &'d mut Vec<u8>, exchange: bool) -> Result<Data<'d>> {
+    /// `data` as it goes to `peer`: a lent range stays one only where `peer` copies it out
+    /// by reference ([`Mesh::lends_to`]); otherwise it is first copied into `own`.
+    fn resolve<'d>(&self, peer: usize, data: Data<'d>, own: &'d mut Vec<u8>) -> Result<Data<'d>> {
         match data {
-            Data::At { addr, len } if !self.lends_to(peer, len, exchange) => {
+            Data::At { addr, len } if !self.lends_to(peer, len) => {
                 own.resize(len, 0);
                 self.read_own(addr, own)?;
                 Ok(Data::Bytes(own))

@@ -43,6 +43,14 @@ impl Watch {
     fn restart(&self) {
         self.at.set(None);
     }
+
+    /// [`Watch::restart`] when `now` (the bytes the peer has moved) is not `*last`: the
+    /// deadline is for a peer that moves nothing, so it runs again while data flows.
+    fn restart_on_progress(&self, last: &mut u64, now: u64) {
+        if std::mem::replace(last, now) != now {
+            self.restart();
+        }
+    }
 }
 
 /// The reading end of a link and the message a drain left half read.
@@ -92,22 +100,24 @@ pub(crate) enum Sink<'a> {
 
 /// The default of [`ByRef::alone`] for point-to-point messages: a message sent alone
 /// goes through the ring a piece at a time, copied in by the sender and out by the
-/// receiver at once, faster there than the kernel's single copy between processes (about
-/// 10 GB/s on the 2-core machines measured, and it pins every page) up to 16 MiB; a large
+/// receiver at once, faster there than the kernel's single copy between processes (9-12
+/// GB/s on the 2-core machines measured, and it pins every page) up to 16 MiB; a large
 /// send alone gained 10-25% from 16 MiB up.
 pub(crate) const BY_REF_MIN: usize = 16 << 20;
 
 /// The default of [`ByRef::exchange`]: in a collective's exchange (a ring step) both ranks
-/// copy at once, and by reference each copies once instead of twice. 2 ranks, busbw
-/// medians of 3 alternating runs, rings -> by reference: all_reduce 256 KiB-4 MiB 1.5-5.0
-/// -> 5.1-9.5 GB/s, all_to_all 2.0-5.0 -> 4.7-7.7, all_gather 128-512 KiB 0.8-1.6 -> 6.8-7.9.
-/// From 16 MiB, where memory bounds both, the two were within 10% of each other at 2 ranks,
-/// and by reference lost 30% at 4 ranks on 2 cores (all_reduce 32 MiB 2.10 -> 1.45, 256 MiB
-/// 1.43 -> 1.01; all_gather 256 MiB 1.89 -> 1.30), so larger messages go as they would
-/// alone. A sendrecv's message goes as it would alone too (it would gain as much: 2.9-5.7
-/// -> 11.1-12.1 GB/s), since a message sent by reference waits for its receiver, and the
-/// receiver of a point-to-point message may first be waiting for another rank: only a
-/// message that fits in the ring keeps the promise that a send never waits for a receive.
+/// copy at once, and by reference each copies once instead of twice. 2 ranks, busbw medians
+/// of 3 alternating runs, rings -> by reference: all_reduce 1 and 4 MiB (messages of half
+/// that) 4.4 and 4.9 -> 7.7 and 9.5 GB/s, all_to_all 1 and 4 MiB 3.2 and 2.0 -> 7.1 and
+/// 7.0, all_gather 512 KiB and 4 MiB 1.6 and 6.1 -> 7.9 and 7.1 (1 MiB 8.1 -> 7.8); the
+/// rings' runs swing between about 1.5 and 10 GB/s from run to run here, by reference's
+/// less. From 16 MiB, where memory bounds both, the two were within 10% of each other at 2
+/// ranks, and by reference lost 30% at 4 ranks on 2 cores (all_reduce 32 MiB 2.10 -> 1.45,
+/// 256 MiB 1.43 -> 1.01; all_gather 256 MiB 1.89 -> 1.30), so larger messages go as they
+/// would alone. A sendrecv's message goes as it would alone too (it would gain as much:
+/// 2.9-5.7 -> 11.1-12.1 GB/s), since a message sent by reference waits for its receiver,
+/// and the receiver of a point-to-point message may first be waiting for another rank,
+/// while one that fits in the ring never waits for its receive.
 pub(crate) const BY_REF_EXCHANGE: std::ops::Range<usize> = (256 << 10)..BY_REF_MIN;
 
 /// Message sizes from which messages to peers of this host go by reference (the receiver
@@ -125,7 +135,7 @@ pub(crate) struct ByRef {
 }
 
 /// [`ByRef`] from the environment.
-pub(super) fn by_ref_min(rank: usize, label: &str) -> Result<ByRef> {
+pub(super) fn by_ref_sizes(rank: usize, label: &str) -> Result<ByRef> {
     match std::env::var("ANYCCL_CPU_BY_REF_MIN") {
         Ok(v) if v.trim() == "off" => Ok(ByRef { exchange: 0..0, alone: (usize::MAX, usize::MAX) }),
         Ok(_) => {
@@ -275,19 +285,19 @@ impl Mesh {
     /// Whether a message of `kind` and `len` bytes on `tx` goes by reference (the peer
     /// copies it out of this process's memory), sent in an exchange or alone.
     fn by_ref(&self, tx: &shm::Tx, kind: Kind, len: usize, exchange: bool) -> bool {
-        let m = &self.by_ref_min;
+        let m = &self.by_ref_sizes;
         let alone = if kind == Kind::P2p { m.alone.0 } else { m.alone.1 };
         // Only a collective's: its peer takes it in the same step, while a point-to-point
         // message's receiver may first wait for another rank, and a send must not wait for it.
         ((exchange && kind == Kind::Coll && m.exchange.contains(&len)) || len >= alone) && tx.by_ref_ok()
     }
 
-    /// Whether a point-to-point message of `len` bytes to `peer` goes by reference, sent in
-    /// an exchange or alone.
-    pub(super) fn lends_to(&self, peer: usize, len: usize, exchange: bool) -> bool {
+    /// Whether a point-to-point message of `len` bytes to `peer` goes by reference (in an
+    /// exchange or alone, the same).
+    pub(super) fn lends_to(&self, peer: usize, len: usize) -> bool {
         self.shm[peer]
             .as_ref()
-            .is_some_and(|l| self.by_ref(&l.tx.lock().unwrap_or_else(|p| p.into_inner()), Kind::P2p, len, exchange))
+            .is_some_and(|l| self.by_ref(&l.tx.lock().unwrap_or_else(|p| p.into_inner()), Kind::P2p, len, false))
     }
 
     /// A point-to-point send to `to` and receive from `from` (a batch of one of each), with
@@ -339,7 +349,7 @@ impl Mesh {
         sink: &mut Sink<'_>,
     ) -> Result<()> {
         let mut own = Vec::new();
-        let data = self.resolve(to, data, &mut own, true)?;
+        let data = self.resolve(to, data, &mut own)?;
         let bytes = if let Data::Bytes(b) = data { b } else { &[] };
         // Where the message does not go through the ring a piece at a time, the copy is made
         // first, whole.
@@ -400,14 +410,9 @@ impl Mesh {
                         if hdone == HEADER {
                             hdone = 0;
                             let m = self.parse_header(from, &hdr)?;
-                            // The deadline is for a peer that sends nothing: it moves while data
-                            // arrives.
                             let mut got = rx.consumed();
                             let mut stop = || {
-                                if rx.consumed() != got {
-                                    got = rx.consumed();
-                                    deadline.restart();
-                                }
+                                deadline.restart_on_progress(&mut got, rx.consumed());
                                 self.stop(from, &deadline, || rx.available() > 0, &what)
                             };
                             if m.kind != kind as u8 {
@@ -609,14 +614,10 @@ impl Mesh {
         let tx = link.tx.lock().unwrap_or_else(|p| p.into_inner());
         let what = || what(kind, op, seq);
         let (h, by_ref) = self.header_for(&tx, link, (kind, op, seq), data, false);
-        // The deadline is for a peer that takes nothing: it moves while the peer reads.
         let deadline = Watch::new(self.op_timeout);
-        let mut taken = None;
+        let mut taken = tx.consumed();
         let mut stalled = || -> Result<()> {
-            let now = tx.consumed();
-            if taken.replace(now).is_some_and(|t| t != now) {
-                deadline.restart();
-            }
+            deadline.restart_on_progress(&mut taken, tx.consumed());
             self.stop(peer, &deadline, || false, &what)?;
             self.drain()
         };
@@ -776,13 +777,9 @@ impl Mesh {
         loop {
             let m = self.shm_header(peer, rx, &deadline, &what)?;
             let pending = || rx.available() > 0;
-            // The deadline is for a peer that sends nothing: it moves while data arrives.
             let mut got = rx.consumed();
             let mut stop = || {
-                if rx.consumed() != got {
-                    got = rx.consumed();
-                    deadline.restart();
-                }
+                deadline.restart_on_progress(&mut got, rx.consumed());
                 self.stop(peer, &deadline, pending, &what)
             };
             if m.kind == kind as u8 {
