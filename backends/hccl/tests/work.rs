@@ -60,6 +60,26 @@ fn issue_all<'a>(
         .collect()
 }
 
+/// `n` all_reduces of the values 1..=n issued back to back on `comm`, then waited in order,
+/// their outputs checked: the events the issuing recorded, and those the waits recorded.
+fn issue_then_wait(p: &dyn Platform, comm: &Communicator, events: &Events, n: usize, what: &str) -> (u64, u64) {
+    let values: Vec<f32> = (1..=n).map(|v| v as f32).collect();
+    let inputs = filled(p, &values);
+    let mut outputs = filled(p, &vec![0.0; n]);
+    let before = events.now();
+    let mut works = issue_all(comm, &inputs, &mut outputs, n);
+    let issued = events.now() - before;
+    for w in &mut works {
+        w.wait(T).unwrap();
+    }
+    let waited = events.now() - before - issued;
+    drop(works);
+    for (o, v) in outputs.iter().zip(&values) {
+        check(p, o.as_ref(), *v, what);
+    }
+    (issued, waited)
+}
+
 /// Every element of `m` is `want`.
 fn check(platform: &dyn Platform, m: &dyn anyccl_core::DeviceMemory, want: f32, what: &str) {
     let mut host = vec![0u8; COUNT * 4];
@@ -95,38 +115,18 @@ mod hccl {
 
             // By default, an event at every call.
             let per_call = connect("work-per-call", false);
-            let values: Vec<f32> = (1..=8).map(|v| v as f32).collect();
-            let inputs = filled(p, &values);
-            let mut outputs = filled(p, &vec![0.0; values.len()]);
-            let before = events.now();
-            let mut works = issue_all(&per_call, &inputs, &mut outputs, 8);
-            assert_eq!(events.now() - before, 8, "8 calls, each with its event");
-            for w in &mut works {
-                w.wait(T).unwrap();
-            }
-            assert_eq!(events.now() - before, 8, "waits record nothing more");
-            drop(works);
-            for (o, v) in outputs.iter().zip(&values) {
-                check(p, o.as_ref(), *v, "an event per call");
-            }
-
-            let comm = connect("work-shared", true);
+            let (issued, waited) = issue_then_wait(p, &per_call, &events, 8, "an event per call");
+            assert_eq!(issued, 8, "8 calls, each with its event");
+            assert_eq!(waited, 0, "waits record nothing more");
 
             // 32 out-of-place all_reduces issued back to back, then waited in order.
-            let values: Vec<f32> = (1..=32).map(|v| v as f32).collect();
-            let inputs = filled(p, &values);
-            let mut outputs = filled(p, &vec![0.0; values.len()]);
-            let before = events.now();
-            let mut works = issue_all(&comm, &inputs, &mut outputs, values.len());
-            assert_eq!(events.now() - before, 0, "issuing recorded events");
-            for w in &mut works {
-                w.wait(T).unwrap();
-            }
-            assert_eq!(events.now() - before, 1, "32 calls back to back, waited in order");
-            drop(works);
-            for (o, v) in outputs.iter().zip(&values) {
-                check(p, o.as_ref(), *v, "back to back");
-            }
+            let comm = connect("work-shared", true);
+            let (issued, waited) = issue_then_wait(p, &comm, &events, 32, "back to back");
+            assert_eq!(issued, 0, "issuing recorded events");
+            assert_eq!(issued + waited, 1, "32 calls back to back, waited in order");
+
+            let inputs = filled(p, &(1..=8).map(|v| v as f32).collect::<Vec<_>>());
+            let mut outputs = filled(p, &[0.0; 8]);
 
             // Dropped without a wait: the drop's look records the one event.
             let before = events.now();
