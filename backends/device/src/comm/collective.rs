@@ -29,11 +29,7 @@ impl<L: Library> Collective for DeviceComm<L> {
         let g = self.lock_settled("wait_stream")?;
         // The engine's stream may be capturing: waiting on it brings this stream into the
         // capture, where a mark must not be recorded.
-        if let Err(e) = self.mark_placed() {
-            drop(g);
-            self.fail(&e);
-            return Err(e);
-        }
+        let _g = self.mark_placed(g)?;
         // SAFETY: the Communicator checked the device; the caller vouched for the stream
         // (`StreamRef::from_raw`).
         unsafe { self.rt.wait_raw(&self.stream, stream.as_ptr()) }
@@ -45,11 +41,7 @@ impl<L: Library> Collective for DeviceComm<L> {
         let g = self.lock_settled("signal_stream")?;
         // So a `Work` first looked at after the engine's stream has passed this point finds
         // its mark done, with no event to record and wait for then.
-        if let Err(e) = self.mark_placed() {
-            drop(g);
-            self.fail(&e);
-            return Err(e);
-        }
+        let _g = self.mark_placed(g)?;
         // SAFETY: as in `wait_stream`.
         unsafe { self.rt.signal_raw(&self.stream, stream.as_ptr()) }
     }
@@ -80,11 +72,7 @@ impl<L: Library> Collective for DeviceComm<L> {
         }
         // Operations not followed by a mark yet get one now: recorded once this stream has
         // joined the capture, it would be part of the graph.
-        if let Err(e) = self.mark_placed() {
-            drop(g);
-            self.fail(&e);
-            return Err(e);
-        }
+        let g = self.mark_placed(g)?;
         let GraphOp::AllReduce { send, recv, count, dtype, op } = op;
         let op = Op::AllReduce { send: send as *const c_void, recv: recv as *mut c_void, count, dtype, op };
         // Where the runtime can launch on the engine's stream itself, the operation goes

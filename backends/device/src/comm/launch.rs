@@ -25,13 +25,19 @@ impl<L: Library> DeviceComm<L> {
     /// Follow every operation placed so far with a mark, if the newest does not: before
     /// this communicator's stream may join a graph capture (a mark recorded during it would
     /// be part of the graph), and before an engine's stream is signalled (a later first
-    /// look then finds a mark the engine's stream has passed). The call lock is held.
-    pub(super) fn mark_placed(&self) -> Result<()> {
+    /// look then finds a mark the engine's stream has passed). Takes the call lock `g` and
+    /// gives it back; where the record fails, the lock is released and the communicator
+    /// failed.
+    pub(super) fn mark_placed<G>(&self, g: G) -> Result<G> {
         let n = self.placed.load(Ordering::Acquire);
         if n > self.finished_upto.load(Ordering::Acquire) {
-            self.mark_following(n)?;
+            if let Err(e) = self.mark_following(n) {
+                drop(g);
+                self.fail(&e);
+                return Err(e);
+            }
         }
-        Ok(())
+        Ok(g)
     }
 
     /// Whether mark `m` is done (the device must be current). When it is, the operations it
