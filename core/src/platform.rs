@@ -92,15 +92,16 @@ pub struct HostMemory {
 
 /// Allocations from this size on start at a page boundary.
 const PAGE: usize = 4096;
-/// Allocations from this size on start at a boundary of this size (a huge page).
-const HUGE: usize = 2 << 20;
 
 impl HostMemory {
+    /// Allocations from this size on start at a boundary of this size (a huge page).
+    pub const HUGE_ALIGN: usize = 2 << 20;
+
     /// Zero-filled storage for `count` elements of `dtype`.
     pub fn new(dtype: DType, count: usize) -> Self {
         let bytes = count * dtype.size();
         let align = match bytes {
-            b if b >= HUGE => HUGE,
+            b if b >= Self::HUGE_ALIGN => Self::HUGE_ALIGN,
             b if b >= PAGE => PAGE,
             _ => 8,
         };
@@ -201,7 +202,8 @@ fn not_host(op: &'static str) -> Error {
 
 #[cfg(test)]
 mod tests {
-    use super::{DType, DeviceMemory, HostMemory, HUGE, PAGE};
+    use super::{DType, DeviceMemory, HostMemory, PAGE};
+    const HUGE: usize = HostMemory::HUGE_ALIGN;
 
     /// Every size lands where it should (8 bytes below a page, a page below 2 MiB, 2 MiB
     /// from there), is zeroed, holds exactly its bytes and keeps them through writes.

@@ -3,9 +3,6 @@
 
 use anyccl_core::{DType, Device, DeviceKind, DeviceMemory, HostMemory, HostPlatform, MemInfo, Platform, Result};
 
-/// Allocations from this size on are advised to huge pages (one huge page).
-const HUGE_MIN: usize = 2 << 20;
-
 /// Host memory as a device, as [`HostPlatform`], except that large allocations ask for
 /// transparent huge pages (`MADV_HUGEPAGE`, which the kernel honours in its `madvise` THP
 /// mode, for the whole huge pages of the buffer, which [`HostMemory`] starts at a huge-page
@@ -38,7 +35,7 @@ impl Platform for CpuPlatform {
     }
     fn alloc(&self, dtype: DType, count: usize) -> Result<Box<dyn DeviceMemory>> {
         let mut m = HostMemory::new(dtype, count);
-        if self.huge && m.bytes().len() >= HUGE_MIN {
+        if self.huge && m.bytes().len() >= HostMemory::HUGE_ALIGN {
             crate::shm::advise_huge_pages(m.bytes_mut());
         }
         Ok(Box::new(m))

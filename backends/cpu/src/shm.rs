@@ -388,7 +388,7 @@ impl Tx {
             room = (cap - (head - self.tail_seen.get())) as usize;
         }
         let mut n = room.min(want) & !7;
-        if n == 0 || n < w.next_min() {
+        if n < w.next_min() {
             return false;
         }
         w.left -= n;

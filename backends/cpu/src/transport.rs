@@ -638,11 +638,9 @@ fn read_loop(mut s: TcpStream, peer: usize, mb: Arc<Mailbox>) {
         }
         let len = u64::from_le_bytes(h[16..24].try_into().unwrap_or_default()) as usize;
         let seq = u64::from_le_bytes(h[8..16].try_into().unwrap_or_default());
-        let mut data = Vec::new();
-        if data.try_reserve_exact(len).is_err() {
+        let Some(mut data) = zeroed(len) else {
             break format!("rank {peer} announced a {len}-byte message that cannot be allocated");
-        }
-        data.resize(len, 0);
+        };
         if let Err(e) = s.read_exact(&mut data) {
             break format!("connection to rank {peer} failed mid-message: {e}");
         }
@@ -655,4 +653,12 @@ fn read_loop(mut s: TcpStream, peer: usize, mb: Arc<Mailbox>) {
         }
     };
     mb.close(peer, why);
+}
+
+/// `n` zeroed bytes, or `None` where they cannot be allocated (a length a peer announced).
+fn zeroed(n: usize) -> Option<Vec<u8>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).ok()?;
+    v.resize(n, 0);
+    Some(v)
 }

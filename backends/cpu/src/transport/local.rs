@@ -140,7 +140,8 @@ pub(super) fn by_ref_sizes(rank: usize, label: &str) -> Result<ByRef> {
         Ok(v) if v.trim() == "off" => Ok(ByRef { exchange: 0..0, alone: (usize::MAX, usize::MAX) }),
         Ok(_) => {
             let v = crate::algo::env_bytes("ANYCCL_CPU_BY_REF_MIN", BY_REF_MIN, rank, label)?.max(REF_BODY + 1);
-            Ok(ByRef { exchange: v..usize::MAX, alone: (v, v) })
+            // Every message from `v`, sent alone or not: `alone` says so for both kinds.
+            Ok(ByRef { exchange: 0..0, alone: (v, v) })
         }
         Err(_) => Ok(ByRef { exchange: BY_REF_EXCHANGE, alone: (BY_REF_MIN, usize::MAX) }),
     }
@@ -417,9 +418,7 @@ impl Mesh {
                             };
                             if m.kind != kind as u8 {
                                 // A message of the other kind sent before this one: to the inbox.
-                                let mut d = self.message_buf(from, m.len)?;
-                                self.take_payload(from, inc, rx, m, &mut Sink::Into(&mut d), &mut stop)?;
-                                self.deliver(from, m.kind, m.op, m.seq, d);
+                                self.to_inbox(from, inc, rx, m, &mut stop)?;
                             } else {
                                 if kind == Kind::Coll {
                                     self.check_coll(from, op, seq, expect, (m.op, m.seq, m.len))?;
@@ -680,12 +679,24 @@ impl Mesh {
     /// `n` zeroed bytes for a message from `peer` on its way to the inbox (its length is the
     /// peer's word), or an error naming the peer where they cannot be allocated.
     fn message_buf(&self, peer: usize, n: usize) -> Result<Vec<u8>> {
-        let mut v = Vec::new();
-        if v.try_reserve_exact(n).is_err() {
-            return Err(self.peer_err(peer, format!("a {n}-byte message from rank {peer} cannot be allocated")));
-        }
-        v.resize(n, 0);
-        Ok(v)
+        super::zeroed(n)
+            .ok_or_else(|| self.peer_err(peer, format!("a {n}-byte message from rank {peer} cannot be allocated")))
+    }
+
+    /// Move message `m` from `peer`, whose header was just read, whole to the inbox (one of
+    /// the other kind than the receive that met it).
+    fn to_inbox(
+        &self,
+        peer: usize,
+        link: &ShmLink,
+        rx: &shm::Rx,
+        m: Hdr,
+        stop: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<()> {
+        let mut data = self.message_buf(peer, m.len)?;
+        self.take_payload(peer, link, rx, m, &mut Sink::Into(&mut data), stop)?;
+        self.deliver(peer, m.kind, m.op, m.seq, data);
+        Ok(())
     }
 
     fn deliver(&self, peer: usize, kind: u8, op: u8, seq: u64, data: Vec<u8>) {
@@ -790,9 +801,7 @@ impl Mesh {
                 }
                 return self.take_payload(peer, link, rx, m, sink, &mut stop);
             }
-            let mut data = self.message_buf(peer, m.len)?;
-            self.take_payload(peer, link, rx, m, &mut Sink::Into(&mut data), &mut stop)?;
-            self.deliver(peer, m.kind, m.op, m.seq, data);
+            self.to_inbox(peer, link, rx, m, &mut stop)?;
         }
     }
 }
