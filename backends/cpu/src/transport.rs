@@ -14,9 +14,10 @@
 
 use crate::shm;
 use anyccl_core::{Error, Result, Store};
+use by_ref::by_ref_sizes;
+pub(crate) use by_ref::{BY_REF_EXCHANGE, BY_REF_MIN};
 pub(crate) use local::Sink;
-use local::{by_ref_sizes, shm_links, ShmLink};
-pub(crate) use local::{BY_REF_EXCHANGE, BY_REF_MIN};
+use local::{shm_links, ShmLink};
 use std::collections::VecDeque;
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
@@ -24,6 +25,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+mod by_ref;
 mod local;
 mod mailbox;
 
@@ -100,7 +102,7 @@ pub(crate) struct Mesh {
     shm: Vec<Option<ShmLink>>,
     /// Messages to peers of this host of at least these sizes go by reference: the receiver
     /// copies them out of the sender's memory (`ANYCCL_CPU_BY_REF_MIN`).
-    by_ref_sizes: local::ByRef,
+    by_ref_sizes: by_ref::ByRef,
     /// Where a message read by reference lands on its way to a reduction.
     scratch: Mutex<Vec<u8>>,
     pub mailbox: Arc<Mailbox>,

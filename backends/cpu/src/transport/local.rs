@@ -82,7 +82,7 @@ struct Hdr {
 }
 
 /// Bytes of a by-reference message's body.
-const REF_BODY: usize = 16;
+pub(super) const REF_BODY: usize = 16;
 // A by-reference message is written whole: its reader waits for the body after the header.
 const _: () = assert!(HEADER + REF_BODY <= shm::WHOLE_MAX);
 
@@ -96,55 +96,6 @@ pub(crate) enum Sink<'a> {
     Into(&'a mut [u8]),
     /// Handed over in pieces: `f(offset, bytes)`.
     With(&'a mut dyn FnMut(usize, &[u8])),
-}
-
-/// The default of [`ByRef::alone`] for point-to-point messages: a message sent alone
-/// goes through the ring a piece at a time, copied in by the sender and out by the
-/// receiver at once, faster there than the kernel's single copy between processes (9-12
-/// GB/s on the 2-core machines measured, and it pins every page) up to 16 MiB; a large
-/// send alone gained 10-25% from 16 MiB up.
-pub(crate) const BY_REF_MIN: usize = 16 << 20;
-
-/// The default of [`ByRef::exchange`]: in a collective's exchange (a ring step) both ranks
-/// copy at once, and by reference each copies once instead of twice. 2 ranks, busbw medians
-/// of 3 alternating runs, rings -> by reference: all_reduce 1 and 4 MiB (messages of half
-/// that) 4.4 and 4.9 -> 7.7 and 9.5 GB/s, all_to_all 1 and 4 MiB 3.2 and 2.0 -> 7.1 and
-/// 7.0, all_gather 512 KiB and 4 MiB 1.6 and 6.1 -> 7.9 and 7.1 (1 MiB 8.1 -> 7.8); the
-/// rings' runs swing between about 1.5 and 10 GB/s from run to run here, by reference's
-/// less. From 16 MiB, where memory bounds both, the two were within 10% of each other at 2
-/// ranks, and by reference lost 30% at 4 ranks on 2 cores (all_reduce 32 MiB 2.10 -> 1.45,
-/// 256 MiB 1.43 -> 1.01; all_gather 256 MiB 1.89 -> 1.30), so larger messages go as they
-/// would alone. A sendrecv's message goes as it would alone too (it would gain as much:
-/// 2.9-5.7 -> 11.1-12.1 GB/s), since a message sent by reference waits for its receiver,
-/// and the receiver of a point-to-point message may first be waiting for another rank,
-/// while one that fits in the ring never waits for its receive.
-pub(crate) const BY_REF_EXCHANGE: std::ops::Range<usize> = (256 << 10)..BY_REF_MIN;
-
-/// Message sizes from which messages to peers of this host go by reference (the receiver
-/// copies them out of the sender's memory): `ANYCCL_CPU_BY_REF_MIN` sets them all (any
-/// message from that size), `off` none.
-#[derive(Debug, Clone)]
-pub(crate) struct ByRef {
-    /// Sizes of a collective's message that go by reference when sent while one from a
-    /// peer is received (a ring step); others go as they would alone.
-    pub exchange: std::ops::Range<usize>,
-    /// From these sizes a message sent alone goes by reference: point-to-point, collective
-    /// (a broadcast's or a reduce's: never by default, the ring's two copies at once being
-    /// faster than the kernel's one).
-    pub alone: (usize, usize),
-}
-
-/// [`ByRef`] from the environment.
-pub(super) fn by_ref_sizes(rank: usize, label: &str) -> Result<ByRef> {
-    match std::env::var("ANYCCL_CPU_BY_REF_MIN") {
-        Ok(v) if v.trim() == "off" => Ok(ByRef { exchange: 0..0, alone: (usize::MAX, usize::MAX) }),
-        Ok(_) => {
-            let v = crate::algo::env_bytes("ANYCCL_CPU_BY_REF_MIN", BY_REF_MIN, rank, label)?.max(REF_BODY + 1);
-            // Every message from `v`, sent alone or not: `alone` says so for both kinds.
-            Ok(ByRef { exchange: 0..0, alone: (v, v) })
-        }
-        Err(_) => Ok(ByRef { exchange: BY_REF_EXCHANGE, alone: (BY_REF_MIN, usize::MAX) }),
-    }
 }
 
 /// Data bytes of each ring for `locals` ranks on a host: 4 MiB up to 8 ranks, then less, so
