@@ -12,12 +12,15 @@
 //!   steps stream both directions at once with nothing buffered. The TCP connection to each such peer
 //!   stays: it carries failure notices and closes when the peer's process dies.
 //! - **Large messages by reference.** On one host a collective's message of 256 KiB to 16
-//!   MiB sent while one is received (a ring step), and a point-to-point message of 16 MiB
-//!   or more, is copied once, by the receiver, out of the sender's memory
-//!   (`process_vm_readv`), and the sender waits for that copy; where a security module
-//!   forbids it, the receiver says so at connect and the ring carries it. Other messages
-//!   stream through the rings (faster where measured; `ANYCCL_CPU_BY_REF_MIN` sets one size
-//!   from which every message goes by reference).
+//!   MiB sent while one is received (a ring step), a sendrecv's message from 64 KiB, and
+//!   any other point-to-point message of 16 MiB or more, is copied once, by the receiver,
+//!   out of the sender's memory (`process_vm_readv`), and the sender waits for that copy
+//!   (a rank waiting on another peer for a millisecond makes that copy to its inbox, so no
+//!   cycle of sends and receives waits for good); where a security module forbids it, the
+//!   receiver says so at connect and the ring carries it. Other messages stream through
+//!   the rings (faster where measured; `ANYCCL_CPU_BY_REF_MIN` sets one size from which
+//!   every message goes by reference), written from 64 KiB with streaming stores, which
+//!   held their rate where plain stores swung between about 4 and 25 GB/s.
 //! - **No slow string moves.** Copies whose destination sits 1-63 bytes past the source
 //!   modulo a page, which the string-move instruction runs 15-20x slower on several AMD
 //!   cores (in the C library's `memcpy` and in the kernel's copies between processes), go
@@ -104,8 +107,9 @@ fn tuning(links: Option<Links>) -> Vec<(String, String)> {
             env(
                 "ANYCCL_CPU_BY_REF_MIN",
                 format!(
-                    "{} (point-to-point; a collective's: {}..{} in a ring step, else off)",
+                    "{} (point-to-point; a sendrecv's: {}; a collective's: {}..{} in a ring step, else off)",
                     transport::BY_REF_MIN,
+                    transport::BY_REF_P2P_EXCHANGE,
                     transport::BY_REF_EXCHANGE.start,
                     transport::BY_REF_EXCHANGE.end
                 ),
@@ -114,6 +118,13 @@ fn tuning(links: Option<Links>) -> Vec<(String, String)> {
         (
             "ANYCCL_CPU_SHM_RING_BYTES".into(),
             env("ANYCCL_CPU_SHM_RING_BYTES", "4 MiB up to 8 ranks a host, then 32 MiB / (ranks - 1)".into()),
+        ),
+        (
+            "ANYCCL_CPU_RING_STREAM_MIN".into(),
+            env(
+                "ANYCCL_CPU_RING_STREAM_MIN",
+                format!("{} (messages written to a ring with streaming stores; off: none)", shm::RING_STREAM_MIN),
+            ),
         ),
         ("ANYCCL_CPU_HANDOFF_US".into(), comm::grace().as_micros().to_string()),
         ("ANYCCL_CPU_SPIN_US".into(), env("ANYCCL_CPU_SPIN_US", "50 (1 on a host with more ranks than cores)".into())),

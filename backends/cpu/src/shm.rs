@@ -38,6 +38,17 @@ use std::time::Duration;
 /// Bytes of a ring's control block (two sides of two cache-line pairs each).
 const CTL: usize = 512;
 const _: () = assert!(std::mem::size_of::<Ctl>() <= CTL);
+/// The default of `ANYCCL_CPU_RING_STREAM_MIN`: a writer copies a message of at least this many
+/// bytes into the ring with streaming stores (to memory, not into its own cache), from which
+/// the reader then reads it. A plain store leaves each line in the writer's cache, where the
+/// reader's load must fetch it from: on these 2-core machines that ran at either about 25 or
+/// about 4 GB/s from one moment to the next (the two vCPUs' placement on the host), while
+/// streaming stores held 9-14. 2 ranks, busbw medians of 4 alternating runs, plain ->
+/// streaming: broadcast 64 KiB-2 MiB 6.0-19 -> 18-23 GB/s, 64 MiB 4.7 -> 10.9; all_reduce
+/// 64-256 KiB 1.0-1.4 -> 4.4-5.0, 32 and 128 MiB 1.9 and 2.4 -> 2.3 and 2.9. Below it the
+/// reader's wait for the bytes (a latency) matters more than the copy's rate.
+pub(crate) const RING_STREAM_MIN: usize = 64 << 10;
+
 /// The largest piece a writer publishes at once, so a reader starts on a large message
 /// before all of it is written.
 const PIECE: usize = 256 << 10;
@@ -59,6 +70,9 @@ struct Side {
     /// Reader's side: the number of the last message sent by reference that the reader has
     /// copied out of the writer's memory (the writer's buffer is free again).
     ack: AtomicU64,
+    /// Writer's side: the number of the last message sent by reference whose copy the
+    /// writer has waited for (while it is above the reader's `ack`, the writer waits).
+    awaited: AtomicU64,
     /// Reader's side: 1 when the reader may read the writer's memory
     /// (`process_vm_readv`), so the writer may send large messages by reference.
     by_ref: AtomicU32,
@@ -269,6 +283,9 @@ pub(crate) struct Tx {
     /// polling takes the shared line away between messages (a load of it missed the cache
     /// at every message).
     head: std::cell::Cell<u64>,
+    /// Messages of at least this many bytes are written with streaming stores
+    /// ([`RING_STREAM_MIN`]).
+    stream_min: usize,
 }
 
 // SAFETY: the ring's writer side is used by one thread at a time (the caller holds `Tx`
@@ -296,11 +313,12 @@ pub(crate) fn link(
     me_local: usize,
     peer_local: usize,
     patience: Patience,
+    stream_min: usize,
 ) -> (Tx, Rx) {
     let ring = peer.ring(layout.offset(me_local), layout.ring);
     let tail_seen = std::cell::Cell::new(ring.ctl().reader.pos.load(Ordering::Acquire));
     let head = std::cell::Cell::new(ring.ctl().writer.pos.load(Ordering::Acquire));
-    let tx = Tx { ring, _seg: peer.clone(), patience, tail_seen, head };
+    let tx = Tx { ring, _seg: peer.clone(), patience, tail_seen, head, stream_min };
     let ring = own.ring(layout.offset(peer_local), layout.ring);
     let tail = std::cell::Cell::new(ring.ctl().reader.pos.load(Ordering::Acquire));
     let rx = Rx { ring, _seg: own.clone(), patience, tail };
@@ -331,6 +349,7 @@ impl Tx {
     /// Wait until the reader has copied the message sent by reference with number `n`.
     pub(crate) fn wait_ack(&self, n: u64, stalled: Check<'_>) -> Result<(), Error> {
         let ctl = self.ring.ctl();
+        ctl.writer.awaited.store(n, Ordering::Release);
         wait_until(
             self.patience,
             &ctl.reader.bell,
@@ -409,9 +428,16 @@ impl Tx {
                 // head is published past it.
                 let dst = unsafe { self.ring.data.add(at + filled) };
                 match src {
-                    // SAFETY: `dst` has `s.len()` writable bytes (above); the source is a
-                    // distinct slice.
-                    Some(s) => copy(unsafe { std::slice::from_raw_parts_mut(dst, s.len()) }, s),
+                    Some(s) => {
+                        // SAFETY: `dst` has `s.len()` writable bytes (above); the source is a
+                        // distinct slice.
+                        let d = unsafe { std::slice::from_raw_parts_mut(dst, s.len()) };
+                        if w.total >= self.stream_min && s.len() >= 256 {
+                            copy_streaming(d, s)
+                        } else {
+                            copy(d, s)
+                        }
+                    }
                     // SAFETY: as above, for the padding bytes.
                     None => unsafe { std::ptr::write_bytes(dst, 0, len) },
                 }
@@ -508,6 +534,12 @@ impl Rx {
         if ctl.writer.sleeping.load(Ordering::SeqCst) != 0 {
             futex_wake(&ctl.reader.bell);
         }
+    }
+
+    /// Whether the writer waits for this reader to copy a message it sent by reference.
+    pub(crate) fn awaited(&self) -> bool {
+        let ctl = self.ring.ctl();
+        ctl.writer.awaited.load(Ordering::Acquire) > ctl.reader.ack.load(Ordering::Relaxed)
     }
 
     /// Bytes this reader has consumed since the start.
@@ -609,9 +641,16 @@ mod tests {
 
     /// A writer and a reader thread on one ring of 4 KiB: messages of every size from a word
     /// to twice the ring, sent in bursts (the ring fills) and one at a time (it empties, so
-    /// the writer restarts at offset 0), arrive whole and in order, and the restarts happen.
+    /// the writer restarts at offset 0), arrive whole and in order, and the restarts happen;
+    /// written with plain stores, and from 1000 bytes with streaming stores.
     #[test]
     fn ring_stream_survives_restarts() {
+        for stream_min in [usize::MAX, 1000] {
+            ring_stream(stream_min);
+        }
+    }
+
+    fn ring_stream(stream_min: usize) {
         let layout = Layout { locals: 2, ring: 4096 };
         let seg = Arc::new(Segment::create(layout.segment_bytes()).unwrap());
         let patience = Patience {
@@ -620,8 +659,8 @@ mod tests {
             round: 64,
         };
         // Rank 0 writes to the ring that rank 1 reads, both in this one segment.
-        let (tx, _) = link(&seg, &seg, layout, 0, 1, patience);
-        let (_, rx) = link(&seg, &seg, layout, 1, 0, patience);
+        let (tx, _) = link(&seg, &seg, layout, 0, 1, patience, stream_min);
+        let (_, rx) = link(&seg, &seg, layout, 1, 0, patience, stream_min);
         let sizes: Vec<usize> =
             (0..3000).map(|i| [1, 8, 13, 100, 1024, 1500, 4096, 5000, 8191][i % 9] + i % 7).collect();
         let msg = |i: usize, n: usize| -> Vec<u8> { (0..n).map(|k| (i * 7 + k * 13) as u8).collect() };
@@ -669,8 +708,8 @@ mod tests {
         let layout = Layout { locals: 2, ring: 4096 };
         let seg = Arc::new(Segment::create(layout.segment_bytes()).unwrap());
         let patience = Patience { spin: std::time::Duration::ZERO, yield_for: std::time::Duration::ZERO, round: 1 };
-        let (tx, _) = link(&seg, &seg, layout, 0, 1, patience);
-        let (_, rx) = link(&seg, &seg, layout, 1, 0, patience);
+        let (tx, _) = link(&seg, &seg, layout, 0, 1, patience, usize::MAX);
+        let (_, rx) = link(&seg, &seg, layout, 1, 0, patience, usize::MAX);
         let never = || -> Result<(), anyccl_core::Error> { panic!("the ring has room") };
         tx.write(&[&[7u8; 4096 - 32]], &mut { never }).unwrap();
         let (h, body) = ([1u8; 24], [2u8; 16]);

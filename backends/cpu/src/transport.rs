@@ -2,7 +2,9 @@
 //!
 //! Each peer connection has a reader thread that drains incoming messages into a
 //! [`Mailbox`], so a sender never waits for the receiver to post a matching receive and no
-//! ordering of sends can deadlock. Messages carry a kind (collective or point-to-point), an
+//! ordering of sends can deadlock (on one host, a message sent by reference waits for its
+//! receiver's copy, which a receiver waiting on another peer makes to its inbox: see
+//! `local`). Messages carry a kind (collective or point-to-point), an
 //! op code and a collective sequence number, so a rank that issued a different collective
 //! than its peers gets an error naming both instead of silently mixing data.
 //!
@@ -15,7 +17,7 @@
 use crate::shm;
 use anyccl_core::{Error, Result, Store};
 use by_ref::by_ref_sizes;
-pub(crate) use by_ref::{BY_REF_EXCHANGE, BY_REF_MIN};
+pub(crate) use by_ref::{BY_REF_EXCHANGE, BY_REF_MIN, BY_REF_P2P_EXCHANGE};
 pub(crate) use local::Sink;
 use local::{shm_links, ShmLink};
 use std::collections::VecDeque;
@@ -399,22 +401,41 @@ impl Mesh {
         &self,
         peer: usize,
         what: impl Fn() -> String,
-        take: impl FnMut(&mut Inbox) -> Option<T>,
+        mut take: impl FnMut(&mut Inbox) -> Option<T>,
     ) -> Result<T> {
         let t = self.op_timeout;
-        self.mailbox.wait_for(peer, anyccl_core::deadline_in(t), take).map_err(|m| match m {
-            Missed::Dead(d) => self.dead_err(d),
-            Missed::TimedOut => Error::Timeout {
-                op: what(),
-                rank: self.rank,
-                group: self.label.clone(),
-                after: t,
-                detail: format!(
-                    "nothing arrived from rank {peer} for {t:?}: it has not reached this operation (a stopped, \
-                     stuck or slower rank, or one that issued other operations)"
-                ),
-            },
-        })
+        let deadline = anyccl_core::deadline_in(t);
+        let started = Instant::now();
+        // With peers on this host, the wait looks up every few milliseconds and, once it has
+        // lasted `DRAIN_AFTER`, copies what they sent by reference (they wait for that copy,
+        // and one of them may be what this wait waits for, through others).
+        let serves = self.shm.iter().any(Option::is_some);
+        loop {
+            let until = if serves { deadline.min(Instant::now() + Duration::from_millis(2)) } else { deadline };
+            let missed = match self.mailbox.wait_for(peer, until, &mut take) {
+                Ok(v) => return Ok(v),
+                Err(Missed::TimedOut) if until < deadline => {
+                    if started.elapsed() >= local::DRAIN_AFTER {
+                        self.serve()?;
+                    }
+                    continue;
+                }
+                Err(m) => m,
+            };
+            return Err(match missed {
+                Missed::Dead(d) => self.dead_err(d),
+                Missed::TimedOut => Error::Timeout {
+                    op: what(),
+                    rank: self.rank,
+                    group: self.label.clone(),
+                    after: t,
+                    detail: format!(
+                        "nothing arrived from rank {peer} for {t:?}: it has not reached this operation (a stopped, \
+                         stuck or slower rank, or one that issued other operations)"
+                    ),
+                },
+            });
+        }
     }
 
     /// Check a collective message's identity against what this rank runs.
@@ -496,18 +517,19 @@ impl Mesh {
     /// may read it, and is copied here first otherwise.
     pub(crate) fn send_data(&self, peer: usize, kind: Kind, op: u8, seq: u64, data: Data<'_>) -> Result<()> {
         let mut own = Vec::new();
-        match (self.resolve(peer, data, &mut own)?, &self.shm[peer]) {
+        match (self.resolve(peer, data, &mut own, false)?, &self.shm[peer]) {
             (Data::Bytes(b), _) => self.send(peer, kind, op, seq, b),
             (d, Some(link)) => self.shm_send(peer, link, kind, op, seq, d),
             (_, None) => Err(self.peer_err(peer, "no shared-memory link".into())),
         }
     }
 
-    /// `data` as it goes to `peer`: a lent range stays one only where `peer` copies it out
-    /// by reference ([`Mesh::lends_to`]); otherwise it is first copied into `own`.
-    fn resolve<'d>(&self, peer: usize, data: Data<'d>, own: &'d mut Vec<u8>) -> Result<Data<'d>> {
+    /// `data` as it goes to `peer`, sent in an exchange or alone: a lent range stays one
+    /// only where `peer` copies it out by reference ([`Mesh::lends_to`]); otherwise it is
+    /// first copied into `own`.
+    fn resolve<'d>(&self, peer: usize, data: Data<'d>, own: &'d mut Vec<u8>, exchange: bool) -> Result<Data<'d>> {
         match data {
-            Data::At { addr, len } if !self.lends_to(peer, len) => {
+            Data::At { addr, len } if !self.lends_to(peer, len, exchange) => {
                 own.resize(len, 0);
                 self.read_own(addr, own)?;
                 Ok(Data::Bytes(own))

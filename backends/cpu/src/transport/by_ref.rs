@@ -20,11 +20,17 @@ pub(crate) const BY_REF_MIN: usize = 16 << 20;
 /// less. From 16 MiB, where memory bounds both, the two were within 10% of each other at 2
 /// ranks, and by reference lost 30% at 4 ranks on 2 cores (all_reduce 32 MiB 2.10 -> 1.45,
 /// 256 MiB 1.43 -> 1.01; all_gather 256 MiB 1.89 -> 1.30), so larger messages go as they
-/// would alone. A sendrecv's message goes as it would alone too (it would gain as much:
-/// 2.9-5.7 -> 11.1-12.1 GB/s), since a message sent by reference waits for its receiver,
-/// and the receiver of a point-to-point message may first be waiting for another rank,
-/// while one that fits in the ring never waits for its receive.
+/// would alone.
 pub(crate) const BY_REF_EXCHANGE: std::ops::Range<usize> = (256 << 10)..BY_REF_MIN;
+
+/// The default of [`ByRef::p2p_exchange`]: a sendrecv's message (sent while one is
+/// received) from this size goes by reference. 2 ranks, busbw medians of 4 alternating runs,
+/// rings -> by reference: 64 KiB 5.1 -> 6.5 GB/s, 256 KiB 4.1 -> 8.8, 1 MiB 5.9 -> 8.2, 2
+/// MiB 6.2 -> 21.1, 8 MiB 4.6 -> 7.3. Its send then waits for the receiver's copy, as a
+/// large send does in NCCL; a receiver waiting on another rank meanwhile copies it to its
+/// inbox once that wait has lasted [`super::local::DRAIN_AFTER`], so ranks that exchange in
+/// a cycle never wait on each other for good.
+pub(crate) const BY_REF_P2P_EXCHANGE: usize = 64 << 10;
 
 /// Message sizes from which messages to peers of this host go by reference (the receiver
 /// copies them out of the sender's memory): `ANYCCL_CPU_BY_REF_MIN` sets them all (any
@@ -34,6 +40,8 @@ pub(crate) struct ByRef {
     /// Sizes of a collective's message that go by reference when sent while one from a
     /// peer is received (a ring step); others go as they would alone.
     pub exchange: std::ops::Range<usize>,
+    /// From this size a sendrecv's message goes by reference (sent while one is received).
+    pub p2p_exchange: usize,
     /// From these sizes a message sent alone goes by reference: point-to-point, collective
     /// (a broadcast's or a reduce's: never by default, the ring's two copies at once being
     /// faster than the kernel's one).
@@ -43,12 +51,16 @@ pub(crate) struct ByRef {
 /// [`ByRef`] from the environment.
 pub(crate) fn by_ref_sizes(rank: usize, label: &str) -> Result<ByRef> {
     match std::env::var("ANYCCL_CPU_BY_REF_MIN") {
-        Ok(v) if v.trim() == "off" => Ok(ByRef { exchange: 0..0, alone: (usize::MAX, usize::MAX) }),
+        Ok(v) if v.trim() == "off" => {
+            Ok(ByRef { exchange: 0..0, p2p_exchange: usize::MAX, alone: (usize::MAX, usize::MAX) })
+        }
         Ok(_) => {
             let v = crate::algo::env_bytes("ANYCCL_CPU_BY_REF_MIN", BY_REF_MIN, rank, label)?.max(REF_BODY + 1);
             // Every message from `v`, sent alone or not: `alone` says so for both kinds.
-            Ok(ByRef { exchange: 0..0, alone: (v, v) })
+            Ok(ByRef { exchange: 0..0, p2p_exchange: usize::MAX, alone: (v, v) })
         }
-        Err(_) => Ok(ByRef { exchange: BY_REF_EXCHANGE, alone: (BY_REF_MIN, usize::MAX) }),
+        Err(_) => {
+            Ok(ByRef { exchange: BY_REF_EXCHANGE, p2p_exchange: BY_REF_P2P_EXCHANGE, alone: (BY_REF_MIN, usize::MAX) })
+        }
     }
 }

@@ -20,11 +20,18 @@ pub(super) struct ShmLink {
 struct Watch {
     timeout: Duration,
     at: std::cell::Cell<Option<Instant>>,
+    /// When the deadline last started.
+    since: std::cell::Cell<Option<Instant>>,
 }
+
+/// How long a wait on one peer lasts before it also copies what other peers of this host
+/// sent it by reference and wait for to its inbox ([`Mesh::serve`]): such a sender may be
+/// the rank that this wait waits for, through others.
+pub(super) const DRAIN_AFTER: Duration = Duration::from_millis(1);
 
 impl Watch {
     fn new(timeout: Duration) -> Watch {
-        Watch { timeout, at: std::cell::Cell::new(None) }
+        Watch { timeout, at: std::cell::Cell::new(None), since: std::cell::Cell::new(None) }
     }
 
     /// The deadline, started now if it was not running.
@@ -34,14 +41,21 @@ impl Watch {
             None => {
                 let t = anyccl_core::deadline_in(self.timeout);
                 self.at.set(Some(t));
+                self.since.set(Some(Instant::now()));
                 t
             }
         }
     }
 
+    /// Whether the peer has made no progress for [`DRAIN_AFTER`] (or longer).
+    fn long(&self) -> bool {
+        self.since.get().is_some_and(|t| t.elapsed() >= DRAIN_AFTER)
+    }
+
     /// The peer made progress: the next look starts the deadline again.
     fn restart(&self) {
         self.at.set(None);
+        self.since.set(None);
     }
 
     /// [`Watch::restart`] when `now` (the bytes the peer has moved) is not `*last`: the
@@ -153,6 +167,10 @@ pub(super) async fn shm_links(
     let patience = shm::Patience::for_host(locals.len(), |name, default| {
         crate::algo::env_number(name, default, "a whole number", rank, label)
     })?;
+    let stream_min = match std::env::var("ANYCCL_CPU_RING_STREAM_MIN") {
+        Ok(v) if v.trim() == "off" => usize::MAX,
+        _ => crate::algo::env_bytes("ANYCCL_CPU_RING_STREAM_MIN", shm::RING_STREAM_MIN, rank, label)?,
+    };
     let me_local = locals.iter().position(|&r| r == rank).unwrap_or(0);
     let mut links: Vec<Option<ShmLink>> = (0..size).map(|_| None).collect();
     for (i, (&peer, v)) in locals.iter().zip(got).enumerate() {
@@ -180,7 +198,7 @@ pub(super) async fn shm_links(
         }
         let seg = shm::Segment::open(pid as u32, fd as i32, layout.segment_bytes())
             .map_err(|e| fail(format!("rank {peer}: {e}")))?;
-        let (tx, rx) = shm::link(&own, &Arc::new(seg), layout, me_local, i, patience);
+        let (tx, rx) = shm::link(&own, &Arc::new(seg), layout, me_local, i, patience, stream_min);
         // May this process read the peer's memory? (Not where a security module forbids
         // it.) The peer reads the answer before its first large message to this rank.
         let mut probe = [0u8; 8];
@@ -238,18 +256,19 @@ impl Mesh {
     /// copies it out of this process's memory), sent in an exchange or alone.
     fn by_ref(&self, tx: &shm::Tx, kind: Kind, len: usize, exchange: bool) -> bool {
         let m = &self.by_ref_sizes;
-        let alone = if kind == Kind::P2p { m.alone.0 } else { m.alone.1 };
-        // Only a collective's: its peer takes it in the same step, while a point-to-point
-        // message's receiver may first wait for another rank, and a send must not wait for it.
-        ((exchange && kind == Kind::Coll && m.exchange.contains(&len)) || len >= alone) && tx.by_ref_ok()
+        let (in_step, alone) = match kind {
+            Kind::P2p => (len >= m.p2p_exchange, m.alone.0),
+            _ => (m.exchange.contains(&len), m.alone.1),
+        };
+        ((exchange && in_step) || len >= alone) && tx.by_ref_ok()
     }
 
-    /// Whether a point-to-point message of `len` bytes to `peer` goes by reference (in an
-    /// exchange or alone, the same).
-    pub(super) fn lends_to(&self, peer: usize, len: usize) -> bool {
+    /// Whether a point-to-point message of `len` bytes to `peer` goes by reference, sent in
+    /// an exchange (a sendrecv) or alone.
+    pub(super) fn lends_to(&self, peer: usize, len: usize, exchange: bool) -> bool {
         self.shm[peer]
             .as_ref()
-            .is_some_and(|l| self.by_ref(&l.tx.lock().unwrap_or_else(|p| p.into_inner()), Kind::P2p, len, false))
+            .is_some_and(|l| self.by_ref(&l.tx.lock().unwrap_or_else(|p| p.into_inner()), Kind::P2p, len, exchange))
     }
 
     /// A point-to-point send to `to` and receive from `from` (a batch of one of each), with
@@ -301,7 +320,7 @@ impl Mesh {
         sink: &mut Sink<'_>,
     ) -> Result<()> {
         let mut own = Vec::new();
-        let data = self.resolve(to, data, &mut own)?;
+        let data = self.resolve(to, data, &mut own, true)?;
         let bytes = if let Data::Bytes(b) = data { b } else { &[] };
         // Where the message does not go through the ring a piece at a time, the copy is made
         // first, whole.
@@ -412,7 +431,8 @@ impl Mesh {
                     if sending {
                         self.stop(to, &deadline, || false, &what)?;
                     }
-                    self.stop(from, &deadline, || rx.available() > 0, &what)
+                    self.stop(from, &deadline, || rx.available() > 0, &what)?;
+                    self.serve_if_long(&deadline)
                 })?;
             }
         }
@@ -579,12 +599,37 @@ impl Mesh {
         }
     }
 
+    /// [`Mesh::drain`] once a wait has lasted [`DRAIN_AFTER`] without progress: a peer that
+    /// sent this rank a message by reference waits for its copy, while this rank waits on
+    /// another peer (which may wait for the first).
+    fn serve_if_long(&self, w: &Watch) -> Result<()> {
+        if w.long() {
+            self.serve()
+        } else {
+            Ok(())
+        }
+    }
+
+    /// [`Mesh::drain`] of the rings whose writers wait for this rank to copy a message they
+    /// sent by reference.
+    pub(super) fn serve(&self) -> Result<()> {
+        self.drain_where(|rx| rx.awaited())
+    }
+
     /// Move what has arrived in this rank's rings to the inbox (as far as each peer's inbox
     /// bound allows), without waiting: a message that has arrived in part stays half read.
     fn drain(&self) -> Result<()> {
+        self.drain_where(|_| true)
+    }
+
+    /// [`Mesh::drain`] of the rings that `pick` selects.
+    fn drain_where(&self, pick: impl Fn(&shm::Rx) -> bool) -> Result<()> {
         for (q, link) in self.shm.iter().enumerate() {
             let Some(link) = link else { continue };
             let Ok(mut st) = link.rx.try_lock() else { continue };
+            if !pick(&st.rx) {
+                continue;
+            }
             loop {
                 if st.partial.is_none() {
                     if st.rx.available() < HEADER as u64 || self.mailbox.held(q) >= self.mailbox.inbox_limit {
@@ -671,7 +716,10 @@ impl Mesh {
     fn shm_header(&self, peer: usize, rx: &shm::Rx, deadline: &Watch, what: &dyn Fn() -> String) -> Result<Hdr> {
         let pending = || rx.available() >= HEADER as u64;
         let mut h = [0u8; HEADER];
-        rx.wait_for(HEADER, &mut || self.stop(peer, deadline, pending, what))?;
+        rx.wait_for(HEADER, &mut || {
+            self.stop(peer, deadline, pending, what)?;
+            self.serve_if_long(deadline)
+        })?;
         rx.read(HEADER, &mut |at, b| h[at..at + b.len()].copy_from_slice(b), &mut || {
             self.stop(peer, deadline, pending, what)
         })?;
