@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 mod by_ref;
 mod local;
 mod mailbox;
+mod watch;
 
 use mailbox::{CollMsg, Inbox};
 pub(crate) use mailbox::{Dead, Mailbox, Missed};
@@ -415,7 +416,7 @@ impl Mesh {
             let missed = match self.mailbox.wait_for(peer, until, &mut take) {
                 Ok(v) => return Ok(v),
                 Err(Missed::TimedOut) if until < deadline => {
-                    if started.elapsed() >= local::DRAIN_AFTER {
+                    if started.elapsed() >= watch::DRAIN_AFTER {
                         self.serve()?;
                     }
                     continue;

@@ -28,7 +28,7 @@ pub(crate) const BY_REF_EXCHANGE: std::ops::Range<usize> = (256 << 10)..BY_REF_M
 /// rings -> by reference: 64 KiB 5.1 -> 6.5 GB/s, 256 KiB 4.1 -> 8.8, 1 MiB 5.9 -> 8.2, 2
 /// MiB 6.2 -> 21.1, 8 MiB 4.6 -> 7.3. Its send then waits for the receiver's copy, as a
 /// large send does in NCCL; a receiver waiting on another rank meanwhile copies it to its
-/// inbox once that wait has lasted [`super::local::DRAIN_AFTER`], so ranks that exchange in
+/// inbox once that wait has lasted [`super::watch::DRAIN_AFTER`], so ranks that exchange in
 /// a cycle never wait on each other for good.
 pub(crate) const BY_REF_P2P_EXCHANGE: usize = 64 << 10;
 

@@ -2,6 +2,7 @@
 //! drain that keeps senders from waiting on each other, steps that stream both directions
 //! at once, and large messages copied once out of the sender's memory.
 
+use super::watch::Watch;
 use super::*;
 
 /// Both ends of the rings between this rank and one peer of its host.
@@ -12,59 +13,6 @@ pub(super) struct ShmLink {
     pid: i32,
     /// Messages sent to it by reference so far.
     refs: AtomicU64,
-}
-
-/// The deadline of a wait on a peer: the operation timeout from when a wait first looks at
-/// it, again from the next look after the peer made progress. A message that needs no
-/// waiting reads no clock.
-struct Watch {
-    timeout: Duration,
-    at: std::cell::Cell<Option<Instant>>,
-    /// When the deadline last started.
-    since: std::cell::Cell<Option<Instant>>,
-}
-
-/// How long a wait on one peer lasts before it also copies what other peers of this host
-/// sent it by reference and wait for to its inbox ([`Mesh::serve`]): such a sender may be
-/// the rank that this wait waits for, through others.
-pub(super) const DRAIN_AFTER: Duration = Duration::from_millis(1);
-
-impl Watch {
-    fn new(timeout: Duration) -> Watch {
-        Watch { timeout, at: std::cell::Cell::new(None), since: std::cell::Cell::new(None) }
-    }
-
-    /// The deadline, started now if it was not running.
-    fn at(&self) -> Instant {
-        match self.at.get() {
-            Some(t) => t,
-            None => {
-                let t = anyccl_core::deadline_in(self.timeout);
-                self.at.set(Some(t));
-                self.since.set(Some(Instant::now()));
-                t
-            }
-        }
-    }
-
-    /// Whether the peer has made no progress for [`DRAIN_AFTER`] (or longer).
-    fn long(&self) -> bool {
-        self.since.get().is_some_and(|t| t.elapsed() >= DRAIN_AFTER)
-    }
-
-    /// The peer made progress: the next look starts the deadline again.
-    fn restart(&self) {
-        self.at.set(None);
-        self.since.set(None);
-    }
-
-    /// [`Watch::restart`] when `now` (the bytes the peer has moved) is not `*last`: the
-    /// deadline is for a peer that moves nothing, so it runs again while data flows.
-    fn restart_on_progress(&self, last: &mut u64, now: u64) {
-        if std::mem::replace(last, now) != now {
-            self.restart();
-        }
-    }
 }
 
 /// The reading end of a link and the message a drain left half read.
@@ -599,9 +547,9 @@ impl Mesh {
         }
     }
 
-    /// [`Mesh::drain`] once a wait has lasted [`DRAIN_AFTER`] without progress: a peer that
-    /// sent this rank a message by reference waits for its copy, while this rank waits on
-    /// another peer (which may wait for the first).
+    /// [`Mesh::serve`] once a wait has lasted [`super::watch::DRAIN_AFTER`] without
+    /// progress: a peer that sent this rank a message by reference waits for its copy,
+    /// while this rank waits on another peer (which may wait for the first).
     fn serve_if_long(&self, w: &Watch) -> Result<()> {
         if w.long() {
             self.serve()
