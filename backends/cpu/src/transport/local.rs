@@ -471,10 +471,14 @@ impl Mesh {
         match sink {
             Sink::Into(dst) => shm::read_remote(link.pid, addr, &mut dst[..len]).map_err(failed)?,
             Sink::With(f) => {
-                // Through a buffer that stays in cache, a piece at a time.
+                // Through a buffer that stays in cache, a piece at a time, starting at the
+                // sender's offset in its page: the kernel's copy then never meets the slow
+                // offsets (`shm::copy::slow_offset`) and never takes the bounce buffer.
                 const PIECE: usize = 256 << 10;
                 let mut scratch = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
-                scratch.resize(PIECE.min(len), 0);
+                scratch.resize(PIECE.min(len) + 8192, 0);
+                let o = scratch.as_ptr().align_offset(4096) + (addr & 0xfff);
+                let scratch = &mut scratch[o..];
                 let mut at = 0;
                 while at < len {
                     let k = PIECE.min(len - at);
