@@ -15,8 +15,10 @@
 //!   MiB sent while one is received (a ring step), a sendrecv's message from 64 KiB, and
 //!   any other point-to-point message of 16 MiB or more, is copied once, by the receiver,
 //!   out of the sender's memory (`process_vm_readv`), and the sender waits for that copy
-//!   (a rank waiting on another peer for a millisecond makes that copy to its inbox, so no
-//!   cycle of sends and receives waits for good); where a security module forbids it, the
+//!   (a rank waiting on another peer for a millisecond makes that copy to its inbox, as it
+//!   drains a ring whose writer waits for room, so no cycle of sends and receives waits for
+//!   good; a send that fails first withdraws its message, and the receiver then fails
+//!   rather than deliver what it read); where a security module forbids it, the
 //!   receiver says so at connect and the ring carries it. Other messages stream through
 //!   the rings (faster where measured; `ANYCCL_CPU_BY_REF_MIN` sets one size from which
 //!   every message goes by reference), written from 64 KiB with streaming stores, which

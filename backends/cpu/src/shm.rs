@@ -73,6 +73,12 @@ struct Side {
     /// Writer's side: the number of the last message sent by reference whose copy the
     /// writer has waited for (while it is above the reader's `ack`, the writer waits).
     awaited: AtomicU64,
+    /// Writer's side: the number of the last message sent by reference that the writer
+    /// stopped waiting for (its operation failed): its buffer may change or go, so a reader
+    /// that finishes copying it after this was set must not deliver it.
+    withdrawn: AtomicU64,
+    /// Writer's side: 1 while the writer waits for room in the ring.
+    stuck: AtomicU32,
     /// Reader's side: 1 when the reader may read the writer's memory
     /// (`process_vm_readv`), so the writer may send large messages by reference.
     by_ref: AtomicU32,
@@ -379,7 +385,22 @@ impl Tx {
     /// Wait until there is room in the ring for what [`Tx::write_some`] writes of `w` next.
     fn wait_room(&self, w: &Writing<'_>, check: Check<'_>) -> Result<(), Error> {
         let ctl = self.ring.ctl();
-        wait_until(self.patience, &ctl.reader.bell, &ctl.writer.sleeping, || self.has_room(w), check)
+        self.stuck(true);
+        let r = wait_until(self.patience, &ctl.reader.bell, &ctl.writer.sleeping, || self.has_room(w), check);
+        self.stuck(false);
+        r
+    }
+
+    /// Say whether this writer waits for room (a reader waiting on another peer then moves
+    /// what this writer sent to its inbox: see `Rx::awaited`).
+    pub(crate) fn stuck(&self, on: bool) {
+        self.ring.ctl().writer.stuck.store(u32::from(on), Ordering::SeqCst);
+    }
+
+    /// Stop waiting for the copy of message `n` sent by reference: the reader must not
+    /// deliver it unless its copy finished before this.
+    pub(crate) fn withdraw(&self, n: u64) {
+        self.ring.ctl().writer.withdrawn.store(n, Ordering::SeqCst);
     }
 
     /// Without waiting: write as much of the message as there is room for (whole words; a
@@ -536,10 +557,18 @@ impl Rx {
         }
     }
 
-    /// Whether the writer waits for this reader to copy a message it sent by reference.
+    /// Whether the writer waits for this reader: for room, or for the copy of a message it
+    /// sent by reference.
     pub(crate) fn awaited(&self) -> bool {
         let ctl = self.ring.ctl();
-        ctl.writer.awaited.load(Ordering::Acquire) > ctl.reader.ack.load(Ordering::Relaxed)
+        ctl.writer.stuck.load(Ordering::Acquire) == 1
+            || ctl.writer.awaited.load(Ordering::Acquire) > ctl.reader.ack.load(Ordering::Relaxed)
+    }
+
+    /// Whether the writer withdrew message `n` sent by reference (looked at after copying
+    /// it: a copy that finished before the withdrawal read the buffer as sent).
+    pub(crate) fn withdrawn(&self, n: u64) -> bool {
+        self.ring.ctl().writer.withdrawn.load(Ordering::SeqCst) >= n
     }
 
     /// Bytes this reader has consumed since the start.

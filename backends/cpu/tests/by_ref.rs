@@ -1,8 +1,10 @@
 //! A sendrecv's message of 64 KiB or more goes by reference: its sender waits until the
-//! receiver has copied it. A receiver that is waiting on another rank meanwhile copies it to
-//! its inbox once that wait has lasted a millisecond, so ranks whose sends and receives form
-//! a cycle never wait on each other for good, whether the receiver waits over shared memory
-//! or over TCP.
+//! receiver has copied it; a message larger than the ring waits for room. A receiver that is
+//! waiting on another rank meanwhile copies what such a waiting sender sent it to its inbox
+//! once that wait has lasted a millisecond, so ranks whose sends and receives form a cycle
+//! never wait on each other for good, whether the receiver waits over shared memory or over
+//! TCP. A by-reference message whose sender's operation failed is never delivered from a
+//! buffer the sender reused.
 
 use anyccl_core::{Backend, Buf, BufMut, CommConfig, Communicator, GroupSpec, MemoryStore, P2POp, Store};
 use anyccl_cpu::{CpuLinks, Links};
@@ -13,12 +15,12 @@ use std::time::{Duration, Instant};
 const X: usize = 1 << 20;
 const W: usize = 6;
 
-fn connect(store: Arc<dyn Store>, rank: usize, links: Links) -> Result<Communicator, String> {
+fn connect_n(store: Arc<dyn Store>, rank: usize, n: usize, links: Links, name: &str) -> Result<Communicator, String> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
     let cpu = CpuLinks(links);
     let config = CommConfig { op_timeout: Duration::from_secs(10), ..CommConfig::default() };
     let device = cpu.platform(0).map_err(|e| e.to_string())?.device();
-    rt.block_on(Communicator::connect(&cpu, GroupSpec::world(W, "by-ref-cycle"), rank, store, device, config))
+    rt.block_on(Communicator::connect(&cpu, GroupSpec::world(n, name), rank, store, device, config))
         .map_err(|e| e.to_string())
 }
 
@@ -28,22 +30,31 @@ fn wait(w: anyccl_core::Result<anyccl_core::Work<'_>>, what: &str) -> Result<(),
 
 /// Ranks 0 (`a`), 2 (`b`) and 4 (`c`) share a host under `hosts:2`; rank 1 (`d`) does not.
 /// `a` sends `b` 1 MiB in a sendrecv (by reference: it waits for `b`'s copy) and receives
-/// from `c`, then sends `d` a few bytes; `b` first waits for `d`, which waits for `a`. Only
-/// `b` copying `a`'s message while it waits for `d` lets `a` go on.
-fn cycle(links: Links) -> Result<(), Failed> {
+/// from `c`, or (`large`) sends `b` alone 8 MiB, twice the ring (it waits for room), then
+/// sends `d` a few bytes; `b` first waits for `d`, which waits for `a`. Only `b` copying
+/// `a`'s message while it waits for `d` lets `a` go on.
+fn cycle(links: Links, large: bool) -> Result<(), Failed> {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let handles: Vec<_> = (0..W)
         .map(|r| {
             let s = store.clone();
             std::thread::spawn(move || -> Result<Duration, String> {
-                let c = connect(s, r, links).map_err(|e| format!("rank {r}: connect: {e}"))?;
+                let c = connect_n(s, r, W, links, "by-ref-cycle").map_err(|e| format!("rank {r}: connect: {e}"))?;
                 let t = Instant::now();
-                let x: Vec<u8> = (0..X).map(|i| (i % 251) as u8).collect();
+                let n = if large { 8 * X } else { X };
+                let x: Vec<u8> = (0..n).map(|i| (i % 251) as u8).collect();
                 match r {
+                    0 if large => {
+                        wait(c.send(Buf::host(&x), 2), "send to 2")?;
+                        wait(c.send(Buf::host(&[7u8; 8][..]), 1), "send to 1")?;
+                    }
                     0 => {
                         let mut y = vec![0u8; X];
-                        let ops = vec![P2POp::Send(Buf::host(&x), 2), P2POp::Recv(BufMut::host(&mut y), 4)];
+                        let mut mine = x.clone();
+                        let ops = vec![P2POp::Send(Buf::host(&mine), 2), P2POp::Recv(BufMut::host(&mut y), 4)];
                         wait(c.p2p_group(ops), "sendrecv")?;
+                        // The send is complete: its buffer is the caller's again.
+                        mine.fill(0);
                         if y.iter().any(|&v| v != 4) {
                             return Err("rank 0: wrong bytes from rank 4".into());
                         }
@@ -57,13 +68,13 @@ fn cycle(links: Links) -> Result<(), Failed> {
                     2 => {
                         let mut w = [0u8; 8];
                         wait(c.recv(BufMut::host(&mut w[..]), 1), "recv from 1")?;
-                        let mut got = vec![0u8; X];
+                        let mut got = vec![0u8; n];
                         wait(c.recv(BufMut::host(&mut got), 0), "recv from 0")?;
                         if w != [7u8; 8] || got != x {
                             return Err("rank 2: wrong bytes".into());
                         }
                     }
-                    4 => wait(c.send(Buf::host(&vec![4u8; X]), 0), "send to 0")?,
+                    4 if !large => wait(c.send(Buf::host(&vec![4u8; X]), 0), "send to 0")?,
                     _ => {}
                 }
                 let took = t.elapsed();
@@ -88,11 +99,74 @@ fn cycle(links: Links) -> Result<(), Failed> {
     Ok(())
 }
 
+/// Rank 0's sendrecv sends rank 1 1 MiB by reference and fails on its receive half (rank
+/// 2 sends 8 bytes, not 1 MiB); rank 0 then reuses its buffer at once. Rank 1, which looks
+/// at its ring only 50 ms later, must fail or receive the bytes as sent, never the reused
+/// buffer's.
+fn withdrawn_on_failure() -> Result<(), Failed> {
+    const N: usize = 3;
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let x: Arc<Vec<u8>> = Arc::new((0..X).map(|i| (i % 251) as u8 | 1).collect());
+    let handles: Vec<_> = (0..N)
+        .map(|r| {
+            let (s, x) = (store.clone(), x.clone());
+            std::thread::spawn(move || -> Result<String, String> {
+                let c = connect_n(s, r, N, Links::Auto, "by-ref-withdrawn").map_err(|e| format!("connect: {e}"))?;
+                match r {
+                    0 => {
+                        let mut mine = x.to_vec();
+                        let mut y = vec![0u8; X];
+                        let ops = vec![P2POp::Send(Buf::host(&mine), 1), P2POp::Recv(BufMut::host(&mut y), 2)];
+                        let got = wait(c.p2p_group(ops), "sendrecv");
+                        mine.fill(0);
+                        // Kept (reused, not freed) while rank 1 copies.
+                        std::thread::sleep(Duration::from_millis(300));
+                        drop(mine);
+                        match got {
+                            Err(e) => Ok(format!("sendrecv failed as it should: {e}")),
+                            Ok(()) => Err("a sendrecv receiving 8 bytes into 1 MiB succeeded".into()),
+                        }
+                    }
+                    1 => {
+                        std::thread::sleep(Duration::from_millis(50));
+                        let mut got = vec![0u8; X];
+                        match wait(c.recv(BufMut::host(&mut got), 0), "recv from 0") {
+                            Ok(()) if got[..] == x[..] => Ok("received the bytes as sent".into()),
+                            Ok(()) => Err("received a buffer that its sender had reused".into()),
+                            Err(e) => Ok(format!("failed: {e}")),
+                        }
+                    }
+                    _ => wait(c.send(Buf::host(&[2u8; 8][..]), 0), "send to 0").map(|()| "sent".into()),
+                }
+            })
+        })
+        .collect();
+    let mut errs = Vec::new();
+    for (r, h) in handles.into_iter().enumerate() {
+        match h.join() {
+            Ok(Ok(what)) if r == 1 => println!("    rank 1 {what}"),
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => errs.push(format!("rank {r}: {e}")),
+            Err(_) => errs.push(format!("rank {r} panicked")),
+        }
+    }
+    match errs.is_empty() {
+        true => Ok(()),
+        false => Err(errs.join("; ").into()),
+    }
+}
+
 fn main() -> std::process::ExitCode {
+    // The cases need the default sizes (a sendrecv's message by reference from 64 KiB):
+    // removed before any thread starts, since every connect reads it.
+    std::env::remove_var("ANYCCL_CPU_BY_REF_MIN");
     let args = Arguments::from_args();
     let trials = vec![
-        Trial::test("cpu::by_ref::cycle_over_shared_memory[w=6]", || cycle(Links::Auto)),
-        Trial::test("cpu::by_ref::cycle_across_hosts[w=6]", || cycle(Links::Hosts(2))),
+        Trial::test("cpu::by_ref::cycle_over_shared_memory[w=6]", || cycle(Links::Auto, false)),
+        Trial::test("cpu::by_ref::cycle_across_hosts[w=6]", || cycle(Links::Hosts(2), false)),
+        Trial::test("cpu::by_ref::large_send_cycle_over_shared_memory[w=6]", || cycle(Links::Auto, true)),
+        Trial::test("cpu::by_ref::large_send_cycle_across_hosts[w=6]", || cycle(Links::Hosts(2), true)),
+        Trial::test("cpu::by_ref::withdrawn_on_failure[w=3]", withdrawn_on_failure),
     ];
     libtest_mimic::run(&args, trials).exit_code()
 }

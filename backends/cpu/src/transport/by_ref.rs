@@ -1,5 +1,6 @@
 //! When a message to a peer of this host goes by reference: the receiver copies it once,
-//! out of the sender's memory (`process_vm_readv`), and the sender waits for that copy.
+//! out of the sender's memory (`process_vm_readv`), and the sender waits for that copy, or
+//! withdraws the message when its operation fails first (`Lent`).
 
 use super::local::REF_BODY;
 use anyccl_core::Result;
@@ -29,7 +30,9 @@ pub(crate) const BY_REF_EXCHANGE: std::ops::Range<usize> = (256 << 10)..BY_REF_M
 /// MiB 6.2 -> 21.1, 8 MiB 4.6 -> 7.3. Its send then waits for the receiver's copy, as a
 /// large send does in NCCL; a receiver waiting on another rank meanwhile copies it to its
 /// inbox once that wait has lasted [`super::watch::DRAIN_AFTER`], so ranks that exchange in
-/// a cycle never wait on each other for good.
+/// a cycle never wait on each other for good. A send whose operation fails before that copy
+/// withdraws the message (`Lent`): the receiver fails rather than deliver a buffer that the
+/// sender may have reused.
 pub(crate) const BY_REF_P2P_EXCHANGE: usize = 64 << 10;
 
 /// Message sizes from which messages to peers of this host go by reference (the receiver
@@ -61,6 +64,30 @@ pub(crate) fn by_ref_sizes(rank: usize, label: &str) -> Result<ByRef> {
         }
         Err(_) => {
             Ok(ByRef { exchange: BY_REF_EXCHANGE, p2p_exchange: BY_REF_P2P_EXCHANGE, alone: (BY_REF_MIN, usize::MAX) })
+        }
+    }
+}
+
+/// A message sent by reference whose copy the receiver has not acknowledged yet: dropped
+/// before it is (the operation failed, and the sender's buffer may change or go), it is
+/// withdrawn, so that the receiver fails instead of delivering what it read.
+pub(super) struct Lent<'a> {
+    tx: &'a crate::shm::Tx,
+    n: u64,
+    /// Set once the receiver acknowledged its copy.
+    pub acked: bool,
+}
+
+impl<'a> Lent<'a> {
+    pub(super) fn new(tx: &'a crate::shm::Tx, body: &[u8; REF_BODY]) -> Self {
+        Lent { tx, n: u64::from_le_bytes(body[8..].try_into().unwrap_or_default()), acked: false }
+    }
+}
+
+impl Drop for Lent<'_> {
+    fn drop(&mut self) {
+        if !self.acked {
+            self.tx.withdraw(self.n);
         }
     }
 }

@@ -2,6 +2,7 @@
 //! drain that keeps senders from waiting on each other, steps that stream both directions
 //! at once, and large messages copied once out of the sender's memory.
 
+use super::by_ref::Lent;
 use super::watch::Watch;
 use super::*;
 
@@ -298,6 +299,7 @@ impl Mesh {
         }
         let tx = out.tx.lock().unwrap_or_else(|p| p.into_inner());
         let (h, by_ref) = self.header_for(&tx, out, (kind, op, seq), data, true);
+        let mut lent = by_ref.as_ref().map(|b| Lent::new(&tx, b));
         if by_ref.is_some() {
             mirror_all(&mut mirror);
         }
@@ -375,19 +377,32 @@ impl Mesh {
                 }
                 let sending = !w.done();
                 let ready = || (sending && tx.has_room(&w)) || (!received && rx.available() > 0);
-                shm::wait_either(&tx, rx, ready, &mut || {
+                // A writer out of room says so (rarely: small messages wait for their receive).
+                let stuck = sending && !tx.has_room(&w);
+                if stuck {
+                    tx.stuck(true);
+                }
+                let waited = shm::wait_either(&tx, rx, ready, &mut || {
                     if sending {
                         self.stop(to, &deadline, || false, &what)?;
                     }
                     self.stop(from, &deadline, || rx.available() > 0, &what)?;
                     self.serve_if_long(&deadline)
-                })?;
+                });
+                if stuck {
+                    tx.stuck(false);
+                }
+                waited?;
             }
         }
         drop(st);
-        match by_ref {
-            Some(b) => self.wait_ack(to, &tx, &b, &what),
-            None => Ok(()),
+        match (by_ref, lent.as_mut()) {
+            (Some(b), Some(l)) => {
+                self.wait_ack(to, &tx, &b, &what)?;
+                l.acked = true;
+                Ok(())
+            }
+            _ => Ok(()),
         }
     }
 
@@ -488,6 +503,15 @@ impl Mesh {
                 }
             }
         }
+        if rx.withdrawn(n) {
+            return Err(self.peer_err(
+                peer,
+                format!(
+                    "rank {peer} withdrew the {len}-byte message it sent by reference while this rank copied it (its \
+                     operation failed)"
+                ),
+            ));
+        }
         rx.ack(n);
         Ok(())
     }
@@ -536,6 +560,7 @@ impl Mesh {
         let tx = link.tx.lock().unwrap_or_else(|p| p.into_inner());
         let what = || what(kind, op, seq);
         let (h, by_ref) = self.header_for(&tx, link, (kind, op, seq), data, false);
+        let mut lent = by_ref.as_ref().map(|b| Lent::new(&tx, b));
         let deadline = Watch::new(self.op_timeout);
         let mut taken = tx.consumed();
         let mut stalled = || -> Result<()> {
@@ -545,9 +570,13 @@ impl Mesh {
         };
         let bytes = if let Data::Bytes(b) = data { b } else { &[] };
         tx.write(&[&h, by_ref.as_ref().map_or(bytes, |b| &b[..])], &mut stalled)?;
-        match by_ref {
-            Some(b) => self.wait_ack(peer, &tx, &b, &what),
-            None => Ok(()),
+        match (by_ref, lent.as_mut()) {
+            (Some(b), Some(l)) => {
+                self.wait_ack(peer, &tx, &b, &what)?;
+                l.acked = true;
+                Ok(())
+            }
+            _ => Ok(()),
         }
     }
 
