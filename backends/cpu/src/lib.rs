@@ -16,13 +16,13 @@
 //!   any other point-to-point message of 16 MiB or more, is copied once, by the receiver,
 //!   out of the sender's memory (`process_vm_readv`), and the sender waits for that copy
 //!   (a rank waiting on another peer for a millisecond makes that copy to its inbox, as it
-//!   drains a ring whose writer waits for room, so no cycle of sends and receives waits for
-//!   good; a send that fails first withdraws its message, and the receiver then fails
-//!   rather than deliver what it read); where a security module forbids it, the
-//!   receiver says so at connect and the ring carries it. Other messages stream through
-//!   the rings (faster where measured; `ANYCCL_CPU_BY_REF_MIN` sets one size from which
-//!   every message goes by reference), written from 64 KiB with streaming stores, which
-//!   held their rate where plain stores swung between about 4 and 25 GB/s.
+//!   drains a ring whose point-to-point writer waits for room, so no cycle of sends and
+//!   receives waits for good; a send that fails first withdraws its message, and the
+//!   receiver then fails rather than deliver what it read); where a security module
+//!   forbids it, the receiver says so at connect and the ring carries it. Other messages
+//!   stream through the rings (faster where measured; `ANYCCL_CPU_BY_REF_MIN` sets one size
+//!   from which every message goes by reference), written from 64 KiB with streaming
+//!   stores, which held their rate where plain stores swung between about 4 and 25 GB/s.
 //! - **No slow string moves.** Copies whose destination sits 1-63 bytes past the source
 //!   modulo a page, which the string-move instruction runs 15-20x slower on several AMD
 //!   cores (in the C library's `memcpy` and in the kernel's copies between processes), go

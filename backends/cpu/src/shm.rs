@@ -335,15 +335,16 @@ impl Tx {
     /// Append `parts` (one message: header and payload) to the stream, padded to 8 bytes,
     /// waiting for room as the reader consumes; `stalled` runs while there is no room (the
     /// caller drains its own incoming rings there, so two ranks sending to each other never
-    /// wait on each other) and ends the wait with its error.
-    pub(crate) fn write(&self, parts: &[&[u8]], stalled: Check<'_>) -> Result<(), Error> {
+    /// wait on each other) and ends the wait with its error. `announce`: say while waiting
+    /// that this writer is out of room ([`Tx::stuck`]).
+    pub(crate) fn write(&self, parts: &[&[u8]], stalled: Check<'_>, announce: bool) -> Result<(), Error> {
         let mut w = Writing::new(parts);
         loop {
             self.write_some(&mut w);
             if w.done() {
                 return Ok(());
             }
-            self.wait_room(&w, stalled)?;
+            self.wait_room(&w, stalled, announce)?;
         }
     }
 
@@ -383,11 +384,15 @@ impl Tx {
     }
 
     /// Wait until there is room in the ring for what [`Tx::write_some`] writes of `w` next.
-    fn wait_room(&self, w: &Writing<'_>, check: Check<'_>) -> Result<(), Error> {
+    fn wait_room(&self, w: &Writing<'_>, check: Check<'_>, announce: bool) -> Result<(), Error> {
         let ctl = self.ring.ctl();
-        self.stuck(true);
+        if announce {
+            self.stuck(true);
+        }
         let r = wait_until(self.patience, &ctl.reader.bell, &ctl.writer.sleeping, || self.has_room(w), check);
-        self.stuck(false);
+        if announce {
+            self.stuck(false);
+        }
         r
     }
 
@@ -401,6 +406,9 @@ impl Tx {
     /// deliver it unless its copy finished before this.
     pub(crate) fn withdraw(&self, n: u64) {
         self.ring.ctl().writer.withdrawn.store(n, Ordering::SeqCst);
+        // The caller's next writes to the buffer come after the store, on every CPU (a
+        // SeqCst store alone orders only what precedes it).
+        std::sync::atomic::fence(Ordering::SeqCst);
     }
 
     /// Without waiting: write as much of the message as there is room for (whole words; a
@@ -568,6 +576,8 @@ impl Rx {
     /// Whether the writer withdrew message `n` sent by reference (looked at after copying
     /// it: a copy that finished before the withdrawal read the buffer as sent).
     pub(crate) fn withdrawn(&self, n: u64) -> bool {
+        // The copy's reads come before the load, on every CPU.
+        std::sync::atomic::fence(Ordering::SeqCst);
         self.ring.ctl().writer.withdrawn.load(Ordering::SeqCst) >= n
     }
 
@@ -717,7 +727,7 @@ mod tests {
         let mut last = 0;
         for (i, &n) in sizes.iter().enumerate() {
             let m = msg(i, n);
-            tx.write(&[&m], &mut { check }).unwrap();
+            tx.write(&[&m], &mut { check }, false).unwrap();
             let r = tx.ring.ctl().writer.restart.load(Ordering::Relaxed);
             if r != last {
                 assert!(r % 4096 >= restart_at(4096), "restart at offset {}", r % 4096);
@@ -740,7 +750,7 @@ mod tests {
         let (tx, _) = link(&seg, &seg, layout, 0, 1, patience, usize::MAX);
         let (_, rx) = link(&seg, &seg, layout, 1, 0, patience, usize::MAX);
         let never = || -> Result<(), anyccl_core::Error> { panic!("the ring has room") };
-        tx.write(&[&[7u8; 4096 - 32]], &mut { never }).unwrap();
+        tx.write(&[&[7u8; 4096 - 32]], &mut { never }, false).unwrap();
         let (h, body) = ([1u8; 24], [2u8; 16]);
         let parts: [&[u8]; 2] = [&h, &body];
         let mut short = Writing::new(&parts);

@@ -100,16 +100,18 @@ fn cycle(links: Links, large: bool) -> Result<(), Failed> {
 }
 
 /// Rank 0's sendrecv sends rank 1 1 MiB by reference and fails on its receive half (rank
-/// 2 sends 8 bytes, not 1 MiB); rank 0 then reuses its buffer at once. Rank 1, which looks
-/// at its ring only 50 ms later, must fail or receive the bytes as sent, never the reused
-/// buffer's.
+/// 2 sends 8 bytes, not 1 MiB); rank 0 then reuses its buffer and keeps it until rank 1,
+/// which receives only after that, has finished. Rank 1 must fail, saying that the message
+/// was withdrawn, and never deliver the reused buffer's bytes.
 fn withdrawn_on_failure() -> Result<(), Failed> {
     const N: usize = 3;
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let x: Arc<Vec<u8>> = Arc::new((0..X).map(|i| (i % 251) as u8 | 1).collect());
+    // Ranks 0 and 1 meet twice: once rank 0 has reused its buffer, and once rank 1 is done.
+    let meet = Arc::new(std::sync::Barrier::new(2));
     let handles: Vec<_> = (0..N)
         .map(|r| {
-            let (s, x) = (store.clone(), x.clone());
+            let (s, x, meet) = (store.clone(), x.clone(), meet.clone());
             std::thread::spawn(move || -> Result<String, String> {
                 let c = connect_n(s, r, N, Links::Auto, "by-ref-withdrawn").map_err(|e| format!("connect: {e}"))?;
                 match r {
@@ -119,8 +121,9 @@ fn withdrawn_on_failure() -> Result<(), Failed> {
                         let ops = vec![P2POp::Send(Buf::host(&mine), 1), P2POp::Recv(BufMut::host(&mut y), 2)];
                         let got = wait(c.p2p_group(ops), "sendrecv");
                         mine.fill(0);
+                        meet.wait();
                         // Kept (reused, not freed) while rank 1 copies.
-                        std::thread::sleep(Duration::from_millis(300));
+                        meet.wait();
                         drop(mine);
                         match got {
                             Err(e) => Ok(format!("sendrecv failed as it should: {e}")),
@@ -128,12 +131,15 @@ fn withdrawn_on_failure() -> Result<(), Failed> {
                         }
                     }
                     1 => {
-                        std::thread::sleep(Duration::from_millis(50));
+                        meet.wait();
                         let mut got = vec![0u8; X];
-                        match wait(c.recv(BufMut::host(&mut got), 0), "recv from 0") {
-                            Ok(()) if got[..] == x[..] => Ok("received the bytes as sent".into()),
+                        let r = wait(c.recv(BufMut::host(&mut got), 0), "recv from 0");
+                        meet.wait();
+                        match r {
+                            Err(e) if e.contains("withdrew") => Ok(format!("failed: {e}")),
+                            Err(e) => Err(format!("failed, but not for the withdrawn message: {e}")),
+                            Ok(()) if got[..] == x[..] => Err("received bytes its sender had withdrawn".into()),
                             Ok(()) => Err("received a buffer that its sender had reused".into()),
-                            Err(e) => Ok(format!("failed: {e}")),
                         }
                     }
                     _ => wait(c.send(Buf::host(&[2u8; 8][..]), 0), "send to 0").map(|()| "sent".into()),
@@ -157,9 +163,10 @@ fn withdrawn_on_failure() -> Result<(), Failed> {
 }
 
 fn main() -> std::process::ExitCode {
-    // The cases need the default sizes (a sendrecv's message by reference from 64 KiB):
-    // removed before any thread starts, since every connect reads it.
+    // The cases need the default sizes (a sendrecv's message by reference from 64 KiB, rings
+    // of 4 MiB): removed before any thread starts, since every connect reads them.
     std::env::remove_var("ANYCCL_CPU_BY_REF_MIN");
+    std::env::remove_var("ANYCCL_CPU_SHM_RING_BYTES");
     let args = Arguments::from_args();
     let trials = vec![
         Trial::test("cpu::by_ref::cycle_over_shared_memory[w=6]", || cycle(Links::Auto, false)),

@@ -377,8 +377,8 @@ impl Mesh {
                 }
                 let sending = !w.done();
                 let ready = || (sending && tx.has_room(&w)) || (!received && rx.available() > 0);
-                // A writer out of room says so (rarely: small messages wait for their receive).
-                let stuck = sending && !tx.has_room(&w);
+                // A point-to-point writer out of room says so (see `shm_send`).
+                let stuck = kind == Kind::P2p && sending && !tx.has_room(&w);
                 if stuck {
                     tx.stuck(true);
                 }
@@ -569,7 +569,9 @@ impl Mesh {
             self.drain()
         };
         let bytes = if let Data::Bytes(b) = data { b } else { &[] };
-        tx.write(&[&h, by_ref.as_ref().map_or(bytes, |b| &b[..])], &mut stalled)?;
+        // Only a point-to-point writer says that it is out of room: collectives run in step,
+        // and a receiver draining their rings early would only add a copy.
+        tx.write(&[&h, by_ref.as_ref().map_or(bytes, |b| &b[..])], &mut stalled, kind == Kind::P2p)?;
         match (by_ref, lent.as_mut()) {
             (Some(b), Some(l)) => {
                 self.wait_ack(peer, &tx, &b, &what)?;
