@@ -39,12 +39,17 @@ pub(crate) const STREAM_MIN: usize = 8 << 20;
 /// on 2 cores, out-of-place busbw, medians of alternating rounds against the ring, both
 /// streaming from 16 MiB: 4 and 8 MiB 2.68 and 2.07 GB/s against 2.18 and 1.96, 16-256 MiB
 /// 1.96-2.79 against 1.79-1.96; 1-2 MiB, which stay in cache either way, lower (2.02-2.29
-/// against 2.34-3.54).
-pub(crate) const PAIR_MIN: usize = 4 << 20;
+/// against 2.34-3.54). Since the ring's steps go by reference, 4 MiB is as fast on the ring
+/// (7.8 against 7.4 GB/s with 512 KiB pieces, 5.1-5.6 with 256 KiB ones), so it starts
+/// at 8 MiB (the ring there 4.3, pieces 4.1, within the runs' spread).
+pub(crate) const PAIR_MIN: usize = 8 << 20;
 
 /// Bytes of a piece of a two-rank all_reduce ([`Tuning::pair_piece`]): its folded half (the
-/// scratch, when streaming) stays in a core's 512 KiB L2.
-pub(crate) const PAIR_PIECE: usize = 512 << 10;
+/// scratch, when streaming) stays in a core's L2, and, at 128 KiB, goes through the ring
+/// (written with streaming stores) rather than by reference (from 256 KiB): 2 ranks, busbw
+/// medians of 3 alternating runs, pieces of 512 -> 256 KiB: 8 MiB 3.8 -> 5.5 GB/s, 16-64
+/// MiB 3.5-4.2 -> 4.0-4.8, 128 and 256 MiB 2.4 and 2.3 -> 4.3 and 4.0.
+pub(crate) const PAIR_PIECE: usize = 256 << 10;
 
 /// Size thresholds that pick algorithms; `ANYCCL_CPU_*` overrides.
 #[derive(Debug, Clone, Copy)]
