@@ -72,8 +72,9 @@ pub(crate) fn by_ref_sizes(rank: usize, label: &str) -> Result<ByRef> {
 /// before it is (the operation failed, and the sender's buffer may change or go), it is
 /// withdrawn, so that the receiver fails instead of delivering what it read.
 pub(super) struct Lent<'a> {
-    tx: &'a crate::shm::Tx,
-    n: u64,
+    pub tx: &'a crate::shm::Tx,
+    /// The message's number on its link.
+    pub n: u64,
     /// Set once the receiver acknowledged its copy.
     pub acked: bool,
 }

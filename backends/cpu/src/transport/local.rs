@@ -396,14 +396,7 @@ impl Mesh {
             }
         }
         drop(st);
-        match (by_ref, lent.as_mut()) {
-            (Some(b), Some(l)) => {
-                self.wait_ack(to, &tx, &b, &what)?;
-                l.acked = true;
-                Ok(())
-            }
-            _ => Ok(()),
-        }
+        lent.as_mut().map_or(Ok(()), |l| self.wait_ack(to, l, &what))
     }
 
     /// The header of a message to a peer of this host, and the body that replaces the
@@ -436,15 +429,16 @@ impl Mesh {
         (h, Some(b))
     }
 
-    /// Wait until `peer` has copied the message sent by reference whose body is `body`
-    /// (the sender's buffer must stay as it is until then), draining meanwhile.
-    fn wait_ack(&self, peer: usize, tx: &shm::Tx, body: &[u8; REF_BODY], what: &dyn Fn() -> String) -> Result<()> {
-        let n = u64::from_le_bytes(body[8..].try_into().unwrap_or_default());
+    /// Wait until `peer` has copied the message `lent` sent by reference (the sender's buffer
+    /// must stay as it is until then), draining meanwhile; then mark it acknowledged.
+    fn wait_ack(&self, peer: usize, lent: &mut Lent<'_>, what: &dyn Fn() -> String) -> Result<()> {
         let deadline = Watch::new(self.op_timeout);
-        tx.wait_ack(n, &mut || {
+        lent.tx.wait_ack(lent.n, &mut || {
             self.stop(peer, &deadline, || false, what)?;
             self.drain()
-        })
+        })?;
+        lent.acked = true;
+        Ok(())
     }
 
     /// Read the payload of message `m` from `peer` into `sink`: from the ring, or, sent by
@@ -572,14 +566,7 @@ impl Mesh {
         // Only a point-to-point writer says that it is out of room: collectives run in step,
         // and a receiver draining their rings early would only add a copy.
         tx.write(&[&h, by_ref.as_ref().map_or(bytes, |b| &b[..])], &mut stalled, kind == Kind::P2p)?;
-        match (by_ref, lent.as_mut()) {
-            (Some(b), Some(l)) => {
-                self.wait_ack(peer, &tx, &b, &what)?;
-                l.acked = true;
-                Ok(())
-            }
-            _ => Ok(()),
-        }
+        lent.as_mut().map_or(Ok(()), |l| self.wait_ack(peer, l, &what))
     }
 
     /// [`Mesh::serve`] once a wait has lasted [`super::watch::DRAIN_AFTER`] without
