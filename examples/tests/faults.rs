@@ -393,7 +393,13 @@ fn huge_timeouts_are_errors() -> Outcome {
 /// A malformed CPU-backend setting fails the connect on every rank, naming the variable and
 /// the rank, instead of being ignored.
 fn malformed_cpu_settings() -> Outcome {
-    for var in ["ANYCCL_CPU_ROUND", "ANYCCL_CPU_SPIN_US", "ANYCCL_CPU_ALLTOALL_DIRECT_MAX", "ANYCCL_CPU_HUGE_PAGES"] {
+    for var in [
+        "ANYCCL_CPU_ROUND",
+        "ANYCCL_CPU_SPIN_US",
+        "ANYCCL_CPU_ALLTOALL_DIRECT_MAX",
+        "ANYCCL_CPU_HUGE_PAGES",
+        "ANYCCL_CPU_HUGE_PAGES_MIN",
+    ] {
         let out = launcher(2, &[bin("anyccl-bench"), "all_reduce", "-b", "8", "-e", "8", "-n", "1"])
             .env(var, "lots")
             .env("ANYCCL_INIT_TIMEOUT_S", "20")

@@ -92,7 +92,8 @@ fn tuning(links: Option<Links>) -> Vec<(String, String)> {
     };
     vec![
         ("ANYCCL_CPU_LINKS".into(), links),
-        ("ANYCCL_CPU_HUGE_PAGES".into(), env("ANYCCL_CPU_HUGE_PAGES", "1 (allocations of 2 MiB and more)".into())),
+        ("ANYCCL_CPU_HUGE_PAGES".into(), env("ANYCCL_CPU_HUGE_PAGES", "1".into())),
+        ("ANYCCL_CPU_HUGE_PAGES_MIN".into(), env("ANYCCL_CPU_HUGE_PAGES_MIN", platform::HUGE_PAGES_MIN.to_string())),
         (
             "ANYCCL_CPU_ALLREDUCE_DIRECT_MAX".into(),
             env("ANYCCL_CPU_ALLREDUCE_DIRECT_MAX", algo::DIRECT_MAX.to_string()),

@@ -1,28 +1,53 @@
-//! The CPU backend's platform: host memory, where allocations of 2 MiB and more ask the
-//! kernel for transparent huge pages (`ANYCCL_CPU_HUGE_PAGES=0` does not ask).
+//! The CPU backend's platform: host memory, where allocations from 512 KiB ask the kernel
+//! for transparent huge pages (`ANYCCL_CPU_HUGE_PAGES=0` does not ask).
 
 use anyccl_core::{DType, Device, DeviceKind, DeviceMemory, HostMemory, HostPlatform, MemInfo, Platform, Result};
 
-/// Host memory as a device, as [`HostPlatform`], except that large allocations ask for
-/// transparent huge pages (`MADV_HUGEPAGE`, which the kernel honours in its `madvise` THP
-/// mode, for the whole huge pages of the buffer, which [`HostMemory`] starts at a huge-page
-/// boundary; in `always` mode it gives them anyway, and `never` refuses). Buffers far
-/// larger than the cache then cost fewer TLB misses and page faults: 2 ranks, 256 MiB
-/// all_reduce, 8 alternating runs, busbw median 3.12 GB/s without the advice and 4.08 with
-/// it.
+/// Host memory as a device, as [`HostPlatform`], except that allocations from
+/// [`HUGE_PAGES_MIN`] bytes are mapped in transparent huge pages (`MADV_HUGEPAGE`, which the
+/// kernel honours in its `madvise` THP mode; in `always` mode it gives them anyway, and
+/// `never` refuses): the kernel's copy between processes then pins a buffer's pages many
+/// times faster, and buffers far larger than the cache cost fewer TLB misses and page
+/// faults. 2 ranks, busbw medians of alternating runs: 256 MiB all_reduce 3.12 GB/s with
+/// small pages, 4.08 with huge ones; sendrecv 1 MiB 9.3 -> 21.0, all_gather 1 MiB (its
+/// inputs 512 KiB) 7.7 -> 13.1.
+///
+/// **Memory:** a buffer from 2 MiB has a mapping of its own, rounded up to a small page. A
+/// smaller one takes slots of 256 KiB of a huge page shared with other such buffers; the
+/// kernel backs the whole huge page at its first touch, so one buffer of 512 KiB alone in
+/// its page costs 2 MiB (buffers of that size four to a page cost what they hold).
+/// `ANYCCL_CPU_HUGE_PAGES_MIN=2M` keeps smaller buffers in small pages.
 #[derive(Debug, Clone, Copy)]
 pub struct CpuPlatform {
-    huge: bool,
+    /// Allocations of at least this many bytes ask for huge pages (`usize::MAX`: none do).
+    huge_min: usize,
 }
 
+/// The default of `ANYCCL_CPU_HUGE_PAGES_MIN`: allocations from this size on are mapped in
+/// huge pages (those of an all_gather's inputs of 1 MiB outputs at 2 ranks, and up).
+pub const HUGE_PAGES_MIN: usize = 512 << 10;
+
 impl CpuPlatform {
-    /// The platform, asking for huge pages unless `ANYCCL_CPU_HUGE_PAGES=0`.
+    /// The platform, asking for huge pages for allocations from `ANYCCL_CPU_HUGE_PAGES_MIN`
+    /// bytes ([`HUGE_PAGES_MIN`] unless set) unless `ANYCCL_CPU_HUGE_PAGES=0`.
     ///
     /// # Errors
-    /// `InvalidArgument` naming the setting when it is neither `0` nor `1`.
+    /// `InvalidArgument` naming the setting when `ANYCCL_CPU_HUGE_PAGES` is neither `0` nor
+    /// `1` or `ANYCCL_CPU_HUGE_PAGES_MIN` is not a number of bytes.
     pub fn from_env(rank: usize) -> Result<CpuPlatform> {
         let huge = anyccl_core::env_flag("ANYCCL_CPU_HUGE_PAGES", "platform", rank, "")?.unwrap_or(true);
-        Ok(CpuPlatform { huge })
+        let name = "ANYCCL_CPU_HUGE_PAGES_MIN";
+        let min = match std::env::var(name) {
+            Err(_) => HUGE_PAGES_MIN,
+            Ok(v) => anyccl_core::parse_bytes(&v).ok_or_else(|| anyccl_core::Error::InvalidArgument {
+                op: "platform",
+                arg: "environment",
+                rank,
+                group: String::new(),
+                msg: format!("{name}={v:?} is not a number of bytes (such as 524288, 512K or 2M)"),
+            })?,
+        };
+        Ok(CpuPlatform { huge_min: if huge { min.max(1) } else { usize::MAX } })
     }
 }
 
@@ -34,11 +59,10 @@ impl Platform for CpuPlatform {
         Device::CPU
     }
     fn alloc(&self, dtype: DType, count: usize) -> Result<Box<dyn DeviceMemory>> {
-        let mut m = HostMemory::new(dtype, count);
-        if self.huge && m.bytes().len() >= HostMemory::HUGE_ALIGN {
-            crate::shm::advise_huge_pages(m.bytes_mut());
+        if count * dtype.size() < self.huge_min {
+            return Ok(Box::new(HostMemory::new(dtype, count)));
         }
-        Ok(Box::new(m))
+        Ok(Box::new(crate::shm::HugeMemory::new(dtype, count)?))
     }
     fn copy_from_host(&self, dst: &mut dyn DeviceMemory, src: &[u8]) -> Result<()> {
         HostPlatform.copy_from_host(dst, src)
@@ -60,7 +84,7 @@ mod tests {
 
     #[test]
     fn huge_allocations_are_zeroed_and_usable() {
-        let p = CpuPlatform { huge: true };
+        let p = CpuPlatform { huge_min: HUGE_PAGES_MIN };
         let mut m = p.alloc(DType::F32, 3 << 20).expect("alloc");
         let bytes = (3 << 20) * 4;
         let mut back = vec![1u8; bytes];

@@ -24,9 +24,11 @@
 #![allow(unsafe_code)]
 
 mod copy;
+mod huge;
 mod wait;
 
-pub(crate) use copy::{advise_huge_pages, copy, copy_streaming, copy_to_vec, read_remote};
+pub(crate) use copy::{copy, copy_streaming, copy_to_vec, read_remote};
+pub(crate) use huge::HugeMemory;
 use wait::{futex_wake, sleep_until, spin_then_yield, wait_until};
 pub(crate) use wait::{Check, Patience};
 

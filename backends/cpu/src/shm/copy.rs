@@ -146,25 +146,6 @@ fn read_direct(pid: i32, addr: usize, dst: &mut [u8]) -> Result<(), String> {
     Ok(())
 }
 
-/// Ask the kernel to back the whole pages of `buf` with transparent huge pages
-/// (`MADV_HUGEPAGE`): advice only, so the bytes stay as they are, and a kernel without
-/// huge pages (or one that refuses) leaves the buffer as it was.
-pub(crate) fn advise_huge_pages(buf: &mut [u8]) {
-    // SAFETY: a plain query.
-    let page = match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
-        p if p > 0 && (p as usize).is_power_of_two() => p as usize,
-        _ => return,
-    };
-    let start = (buf.as_ptr() as usize).next_multiple_of(page);
-    let end = (buf.as_ptr() as usize + buf.len()) & !(page - 1);
-    if end <= start {
-        return;
-    }
-    // SAFETY: `start..end` are whole pages inside `buf`, which this call borrows
-    // exclusively; MADV_HUGEPAGE changes how the pages are backed, never their contents.
-    let _ = unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE) };
-}
-
 #[cfg(test)]
 mod tests {
     use super::{copy, copy_streaming, copy_to_vec, read_remote, slow_offset};
