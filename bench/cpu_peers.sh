@@ -62,13 +62,15 @@ for n in $RANKS; do
     cols='$6, $7, $8'
     [ "$op" = broadcast ] && cols='$10, $11, $12'
     split=$(( 1 << 22 ))
+    # The first size from `split` on in the sequence minb, 2 minb, 4 minb... (Open MPI's).
+    big=$minb; while [ "$big" -lt "$split" ]; do big=$(( big * 2 )); done
     for ((rep = 0; rep < REPS; rep++)); do
       # anyccl: latency (one call in flight), small sizes with many calls, large with few.
       : >"$a.$rep"
-      for range in "$minb $(( split / 2 )) $ITERS" "$split $maxb $(( ITERS / 100 > 5 ? ITERS / 100 : 5 ))"; do
+      for range in "$minb $(( split - 1 )) $ITERS" "$big $maxb $(( ITERS / 100 > 5 ? ITERS / 100 : 5 ))"; do
         set -- $range
-        [ "$1" -le "$maxb" ] || continue
         hi=$2; [ "$hi" -le "$maxb" ] || hi=$maxb
+        [ "$1" -le "$hi" ] || continue
         $R/anyccl-run -n "$n" --no-prefix -- $R/anyccl-bench "$op" --backend cpu -b "$1" -e "$hi" -n "$3" -w 5 --depth 1 \
           | awk "!/^#/ && NF > 8 {print \$1, $cols}" >>"$a.$rep"
       done

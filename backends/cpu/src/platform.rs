@@ -4,7 +4,7 @@
 use anyccl_core::{DType, Device, DeviceKind, DeviceMemory, HostMemory, HostPlatform, MemInfo, Platform, Result};
 
 /// Host memory as a device, as [`HostPlatform`], except that allocations from
-/// [`HUGE_PAGES_MIN`] bytes are mapped in transparent huge pages (`MADV_HUGEPAGE`, which the
+/// `ANYCCL_CPU_HUGE_PAGES_MIN` bytes (512 KiB) are mapped in transparent huge pages (`MADV_HUGEPAGE`, which the
 /// kernel honours in its `madvise` THP mode; in `always` mode it gives them anyway, and
 /// `never` refuses): the kernel's copy between processes then pins a buffer's pages many
 /// times faster, and buffers far larger than the cache cost fewer TLB misses and page
@@ -29,7 +29,7 @@ pub const HUGE_PAGES_MIN: usize = 512 << 10;
 
 impl CpuPlatform {
     /// The platform, asking for huge pages for allocations from `ANYCCL_CPU_HUGE_PAGES_MIN`
-    /// bytes ([`HUGE_PAGES_MIN`] unless set) unless `ANYCCL_CPU_HUGE_PAGES=0`.
+    /// bytes (512 KiB unless set) unless `ANYCCL_CPU_HUGE_PAGES=0`.
     ///
     /// # Errors
     /// `InvalidArgument` naming the setting when `ANYCCL_CPU_HUGE_PAGES` is neither `0` nor
@@ -38,13 +38,18 @@ impl CpuPlatform {
         let huge = anyccl_core::env_flag("ANYCCL_CPU_HUGE_PAGES", "platform", rank, "")?.unwrap_or(true);
         let name = "ANYCCL_CPU_HUGE_PAGES_MIN";
         let min = match std::env::var(name) {
-            Err(_) => HUGE_PAGES_MIN,
-            Ok(v) => anyccl_core::parse_bytes(&v).ok_or_else(|| anyccl_core::Error::InvalidArgument {
-                op: "platform",
-                arg: "environment",
-                rank,
-                group: String::new(),
-                msg: format!("{name}={v:?} is not a number of bytes (such as 524288, 512K or 2M)"),
+            Err(std::env::VarError::NotPresent) => HUGE_PAGES_MIN,
+            v => v.ok().and_then(|v| anyccl_core::parse_bytes(&v)).ok_or_else(|| {
+                anyccl_core::Error::InvalidArgument {
+                    op: "platform",
+                    arg: "environment",
+                    rank,
+                    group: String::new(),
+                    msg: format!(
+                        "{name}={:?} is not a number of bytes (such as 524288, 512K or 2M)",
+                        std::env::var_os(name).unwrap_or_default()
+                    ),
+                }
             })?,
         };
         Ok(CpuPlatform { huge_min: if huge { min.max(1) } else { usize::MAX } })
@@ -59,10 +64,11 @@ impl Platform for CpuPlatform {
         Device::CPU
     }
     fn alloc(&self, dtype: DType, count: usize) -> Result<Box<dyn DeviceMemory>> {
-        if count * dtype.size() < self.huge_min {
-            return Ok(Box::new(HostMemory::new(dtype, count)));
+        match count.checked_mul(dtype.size()) {
+            Some(bytes) if bytes < self.huge_min => Ok(Box::new(HostMemory::new(dtype, count))),
+            // Also a size that overflows, which this refuses with an error naming it.
+            _ => Ok(Box::new(crate::shm::HugeMemory::new(dtype, count)?)),
         }
-        Ok(Box::new(crate::shm::HugeMemory::new(dtype, count)?))
     }
     fn copy_from_host(&self, dst: &mut dyn DeviceMemory, src: &[u8]) -> Result<()> {
         HostPlatform.copy_from_host(dst, src)

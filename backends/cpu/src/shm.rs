@@ -21,6 +21,9 @@
 //! it reaches it). Small messages thus cycle through the same few warm pages instead of
 //! walking the whole ring, whose pages would otherwise fault in one at a time as the first
 //! lap of messages passes (a few microseconds a page, shared between both mappings).
+//!
+//! Also here, because they are the other memory this backend maps itself: the platform's
+//! buffers in huge pages (`huge`), and the copies between processes (`copy`).
 #![allow(unsafe_code)]
 
 mod copy;

@@ -30,10 +30,11 @@ unsafe impl Sync for Mapping {}
 
 impl Mapping {
     /// `len` bytes (a multiple of the page size) starting at a huge-page boundary.
-    fn new(len: usize) -> std::result::Result<Mapping, String> {
+    fn new(len: usize) -> std::result::Result<Mapping, (i64, String)> {
         // One huge page more than needed, so that an aligned run of `len` bytes fits
         // wherever the kernel puts it; the rest is unmapped again.
-        let over = len.checked_add(HUGE).filter(|n| *n <= isize::MAX as usize).ok_or("too large to map")?;
+        let over =
+            len.checked_add(HUGE).filter(|n| *n <= isize::MAX as usize).ok_or((0, "too large to map".to_string()))?;
         // SAFETY: a new private anonymous mapping; no existing memory is touched.
         let raw = unsafe {
             libc::mmap(
@@ -46,7 +47,8 @@ impl Mapping {
             )
         };
         if raw == libc::MAP_FAILED {
-            return Err(format!("mmap of {over} bytes: {}", std::io::Error::last_os_error()));
+            let e = std::io::Error::last_os_error();
+            return Err((e.raw_os_error().unwrap_or(0).into(), format!("mmap of {over} bytes: {e}")));
         }
         let base = raw as usize;
         let start = base.next_multiple_of(HUGE);
@@ -64,7 +66,9 @@ impl Mapping {
             // Advice only: where the kernel has no huge pages, small ones back the buffer.
             libc::madvise(start as *mut libc::c_void, len, libc::MADV_HUGEPAGE);
         }
-        let at = NonNull::new(start as *mut u8).ok_or("mmap returned address 0")?;
+        // The kernel never maps address 0 for a hint-less mmap; were it to, this refuses it
+        // (and leaves the mapping).
+        let at = NonNull::new(start as *mut u8).ok_or((0, "mmap returned address 0".to_string()))?;
         Ok(Mapping { at, len })
     }
 }
@@ -74,6 +78,15 @@ impl Drop for Mapping {
         // SAFETY: the mapping this value made and owns; no `HugeMemory` refers to it any
         // more (each holds an `Arc` of it). A failure leaves it mapped: no panic in drop.
         unsafe { libc::munmap(self.at.as_ptr().cast(), self.len) };
+    }
+}
+
+/// The system's page size (4 KiB where it does not say).
+fn page_size() -> usize {
+    // SAFETY: a plain query.
+    match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
+        p if p > 0 && (p as usize).is_power_of_two() && (p as usize) <= HUGE => p as usize,
+        _ => 4096,
     }
 }
 
@@ -88,7 +101,7 @@ struct Shared {
 static SHARED: Mutex<Vec<Shared>> = Mutex::new(Vec::new());
 
 /// `count` zeroed elements of `dtype` in huge pages: a mapping of its own from a huge page
-/// up (its tail past the last whole huge page in small pages), slots of a shared huge page
+/// up (rounded up to a small page; its tail past the last whole huge page in small pages), slots of a shared huge page
 /// below that. Freed on drop.
 #[derive(Debug)]
 pub(crate) struct HugeMemory {
@@ -104,17 +117,18 @@ pub(crate) struct HugeMemory {
 impl HugeMemory {
     /// The buffer, or `Backend` naming its size when the system refuses the memory.
     pub(crate) fn new(dtype: DType, count: usize) -> Result<HugeMemory> {
-        let failed = |text: String| Error::Backend {
+        let failed = |(code, text): (i64, String)| Error::Backend {
             backend: "cpu",
             op: format!("alloc of {count} {dtype:?} elements"),
-            code: 0,
+            code,
             text,
             recovery: Recovery::Fatal,
             source: None,
         };
-        let bytes = count.checked_mul(dtype.size()).ok_or_else(|| failed("the size overflows".into()))?;
+        let bytes = count.checked_mul(dtype.size()).ok_or_else(|| failed((0, "the size overflows".into())))?;
         if bytes >= HUGE {
-            let len = bytes.checked_next_multiple_of(4096).ok_or_else(|| failed("the size overflows".into()))?;
+            let len =
+                bytes.checked_next_multiple_of(page_size()).ok_or_else(|| failed((0, "the size overflows".into())))?;
             let page = Arc::new(Mapping::new(len).map_err(failed)?);
             return Ok(HugeMemory { page, at: 0, slots: 0, dtype, count });
         }
@@ -247,10 +261,23 @@ mod tests {
         }
     }
 
-    /// A size no machine can map is an error naming it, not a panic or an abort.
+    /// The last buffer of a page unmaps it: a buffer of 8 slots has its page alone, and
+    /// nothing holds that page once the buffer is gone.
     #[test]
-    fn impossible_size_is_an_error() {
-        let e = HugeMemory::new(DType::F64, usize::MAX / 4).expect_err("cannot map");
-        assert!(e.to_string().contains("alloc of"), "{e}");
+    fn last_buffer_unmaps_its_page() {
+        let m = HugeMemory::new(DType::U8, HUGE - 1).expect("map");
+        let page = std::sync::Arc::downgrade(&m.page);
+        drop(m);
+        assert!(page.upgrade().is_none(), "the page outlived its last buffer");
+    }
+
+    /// Sizes no machine can map are errors naming them, not a panic or an abort: one whose
+    /// byte count overflows, one past the address space, one the kernel refuses.
+    #[test]
+    fn impossible_sizes_are_errors() {
+        for (dtype, count) in [(DType::F64, usize::MAX / 4), (DType::U8, usize::MAX / 2), (DType::U8, 1 << 60)] {
+            let e = HugeMemory::new(dtype, count).expect_err("cannot map");
+            assert!(e.to_string().contains(&format!("alloc of {count}")), "{e}");
+        }
     }
 }
