@@ -89,21 +89,30 @@ impl Tuning {
     }
 }
 
-/// A byte count from the environment variable `name` (`default` when unset).
+/// A byte count from the environment variable `name` (`default` when unset), read at connect.
 ///
 /// # Errors
 /// `InvalidArgument` naming the variable, the rank and the group when it is malformed.
 pub(crate) fn env_bytes(name: &str, default: usize, rank: usize, label: &str) -> Result<usize> {
-    match std::env::var(name) {
-        Err(_) => Ok(default),
-        Ok(v) => anyccl_core::parse_bytes(&v).ok_or_else(|| anyccl_core::Error::InvalidArgument {
-            op: "connect",
-            arg: "environment",
-            rank,
-            group: label.into(),
-            msg: format!("{name}={v:?} is not a number of bytes (such as 65536, 64K, 16M or 1G)"),
-        }),
-    }
+    env_bytes_for("connect", name, default, rank, label)
+}
+
+/// A byte count from the environment variable `name` (`default` when unset), read by `op`.
+///
+/// # Errors
+/// `InvalidArgument` naming `op`, the variable, the rank and the group when it is malformed,
+/// a value that is not UTF-8 included.
+pub(crate) fn env_bytes_for(op: &'static str, name: &str, default: usize, rank: usize, label: &str) -> Result<usize> {
+    let Some(raw) = std::env::var_os(name) else {
+        return Ok(default);
+    };
+    raw.to_str().and_then(anyccl_core::parse_bytes).ok_or_else(|| anyccl_core::Error::InvalidArgument {
+        op,
+        arg: "environment",
+        rank,
+        group: label.into(),
+        msg: format!("{name}={raw:?} is not a number of bytes (such as 65536, 64K, 16M or 1G)"),
+    })
 }
 
 /// `v`, the value of the variable `name`, when it is at least `min`.

@@ -36,22 +36,7 @@ impl CpuPlatform {
     /// `1` or `ANYCCL_CPU_HUGE_PAGES_MIN` is not a number of bytes.
     pub fn from_env(rank: usize) -> Result<CpuPlatform> {
         let huge = anyccl_core::env_flag("ANYCCL_CPU_HUGE_PAGES", "platform", rank, "")?.unwrap_or(true);
-        let name = "ANYCCL_CPU_HUGE_PAGES_MIN";
-        let min = match std::env::var(name) {
-            Err(std::env::VarError::NotPresent) => HUGE_PAGES_MIN,
-            v => v.ok().and_then(|v| anyccl_core::parse_bytes(&v)).ok_or_else(|| {
-                anyccl_core::Error::InvalidArgument {
-                    op: "platform",
-                    arg: "environment",
-                    rank,
-                    group: String::new(),
-                    msg: format!(
-                        "{name}={:?} is not a number of bytes (such as 524288, 512K or 2M)",
-                        std::env::var_os(name).unwrap_or_default()
-                    ),
-                }
-            })?,
-        };
+        let min = crate::algo::env_bytes_for("platform", "ANYCCL_CPU_HUGE_PAGES_MIN", HUGE_PAGES_MIN, rank, "")?;
         Ok(CpuPlatform { huge_min: if huge { min.max(1) } else { usize::MAX } })
     }
 }
