@@ -6,6 +6,7 @@ use anyccl_examples::checkpoint;
 use libtest_mimic::{Arguments, Failed, Trial};
 use std::collections::HashSet;
 use std::io::{BufRead, BufReader};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
@@ -409,6 +410,18 @@ fn malformed_cpu_settings() -> Outcome {
             format!("{var}=lots: {:?} {err}", out.status)
         })?;
     }
+    // A value that is not UTF-8 is malformed too, not taken for unset.
+    for var in ["ANYCCL_CPU_STREAM_MIN", "ANYCCL_CPU_HUGE_PAGES_MIN"] {
+        let out = launcher(2, &[bin("anyccl-bench"), "all_reduce", "-b", "8", "-e", "8", "-n", "1"])
+            .env(var, std::ffi::OsStr::from_bytes(b"64\xffK"))
+            .env("ANYCCL_INIT_TIMEOUT_S", "20")
+            .output()?;
+        let err = String::from_utf8_lossy(&out.stderr);
+        check(
+            !out.status.success() && err.contains(&format!("{var}=\"64\\xFFK\"")) && err.contains("on rank 1"),
+            || format!("{var}=64\\xffK: {:?} {err}", out.status),
+        )?;
+    }
     Ok(())
 }
 
@@ -431,8 +444,9 @@ fn unresolvable_master_addr() -> Outcome {
 }
 
 fn bench_bad_sizes() -> Outcome {
-    let cases: [(&[&str], &str); 5] = [
+    let cases: [(&[&str], &str); 6] = [
         (&["-b", "1G", "-e", "8"], "-b"),
+        (&["-b", "1", "-e", "2"], "-e"),
         (&["-b", "17179869184G"], "-b"),
         (&["-e", "99999999999999999999"], "-e"),
         (&["-n", "0"], "-n"),
