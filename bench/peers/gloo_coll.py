@@ -26,7 +26,9 @@ def main():
     me, n = dist.get_rank(), dist.get_world_size()
     size = lo
     while size <= hi:
-        count = size // 4 // n * n
+        # A multiple of n elements where the buffer is split among the ranks, else of 1.
+        unit = n if op in ("all_gather", "reduce_scatter", "all_to_all") else 1
+        count = size // 4 // unit * unit
         if count == 0:
             size *= 2
             continue

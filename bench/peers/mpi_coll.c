@@ -29,7 +29,10 @@ int main(int argc, char **argv) {
     memset(a, 0, max + 64);
     memset(b, 0, max + 64);
     for (long bytes = min; bytes <= max; bytes *= 2) {
-        long count = bytes / 4 / n * n;
+        /* a multiple of n elements where the buffer is split among the ranks, else of 1 */
+        int split = !strcmp(op, "all_gather") || !strcmp(op, "reduce_scatter") || !strcmp(op, "all_to_all");
+        long unit = split ? n : 1;
+        long count = bytes / 4 / unit * unit;
         if (count == 0) continue;
         int per = (int)(count / n);
         int warm = 5, total = iters;
@@ -48,7 +51,7 @@ int main(int argc, char **argv) {
         }
         double dt = (MPI_Wtime() - t0) / total, worst;
         MPI_Reduce(&dt, &worst, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
-        long size = (!strcmp(op, "all_gather") || !strcmp(op, "reduce_scatter")) ? count * 4 : count * 4;
+        long size = count * 4;
         if (me == 0) {
             double alg = size / worst / 1e9;
             printf("%ld %.2f %.3f %.3f\n", size, worst * 1e6, alg, alg * busf(op, n));

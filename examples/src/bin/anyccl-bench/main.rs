@@ -142,6 +142,14 @@ impl Op {
             Op::Broadcast | Op::Reduce | Op::SendRecv => 1.0,
         }
     }
+    /// The element count of a row is a multiple of this: the rank count where the buffer is
+    /// split among the ranks, else 1 (an 8-byte float32 all_reduce on 4 ranks is 2 elements).
+    fn unit(self, n: usize) -> usize {
+        match self {
+            Op::AllGather | Op::ReduceScatter | Op::AllToAll => n.max(1),
+            _ => 1,
+        }
+    }
     fn reduces(self) -> bool {
         matches!(self, Op::AllReduce | Op::ReduceScatter | Op::Reduce)
     }
@@ -152,7 +160,8 @@ impl Op {
 
 /// Buffers of one row: element counts of the send and receive buffers.
 fn counts(op: Op, bytes: usize, es: usize, n: usize) -> (usize, usize) {
-    let total = (bytes / es / n.max(1)) * n.max(1);
+    let unit = op.unit(n);
+    let total = (bytes / es / unit) * unit;
     match op {
         Op::AllGather => (total / n, total),
         Op::ReduceScatter => (total, total / n),
@@ -506,6 +515,16 @@ async fn run(args: Args) -> Result<()> {
         (_, true) => Registration::Window,
         _ => Registration::Plain,
     };
+    let first = min.max(dtype.size() * op.unit(n));
+    if first > max {
+        return Err(bad_arg(
+            "-e",
+            format!(
+                "the smallest {} of {} on a world of {n} is {first} B, above -e ({max} B): no rows",
+                args.op, args.dtype
+            ),
+        ));
+    }
     if print && !args.json {
         let info = backend.probe()?;
         println!(
@@ -542,7 +561,7 @@ async fn run(args: Args) -> Result<()> {
     };
     let budget = budget(platform.as_ref(), env.local_world_size);
 
-    let mut bytes = min.max(dtype.size() * n);
+    let mut bytes = first;
     let mut sum_bus = 0.0;
     let mut wrong_total = 0;
     while bytes <= max {
