@@ -13,6 +13,9 @@
 #
 #   bash bench/cpu_peers.sh                      # everything (about 40 minutes on 2 cores)
 #   OPS="all_reduce" RANKS="2" MAXB=64M REPS=5 bash bench/cpu_peers.sh
+#   MPI_ENV="GLIBC_TUNABLES=glibc.malloc.hugetlb=1" bash bench/cpu_peers.sh   # Open MPI's
+#     buffers in transparent huge pages, as anyccl's platform maps its own from 512 KiB
+#     (MPI_ENV: VAR=value words, each given to Open MPI's ranks with mpirun -x)
 #
 # Installs what it needs: Debian's Open MPI (run as root with --allow-run-as-root and
 # --oversubscribe), PyTorch from PyPI for Gloo; builds anyccl's release binaries.
@@ -24,6 +27,9 @@ MINB=${MINB:-8}
 MAXB=${MAXB:-256M}
 ITERS=${ITERS:-1000}
 REPS=${REPS:-3}
+MPI_ENV=${MPI_ENV:-}
+mpi_env=()
+for kv in $MPI_ENV; do mpi_env+=(-x "$kv"); done
 WORK=${WORK:-$(mktemp -d /tmp/cpu-peers.XXXXXX)}
 mkdir -p "$WORK"
 
@@ -53,6 +59,7 @@ mpicc -O2 -o "$WORK/mpi_coll" bench/peers/mpi_coll.c
 R=target/release
 
 echo "# $(nproc) cores, $(uname -r); Open MPI $(mpirun --allow-run-as-root --version 2>/dev/null | head -1 | awk '{print $NF}'), torch $(python3 -c 'import torch; print(torch.__version__)' 2>/dev/null)"
+[ -z "$MPI_ENV" ] || echo "# Open MPI's ranks run with $MPI_ENV"
 echo "# float32 sum; time in us per call, busbw in GB/s; x-ompi, x-gloo = anyccl busbw / peer busbw (= peer time / anyccl time)"
 port=29700
 for n in $RANKS; do
@@ -74,7 +81,7 @@ for n in $RANKS; do
         $R/anyccl-run -n "$n" --no-prefix -- $R/anyccl-bench "$op" --backend cpu -b "$1" -e "$hi" -n "$3" -w 5 --depth 1 \
           | awk "!/^#/ && NF > 8 {print \$1, $cols}" >>"$a.$rep"
       done
-      mpirun --allow-run-as-root --oversubscribe -np "$n" "$WORK/mpi_coll" "$op" "$minb" "$maxb" "$ITERS" >"$m.$rep" 2>"$m.err" || true
+      mpirun --allow-run-as-root --oversubscribe ${mpi_env[@]+"${mpi_env[@]}"} -np "$n" "$WORK/mpi_coll" "$op" "$minb" "$maxb" "$ITERS" >"$m.$rep" 2>"$m.err" || true
     done
     median "$a" >"$a"; median "$m" >"$m"
     # anyccl pipelined, small sizes only (what the latency rows do not show).
