@@ -31,7 +31,8 @@ pub(crate) const ALL_TO_ALL_DIRECT_MAX: usize = 8 << 10;
 /// (all_reduce 4.11 against 2.71) and lost every operation on the second (all_reduce 4.23
 /// against 5.74, all_gather 3.17 against 5.26, reduce_scatter 5.88 against 6.65,
 /// broadcast 5.50 against 6.36, all_to_all 5.06 against 5.53), when Open MPI, which keeps
-/// 4 MiB in cache, ran 4.7-7.6. At 2 MiB all_to_all lost (3.46 against 6.19).
+/// 4 MiB in cache, ran 4.7-7.6. At 2 MiB all_to_all lost (3.46 against 6.19). Where the
+/// ranks share a larger L3, the step it gives ([`crate::cache::L3::step`]) when larger.
 pub(crate) const STREAM_MIN: usize = 8 << 20;
 
 /// all_reduce size from which two ranks go a piece at a time ([`Tuning::pair_min`]), folding
@@ -41,7 +42,8 @@ pub(crate) const STREAM_MIN: usize = 8 << 20;
 /// 1.96-2.79 against 1.79-1.96; 1-2 MiB, which stay in cache either way, lower (2.02-2.29
 /// against 2.34-3.54). Since the ring's steps go by reference, 4 MiB is as fast on the ring
 /// (7.8 against 7.4 GB/s with 512 KiB pieces, 5.1-5.6 with 256 KiB ones), so it starts
-/// at 8 MiB (the ring there 4.3, pieces 4.1, within the runs' spread).
+/// at 8 MiB (the ring there 4.3, pieces 4.1, within the runs' spread). Where the ranks share
+/// a larger L3, the step it gives ([`crate::cache::L3::step`]) when larger.
 pub(crate) const PAIR_MIN: usize = 8 << 20;
 
 /// Bytes of a piece of a two-rank all_reduce ([`Tuning::pair_piece`]): its folded half (the
@@ -72,12 +74,14 @@ pub(crate) struct Tuning {
 }
 
 impl Tuning {
-    pub(crate) fn from_env(rank: usize, label: &str) -> Result<Self> {
+    /// The thresholds; the stream and pair sizes default to at least `step` (the group's,
+    /// [`crate::cache::L3::step`]).
+    pub(crate) fn from_env(rank: usize, label: &str, step: usize) -> Result<Self> {
         Ok(Tuning {
             all_reduce_direct_max: env_bytes("ANYCCL_CPU_ALLREDUCE_DIRECT_MAX", DIRECT_MAX, rank, label)?,
             all_to_all_direct_max: env_bytes("ANYCCL_CPU_ALLTOALL_DIRECT_MAX", ALL_TO_ALL_DIRECT_MAX, rank, label)?,
-            stream_min: env_bytes("ANYCCL_CPU_STREAM_MIN", STREAM_MIN, rank, label)?,
-            pair_min: env_bytes("ANYCCL_CPU_PAIR_MIN", PAIR_MIN, rank, label)?,
+            stream_min: env_bytes("ANYCCL_CPU_STREAM_MIN", STREAM_MIN.max(step), rank, label)?,
+            pair_min: env_bytes("ANYCCL_CPU_PAIR_MIN", PAIR_MIN.max(step), rank, label)?,
             pair_piece: at_least(
                 env_bytes("ANYCCL_CPU_PAIR_PIECE", PAIR_PIECE, rank, label)?,
                 "ANYCCL_CPU_PAIR_PIECE",

@@ -147,7 +147,7 @@ impl CpuComm {
     }
 
     fn start(mesh: Arc<Mesh>, store: Arc<dyn Store>, ns: String) -> Result<Arc<CpuComm>> {
-        let tune = Tuning::from_env(mesh.rank, &mesh.label)?;
+        let tune = Tuning::from_env(mesh.rank, &mesh.label, mesh.step)?;
         let limit = algo::env_bytes("ANYCCL_CPU_MAX_QUEUED_BYTES", 256 << 20, mesh.rank, &mesh.label)?;
         let queue = Arc::new(Queue::new(limit));
         let pool = Arc::new(Pool::new(limit));
@@ -184,14 +184,19 @@ impl CpuComm {
         let t = self.mesh.op_timeout;
         let deadline = anyccl_core::deadline_in(t);
         loop {
-            // Run what is queued on this thread while the engine is free: the bound waits for
-            // the queue to shrink.
+            // Run queued jobs on this thread while the engine is free, as many as make room: a
+            // job run here copies its lent input in and its results out, while one left queued
+            // may still run in its own caller's wait, on the caller's buffers. (Running the
+            // whole queue here cut 32 MiB all_reduce issued ten at a time from 2.7 GB/s to
+            // 1.0 on 2 ranks.)
             let mut st = self.sched.lock();
-            while st.engine.is_some() && !st.jobs.is_empty() {
+            let mut room = false;
+            while !room && st.engine.is_some() && !st.jobs.is_empty() {
                 st = self.sched.run_front(st, None).0;
+                room = q.try_take(bytes);
             }
             drop(st);
-            if q.try_take(bytes) {
+            if room || q.try_take(bytes) {
                 break;
             }
             if let Some(d) = self.mesh.mailbox.dead() {

@@ -23,6 +23,8 @@
 //!   stream through the rings (faster where measured; `ANYCCL_CPU_BY_REF_MIN` sets one size
 //!   from which every message goes by reference), written from 64 KiB with streaming
 //!   stores, which held their rate where plain stores swung between about 4 and 25 GB/s.
+//! - **Thresholds from the host's cache** (`cache`): where one large L3 serves the ranks,
+//!   whole buffers stay in it to an eighth of its size and the rings take plain stores.
 //! - **No slow string moves.** Copies whose destination sits 1-63 bytes past the source
 //!   modulo a page, which the string-move instruction runs 15-20x slower on several AMD
 //!   cores (in the C library's `memcpy` and in the kernel's copies between processes), go
@@ -51,6 +53,7 @@
 #![warn(missing_docs)]
 
 mod algo;
+mod cache;
 mod comm;
 mod platform;
 mod reduce;
@@ -86,6 +89,14 @@ async fn connect(opts: ConnectOptions, links: Option<Links>) -> Result<Arc<dyn C
 /// (a malformed variable shows as such; the connect names it in its error).
 fn tuning(links: Option<Links>) -> Vec<(String, String)> {
     let env = |name: &str, default: String| std::env::var(name).unwrap_or(default);
+    // What the host's cache makes of the defaults (a group across hosts takes the smallest
+    // host's step).
+    let l3 = cache::L3::this_host();
+    let step = cache::L3::step(l3);
+    let from_l3 = |v: String| match l3 {
+        Some(l) => format!("{v} (this host: {l})"),
+        None => format!("{v} (this host's L3 unknown)"),
+    };
     let links = match links {
         Some(l) => format!("{l:?} (set by the program)"),
         None => env("ANYCCL_CPU_LINKS", "auto".into()),
@@ -102,8 +113,8 @@ fn tuning(links: Option<Links>) -> Vec<(String, String)> {
             "ANYCCL_CPU_ALLTOALL_DIRECT_MAX".into(),
             env("ANYCCL_CPU_ALLTOALL_DIRECT_MAX", algo::ALL_TO_ALL_DIRECT_MAX.to_string()),
         ),
-        ("ANYCCL_CPU_STREAM_MIN".into(), env("ANYCCL_CPU_STREAM_MIN", algo::STREAM_MIN.to_string())),
-        ("ANYCCL_CPU_PAIR_MIN".into(), env("ANYCCL_CPU_PAIR_MIN", algo::PAIR_MIN.to_string())),
+        ("ANYCCL_CPU_STREAM_MIN".into(), env("ANYCCL_CPU_STREAM_MIN", from_l3(algo::STREAM_MIN.max(step).to_string()))),
+        ("ANYCCL_CPU_PAIR_MIN".into(), env("ANYCCL_CPU_PAIR_MIN", from_l3(algo::PAIR_MIN.max(step).to_string()))),
         ("ANYCCL_CPU_PAIR_PIECE".into(), env("ANYCCL_CPU_PAIR_PIECE", algo::PAIR_PIECE.to_string())),
         (
             "ANYCCL_CPU_BY_REF_MIN".into(),
@@ -126,7 +137,11 @@ fn tuning(links: Option<Links>) -> Vec<(String, String)> {
             "ANYCCL_CPU_RING_STREAM_MIN".into(),
             env(
                 "ANYCCL_CPU_RING_STREAM_MIN",
-                format!("{} (messages written to a ring with streaming stores; off: none)", shm::RING_STREAM_MIN),
+                if cache::L3::ring_streaming(l3) {
+                    format!("{} (messages written to a ring with streaming stores; off: none)", shm::RING_STREAM_MIN)
+                } else {
+                    from_l3("off (messages written to the rings with plain stores)".into())
+                },
             ),
         ),
         ("ANYCCL_CPU_HANDOFF_US".into(), comm::grace().as_micros().to_string()),

@@ -51,7 +51,8 @@ const _: () = assert!(std::mem::size_of::<Ctl>() <= CTL);
 /// streaming stores held 9-14. 2 ranks, busbw medians of 4 alternating runs, plain ->
 /// streaming: broadcast 64 KiB-2 MiB 6.0-19 -> 18-23 GB/s, 64 MiB 4.7 -> 10.9; all_reduce
 /// 64-256 KiB 1.0-1.4 -> 4.4-5.0, 32 and 128 MiB 1.9 and 2.4 -> 2.3 and 2.9. Below it the
-/// reader's wait for the bytes (a latency) matters more than the copy's rate.
+/// reader's wait for the bytes (a latency) matters more than the copy's rate. Where one large
+/// L3 serves the ranks, none ([`crate::cache::L3::ring_streaming`]).
 pub(crate) const RING_STREAM_MIN: usize = 64 << 10;
 
 /// The largest piece a writer publishes at once, so a reader starts on a large message

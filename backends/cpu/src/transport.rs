@@ -97,6 +97,9 @@ pub(crate) struct Mesh {
     pub links: Links,
     /// The deadline of every blocking step (see the module doc).
     pub op_timeout: Duration,
+    /// The size up to which the algorithms keep whole buffers in cache (`crate::cache`): the
+    /// smallest of every rank's host, so all ranks choose the same algorithm.
+    pub step: usize,
     writers: Vec<Option<Mutex<TcpStream>>>,
     /// Clones of every socket, to shut them down while a writer is blocked.
     ctl: Vec<Option<TcpStream>>,
@@ -202,8 +205,9 @@ impl Mesh {
         };
         let split = if let Links::Hosts(k) = links { Some(k) } else { None };
         let host_of_me = if links == Links::Tcp { "-".to_string() } else { shm::host_id(rank, split) };
-        store.set(&format!("{ns}/addr/{rank}"), format!("{me} {host_of_me}").as_bytes()).await?;
-        // Every rank's address and host, in one request.
+        let my_step = crate::cache::L3::step(crate::cache::L3::this_host());
+        store.set(&format!("{ns}/addr/{rank}"), format!("{me} {host_of_me} {my_step}").as_bytes()).await?;
+        // Every rank's address, host and whole-buffer step, in one request.
         let keys: Vec<String> = (0..size).map(|r| format!("{ns}/addr/{r}")).collect();
         let got = store.wait_many(&keys, deadline).await?;
         let missing: Vec<usize> = got.iter().enumerate().filter(|(_, v)| v.is_none()).map(|(r, _)| r).collect();
@@ -212,13 +216,17 @@ impl Mesh {
         }
         let mut addrs = Vec::with_capacity(size);
         let mut hosts = Vec::with_capacity(size);
+        let mut step = my_step;
         for (r, v) in got.into_iter().enumerate() {
             let v = String::from_utf8_lossy(&v.unwrap_or_default()).into_owned();
-            let (a, h) = v.split_once(' ').unwrap_or((v.as_str(), "-"));
-            let a: SocketAddr =
-                a.parse().map_err(|_| Error::store_fatal(format!("malformed address under '{}'", keys[r])))?;
+            let mut it = v.split(' ');
+            let malformed = || Error::store_fatal(format!("malformed address under '{}'", keys[r]));
+            let a: SocketAddr = it.next().and_then(|a| a.parse().ok()).ok_or_else(malformed)?;
+            let h = it.next().ok_or_else(malformed)?;
+            let s: usize = it.next().and_then(|s| s.parse().ok()).ok_or_else(malformed)?;
             addrs.push(a);
             hosts.push(h.to_string());
+            step = step.min(s);
         }
         let locals: Vec<usize> =
             if host_of_me == "-" { vec![rank] } else { (0..size).filter(|&r| hosts[r] == host_of_me).collect() };
@@ -328,6 +336,7 @@ impl Mesh {
             label: label.into(),
             links,
             op_timeout,
+            step,
             writers,
             ctl,
             shm,

@@ -118,6 +118,9 @@ pub(super) async fn shm_links(
     })?;
     let stream_min = match std::env::var("ANYCCL_CPU_RING_STREAM_MIN") {
         Ok(v) if v.trim() == "off" => usize::MAX,
+        Err(std::env::VarError::NotPresent) if !crate::cache::L3::ring_streaming(crate::cache::L3::this_host()) => {
+            usize::MAX
+        }
         _ => crate::algo::env_bytes("ANYCCL_CPU_RING_STREAM_MIN", shm::RING_STREAM_MIN, rank, label)?,
     };
     let me_local = locals.iter().position(|&r| r == rank).unwrap_or(0);

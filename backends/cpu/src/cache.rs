@@ -1,0 +1,215 @@
+//! The host's last-level cache, read from sysfs, and the size thresholds it sets: up to what
+//! size the algorithms keep whole buffers in cache, and whether the rings are written with
+//! streaming stores.
+//!
+//! Measured on two kinds of 2-core host (2 ranks, busbw of alternating runs and whole
+//! `bench/cpu_peers.sh` tables). AMD EPYC under KVM, a 32 MiB L3 per core complex: from
+//! 8 MiB the input, the output and the rings leave the L3, so pieces and streaming stores win
+//! from there (see [`crate::algo::STREAM_MIN`]); plain stores into a ring ran at about 25 or
+//! about 4 GB/s from one moment to the next (where the host placed the two vCPUs), streaming
+//! ones at 9-14 (see [`crate::shm::RING_STREAM_MIN`]). Intel Xeon with one 260 MiB L3 shared
+//! by both vCPUs: whole buffers stay in the L3 to 32 MiB, and plain stores into the rings,
+//! read from the shared L3, beat streaming ones: default -> 32 MiB steps and plain stores,
+//! busbw against Open MPI's in the same table, all_reduce 8 and 16 MiB 0.79 and 0.72 -> 1.69
+//! and 1.66, 32 MiB 1.51 -> 2.48, 128-256 KiB 0.82-0.87 -> 1.04-1.08; broadcast 64 KiB-1 MiB
+//! 0.40-0.94 -> 0.74-1.32, 8-64 MiB 0.73-1.41 -> 1.28-2.17; all_to_all 4 MiB 0.68 -> 1.26;
+//! sendrecv 32 and 64 MiB 0.94 and 0.93 -> 1.11 and 1.22.
+
+use std::path::Path;
+
+/// An L3 at least this large, shared by every CPU this process may run on, holds the rings:
+/// they are written with plain stores.
+pub(crate) const LARGE_L3: usize = 128 << 20;
+
+/// What the host's last-level cache is, as seen by this process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct L3 {
+    /// Bytes of the smallest L3 among the CPUs this process may run on.
+    pub bytes: usize,
+    /// Whether one L3 serves every CPU this process may run on (ranks of this host, with the
+    /// same CPUs allowed, then share it).
+    pub shared: bool,
+}
+
+impl L3 {
+    /// This host's, from `/proc/self/status` and `/sys/devices/system/cpu` (read once); `None`
+    /// where the system does not say.
+    pub(crate) fn this_host() -> Option<L3> {
+        static ONCE: std::sync::OnceLock<Option<L3>> = std::sync::OnceLock::new();
+        *ONCE.get_or_init(|| {
+            let status = std::fs::read_to_string("/proc/self/status").ok()?;
+            let allowed = status.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:"))?;
+            L3::read(Path::new("/sys/devices/system/cpu"), allowed)
+        })
+    }
+
+    /// The L3 of the CPUs in the list `allowed` (`0-3,8`), from the sysfs tree at `root`.
+    fn read(root: &Path, allowed: &str) -> Option<L3> {
+        let cpus = cpu_list(allowed)?;
+        let mut smallest: Option<usize> = None;
+        let mut first_shares: Option<Vec<usize>> = None;
+        for &cpu in &cpus {
+            let (bytes, shares) = l3_of(&root.join(format!("cpu{cpu}/cache")))?;
+            smallest = Some(smallest.map_or(bytes, |s| s.min(bytes)));
+            first_shares.get_or_insert(shares);
+        }
+        let shares = first_shares?;
+        Some(L3 { bytes: smallest?, shared: cpus.iter().all(|c| shares.contains(c)) })
+    }
+
+    /// The whole-buffer step this L3 gives: an eighth of it (the input, the output, the rings
+    /// and the other rank's share at once), to a power of two; 0 when it is not shared or not
+    /// known. The stream and pair sizes are at least this ([`crate::algo::STREAM_MIN`] and
+    /// [`crate::algo::PAIR_MIN`] otherwise): a 32 MiB L3 gives 4 MiB (they stay 8), a 260 MiB
+    /// one 32 MiB.
+    pub(crate) fn step(l3: Option<L3>) -> usize {
+        match l3 {
+            Some(l) if l.shared => prev_power_of_two(l.bytes / 8),
+            _ => 0,
+        }
+    }
+
+    /// Whether messages of at least `ANYCCL_CPU_RING_STREAM_MIN` go into the rings with
+    /// streaming stores (no: one L3 of at least [`LARGE_L3`] holds them for the reader).
+    pub(crate) fn ring_streaming(l3: Option<L3>) -> bool {
+        !matches!(l3, Some(l) if l.shared && l.bytes >= LARGE_L3)
+    }
+}
+
+impl std::fmt::Display for L3 {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let how = if self.shared { "shared by this process's CPUs" } else { "the smallest of several" };
+        write!(f, "{} MiB L3, {how}", self.bytes >> 20)
+    }
+}
+
+fn prev_power_of_two(v: usize) -> usize {
+    if v == 0 {
+        0
+    } else {
+        1 << (usize::BITS - 1 - v.leading_zeros())
+    }
+}
+
+/// The L3 (bytes, CPUs sharing it) in a CPU's `cache` directory.
+fn l3_of(dir: &Path) -> Option<(usize, Vec<usize>)> {
+    for i in 0..16 {
+        let idx = dir.join(format!("index{i}"));
+        let Ok(level) = std::fs::read_to_string(idx.join("level")) else { continue };
+        if level.trim() != "3" {
+            continue;
+        }
+        let size = std::fs::read_to_string(idx.join("size")).ok()?;
+        let shares = cpu_list(&std::fs::read_to_string(idx.join("shared_cpu_list")).ok()?)?;
+        return Some((size_bytes(&size)?, shares));
+    }
+    None
+}
+
+/// A cache size as sysfs writes it (`266240K`, `32M`, `1024`).
+fn size_bytes(s: &str) -> Option<usize> {
+    let s = s.trim();
+    let (num, mult) = match s.as_bytes().last()? {
+        b'K' => (&s[..s.len() - 1], 1 << 10),
+        b'M' => (&s[..s.len() - 1], 1 << 20),
+        b'G' => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    num.parse::<usize>().ok()?.checked_mul(mult)
+}
+
+/// The CPUs in a list such as `0-3,8,10-11` (at most 1 << 16 of them).
+fn cpu_list(s: &str) -> Option<Vec<usize>> {
+    let mut out = Vec::new();
+    for part in s.trim().split(',').filter(|p| !p.is_empty()) {
+        let (a, b) = match part.split_once('-') {
+            Some((a, b)) => (a.trim().parse::<usize>().ok()?, b.trim().parse::<usize>().ok()?),
+            None => {
+                let a = part.trim().parse::<usize>().ok()?;
+                (a, a)
+            }
+        };
+        if b < a || b - a >= 1 << 16 || out.len() + (b - a) >= 1 << 16 {
+            return None;
+        }
+        out.extend(a..=b);
+    }
+    (!out.is_empty()).then_some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{cpu_list, size_bytes, L3};
+    use std::path::Path;
+
+    /// A sysfs tree at `root` whose CPUs have the L3s `(cpus sharing it, size)`, behind an L1
+    /// and an L2 in lower indices.
+    fn tree(root: &Path, l3s: &[(&str, &str)]) {
+        for (list, size) in l3s {
+            for cpu in cpu_list(list).unwrap() {
+                for (i, (level, size, shares)) in
+                    [("1", "48K", cpu.to_string()), ("2", "2048K", cpu.to_string()), ("3", *size, list.to_string())]
+                        .iter()
+                        .enumerate()
+                {
+                    let d = root.join(format!("cpu{cpu}/cache/index{i}"));
+                    std::fs::create_dir_all(&d).unwrap();
+                    std::fs::write(d.join("level"), format!("{level}\n")).unwrap();
+                    std::fs::write(d.join("size"), format!("{size}\n")).unwrap();
+                    std::fs::write(d.join("shared_cpu_list"), format!("{shares}\n")).unwrap();
+                }
+            }
+        }
+    }
+
+    /// The two kinds of host measured, and the cases in between: one L3 shared by every
+    /// allowed CPU sets the step and, when large, plain ring stores; CPUs on several L3s, an
+    /// unknown L3 or a malformed file give no step and streaming stores.
+    #[test]
+    fn thresholds_follow_the_l3() {
+        let root = std::env::temp_dir().join(format!("anyccl-l3-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let intel = root.join("intel");
+        tree(&intel, &[("0-1", "266240K")]);
+        let amd = root.join("amd");
+        tree(&amd, &[("0-7", "32768K"), ("8-15", "32768K")]);
+        let big = root.join("big");
+        tree(&big, &[("0-3", "256M"), ("4-7", "96M")]);
+
+        let l = L3::read(&intel, "0-1");
+        assert_eq!(l, Some(L3 { bytes: 260 << 20, shared: true }));
+        assert_eq!((L3::step(l), L3::ring_streaming(l)), (32 << 20, false));
+
+        let l = L3::read(&amd, "0-1");
+        assert_eq!(l, Some(L3 { bytes: 32 << 20, shared: true }));
+        assert_eq!((L3::step(l), L3::ring_streaming(l)), (4 << 20, true));
+        let l = L3::read(&amd, "6-9");
+        assert_eq!(l, Some(L3 { bytes: 32 << 20, shared: false }));
+        assert_eq!((L3::step(l), L3::ring_streaming(l)), (0, true));
+
+        // Across two L3s of 256 and 96 MiB: not shared, the defaults.
+        let l = L3::read(&big, "2-5");
+        assert_eq!(l, Some(L3 { bytes: 96 << 20, shared: false }));
+        assert_eq!((L3::step(l), L3::ring_streaming(l)), (0, true));
+        let l = L3::read(&big, "4,5-7");
+        assert_eq!((L3::step(l), L3::ring_streaming(l)), (8 << 20, true));
+        assert_eq!(L3::step(L3::read(&big, "0-3")), 32 << 20);
+
+        // Unknown: a CPU without a cache directory, a malformed list or size.
+        assert_eq!(L3::read(&intel, "0-2"), None);
+        assert_eq!(L3::read(&intel, "1-0"), None);
+        assert_eq!(L3::read(&intel, ""), None);
+        assert_eq!(L3::read(&intel, "0-99999999"), None);
+        std::fs::write(intel.join("cpu1/cache/index1/size"), "lots\n").unwrap();
+        assert!(L3::read(&intel, "0-1").is_some(), "an L2's size is not read");
+        std::fs::write(intel.join("cpu1/cache/index2/size"), "lots\n").unwrap();
+        assert_eq!(L3::read(&intel, "0-1"), None);
+        assert_eq!((L3::step(None), L3::ring_streaming(None)), (0, true));
+
+        assert_eq!(size_bytes("1024\n"), Some(1024));
+        assert_eq!(size_bytes("2G"), Some(2 << 30));
+        assert_eq!(size_bytes("K"), None);
+        assert_eq!(size_bytes("99999999999999999999G"), None);
+        let _ = std::fs::remove_dir_all(&root);
+    }
+}
