@@ -10,9 +10,10 @@
 //! inputs were lent waits until its job has run (every step of which has a deadline).
 //!
 //! Memory is bounded: inputs queued and not yet run may hold at most
-//! `ANYCCL_CPU_MAX_QUEUED_BYTES` (default 256 MiB); past that, enqueue waits for the worker,
-//! up to the operation timeout (then `Timeout`), as a device library blocks the host when
-//! its queue is full. Messages from a peer that this rank has not consumed are bounded by
+//! `ANYCCL_CPU_MAX_QUEUED_BYTES` (default 256 MiB), a lent input counted as 64 KiB (the
+//! largest copied one; it holds nothing while queued), so the bound also caps how many
+//! operations wait; past that, enqueue waits for the worker, up to the operation timeout
+//! (then `Timeout`), as a device library blocks the host when its queue is full. Messages from a peer that this rank has not consumed are bounded by
 //! `ANYCCL_CPU_MAX_INBOX_BYTES` (default 256 MiB, see the transport).
 
 use crate::algo::{self, Coll, Tuning};
@@ -174,21 +175,29 @@ impl CpuComm {
         }))
     }
 
-    /// Wait until `bytes` more of queued input fit the bound (a job larger than the bound
-    /// waits for an empty queue), at most the operation timeout.
-    fn admit(&self, bytes: usize) -> Result<Admission> {
+    /// Wait until a job with inputs of these sizes fits the queue bound (a job larger than
+    /// the bound waits for an empty queue), at most the operation timeout. Each input counts
+    /// what it holds while queued ([`work::held`]: a lent one as the largest copied one), so
+    /// that many large operations issued before a wait stay lent and run in their callers'
+    /// waits on the callers' buffers. (Counting a lent input at its size, ten 32 MiB
+    /// all_reduce in flight on 2 ranks ran at 0.8-0.9 GB/s against 3.0 one at a time: past
+    /// 256 MiB every enqueue ran a queued job here, copying its input in and results out.)
+    fn admit(&self, inputs: impl IntoIterator<Item = usize>) -> Result<Admission> {
+        let (mut bytes, mut size) = (0usize, 0usize);
+        for n in inputs {
+            bytes = bytes.saturating_add(work::held(n));
+            size = size.saturating_add(n);
+        }
         let q = &self.queue;
         if q.try_take(bytes) {
-            return Ok(Admission { queue: q.clone(), bytes });
+            return Ok(Admission { queue: q.clone(), bytes, size });
         }
         let t = self.mesh.op_timeout;
         let deadline = anyccl_core::deadline_in(t);
         loop {
             // Run queued jobs on this thread while the engine is free, as many as make room: a
             // job run here copies its lent input in and its results out, while one left queued
-            // may still run in its own caller's wait, on the caller's buffers. (Running the
-            // whole queue here cut 32 MiB all_reduce issued ten at a time from 2.7 GB/s to
-            // 1.0 on 2 ranks.)
+            // may still run in its own caller's wait, on the caller's buffers.
             let mut st = self.sched.lock();
             let mut room = false;
             while !room && st.engine.is_some() && !st.jobs.is_empty() {
@@ -221,7 +230,7 @@ impl CpuComm {
                 break;
             }
         }
-        Ok(Admission { queue: q.clone(), bytes })
+        Ok(Admission { queue: q.clone(), bytes, size })
     }
 
     /// Queue `run`, admitted (see [`CpuComm::admit`]) before its input was copied.
@@ -265,7 +274,7 @@ impl CpuComm {
         // program issues several before it waits: they must progress without it).
         let wake = st.parked || (!st.jobs.is_empty() && !st.woken);
         st.woken |= wake;
-        let grace = Job::grace_for(admission.bytes, lent);
+        let grace = Job::grace_for(admission.size, lent);
         st.jobs.push_back(Job { id, run, done: done.clone(), grace, _admission: admission });
         drop(st);
         if wake {
@@ -332,7 +341,7 @@ impl Collective for CpuComm {
 
     fn all_reduce<'a>(&'a self, send: Option<Buf<'a>>, mut recv: BufMut<'a>, op: ReduceOp) -> Result<Work<'a>> {
         let n = recv.bytes();
-        let adm = self.admit(n)?;
+        let adm = self.admit([n])?;
         let input = match &send {
             Some(s) => self.input("all_reduce", s)?,
             None => self.input_mut("all_reduce", &mut recv, 0, n)?,
@@ -367,7 +376,7 @@ impl Collective for CpuComm {
         root: usize,
     ) -> Result<Work<'a>> {
         let n = recv.bytes();
-        let adm = self.admit(n)?;
+        let adm = self.admit([n])?;
         let input = match &send {
             Some(s) => self.input("reduce", s)?,
             None => self.input_mut("reduce", &mut recv, 0, n)?,
@@ -394,7 +403,7 @@ impl Collective for CpuComm {
 
     fn broadcast<'a>(&'a self, send: Option<Buf<'a>>, mut recv: BufMut<'a>, root: usize) -> Result<Work<'a>> {
         let (n, me) = (recv.bytes(), self.info.rank);
-        let adm = self.admit(n)?;
+        let adm = self.admit([n])?;
         let input = match (me == root, &send) {
             (false, _) => None,
             (true, Some(s)) => Some(self.input("broadcast", s)?),
@@ -428,7 +437,7 @@ impl Collective for CpuComm {
     fn all_gather<'a>(&'a self, send: Option<Buf<'a>>, mut recv: BufMut<'a>) -> Result<Work<'a>> {
         let (n, me) = (self.info.size, self.info.rank);
         let chunk = recv.bytes() / n;
-        let adm = self.admit(recv.bytes())?;
+        let adm = self.admit([recv.bytes()])?;
         // Only this rank's chunk is input; the others are all overwritten.
         let own = match &send {
             Some(s) => self.input("all_gather", s)?,
@@ -458,7 +467,7 @@ impl Collective for CpuComm {
         let (n, me) = (self.info.size, self.info.rank);
         let total = send.as_ref().map_or(recv.bytes(), |s| s.bytes());
         let c = total / n;
-        let adm = self.admit(total)?;
+        let adm = self.admit([total])?;
         let input = match &send {
             Some(s) => self.input("reduce_scatter", s)?,
             None => self.input_mut("reduce_scatter", &mut recv, 0, total)?,
@@ -523,7 +532,7 @@ impl Collective for CpuComm {
             }
             None => (vec![send.bytes() / n; n], vec![recv.bytes() / n; n]),
         };
-        let adm = self.admit(send.bytes())?;
+        let adm = self.admit([send.bytes()])?;
         let data = self.input("all_to_all", &send)?;
         let (total, lent) = (recv.bytes(), data.lent());
         self.enqueue_lent(
@@ -548,7 +557,7 @@ impl Collective for CpuComm {
     }
 
     fn send<'a>(&'a self, buf: Buf<'a>, peer: usize) -> Result<Work<'a>> {
-        let adm = self.admit(buf.bytes())?;
+        let adm = self.admit([buf.bytes()])?;
         let data = self.input("send", &buf)?;
         let lent = data.lent();
         self.enqueue_lent(
@@ -569,7 +578,7 @@ impl Collective for CpuComm {
 
     fn recv<'a>(&'a self, buf: BufMut<'a>, peer: usize) -> Result<Work<'a>> {
         let bytes = buf.bytes();
-        let adm = self.admit(0)?;
+        let adm = self.admit([])?;
         self.enqueue(
             smallvec::smallvec![buf],
             adm,
@@ -586,8 +595,8 @@ impl Collective for CpuComm {
     }
 
     fn p2p_group<'a>(&'a self, ops: Vec<P2POp<'a>>) -> Result<Work<'a>> {
-        let sent: usize = ops.iter().map(|o| if let P2POp::Send(b, _) = o { b.bytes() } else { 0 }).sum();
-        let adm = self.admit(sent)?;
+        let adm =
+            self.admit(ops.iter().filter_map(|o| if let P2POp::Send(b, _) = o { Some(b.bytes()) } else { None }))?;
         let mut sends = Vec::new();
         let mut recvs = Vec::new();
         let mut sources = Few::new();
@@ -639,7 +648,7 @@ impl Collective for CpuComm {
     }
 
     fn barrier(&self) -> Result<Work<'_>> {
-        let adm = self.admit(0)?;
+        let adm = self.admit([])?;
         self.enqueue(
             Few::new(),
             adm,

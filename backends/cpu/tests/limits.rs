@@ -15,10 +15,12 @@ fn connect(store: Arc<dyn Store>, rank: usize) -> Result<Communicator, Error> {
     common::connect(store, rank, 2, "limits", Duration::from_secs(2))
 }
 
-fn sender_is_bounded() -> Result<(), Failed> {
+/// Rank 0 sends `count` messages of `len` bytes to a rank 1 that consumes nothing for
+/// longer than rank 0's timeout: enqueue must fail (at the timeout) after at most `most`
+/// were accepted.
+fn sender_is_bounded(len: usize, count: usize, most: usize) -> Result<(), Failed> {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let s1 = store.clone();
-    // Rank 1 connects and then consumes nothing for longer than rank 0's timeout.
     let idle = std::thread::spawn(move || -> Result<(), String> {
         let c = connect(s1, 1).map_err(|e| e.to_string())?;
         std::thread::sleep(Duration::from_secs(6));
@@ -26,7 +28,7 @@ fn sender_is_bounded() -> Result<(), Failed> {
         Ok(())
     });
     let comm = connect(store, 0)?;
-    let bufs: Vec<Vec<u8>> = (0..400).map(|_| vec![7u8; MIB]).collect();
+    let bufs: Vec<Vec<u8>> = (0..count).map(|_| vec![7u8; len]).collect();
     let t = Instant::now();
     let mut works = Vec::new();
     let mut failure = None;
@@ -44,18 +46,17 @@ fn sender_is_bounded() -> Result<(), Failed> {
     let _ = comm.abort_blocking();
     drop(works);
     idle.join().map_err(|_| "rank 1 panicked")??;
-    let e = failure.ok_or_else(|| format!("all {} sends of 1 MiB were queued: nothing bounded them", bufs.len()))?;
+    let e = failure.ok_or_else(|| format!("all {count} sends of {len} bytes were queued: nothing bounded them"))?;
     if !matches!(e, Error::Timeout { .. } | Error::PeerFailed { .. } | Error::Aborted { .. }) {
         return Err(format!("expected a timeout, got {e}").into());
     }
-    // 8 MiB queued + 8 MiB (one message more) in the peer's inbox + the sockets' buffers.
-    if accepted > 64 {
-        return Err(format!("{accepted} sends of 1 MiB were accepted with 8 MiB bounds").into());
+    if accepted > most {
+        return Err(format!("{accepted} sends of {len} bytes were accepted with 8 MiB bounds (at most {most})").into());
     }
     if took > Duration::from_secs(8) {
         return Err(format!("the bound took {took:?} to turn into an error (timeout 2 s)").into());
     }
-    println!("    {accepted} x 1 MiB accepted, then after {took:.2?}: {e}");
+    println!("    {accepted} x {len} bytes accepted, then after {took:.2?}: {e}");
     Ok(())
 }
 
@@ -64,6 +65,16 @@ fn main() -> std::process::ExitCode {
     std::env::set_var("ANYCCL_CPU_MAX_QUEUED_BYTES", (8 * MIB).to_string());
     std::env::set_var("ANYCCL_CPU_MAX_INBOX_BYTES", (8 * MIB).to_string());
     let args = Arguments::from_args();
-    let trials = vec![Trial::test("cpu::limits::sender_bounded_when_peer_consumes_nothing[w=2]", sender_is_bounded)];
+    // Copied sends (under 64 KiB) count their size: 8 MiB queued (256) + 12 MiB in the
+    // peer's ring and inbox (384) + the sockets' buffers. Lent sends (from 64 KiB) count 64
+    // KiB each while queued: 128 + 12 + the sockets' buffers.
+    let trials = vec![
+        Trial::test("cpu::limits::sender_bounded_when_peer_consumes_nothing[w=2]", || {
+            sender_is_bounded(32 << 10, 4000, 1024)
+        }),
+        Trial::test("cpu::limits::lent_sends_bounded_when_peer_consumes_nothing[w=2]", || {
+            sender_is_bounded(MIB, 400, 192)
+        }),
+    ];
     libtest_mimic::run(&args, trials).exit_code()
 }

@@ -6,7 +6,10 @@ use super::*;
 /// Queued input bytes counted against the bound until dropped.
 pub(super) struct Admission {
     pub(super) queue: Arc<Queue>,
+    /// What the job's inputs hold while queued ([`super::work::held`]).
     pub(super) bytes: usize,
+    /// The inputs' sizes.
+    pub(super) size: usize,
 }
 
 impl Drop for Admission {

@@ -17,6 +17,13 @@ pub(super) struct Direct<'d> {
 /// Inputs from this size on are lent rather than copied at enqueue.
 const LEND_MIN: usize = 64 << 10;
 
+/// What an input of `len` bytes counts against the queue bound while its job is queued: a
+/// copied one its size, a lent one (which holds nothing until the job runs) as the largest
+/// copied one, so that the bound also caps how many operations are queued.
+pub(super) fn held(len: usize) -> usize {
+    len.min(LEND_MIN)
+}
+
 /// Inputs up to this size are copied into the job itself (no allocation).
 const INLINE_MAX: usize = 64;
 
