@@ -11,8 +11,8 @@
 //!
 //! Memory is bounded: inputs queued and not yet run may hold at most
 //! `ANYCCL_CPU_MAX_QUEUED_BYTES` (default 256 MiB), a lent input counted as 64 KiB (the
-//! largest copied one; it holds nothing while queued), so the bound also caps how many
-//! operations wait; past that, enqueue waits for the worker, up to the operation timeout
+//! largest copied one; it holds nothing while queued) and a job as 1 KiB at least (its
+//! record), so the bound also caps how many operations wait; past that, enqueue waits for the worker, up to the operation timeout
 //! (then `Timeout`), as a device library blocks the host when its queue is full. Messages from a peer that this rank has not consumed are bounded by
 //! `ANYCCL_CPU_MAX_INBOX_BYTES` (default 256 MiB, see the transport).
 
@@ -177,7 +177,8 @@ impl CpuComm {
 
     /// Wait until a job with inputs of these sizes fits the queue bound (a job larger than
     /// the bound waits for an empty queue), at most the operation timeout. Each input counts
-    /// what it holds while queued ([`work::held`]: a lent one as the largest copied one), so
+    /// what it holds while queued ([`work::held`]: a lent one as the largest copied one), the
+    /// job at least its record ([`work::RECORD`]), so
     /// that many large operations issued before a wait stay lent and run in their callers'
     /// waits on the callers' buffers. (Counting a lent input at its size, ten 32 MiB
     /// all_reduce in flight on 2 ranks ran at 0.8-0.9 GB/s against 3.0 one at a time: past
@@ -188,6 +189,7 @@ impl CpuComm {
             bytes = bytes.saturating_add(work::held(n));
             size = size.saturating_add(n);
         }
+        let bytes = bytes.max(work::RECORD);
         let q = &self.queue;
         if q.try_take(bytes) {
             return Ok(Admission { queue: q.clone(), bytes, size });

@@ -60,6 +60,50 @@ fn sender_is_bounded(len: usize, count: usize, most: usize) -> Result<(), Failed
     Ok(())
 }
 
+/// Rank 0 issues barriers, which hold no input, with a rank 1 that joins none of them:
+/// each counts its record (1 KiB), so the 8 MiB bound stops enqueue after about 8192.
+fn barriers_are_bounded() -> Result<(), Failed> {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let s1 = store.clone();
+    let idle = std::thread::spawn(move || -> Result<(), String> {
+        let c = connect(s1, 1).map_err(|e| e.to_string())?;
+        std::thread::sleep(Duration::from_secs(6));
+        drop(c);
+        Ok(())
+    });
+    let comm = connect(store, 0)?;
+    let t = Instant::now();
+    let mut works = Vec::new();
+    let failure = loop {
+        if works.len() > 100_000 {
+            break None;
+        }
+        match comm.barrier() {
+            Ok(w) => works.push(w),
+            Err(e) => break Some(e),
+        }
+    };
+    let (took, accepted) = (t.elapsed(), works.len());
+    let _ = comm.abort_blocking();
+    drop(works);
+    idle.join().map_err(|_| "rank 1 panicked")??;
+    let e = failure.ok_or_else(|| format!("{accepted} barriers were queued: nothing bounded them"))?;
+    if !matches!(e, Error::Timeout { .. } | Error::PeerFailed { .. } | Error::Aborted { .. }) {
+        return Err(format!("expected a timeout, got {e}").into());
+    }
+    if accepted > 8200 {
+        return Err(format!(
+            "{accepted} barriers were accepted with an 8 MiB bound (at most 8192 and the one running)"
+        )
+        .into());
+    }
+    if took > Duration::from_secs(8) {
+        return Err(format!("the bound took {took:?} to turn into an error (timeout 2 s)").into());
+    }
+    println!("    {accepted} barriers accepted, then after {took:.2?}: {e}");
+    Ok(())
+}
+
 fn main() -> std::process::ExitCode {
     // Set before any thread starts: this process runs this one case.
     std::env::set_var("ANYCCL_CPU_MAX_QUEUED_BYTES", (8 * MIB).to_string());
@@ -75,6 +119,7 @@ fn main() -> std::process::ExitCode {
         Trial::test("cpu::limits::lent_sends_bounded_when_peer_consumes_nothing[w=2]", || {
             sender_is_bounded(MIB, 400, 192)
         }),
+        Trial::test("cpu::limits::operations_bounded_in_number[w=2]", barriers_are_bounded),
     ];
     libtest_mimic::run(&args, trials).exit_code()
 }

@@ -24,6 +24,11 @@ pub(super) fn held(len: usize) -> usize {
     len.min(LEND_MIN)
 }
 
+/// What a queued job counts against the queue bound at least: its record (the job, its
+/// completion and its closure take a few hundred bytes), so that operations with small or
+/// no inputs (barriers, receives) are bounded in number too: 262,144 at the default bound.
+pub(super) const RECORD: usize = 1 << 10;
+
 /// Inputs up to this size are copied into the job itself (no allocation).
 const INLINE_MAX: usize = 64;
 
