@@ -121,7 +121,8 @@ fn tuning(links: Option<Links>) -> Vec<(String, String)> {
             env(
                 "ANYCCL_CPU_BY_REF_MIN",
                 format!(
-                    "{} (point-to-point; a sendrecv's: {}; a collective's: {}..{} in a ring step, else off)",
+                    "{} (point-to-point; a sendrecv's: {}; a collective's in a ring step: from {}, below {} on a host \
+                     with more ranks than cores; a collective's sent alone: off)",
                     transport::BY_REF_MIN,
                     transport::BY_REF_P2P_EXCHANGE,
                     transport::BY_REF_EXCHANGE.start,

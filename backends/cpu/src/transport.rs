@@ -230,6 +230,7 @@ impl Mesh {
         }
         let locals: Vec<usize> =
             if host_of_me == "-" { vec![rank] } else { (0..size).filter(|&r| hosts[r] == host_of_me).collect() };
+        let crowded = locals.len() > std::thread::available_parallelism().map_or(1, |c| c.get());
         let shm = if locals.len() > 1 {
             shm_links(store, ns, label, rank, size, &locals, deadline, started).await?
         } else {
@@ -340,7 +341,7 @@ impl Mesh {
             writers,
             ctl,
             shm,
-            by_ref_sizes: by_ref_sizes(rank, label)?,
+            by_ref_sizes: by_ref_sizes(rank, label, crowded)?,
             scratch: Mutex::new(Vec::new()),
             mailbox,
             readers: Mutex::new(readers),

@@ -18,11 +18,25 @@ pub(crate) const BY_REF_MIN: usize = 16 << 20;
 /// that) 4.4 and 4.9 -> 7.7 and 9.5 GB/s, all_to_all 1 and 4 MiB 3.2 and 2.0 -> 7.1 and
 /// 7.0, all_gather 512 KiB and 4 MiB 1.6 and 6.1 -> 7.9 and 7.1 (1 MiB 8.1 -> 7.8); the
 /// rings' runs swing between about 1.5 and 10 GB/s from run to run here, by reference's
-/// less. From 16 MiB, where memory bounds both, the two were within 10% of each other at 2
-/// ranks, and by reference lost 30% at 4 ranks on 2 cores (all_reduce 32 MiB 2.10 -> 1.45,
-/// 256 MiB 1.43 -> 1.01; all_gather 256 MiB 1.89 -> 1.30), so larger messages go as they
-/// would alone.
+/// less. From 16 MiB, where memory bounds both, by reference lost 30% at 4 ranks on 2 cores
+/// (all_reduce 32 MiB 2.10 -> 1.45, 256 MiB 1.43 -> 1.01; all_gather 256 MiB 1.89 -> 1.30),
+/// so there larger messages go as they would alone; where the host's ranks do not outnumber
+/// its cores the range has no end ([`crowded_end`]).
 pub(crate) const BY_REF_EXCHANGE: std::ops::Range<usize> = (256 << 10)..BY_REF_MIN;
+
+/// The end of [`ByRef::exchange`] by default: [`BY_REF_EXCHANGE`]'s on a host whose ranks
+/// outnumber its cores (`crowded`), none otherwise. 2 ranks on 2 cores, 32-256 MiB, busbw
+/// medians of 4 alternating runs, rings -> by reference: all_to_all 3.68/2.82/3.08/3.09 ->
+/// 5.0/3.5/3.23/3.28 GB/s, all_gather 3.41/2.77/2.80/2.65 -> 4.8/2.96/2.73/2.94,
+/// reduce_scatter 2.30/2.37/2.24/2.30 -> 3.29/3.01/2.85/2.71 (an Intel host with a shared
+/// 260 MiB L3; on the AMD hosts the two were within 10% of each other at 2 ranks).
+pub(crate) fn crowded_end(crowded: bool) -> usize {
+    if crowded {
+        BY_REF_EXCHANGE.end
+    } else {
+        usize::MAX
+    }
+}
 
 /// The default of [`ByRef::p2p_exchange`]: a sendrecv's message (sent while one is
 /// received) from this size goes by reference. 2 ranks, busbw medians of 4 alternating runs,
@@ -51,8 +65,9 @@ pub(crate) struct ByRef {
     pub alone: (usize, usize),
 }
 
-/// [`ByRef`] from the environment.
-pub(crate) fn by_ref_sizes(rank: usize, label: &str) -> Result<ByRef> {
+/// [`ByRef`] from the environment, for a host whose ranks outnumber its cores or not
+/// (`crowded`).
+pub(crate) fn by_ref_sizes(rank: usize, label: &str, crowded: bool) -> Result<ByRef> {
     match std::env::var("ANYCCL_CPU_BY_REF_MIN") {
         Ok(v) if v.trim() == "off" => {
             Ok(ByRef { exchange: 0..0, p2p_exchange: usize::MAX, alone: (usize::MAX, usize::MAX) })
@@ -63,7 +78,8 @@ pub(crate) fn by_ref_sizes(rank: usize, label: &str) -> Result<ByRef> {
             Ok(ByRef { exchange: 0..0, p2p_exchange: usize::MAX, alone: (v, v) })
         }
         Err(_) => {
-            Ok(ByRef { exchange: BY_REF_EXCHANGE, p2p_exchange: BY_REF_P2P_EXCHANGE, alone: (BY_REF_MIN, usize::MAX) })
+            let exchange = BY_REF_EXCHANGE.start..crowded_end(crowded);
+            Ok(ByRef { exchange, p2p_exchange: BY_REF_P2P_EXCHANGE, alone: (BY_REF_MIN, usize::MAX) })
         }
     }
 }
