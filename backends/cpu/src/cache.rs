@@ -26,14 +26,18 @@ pub(crate) const LARGE_L3: usize = 128 << 20;
 pub(crate) struct L3 {
     /// Bytes of the smallest L3 among the CPUs this process may run on.
     pub bytes: usize,
-    /// Whether one L3 serves every CPU this process may run on (ranks of this host, with the
-    /// same CPUs allowed, then share it).
+    /// Whether one L3 serves every CPU this process may run on. Ranks of this host share it
+    /// when each says so of the same L3 ([`L3::tag`]): a rank pinned to one core says so of
+    /// its own core's L3 alone.
     pub shared: bool,
+    /// Which L3 on this host: the lowest CPU it serves.
+    pub id: usize,
 }
 
 impl L3 {
-    /// This host's, from `/proc/self/status` and `/sys/devices/system/cpu` (read once); `None`
-    /// where the system does not say.
+    /// This host's, from `/proc/self/status` and `/sys/devices/system/cpu` (read once), for
+    /// the CPUs this process may run on that are online; `None` where the system does not
+    /// say.
     pub(crate) fn this_host() -> Option<L3> {
         static ONCE: std::sync::OnceLock<Option<L3>> = std::sync::OnceLock::new();
         *ONCE.get_or_init(|| {
@@ -43,9 +47,14 @@ impl L3 {
         })
     }
 
-    /// The L3 of the CPUs in the list `allowed` (`0-3,8`), from the sysfs tree at `root`.
+    /// The L3 of the CPUs in the list `allowed` (`0-3,8`) that the sysfs tree at `root` lists
+    /// as online (an affinity mask may name CPUs that are offline or absent, which have no
+    /// cache directory; all of `allowed` where `online` is not there).
     fn read(root: &Path, allowed: &str) -> Option<L3> {
-        let cpus = cpu_list(allowed)?;
+        let mut cpus = cpu_list(allowed)?;
+        if let Some(online) = std::fs::read_to_string(root.join("online")).ok().and_then(|s| cpu_list(&s)) {
+            cpus.retain(|c| online.contains(c));
+        }
         let mut smallest: Option<usize> = None;
         let mut first_shares: Option<Vec<usize>> = None;
         for &cpu in &cpus {
@@ -54,7 +63,18 @@ impl L3 {
             first_shares.get_or_insert(shares);
         }
         let shares = first_shares?;
-        Some(L3 { bytes: smallest?, shared: cpus.iter().all(|c| shares.contains(c)) })
+        let id = shares.iter().copied().min()?;
+        Some(L3 { bytes: smallest?, shared: cpus.iter().all(|c| shares.contains(c)), id })
+    }
+
+    /// What a rank publishes of its L3 at connect: the L3's id when it serves all of the
+    /// rank's CPUs, `-` otherwise. A host's ranks that publish the same id run under one L3
+    /// ([`one_l3`]).
+    pub(crate) fn tag(l3: Option<L3>) -> String {
+        match l3 {
+            Some(l) if l.shared => l.id.to_string(),
+            _ => "-".into(),
+        }
     }
 
     /// The whole-buffer step this L3 gives: an eighth of it (the input, the output, the rings
@@ -79,8 +99,30 @@ impl L3 {
 impl std::fmt::Display for L3 {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let how = if self.shared { "shared by this process's CPUs" } else { "the smallest of several" };
-        write!(f, "{} MiB L3, {how}", self.bytes >> 20)
+        if self.bytes >= 1 << 20 {
+            write!(f, "{} MiB L3, {how}", self.bytes >> 20)
+        } else {
+            write!(f, "{} KiB L3, {how}", self.bytes >> 10)
+        }
     }
+}
+
+/// Per rank, whether the ranks of its host all run under one L3, from every rank's host and
+/// [`L3::tag`] (the same answer on every rank: the group's thresholds depend on it). A rank
+/// whose host is `-` (its own: TCP links only) is alone on it.
+pub(crate) fn one_l3(hosts: &[String], tags: &[String]) -> Vec<bool> {
+    let mut per_host: std::collections::HashMap<&str, Option<&str>> = std::collections::HashMap::new();
+    for (h, t) in hosts.iter().zip(tags) {
+        let seen = per_host.entry(h.as_str()).or_insert(Some(t.as_str()));
+        if *seen != Some(t.as_str()) {
+            *seen = None;
+        }
+    }
+    hosts
+        .iter()
+        .zip(tags)
+        .map(|(h, t)| t != "-" && (h == "-" || per_host.get(h.as_str()).is_some_and(|s| s.is_some())))
+        .collect()
 }
 
 fn prev_power_of_two(v: usize) -> usize {
@@ -139,7 +181,7 @@ fn cpu_list(s: &str) -> Option<Vec<usize>> {
 
 #[cfg(test)]
 mod tests {
-    use super::{cpu_list, size_bytes, L3};
+    use super::{cpu_list, one_l3, size_bytes, L3};
     use std::path::Path;
 
     /// A sysfs tree at `root` whose CPUs have the L3s `(cpus sharing it, size)`, behind an L1
@@ -177,19 +219,28 @@ mod tests {
         tree(&big, &[("0-3", "256M"), ("4-7", "96M")]);
 
         let l = L3::read(&intel, "0-1");
-        assert_eq!(l, Some(L3 { bytes: 260 << 20, shared: true }));
+        assert_eq!(l, Some(L3 { bytes: 260 << 20, shared: true, id: 0 }));
         assert_eq!((L3::step(l), L3::ring_streaming(l)), (32 << 20, false));
+        assert_eq!(L3::tag(l), "0");
+        assert_eq!(
+            format!("{}", L3 { bytes: 512 << 10, shared: true, id: 0 }),
+            "512 KiB L3, shared by this process's CPUs"
+        );
 
         let l = L3::read(&amd, "0-1");
-        assert_eq!(l, Some(L3 { bytes: 32 << 20, shared: true }));
+        assert_eq!(l, Some(L3 { bytes: 32 << 20, shared: true, id: 0 }));
         assert_eq!((L3::step(l), L3::ring_streaming(l)), (4 << 20, true));
         let l = L3::read(&amd, "6-9");
-        assert_eq!(l, Some(L3 { bytes: 32 << 20, shared: false }));
+        assert_eq!(l, Some(L3 { bytes: 32 << 20, shared: false, id: 0 }));
         assert_eq!((L3::step(l), L3::ring_streaming(l)), (0, true));
+        assert_eq!(L3::tag(l), "-");
+        // A discontiguous list under one L3, and one across both.
+        assert_eq!(L3::read(&amd, "8-9,12-15").map(|l| (l.shared, l.id)), Some((true, 8)));
+        assert_eq!(L3::read(&amd, "0-3,8-11").map(|l| l.shared), Some(false));
 
         // Across two L3s of 256 and 96 MiB: not shared, the defaults.
         let l = L3::read(&big, "2-5");
-        assert_eq!(l, Some(L3 { bytes: 96 << 20, shared: false }));
+        assert_eq!(l, Some(L3 { bytes: 96 << 20, shared: false, id: 0 }));
         assert_eq!((L3::step(l), L3::ring_streaming(l)), (0, true));
         let l = L3::read(&big, "4,5-7");
         assert_eq!((L3::step(l), L3::ring_streaming(l)), (8 << 20, true));
@@ -200,6 +251,10 @@ mod tests {
         assert_eq!(L3::read(&intel, "1-0"), None);
         assert_eq!(L3::read(&intel, ""), None);
         assert_eq!(L3::read(&intel, "0-99999999"), None);
+        // An affinity mask naming CPUs that are offline: those are left out.
+        std::fs::write(intel.join("online"), "0-1\n").unwrap();
+        assert_eq!(L3::read(&intel, "0-7").map(|l| l.shared), Some(true));
+        assert_eq!(L3::read(&intel, "5-7"), None);
         std::fs::write(intel.join("cpu1/cache/index1/size"), "lots\n").unwrap();
         assert!(L3::read(&intel, "0-1").is_some(), "an L2's size is not read");
         std::fs::write(intel.join("cpu1/cache/index2/size"), "lots\n").unwrap();
@@ -211,5 +266,17 @@ mod tests {
         assert_eq!(size_bytes("K"), None);
         assert_eq!(size_bytes("99999999999999999999G"), None);
         let _ = std::fs::remove_dir_all(&root);
+    }
+
+    /// A host's ranks share one L3 only when all name the same one: two ranks pinned to
+    /// cores under different L3s (each sees its own as shared) do not; a rank alone on a
+    /// TCP-only host (`-`) stands for itself.
+    #[test]
+    fn one_l3_needs_every_rank_of_the_host() {
+        let v = |x: &[&str]| x.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(one_l3(&v(&["a", "a", "b", "b"]), &v(&["0", "0", "0", "8"])), [true, true, false, false]);
+        assert_eq!(one_l3(&v(&["a", "a", "a"]), &v(&["0", "0", "-"])), [false, false, false]);
+        assert_eq!(one_l3(&v(&["-", "-"]), &v(&["0", "8"])), [true, true]);
+        assert_eq!(one_l3(&v(&["-", "a"]), &v(&["-", "4"])), [false, true]);
     }
 }

@@ -11,8 +11,9 @@
 //!   sent by reference, below, waits for its receiver's copy), and the ring algorithms'
 //!   steps stream both directions at once with nothing buffered. The TCP connection to each such peer
 //!   stays: it carries failure notices and closes when the peer's process dies.
-//! - **Large messages by reference.** On one host a collective's message of 256 KiB to 16
-//!   MiB sent while one is received (a ring step), a sendrecv's message from 64 KiB, and
+//! - **Large messages by reference.** On one host a collective's message from 256 KiB sent
+//!   while one is received (a ring step; below 16 MiB where the host's ranks outnumber the
+//!   CPUs a rank may run on), a sendrecv's message from 64 KiB, and
 //!   any other point-to-point message of 16 MiB or more, is copied once, by the receiver,
 //!   out of the sender's memory (`process_vm_readv`), and the sender waits for that copy
 //!   (a rank waiting on another peer for a millisecond makes that copy to its inbox, as it
@@ -23,8 +24,9 @@
 //!   stream through the rings (faster where measured; `ANYCCL_CPU_BY_REF_MIN` sets one size
 //!   from which every message goes by reference), written from 64 KiB with streaming
 //!   stores, which held their rate where plain stores swung between about 4 and 25 GB/s.
-//! - **Thresholds from the host's cache** (`cache`): where one large L3 serves the ranks,
-//!   whole buffers stay in it to an eighth of its size and the rings take plain stores.
+//! - **Thresholds from the host's cache** (`cache`): where one large L3 serves all the ranks
+//!   of a host (each names the same one at connect), whole buffers stay in it to an eighth of
+//!   its size and the rings take plain stores.
 //! - **No slow string moves.** Copies whose destination sits 1-63 bytes past the source
 //!   modulo a page, which the string-move instruction runs 15-20x slower on several AMD
 //!   cores (in the C library's `memcpy` and in the kernel's copies between processes), go
@@ -89,8 +91,8 @@ async fn connect(opts: ConnectOptions, links: Option<Links>) -> Result<Arc<dyn C
 /// (a malformed variable shows as such; the connect names it in its error).
 fn tuning(links: Option<Links>) -> Vec<(String, String)> {
     let env = |name: &str, default: String| std::env::var(name).unwrap_or(default);
-    // What the host's cache makes of the defaults (a group across hosts takes the smallest
-    // host's step).
+    // What the host's cache makes of the defaults (a group takes the smallest host's step, and
+    // none from a host whose ranks run under different L3s).
     let l3 = cache::L3::this_host();
     let step = cache::L3::step(l3);
     let from_l3 = |v: String| match l3 {
@@ -122,7 +124,7 @@ fn tuning(links: Option<Links>) -> Vec<(String, String)> {
                 "ANYCCL_CPU_BY_REF_MIN",
                 format!(
                     "{} (point-to-point; a sendrecv's: {}; a collective's in a ring step: from {}, below {} on a host \
-                     with more ranks than cores; a collective's sent alone: off)",
+                     with more ranks than the CPUs a rank may run on; a collective's sent alone: off)",
                     transport::BY_REF_MIN,
                     transport::BY_REF_P2P_EXCHANGE,
                     transport::BY_REF_EXCHANGE.start,

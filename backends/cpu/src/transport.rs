@@ -205,9 +205,10 @@ impl Mesh {
         };
         let split = if let Links::Hosts(k) = links { Some(k) } else { None };
         let host_of_me = if links == Links::Tcp { "-".to_string() } else { shm::host_id(rank, split) };
-        let my_step = crate::cache::L3::step(crate::cache::L3::this_host());
-        store.set(&format!("{ns}/addr/{rank}"), format!("{me} {host_of_me} {my_step}").as_bytes()).await?;
-        // Every rank's address, host and whole-buffer step, in one request.
+        let l3 = crate::cache::L3::this_host();
+        let (my_step, my_l3) = (crate::cache::L3::step(l3), crate::cache::L3::tag(l3));
+        store.set(&format!("{ns}/addr/{rank}"), format!("{me} {host_of_me} {my_step} {my_l3}").as_bytes()).await?;
+        // Every rank's address, host, whole-buffer step and L3, in one request.
         let keys: Vec<String> = (0..size).map(|r| format!("{ns}/addr/{r}")).collect();
         let got = store.wait_many(&keys, deadline).await?;
         let missing: Vec<usize> = got.iter().enumerate().filter(|(_, v)| v.is_none()).map(|(r, _)| r).collect();
@@ -216,23 +217,31 @@ impl Mesh {
         }
         let mut addrs = Vec::with_capacity(size);
         let mut hosts = Vec::with_capacity(size);
-        let mut step = my_step;
+        let mut steps = Vec::with_capacity(size);
+        let mut l3s = Vec::with_capacity(size);
         for (r, v) in got.into_iter().enumerate() {
             let v = String::from_utf8_lossy(&v.unwrap_or_default()).into_owned();
             let mut it = v.split(' ');
             let malformed = || Error::store_fatal(format!("malformed address under '{}'", keys[r]));
             let a: SocketAddr = it.next().and_then(|a| a.parse().ok()).ok_or_else(malformed)?;
             let h = it.next().ok_or_else(malformed)?;
-            let s: usize = it.next().and_then(|s| s.parse().ok()).ok_or_else(malformed)?;
+            // A record without a step or an L3 (an older rank's) takes the defaults.
+            let s: usize = it.next().map_or(Some(0), |s| s.parse().ok()).ok_or_else(malformed)?;
             addrs.push(a);
             hosts.push(h.to_string());
-            step = step.min(s);
+            steps.push(s);
+            l3s.push(it.next().unwrap_or("-").to_string());
         }
+        // The group's step: the smallest, and none from a host whose ranks run under several
+        // L3s (ranks pinned to cores of different sockets each see their own L3 as shared).
+        let one_l3 = crate::cache::one_l3(&hosts, &l3s);
+        let step = steps.iter().zip(&one_l3).map(|(&s, &one)| if one { s } else { 0 }).min().unwrap_or(0);
+        let ring_streaming = !one_l3[rank] || crate::cache::L3::ring_streaming(l3);
         let locals: Vec<usize> =
             if host_of_me == "-" { vec![rank] } else { (0..size).filter(|&r| hosts[r] == host_of_me).collect() };
         let crowded = locals.len() > std::thread::available_parallelism().map_or(1, |c| c.get());
         let shm = if locals.len() > 1 {
-            shm_links(store, ns, label, rank, size, &locals, deadline, started).await?
+            shm_links(store, ns, label, rank, size, &locals, ring_streaming, deadline, started).await?
         } else {
             (0..size).map(|_| None).collect()
         };

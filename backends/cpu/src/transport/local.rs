@@ -79,7 +79,9 @@ fn ring_bytes(locals: usize, rank: usize, label: &str) -> Result<usize> {
 }
 
 /// Create this rank's segment, learn the segments of the other ranks of its host through
-/// the store, and map them: a link to each.
+/// the store, and map them: a link to each. `ring_streaming`: whether large messages go into
+/// the rings with streaming stores by default (not where the host's ranks run under one
+/// large L3: [`crate::cache::L3::ring_streaming`]).
 #[allow(clippy::too_many_arguments)] // the connect's identity and deadline
 pub(super) async fn shm_links(
     store: &dyn Store,
@@ -88,6 +90,7 @@ pub(super) async fn shm_links(
     rank: usize,
     size: usize,
     locals: &[usize],
+    ring_streaming: bool,
     deadline: Instant,
     started: Instant,
 ) -> Result<Vec<Option<ShmLink>>> {
@@ -118,9 +121,7 @@ pub(super) async fn shm_links(
     })?;
     let stream_min = match std::env::var("ANYCCL_CPU_RING_STREAM_MIN") {
         Ok(v) if v.trim() == "off" => usize::MAX,
-        Err(std::env::VarError::NotPresent) if !crate::cache::L3::ring_streaming(crate::cache::L3::this_host()) => {
-            usize::MAX
-        }
+        Err(std::env::VarError::NotPresent) if !ring_streaming => usize::MAX,
         _ => crate::algo::env_bytes("ANYCCL_CPU_RING_STREAM_MIN", shm::RING_STREAM_MIN, rank, label)?,
     };
     let me_local = locals.iter().position(|&r| r == rank).unwrap_or(0);
