@@ -10,11 +10,14 @@
 //! inputs were lent waits until its job has run (every step of which has a deadline).
 //!
 //! Memory is bounded: inputs queued and not yet run may hold at most
-//! `ANYCCL_CPU_MAX_QUEUED_BYTES` (default 256 MiB), a lent input counted as 64 KiB (the
-//! largest copied one; it holds nothing while queued) and a job as 1 KiB at least (its
-//! record), so the bound also caps how many operations wait; past that, enqueue waits for the worker, up to the operation timeout
-//! (then `Timeout`), as a device library blocks the host when its queue is full. Messages from a peer that this rank has not consumed are bounded by
-//! `ANYCCL_CPU_MAX_INBOX_BYTES` (default 256 MiB, see the transport).
+//! `ANYCCL_CPU_MAX_QUEUED_BYTES` (default 256 MiB), a lent input counted as 64 KiB (about
+//! what the largest copied one holds; it holds nothing while queued) and a job as 1 KiB at
+//! least (its record), so the bound also caps how many operations wait; past that, enqueue
+//! waits for the worker, up to the operation timeout (then `Timeout`), as a device library
+//! blocks the host when its queue is full. Messages from a peer that this rank has not
+//! consumed are bounded by `ANYCCL_CPU_MAX_INBOX_BYTES` (default 256 MiB, see the
+//! transport). The results of an operation the worker ran before its caller waited are held
+//! until that wait: at most the size of the caller's own output buffers.
 
 use crate::algo::{self, Coll, Tuning};
 use crate::transport::{Data, Dead, Kind, Links, Mesh};

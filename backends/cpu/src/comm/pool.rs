@@ -19,8 +19,8 @@ impl Drop for Admission {
 }
 
 /// Buffers of finished operations kept for the next ones: a fresh buffer of MiBs costs a
-/// page fault and a zeroed page every 4 KiB, more than the copy into it. It holds at most
-/// the queue bound (`ANYCCL_CPU_MAX_QUEUED_BYTES`), what operations in flight may hold.
+/// page fault and a zeroed page every 4 KiB, more than the copy into it. It keeps at most
+/// the queue bound's worth of capacity (`ANYCCL_CPU_MAX_QUEUED_BYTES`).
 #[derive(Debug)]
 pub(super) struct Pool {
     bufs: Mutex<Vec<Vec<u8>>>,

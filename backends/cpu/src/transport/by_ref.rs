@@ -21,11 +21,12 @@ pub(crate) const BY_REF_MIN: usize = 16 << 20;
 /// less. From 16 MiB, where memory bounds both, by reference lost 30% at 4 ranks on 2 cores
 /// (all_reduce 32 MiB 2.10 -> 1.45, 256 MiB 1.43 -> 1.01; all_gather 256 MiB 1.89 -> 1.30),
 /// so there larger messages go as they would alone; where the host's ranks do not outnumber
-/// its cores the range has no end ([`crowded_end`]).
+/// the CPUs a rank may run on, the range has no end ([`crowded_end`]).
 pub(crate) const BY_REF_EXCHANGE: std::ops::Range<usize> = (256 << 10)..BY_REF_MIN;
 
 /// The end of [`ByRef::exchange`] by default: [`BY_REF_EXCHANGE`]'s on a host whose ranks
-/// outnumber its cores (`crowded`), none otherwise. 2 ranks on 2 cores, 32-256 MiB, busbw
+/// outnumber the CPUs a rank may run on (`crowded`: its affinity and CPU quota, as
+/// `available_parallelism` says), none otherwise. 2 ranks on 2 cores, 32-256 MiB, busbw
 /// medians of 4 alternating runs, rings -> by reference: all_to_all 3.68/2.82/3.08/3.09 ->
 /// 5.0/3.5/3.23/3.28 GB/s, all_gather 3.41/2.77/2.80/2.65 -> 4.8/2.96/2.73/2.94,
 /// reduce_scatter 2.30/2.37/2.24/2.30 -> 3.29/3.01/2.85/2.71 (an Intel host with a shared
@@ -65,7 +66,7 @@ pub(crate) struct ByRef {
     pub alone: (usize, usize),
 }
 
-/// [`ByRef`] from the environment, for a host whose ranks outnumber its cores or not
+/// [`ByRef`] from the environment, for a host whose ranks outnumber a rank's CPUs or not
 /// (`crowded`).
 pub(crate) fn by_ref_sizes(rank: usize, label: &str, crowded: bool) -> Result<ByRef> {
     match std::env::var("ANYCCL_CPU_BY_REF_MIN") {
