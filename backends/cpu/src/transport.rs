@@ -225,12 +225,12 @@ impl Mesh {
             let malformed = || Error::store_fatal(format!("malformed address under '{}'", keys[r]));
             let a: SocketAddr = it.next().and_then(|a| a.parse().ok()).ok_or_else(malformed)?;
             let h = it.next().ok_or_else(malformed)?;
-            // A record without a step or an L3 (an older rank's) takes the defaults.
-            let s: usize = it.next().map_or(Some(0), |s| s.parse().ok()).ok_or_else(malformed)?;
+            let s: usize = it.next().and_then(|s| s.parse().ok()).ok_or_else(malformed)?;
+            let l = it.next().ok_or_else(malformed)?;
             addrs.push(a);
             hosts.push(h.to_string());
             steps.push(s);
-            l3s.push(it.next().unwrap_or("-").to_string());
+            l3s.push(l.to_string());
         }
         // The group's step: the smallest, and none from a host whose ranks run under several
         // L3s (ranks pinned to cores of different sockets each see their own L3 as shared).
