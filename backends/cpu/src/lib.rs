@@ -99,6 +99,7 @@ fn tuning(links: Option<Links>) -> Vec<(String, String)> {
         Some(l) => format!("{v} (this host: {l})"),
         None => format!("{v} (this host's L3 unknown)"),
     };
+    let waiting = |own: usize, shared: usize| format!("{own} ({shared} on a host with more ranks than cores)");
     let links = match links {
         Some(l) => format!("{l:?} (set by the program)"),
         None => env("ANYCCL_CPU_LINKS", "auto".into()),
@@ -148,12 +149,9 @@ fn tuning(links: Option<Links>) -> Vec<(String, String)> {
             ),
         ),
         ("ANYCCL_CPU_HANDOFF_US".into(), comm::grace().as_micros().to_string()),
-        ("ANYCCL_CPU_SPIN_US".into(), env("ANYCCL_CPU_SPIN_US", "50 (1 on a host with more ranks than cores)".into())),
-        (
-            "ANYCCL_CPU_YIELD_US".into(),
-            env("ANYCCL_CPU_YIELD_US", "500 (200 on a host with more ranks than cores)".into()),
-        ),
-        ("ANYCCL_CPU_ROUND".into(), env("ANYCCL_CPU_ROUND", "64 (4 on a host with more ranks than cores)".into())),
+        ("ANYCCL_CPU_SPIN_US".into(), env("ANYCCL_CPU_SPIN_US", waiting(shm::OWN_CPU.0, shm::SHARED_CPUS.0))),
+        ("ANYCCL_CPU_YIELD_US".into(), env("ANYCCL_CPU_YIELD_US", waiting(shm::OWN_CPU.1, shm::SHARED_CPUS.1))),
+        ("ANYCCL_CPU_ROUND".into(), env("ANYCCL_CPU_ROUND", waiting(shm::OWN_CPU.2, shm::SHARED_CPUS.2))),
     ]
 }
 

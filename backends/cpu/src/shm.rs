@@ -33,7 +33,7 @@ mod wait;
 pub(crate) use copy::{copy, copy_streaming, copy_to_vec, read_remote};
 pub(crate) use huge::HugeMemory;
 use wait::{futex_wake, sleep_until, spin_then_yield, wait_until};
-pub(crate) use wait::{Check, Patience};
+pub(crate) use wait::{Check, Patience, OWN_CPU, SHARED_CPUS};
 
 use anyccl_core::Error;
 use std::ffi::CString;
