@@ -5,9 +5,10 @@
 //! - **Nothing to leak.** The segment has no name in any file system: it lives while a
 //!   process maps it or holds its descriptor, so `kill -9` of every rank leaves nothing
 //!   behind (no `/dev/shm` entry to clean up).
-//! - **Waiting.** A waiter spins briefly (less when the host's ranks outnumber its cores),
-//!   then yields, then sleeps on a futex in the segment; a writer wakes it only when it
-//!   announced that it sleeps, so the fast path makes no system call.
+//! - **Waiting.** A waiter spins briefly (less when the host's ranks outnumber its cores,
+//!   not at all for a peer that last ran on the waiter's own CPU), then yields, then sleeps
+//!   on a futex in the segment; a writer wakes it only when it announced that it sleeps, so
+//!   the fast path makes no system call.
 //! - **Liveness** is not this module's job: the caller's `check` closure, run between waits,
 //!   ends a wait when the communicator died, the peer's control connection closed (its
 //!   process exited), or the deadline passed.
@@ -32,7 +33,7 @@ mod wait;
 
 pub(crate) use copy::{copy, copy_streaming, copy_to_vec, read_remote};
 pub(crate) use huge::HugeMemory;
-use wait::{futex_wake, sleep_until, spin_then_yield, wait_until};
+use wait::{futex_wake, publish_cpu, sleep_until, spin_then_yield, wait_until};
 pub(crate) use wait::{Check, Patience, OWN_CPU, SHARED_CPUS};
 
 use anyccl_core::Error;
@@ -91,6 +92,9 @@ struct Side {
     /// Writer's side: the position of the last restart (the stream continues at the next
     /// multiple of the capacity); written before the head that follows it is published.
     restart: AtomicU64,
+    /// The CPU this side last wrote or read from, plus one (0: not yet): the other side stops
+    /// spinning for it where that is its own CPU (see `wait::spin_then_yield`).
+    cpu: AtomicU32,
 }
 
 /// A value alone in its cache-line pair (no false sharing with its neighbours).
@@ -365,8 +369,7 @@ impl Tx {
         ctl.writer.awaited.store(n, Ordering::Release);
         wait_until(
             self.patience,
-            &ctl.reader.bell,
-            &ctl.writer.sleeping,
+            (&ctl.reader.bell, &ctl.writer.sleeping, &ctl.reader.cpu),
             || ctl.reader.ack.load(Ordering::Acquire) >= n,
             stalled,
         )
@@ -395,7 +398,12 @@ impl Tx {
         if announce {
             self.stuck(true);
         }
-        let r = wait_until(self.patience, &ctl.reader.bell, &ctl.writer.sleeping, || self.has_room(w), check);
+        let r = wait_until(
+            self.patience,
+            (&ctl.reader.bell, &ctl.writer.sleeping, &ctl.reader.cpu),
+            || self.has_room(w),
+            check,
+        );
         if announce {
             self.stuck(false);
         }
@@ -486,6 +494,7 @@ impl Tx {
             n -= contiguous;
         }
         self.head.set(head);
+        publish_cpu(&ctl.writer.cpu);
         ctl.writer.pos.store(head, Ordering::SeqCst);
         if ctl.reader.sleeping.load(Ordering::SeqCst) != 0 {
             futex_wake(&ctl.writer.bell);
@@ -547,7 +556,8 @@ impl<'a> Writing<'a> {
 /// it spins and yields, then sleeps briefly (either side's progress may be what it waits for,
 /// so it cannot sleep on one futex alone).
 pub(crate) fn wait_either(tx: &Tx, rx: &Rx, mut ready: impl FnMut() -> bool, check: Check<'_>) -> Result<(), Error> {
-    if spin_then_yield(tx.patience, &mut ready, check)? {
+    let awaited = [&tx.ring.ctl().reader.cpu, &rx.ring.ctl().writer.cpu];
+    if spin_then_yield(tx.patience, &mut ready, &awaited, check)? {
         return Ok(());
     }
     // Sleep on the incoming ring's bell, briefly: its writer rings it, and room that the
@@ -608,7 +618,12 @@ impl Rx {
     pub(crate) fn wait_for(&self, n: usize, check: Check<'_>) -> Result<(), Error> {
         let n = (n as u64).min(self.ring.cap as u64);
         let ctl = self.ring.ctl();
-        wait_until(self.patience, &ctl.writer.bell, &ctl.reader.sleeping, || self.available() >= n, check)
+        wait_until(
+            self.patience,
+            (&ctl.writer.bell, &ctl.reader.sleeping, &ctl.writer.cpu),
+            || self.available() >= n,
+            check,
+        )
     }
 
     /// Consume the next `len` bytes of the stream (and the padding to 8 after them), giving
@@ -656,6 +671,7 @@ impl Rx {
             take -= contiguous;
         }
         self.tail.set(tail);
+        publish_cpu(&ctl.reader.cpu);
         ctl.reader.pos.store(tail, Ordering::SeqCst);
         if ctl.writer.sleeping.load(Ordering::SeqCst) != 0 {
             futex_wake(&ctl.reader.bell);
