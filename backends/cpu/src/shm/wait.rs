@@ -184,9 +184,9 @@ mod tests {
     /// rather than spins); one on another CPU, or on none known yet, is.
     #[test]
     fn a_side_on_this_cpu_is_not_elsewhere() {
+        assert!(this_cpu() > 0, "sched_getcpu failed here");
         // The thread may move to another CPU between the two reads: a few tries.
         assert!((0..5).any(|_| !elsewhere(&[&AtomicU32::new(this_cpu())])), "a side on this CPU counted as elsewhere");
-        assert!(this_cpu() > 0, "sched_getcpu failed here");
         assert!(elsewhere(&[&AtomicU32::new(u32::MAX), &AtomicU32::new(0)]));
         assert!(elsewhere(&[]));
     }
