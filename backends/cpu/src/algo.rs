@@ -2,7 +2,7 @@
 //! all_reduce gets bit-identical results, and the same sizes always take the same path.
 
 use crate::reduce::{finish_avg, reduce_into, reduce_to};
-use crate::transport::{Kind, Mesh, Sink};
+use crate::transport::{Copier, Kind, Mesh, Sink};
 use anyccl_core::{DType, ReduceOp, Result};
 
 pub(crate) const OP_ALL_REDUCE: u8 = 1;
@@ -160,7 +160,8 @@ pub(crate) struct Coll<'m> {
     pub op: u8,
     pub seq: u64,
     /// Received bytes and folded results go to their destination with streaming stores
-    /// (an output far larger than the cache, [`Tuning::stream_min`]).
+    /// (an output far larger than the cache, [`Tuning::stream_min`]), except a message sent
+    /// by reference, which the kernel copies straight out of the sender's memory ([`Sink::Into`]).
     pub stream: bool,
 }
 
@@ -174,7 +175,7 @@ impl<'m> Coll<'m> {
         (self.copier())(dst, b)
     }
     /// How this view writes its outputs.
-    fn copier(&self) -> fn(&mut [u8], &[u8]) {
+    fn copier(&self) -> Copier {
         if self.stream {
             crate::shm::copy_streaming
         } else {
@@ -190,14 +191,10 @@ impl<'m> Coll<'m> {
     fn send(&self, peer: usize, data: &[u8]) -> Result<()> {
         self.mesh.send(peer, Kind::Coll, self.op, self.seq, data)
     }
-    /// Receive `dst.len()` bytes from `peer` straight into `dst` (a message sent by
-    /// reference copied once, out of the sender's memory, unless outputs stream).
+    /// Receive `dst.len()` bytes from `peer` into `dst`, written as [`Coll::put`] does (a
+    /// message sent by reference copied once, straight out of the sender's memory).
     fn recv_into(&self, peer: usize, dst: &mut [u8]) -> Result<()> {
-        if !self.stream {
-            return self.mesh.recv_coll_into(peer, self.op, self.seq, dst);
-        }
-        self.mesh
-            .recv_coll_with(peer, self.op, self.seq, dst.len(), &mut |at, b| self.put(&mut dst[at..at + b.len()], b))
+        self.mesh.recv_coll_into(peer, self.op, self.seq, dst, self.copier())
     }
     /// Send `out` to `to` while receiving `incoming` bytes from `from` into `sink`; with
     /// `mirror`, also copy `out` into it as it goes ([`Mesh::exchange`]).
@@ -213,7 +210,7 @@ impl<'m> Coll<'m> {
         self.mesh.exchange((self.op, self.seq), to, out, mirror, from, incoming, &mut Sink::With(sink))
     }
     /// [`Coll::exchange`] into `dst`, written as [`Coll::put`] does (a message sent by
-    /// reference copied once, out of the sender's memory, unless outputs stream).
+    /// reference copied once, straight out of the sender's memory).
     fn exchange_into(
         &self,
         to: usize,
@@ -221,12 +218,9 @@ impl<'m> Coll<'m> {
         from: usize,
         dst: &mut [u8],
     ) -> Result<()> {
-        if self.stream {
-            return self
-                .exchange(to, (out, mirror), from, dst.len(), &mut |at, b| self.put(&mut dst[at..at + b.len()], b));
-        }
-        let mirror = mirror.map(|m| (m, self.copier()));
-        self.mesh.exchange((self.op, self.seq), to, out, mirror, from, dst.len(), &mut Sink::Into(dst))
+        let copy = self.copier();
+        let mirror = mirror.map(|m| (m, copy));
+        self.mesh.exchange((self.op, self.seq), to, out, mirror, from, dst.len(), &mut Sink::Into(dst, copy))
     }
     /// Receive `acc.len()` bytes from `peer`, reducing them into `acc` as they arrive.
     fn recv_reduce(&self, peer: usize, acc: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {

@@ -18,8 +18,8 @@ use crate::shm;
 use anyccl_core::{Error, Result, Store};
 use by_ref::by_ref_sizes;
 pub(crate) use by_ref::{BY_REF_EXCHANGE, BY_REF_MIN, BY_REF_P2P_EXCHANGE};
-pub(crate) use local::Sink;
 use local::{shm_links, ShmLink};
+pub(crate) use local::{Copier, Sink};
 use std::collections::VecDeque;
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
@@ -491,7 +491,7 @@ impl Mesh {
     pub(crate) fn recv_coll(&self, peer: usize, op: u8, seq: u64, expect: usize) -> Result<Vec<u8>> {
         if self.shm[peer].is_some() {
             let mut out = vec![0u8; expect];
-            self.recv_coll_into(peer, op, seq, &mut out)?;
+            self.recv_coll_into(peer, op, seq, &mut out, crate::shm::copy)?;
             return Ok(out);
         }
         let m = self.wait_msg(peer, || what(Kind::Coll, op, seq), Inbox::pop_coll)?;
@@ -520,14 +520,14 @@ impl Mesh {
         }
     }
 
-    /// Like [`Mesh::recv_coll`], into `dst` (straight out of the sender's memory where the
-    /// peer is on this host and the message large).
-    pub(crate) fn recv_coll_into(&self, peer: usize, op: u8, seq: u64, dst: &mut [u8]) -> Result<()> {
+    /// Like [`Mesh::recv_coll`], into `dst`, written by `copy` ([`Sink::Into`]: straight out
+    /// of the sender's memory where the peer is on this host and the message large).
+    pub(crate) fn recv_coll_into(&self, peer: usize, op: u8, seq: u64, dst: &mut [u8], copy: Copier) -> Result<()> {
         match &self.shm[peer] {
-            Some(link) => self.shm_recv(peer, link, Kind::Coll, (op, seq), dst.len(), &mut Sink::Into(dst)),
+            Some(link) => self.shm_recv(peer, link, Kind::Coll, (op, seq), dst.len(), &mut Sink::Into(dst, copy)),
             None => {
                 let d = self.recv_coll(peer, op, seq, dst.len())?;
-                crate::shm::copy(dst, &d);
+                copy(dst, &d);
                 Ok(())
             }
         }
@@ -584,7 +584,7 @@ impl Mesh {
     /// the message large).
     pub(crate) fn recv_p2p_into(&self, peer: usize, dst: &mut [u8]) -> Result<()> {
         if let Some(link) = &self.shm[peer] {
-            return self.shm_recv(peer, link, Kind::P2p, (0, 0), dst.len(), &mut Sink::Into(dst));
+            return self.shm_recv(peer, link, Kind::P2p, (0, 0), dst.len(), &mut Sink::Into(dst, crate::shm::copy));
         }
         let d = self.recv_p2p_tcp(peer, dst.len())?;
         crate::shm::copy(dst, &d);
