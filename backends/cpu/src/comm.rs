@@ -33,7 +33,8 @@ mod pool;
 mod sched;
 mod work;
 
-use pool::{Admission, Pool, Queue};
+use crate::bufs::Pool;
+use pool::{Admission, Queue};
 pub(crate) use sched::grace;
 use sched::{worker_loop, Completion, Job, Sched};
 use work::{CpuWork, Direct, Input};

@@ -55,6 +55,7 @@
 #![warn(missing_docs)]
 
 mod algo;
+mod bufs;
 mod cache;
 mod comm;
 mod platform;

@@ -111,6 +111,9 @@ pub(crate) struct Mesh {
     by_ref_sizes: by_ref::ByRef,
     /// Where a message read by reference lands on its way to a reduction.
     scratch: Mutex<Vec<u8>>,
+    /// Buffers of messages that went through the inbox from peers of this host, kept for
+    /// the next ones.
+    bufs: crate::bufs::Pool,
     pub mailbox: Arc<Mailbox>,
     readers: Mutex<Vec<std::thread::JoinHandle<()>>>,
 }
@@ -352,6 +355,7 @@ impl Mesh {
             shm,
             by_ref_sizes: by_ref_sizes(rank, label, crowded)?,
             scratch: Mutex::new(Vec::new()),
+            bufs: crate::bufs::Pool::new(inbox_limit),
             mailbox,
             readers: Mutex::new(readers),
         })

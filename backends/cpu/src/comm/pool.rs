@@ -1,5 +1,5 @@
-//! What a communicator's operations hold in memory: the bound on queued input bytes, and
-//! the buffers kept for the next operations.
+//! What a communicator's operations hold in memory: the bound on queued input bytes (the
+//! buffers kept for the next operations are a [`crate::bufs::Pool`]).
 
 use super::*;
 
@@ -15,70 +15,6 @@ pub(super) struct Admission {
 impl Drop for Admission {
     fn drop(&mut self) {
         self.queue.release(self.bytes);
-    }
-}
-
-/// Buffers of finished operations kept for the next ones: a fresh buffer of MiBs costs a
-/// page fault and a zeroed page every 4 KiB, more than the copy into it. It keeps at most
-/// the queue bound's worth of capacity (`ANYCCL_CPU_MAX_QUEUED_BYTES`).
-#[derive(Debug)]
-pub(super) struct Pool {
-    bufs: Mutex<Vec<Vec<u8>>>,
-    /// Bytes of capacity kept at most.
-    limit: usize,
-}
-
-impl Pool {
-    /// Buffers below this size come from the allocator's own caches.
-    const MIN: usize = 64 << 10;
-    const MAX_BUFS: usize = 1024;
-
-    /// An empty pool that keeps at most `limit` bytes.
-    pub(super) fn new(limit: usize) -> Pool {
-        Pool { bufs: Mutex::new(Vec::new()), limit }
-    }
-
-    /// An empty buffer with room for `len` bytes.
-    pub(super) fn get(&self, len: usize) -> Vec<u8> {
-        if len >= Self::MIN {
-            let mut bufs = self.bufs.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(i) = bufs.iter().position(|b| b.capacity() >= len) {
-                let mut b = bufs.swap_remove(i);
-                b.clear();
-                return b;
-            }
-        }
-        Vec::with_capacity(len)
-    }
-
-    /// A copy of `src`.
-    pub(super) fn copy(&self, src: &[u8]) -> Vec<u8> {
-        let mut v = self.get(src.len());
-        crate::shm::copy_to_vec(&mut v, src);
-        v
-    }
-
-    /// `len` zero bytes.
-    pub(super) fn zeroed(&self, len: usize) -> Vec<u8> {
-        let mut v = self.get(len);
-        v.resize(len, 0);
-        v
-    }
-
-    pub(super) fn put(&self, b: Vec<u8>) {
-        if b.capacity() < Self::MIN || b.capacity() > self.limit {
-            return;
-        }
-        let mut bufs = self.bufs.lock().unwrap_or_else(|p| p.into_inner());
-        let held: usize = bufs.iter().map(|b| b.capacity()).sum();
-        if bufs.len() < Self::MAX_BUFS && held + b.capacity() <= self.limit {
-            bufs.push(b);
-        } else if let Some((i, _)) = bufs.iter().enumerate().min_by_key(|(_, x)| x.capacity()) {
-            // Keep the larger buffers: they are the ones worth keeping.
-            if bufs[i].capacity() < b.capacity() && held - bufs[i].capacity() + b.capacity() <= self.limit {
-                bufs[i] = b;
-            }
-        }
     }
 }
 
