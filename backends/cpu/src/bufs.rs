@@ -52,12 +52,13 @@ impl Pool {
     }
 
     /// `len` bytes to be overwritten whole (what they hold is left from an earlier use), or
-    /// `None` where they cannot be allocated: a kept buffer of at least that length is only
-    /// shortened, where zeroing it would cost a pass over the memory.
+    /// `None` where they cannot be allocated: the smallest kept buffer of at least that
+    /// length is only shortened, where zeroing it would cost a pass over the memory.
     pub(crate) fn filled(&self, len: usize) -> Option<Vec<u8>> {
         if len >= Self::MIN {
             let mut bufs = self.bufs.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(i) = bufs.iter().position(|b| b.len() >= len) {
+            let fit = bufs.iter().enumerate().filter(|(_, b)| b.len() >= len).min_by_key(|(_, b)| b.capacity());
+            if let Some(i) = fit.map(|(i, _)| i) {
                 let mut b = bufs.swap_remove(i);
                 b.truncate(len);
                 return Some(b);
@@ -100,9 +101,13 @@ mod tests {
         let again = pool.filled(Pool::MIN).expect("kept");
         assert_eq!((again.len(), again.as_ptr()), (Pool::MIN, at), "the kept buffer, shortened");
         assert!(again.iter().all(|&x| x == 7), "left as it was: every byte is to be overwritten");
+        // The smallest that is long enough.
+        pool.put(vec![8u8; n * 4]);
+        pool.put(vec![9u8; n]);
+        assert_eq!(pool.filled(n).expect("kept")[0], 9, "the smallest kept buffer that fits");
         // Nothing kept is long enough: a fresh buffer, zeroed.
-        let fresh = pool.filled(n).expect("allocated");
-        assert_eq!(fresh.len(), n);
+        let fresh = pool.filled(n * 8).expect("allocated");
+        assert_eq!(fresh.len(), n * 8);
         assert!(fresh.iter().all(|&x| x == 0));
         // Beyond the bound: not kept.
         pool.put(vec![1u8; 2 << 20]);
