@@ -24,17 +24,26 @@ impl Pool {
         Pool { bufs: Mutex::new(Vec::new()), limit }
     }
 
+    /// The smallest kept buffer that `fits`, for a request of `len` bytes (none below
+    /// [`Pool::MIN`]): a small request does not take a large buffer that a later one needs.
+    fn take(&self, len: usize, fits: impl Fn(&Vec<u8>) -> bool) -> Option<Vec<u8>> {
+        if len < Self::MIN {
+            return None;
+        }
+        let mut bufs = self.bufs.lock().unwrap_or_else(|p| p.into_inner());
+        let i = bufs.iter().enumerate().filter(|(_, b)| fits(b)).min_by_key(|(_, b)| b.capacity())?.0;
+        Some(bufs.swap_remove(i))
+    }
+
     /// An empty buffer with room for `len` bytes.
     pub(crate) fn get(&self, len: usize) -> Vec<u8> {
-        if len >= Self::MIN {
-            let mut bufs = self.bufs.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(i) = bufs.iter().position(|b| b.capacity() >= len) {
-                let mut b = bufs.swap_remove(i);
+        match self.take(len, |b| b.capacity() >= len) {
+            Some(mut b) => {
                 b.clear();
-                return b;
+                b
             }
+            None => Vec::with_capacity(len),
         }
-        Vec::with_capacity(len)
     }
 
     /// A copy of `src`.
@@ -55,14 +64,9 @@ impl Pool {
     /// `None` where they cannot be allocated: the smallest kept buffer of at least that
     /// length is only shortened, where zeroing it would cost a pass over the memory.
     pub(crate) fn filled(&self, len: usize) -> Option<Vec<u8>> {
-        if len >= Self::MIN {
-            let mut bufs = self.bufs.lock().unwrap_or_else(|p| p.into_inner());
-            let fit = bufs.iter().enumerate().filter(|(_, b)| b.len() >= len).min_by_key(|(_, b)| b.capacity());
-            if let Some(i) = fit.map(|(i, _)| i) {
-                let mut b = bufs.swap_remove(i);
-                b.truncate(len);
-                return Some(b);
-            }
+        if let Some(mut b) = self.take(len, |b| b.len() >= len) {
+            b.truncate(len);
+            return Some(b);
         }
         let mut v = Vec::new();
         v.try_reserve_exact(len).ok()?;
