@@ -3,6 +3,14 @@
 
 use std::sync::Mutex;
 
+/// `n` zeroed bytes, or `None` where they cannot be allocated (a length a peer announced).
+pub(crate) fn try_zeroed(n: usize) -> Option<Vec<u8>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).ok()?;
+    v.resize(n, 0);
+    Some(v)
+}
+
 /// Buffers kept for the next operations or messages: a fresh buffer of MiBs costs a page
 /// fault and a zeroed page every 4 KiB, more than the copy into it. It keeps at most a
 /// bound's worth of capacity (a communicator's, `ANYCCL_CPU_MAX_QUEUED_BYTES`; a mesh's
@@ -68,10 +76,7 @@ impl Pool {
             b.truncate(len);
             return Some(b);
         }
-        let mut v = Vec::new();
-        v.try_reserve_exact(len).ok()?;
-        v.resize(len, 0);
-        Some(v)
+        try_zeroed(len)
     }
 
     pub(crate) fn put(&self, b: Vec<u8>) {

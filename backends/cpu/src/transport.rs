@@ -686,7 +686,7 @@ fn read_loop(mut s: TcpStream, peer: usize, mb: Arc<Mailbox>) {
         }
         let len = u64::from_le_bytes(h[16..24].try_into().unwrap_or_default()) as usize;
         let seq = u64::from_le_bytes(h[8..16].try_into().unwrap_or_default());
-        let Some(mut data) = zeroed(len) else {
+        let Some(mut data) = crate::bufs::try_zeroed(len) else {
             break format!("rank {peer} announced a {len}-byte message that cannot be allocated");
         };
         if let Err(e) = s.read_exact(&mut data) {
@@ -701,12 +701,4 @@ fn read_loop(mut s: TcpStream, peer: usize, mb: Arc<Mailbox>) {
         }
     };
     mb.close(peer, why);
-}
-
-/// `n` zeroed bytes, or `None` where they cannot be allocated (a length a peer announced).
-fn zeroed(n: usize) -> Option<Vec<u8>> {
-    let mut v = Vec::new();
-    v.try_reserve_exact(n).ok()?;
-    v.resize(n, 0);
-    Some(v)
 }
