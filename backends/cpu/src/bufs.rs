@@ -17,9 +17,16 @@ pub(crate) fn try_zeroed(n: usize) -> Option<Vec<u8>> {
 /// inbox, `ANYCCL_CPU_MAX_INBOX_BYTES`).
 #[derive(Debug)]
 pub(crate) struct Pool {
-    bufs: Mutex<Vec<Vec<u8>>>,
+    kept: Mutex<Kept>,
     /// Bytes of capacity kept at most.
     limit: usize,
+}
+
+/// The buffers a [`Pool`] keeps and their capacity in all.
+#[derive(Debug, Default)]
+struct Kept {
+    bufs: Vec<Vec<u8>>,
+    held: usize,
 }
 
 impl Pool {
@@ -29,7 +36,7 @@ impl Pool {
 
     /// An empty pool that keeps at most `limit` bytes.
     pub(crate) fn new(limit: usize) -> Pool {
-        Pool { bufs: Mutex::new(Vec::new()), limit }
+        Pool { kept: Mutex::new(Kept::default()), limit }
     }
 
     /// The smallest kept buffer that `fits`, for a request of `len` bytes (none below
@@ -38,9 +45,11 @@ impl Pool {
         if len < Self::MIN {
             return None;
         }
-        let mut bufs = self.bufs.lock().unwrap_or_else(|p| p.into_inner());
-        let i = bufs.iter().enumerate().filter(|(_, b)| fits(b)).min_by_key(|(_, b)| b.capacity())?.0;
-        Some(bufs.swap_remove(i))
+        let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
+        let i = kept.bufs.iter().enumerate().filter(|(_, b)| fits(b)).min_by_key(|(_, b)| b.capacity())?.0;
+        let b = kept.bufs.swap_remove(i);
+        kept.held -= b.capacity();
+        Some(b)
     }
 
     /// An empty buffer with room for `len` bytes.
@@ -83,13 +92,16 @@ impl Pool {
         if b.capacity() < Self::MIN || b.capacity() > self.limit {
             return;
         }
-        let mut bufs = self.bufs.lock().unwrap_or_else(|p| p.into_inner());
-        let held: usize = bufs.iter().map(|b| b.capacity()).sum();
-        if bufs.len() < Self::MAX_BUFS && held + b.capacity() <= self.limit {
+        let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
+        let Kept { bufs, held } = &mut *kept;
+        if bufs.len() < Self::MAX_BUFS && *held + b.capacity() <= self.limit {
+            *held += b.capacity();
             bufs.push(b);
         } else if let Some((i, _)) = bufs.iter().enumerate().min_by_key(|(_, x)| x.capacity()) {
             // Keep the larger buffers: they are the ones worth keeping.
-            if bufs[i].capacity() < b.capacity() && held - bufs[i].capacity() + b.capacity() <= self.limit {
+            let out = bufs[i].capacity();
+            if out < b.capacity() && *held - out + b.capacity() <= self.limit {
+                *held = *held - out + b.capacity();
                 bufs[i] = b;
             }
         }
@@ -121,5 +133,22 @@ mod tests {
         // Beyond the bound: not kept.
         pool.put(vec![1u8; 2 << 20]);
         assert!(pool.filled(2 << 20).expect("allocated").iter().all(|&x| x == 0));
+    }
+
+    #[test]
+    fn what_is_taken_out_no_longer_counts_against_the_bound() {
+        let q = 256 << 10;
+        let pool = Pool::new(4 * q);
+        for v in 0..4 {
+            pool.put(vec![v; q]);
+        }
+        pool.put(vec![9; q]);
+        let firsts: Vec<u8> = (0..4).map(|_| pool.filled(q).expect("kept")[0]).collect();
+        assert!(firsts.iter().all(|&x| x < 4), "the bound was full: the fifth was not kept ({firsts:?})");
+        for v in 4..8 {
+            pool.put(vec![v; q]);
+        }
+        let again: Vec<u8> = (0..4).map(|_| pool.filled(q).expect("kept")[0]).collect();
+        assert!(again.iter().all(|&x| (4..8).contains(&x)), "taken out, they made room ({again:?})");
     }
 }
