@@ -8,7 +8,8 @@
 #
 # Timings on a shared 2-core machine drift by tens of percent between runs, so anyccl and
 # Open MPI each run REPS times, alternating, and every row shows the median of the REPS
-# times per size (Gloo, slower by far, runs once). broadcast compares anyccl in place: MPI_Bcast
+# times per size (Gloo, slower by far, runs REPS times only from 4 MiB, where its time is
+# closest to anyccl's, and once below). broadcast compares anyccl in place: MPI_Bcast
 # and torch.distributed.broadcast have one buffer (out of place adds the root's copy).
 #
 #   bash bench/cpu_peers.sh                      # everything (about 40 minutes on 2 cores)
@@ -37,9 +38,13 @@ bytes() { numfmt --from=iec "$1"; }
 # The rows of "$1.0" .. "$1.$((REPS - 1))" (size time algbw busbw): per size, the row whose
 # time is the median of the REPS times.
 median() {
-  local f files=()
+  local files=()
   for ((rep = 0; rep < REPS; rep++)); do files+=("$1.$rep"); done
-  cat "${files[@]}" | sort -k1,1n -k2,2g | awk '
+  median_of "${files[@]}"
+}
+# The same over the rows of the files named, a size in any number of them.
+median_of() {
+  cat "$@" | sort -k1,1n -k2,2g | awk '
     { if ($1 != s) { flush(); s = $1; k = 0 } row[++k] = $0 }
     function flush() { if (k) print row[int((k + 1) / 2)] }
     END { flush() }'
@@ -90,14 +95,22 @@ for n in $RANKS; do
       $R/anyccl-run -n "$n" --no-prefix -- $R/anyccl-bench "$op" --backend cpu -b "$minb" -e 4K -n "$ITERS" -w 5 \
         | awk '!/^#/ && NF > 8 {print $1, $6}' >"$p"
     fi
-    port=$((port + 1))
-    pids=()
-    for ((r = 0; r < n; r++)); do
-      RANK=$r WORLD_SIZE=$n MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
-        python3 bench/peers/gloo_coll.py "$op" "$minb" "$maxb" "$ITERS" >"$g.$r" 2>"$g.$r.err" & pids+=($!)
+    # Gloo: every size once, then the sizes from `split` REPS - 1 times more.
+    gfiles=()
+    for ((rep = 0; rep < REPS; rep++)); do
+      lo=$minb; [ "$rep" = 0 ] || lo=$big
+      [ "$lo" -le "$maxb" ] || break
+      port=$((port + 1))
+      pids=()
+      for ((r = 0; r < n; r++)); do
+        RANK=$r WORLD_SIZE=$n MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+          python3 bench/peers/gloo_coll.py "$op" "$lo" "$maxb" "$ITERS" >"$g.$rep.$r" 2>"$g.$rep.$r.err" & pids+=($!)
+      done
+      for pid in "${pids[@]}"; do wait "$pid" || true; done
+      grep -v '^#' "$g.$rep.0" >"$g.$rep" || true
+      gfiles+=("$g.$rep")
     done
-    for pid in "${pids[@]}"; do wait "$pid" || true; done
-    grep -v '^#' "$g.0" >"$g" || true
+    median_of "${gfiles[@]}" >"$g"
     echo
     echo "## $op, $n ranks"
     printf "%12s | %9s %9s %8s | %9s %8s | %9s %8s | %7s %7s\n" size "anyccl-us" "pipe-us" busbw "ompi-us" busbw "gloo-us" busbw "x-ompi" "x-gloo"
