@@ -29,12 +29,26 @@ MAXB=${MAXB:-256M}
 ITERS=${ITERS:-1000}
 REPS=${REPS:-3}
 MPI_ENV=${MPI_ENV:-}
+die() { echo "cpu_peers.sh: $*" >&2; exit 2; }
+for v in ITERS REPS; do [[ ${!v} =~ ^[1-9][0-9]*$ ]] || die "$v=${!v}: not a whole number of 1 or more"; done
+for n in $RANKS; do [[ $n =~ ^[1-9][0-9]*$ ]] && [ "$n" -ge 2 ] || die "RANKS: '$n' is not a world size of 2 or more"; done
+for op in $OPS; do
+  case $op in
+    all_reduce | all_gather | reduce_scatter | broadcast | all_to_all | sendrecv) ;;
+    *) die "OPS: unknown operation '$op' (all_reduce all_gather reduce_scatter broadcast all_to_all sendrecv)" ;;
+  esac
+done
 mpi_env=()
 for kv in $MPI_ENV; do mpi_env+=(-x "$kv"); done
 WORK=${WORK:-$(mktemp -d /tmp/cpu-peers.XXXXXX)}
 mkdir -p "$WORK"
 
-bytes() { numfmt --from=iec "$1"; }
+# Bytes in "$1" (8, 64K, 256M), named "$2" in the error.
+bytes() {
+  local b
+  b=$(numfmt --from=iec "$1" 2>/dev/null) && [ "$b" -ge 1 ] || die "$2=$1: not a size of 1 byte or more (8, 64K, 256M)"
+  echo "$b"
+}
 # The rows of "$1.0" .. "$1.$((REPS - 1))" (size time algbw busbw): per size, the row whose
 # time is the median of the REPS times.
 median() {
@@ -49,7 +63,7 @@ median_of() {
     function flush() { if (k) print row[int((k + 1) / 2)] }
     END { flush() }'
 }
-minb=$(bytes "$MINB"); maxb=$(bytes "$MAXB")
+minb=$(bytes "$MINB" MINB); maxb=$(bytes "$MAXB" MAXB)
 
 if ! command -v mpicc >/dev/null || ! command -v mpirun >/dev/null; then
   echo "# installing Open MPI (apt)" >&2
