@@ -58,12 +58,14 @@ median() {
 }
 # The same over the rows of the files named, a size in any number of them.
 median_of() {
+  [ "$#" -gt 0 ] || return 0
   cat "$@" | sort -k1,1n -k2,2g | awk '
     { if ($1 != s) { flush(); s = $1; k = 0 } row[++k] = $0 }
     function flush() { if (k) print row[int((k + 1) / 2)] }
     END { flush() }'
 }
 minb=$(bytes "$MINB" MINB); maxb=$(bytes "$MAXB" MAXB)
+[ "$minb" -le "$maxb" ] || die "MINB=$MINB is above MAXB=$MAXB"
 
 if ! command -v mpicc >/dev/null || ! command -v mpirun >/dev/null; then
   echo "# installing Open MPI (apt)" >&2
