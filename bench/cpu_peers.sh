@@ -38,17 +38,19 @@ for op in $OPS; do
     *) die "OPS: unknown operation '$op' (all_reduce all_gather reduce_scatter broadcast all_to_all sendrecv)" ;;
   esac
 done
-mpi_env=()
-for kv in $MPI_ENV; do mpi_env+=(-x "$kv"); done
-WORK=${WORK:-$(mktemp -d /tmp/cpu-peers.XXXXXX)}
-mkdir -p "$WORK"
-
 # Bytes in "$1" (8, 64K, 256M), named "$2" in the error.
 bytes() {
   local b
   b=$(numfmt --from=iec "$1" 2>/dev/null) && [ "$b" -ge 1 ] || die "$2=$1: not a size of 1 byte or more (8, 64K, 256M)"
   echo "$b"
 }
+minb=$(bytes "$MINB" MINB); maxb=$(bytes "$MAXB" MAXB)
+[ "$minb" -le "$maxb" ] || die "MINB=$MINB is above MAXB=$MAXB"
+mpi_env=()
+for kv in $MPI_ENV; do mpi_env+=(-x "$kv"); done
+WORK=${WORK:-$(mktemp -d /tmp/cpu-peers.XXXXXX)}
+mkdir -p "$WORK"
+
 # The rows of "$1.0" .. "$1.$((REPS - 1))" (size time algbw busbw): per size, the row whose
 # time is the median of the REPS times.
 median() {
@@ -58,14 +60,11 @@ median() {
 }
 # The same over the rows of the files named, a size in any number of them.
 median_of() {
-  [ "$#" -gt 0 ] || return 0
   cat "$@" | sort -k1,1n -k2,2g | awk '
     { if ($1 != s) { flush(); s = $1; k = 0 } row[++k] = $0 }
     function flush() { if (k) print row[int((k + 1) / 2)] }
     END { flush() }'
 }
-minb=$(bytes "$MINB" MINB); maxb=$(bytes "$MAXB" MAXB)
-[ "$minb" -le "$maxb" ] || die "MINB=$MINB is above MAXB=$MAXB"
 
 if ! command -v mpicc >/dev/null || ! command -v mpirun >/dev/null; then
   echo "# installing Open MPI (apt)" >&2

@@ -17,16 +17,9 @@ pub(crate) fn try_zeroed(n: usize) -> Option<Vec<u8>> {
 /// inbox, `ANYCCL_CPU_MAX_INBOX_BYTES`).
 #[derive(Debug)]
 pub(crate) struct Pool {
-    kept: Mutex<Kept>,
+    bufs: Mutex<Vec<Vec<u8>>>,
     /// Bytes of capacity kept at most.
     limit: usize,
-}
-
-/// The buffers a [`Pool`] keeps and their capacity in all.
-#[derive(Debug, Default)]
-struct Kept {
-    bufs: Vec<Vec<u8>>,
-    held: usize,
 }
 
 impl Pool {
@@ -36,7 +29,7 @@ impl Pool {
 
     /// An empty pool that keeps at most `limit` bytes.
     pub(crate) fn new(limit: usize) -> Pool {
-        Pool { kept: Mutex::new(Kept::default()), limit }
+        Pool { bufs: Mutex::new(Vec::new()), limit }
     }
 
     /// The smallest kept buffer that `fits`, for a request of `len` bytes (none below
@@ -45,11 +38,9 @@ impl Pool {
         if len < Self::MIN {
             return None;
         }
-        let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
-        let i = kept.bufs.iter().enumerate().filter(|(_, b)| fits(b)).min_by_key(|(_, b)| b.capacity())?.0;
-        let b = kept.bufs.swap_remove(i);
-        kept.held -= b.capacity();
-        Some(b)
+        let mut bufs = self.bufs.lock().unwrap_or_else(|p| p.into_inner());
+        let i = bufs.iter().enumerate().filter(|(_, b)| fits(b)).min_by_key(|(_, b)| b.capacity())?.0;
+        Some(bufs.swap_remove(i))
     }
 
     /// An empty buffer with room for `len` bytes.
@@ -88,20 +79,20 @@ impl Pool {
         try_zeroed(len)
     }
 
+    /// Keep `b` for a later request, within the bound: where it is full, in place of the
+    /// smallest kept buffer if `b` is larger. The capacity held is summed here, a pass over
+    /// the few buffers kept, as [`Pool::take`] makes one.
     pub(crate) fn put(&self, b: Vec<u8>) {
         if b.capacity() < Self::MIN || b.capacity() > self.limit {
             return;
         }
-        let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
-        let Kept { bufs, held } = &mut *kept;
-        if bufs.len() < Self::MAX_BUFS && *held + b.capacity() <= self.limit {
-            *held += b.capacity();
+        let mut bufs = self.bufs.lock().unwrap_or_else(|p| p.into_inner());
+        let held: usize = bufs.iter().map(|b| b.capacity()).sum();
+        if bufs.len() < Self::MAX_BUFS && held + b.capacity() <= self.limit {
             bufs.push(b);
         } else if let Some((i, _)) = bufs.iter().enumerate().min_by_key(|(_, x)| x.capacity()) {
             // Keep the larger buffers: they are the ones worth keeping.
-            let out = bufs[i].capacity();
-            if out < b.capacity() && *held - out + b.capacity() <= self.limit {
-                *held = *held - out + b.capacity();
+            if bufs[i].capacity() < b.capacity() && held - bufs[i].capacity() + b.capacity() <= self.limit {
                 bufs[i] = b;
             }
         }
