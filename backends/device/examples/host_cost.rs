@@ -5,8 +5,11 @@
 //! call comes on top (`anyccl-bench all_reduce --vs-raw`); this isolates the rest, on any
 //! machine.
 //!
-//! `cargo run --release -p anyccl-device --example host_cost [CALLS]` prints, per pattern,
-//! nanoseconds per call (median of 9 runs of CALLS calls, default 100000).
+//! `cargo run --release -p anyccl-device --example host_cost [CALLS] [SWEEP_KIB]` prints, per
+//! pattern, nanoseconds per call (median of 9 runs of CALLS calls, default 100000). With
+//! SWEEP_KIB, each launch of the null library reads that many KiB (a line in every 64 B), as
+//! a real library's launch pushes anyccl's state out of the caches; the first row is that
+//! launch alone, and each row says what anyccl adds to it.
 
 use anyccl_core::{
     Capabilities, CommConfig, Communicator, ConnectOptions, DType, Device, DeviceKind, DeviceMemory, GroupSpec,
@@ -16,7 +19,7 @@ use anyccl_device::{
     DeviceComm, Launched, LibError, Library, Op, Plane, Poll, Runtime, Settings, SplitRequest, SplitStart,
 };
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 /// A runtime whose streams run nothing: events are done as soon as they are recorded.
@@ -129,6 +132,7 @@ impl Library for NullLibrary {
         Ok((0, 1))
     }
     unsafe fn launch(&self, _comm: &(), _stream: &(), _op: &Op) -> std::result::Result<Launched, LibError> {
+        std::hint::black_box(sweep());
         Ok(Launched::Enqueued)
     }
     fn async_error(&self, _comm: &(), _plane: Plane) -> std::result::Result<bool, LibError> {
@@ -145,6 +149,17 @@ impl Library for NullLibrary {
 
 static LIB: NullLibrary = NullLibrary;
 
+/// The launch alone, ns per call (f64 bits), for the rows' differences.
+static ALONE: AtomicU64 = AtomicU64::new(0);
+
+/// What each launch reads (SWEEP_KIB), one `u64` per cache line.
+static SWEPT: OnceLock<Vec<AtomicU64>> = OnceLock::new();
+
+/// Read a line in every 64 B of `SWEPT`: the null library's launch.
+fn sweep() -> u64 {
+    SWEPT.get().map_or(0, |v| v.iter().step_by(8).map(|x| x.load(Ordering::Relaxed)).fold(0, u64::wrapping_add))
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -152,6 +167,8 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 fn main() -> Result<()> {
     let calls: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(100_000).max(1);
+    let sweep_kib: usize = std::env::args().nth(2).and_then(|a| a.parse().ok()).unwrap_or(0);
+    SWEPT.get_or_init(|| (0..sweep_kib * 128).map(|i| AtomicU64::new(i as u64)).collect());
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| {
         anyccl_core::Error::InvalidArgument {
             op: "host_cost",
@@ -163,7 +180,19 @@ fn main() -> Result<()> {
     })?;
     println!("# anyccl host cost per call over a library and a runtime that do nothing (all_reduce, 8 B)");
     println!("# {calls} calls a run, median of 9 runs; events: device events recorded per call");
-    println!("#{:>52} {:>12} {:>10}", "pattern", "ns/call", "events");
+    println!("# each launch reads {sweep_kib} KiB; anyccl's own cost: the row's time less the launch alone");
+    let mut alone = Vec::new();
+    for _ in 0..9 {
+        let t = Instant::now();
+        for _ in 0..calls {
+            std::hint::black_box(sweep());
+        }
+        alone.push(t.elapsed().as_secs_f64() * 1e9 / calls as f64);
+    }
+    let alone = median(alone);
+    ALONE.store(alone.to_bits(), Ordering::Relaxed);
+    println!(" {:>52} {alone:>12.1}", "the null library's launch alone");
+    println!("#{:>52} {:>12} {:>10} {:>12}", "pattern", "ns/call", "events", "anyccl ns");
     for shared_completion in [false, true] {
         run(&rt, calls, shared_completion)?;
     }
@@ -234,7 +263,9 @@ fn run(rt: &tokio::runtime::Runtime, calls: usize, shared_completion: bool) -> R
             times.push(t.elapsed().as_secs_f64() * 1e9 / calls as f64);
         }
         let events = (runtime.records.load(Ordering::Relaxed) - before) as f64 / (9 * calls) as f64;
-        println!(" {:>52} {:>12.1} {events:>10.3}", format!("{name} ({mode})"), median(times));
+        let t = median(times);
+        let alone = f64::from_bits(ALONE.load(Ordering::Relaxed));
+        println!(" {:>52} {t:>12.1} {events:>10.3} {:>12.1}", format!("{name} ({mode})"), t - alone);
         // An event at each call, unless completion is shared and calls run back to back
         // (one event a run of 100).
         let want = if shared_completion && name.starts_with("100") { 0.01 } else { 1.0 };
