@@ -52,7 +52,8 @@ pub use collective::{
 };
 pub use communicator::{agree_window, stable_hash, Captured, Communicator, OpSignature, Registered};
 pub use config::{
-    deadline_in, env_flag, env_rank, env_secs, env_world_size, parse_bytes, CommConfig, LaunchEnv, MAX_TIMEOUT,
+    coarse_now_ns, deadline_in, env_flag, env_rank, env_secs, env_world_size, parse_bytes, CommConfig, LaunchEnv,
+    MAX_TIMEOUT,
 };
 pub use dtype::{DType, Element, ReduceOp};
 pub use error::{Error, Recovery, Result};

@@ -86,12 +86,18 @@ pub struct DeviceComm<L: Library> {
     /// Whether `comm` was destroyed (it happens once, sometimes after the lifecycle left
     /// `Live`: a library that cannot stop a blocked call is destroyed when the call returns).
     freed: AtomicBool,
-    /// Nanoseconds since `epoch` at which a call inside the library began; 0 when none runs.
+    /// When a call inside the library began ([`anyccl_core::coarse_now_ns`]); 0 when none
+    /// runs. Cleared, and `left_live` read after, in sequential consistency: the watchdog
+    /// stores `left_live` and then reads this in the same order, so one of the two sees the
+    /// other (the store-then-load pattern) and one of them frees the communicator.
     in_call_since: AtomicU64,
-    epoch: Instant,
     /// The slot of an operation the library is still launching. No other call may be
     /// made until it clears.
     pending: Mutex<Option<Arc<LaunchSlot<Event<L>>>>>,
+    /// Whether `pending` holds a slot: set after it (both under the call lock), cleared
+    /// after it is emptied (under its lock), so a call that finds it clear takes neither
+    /// lock to learn that nothing is being launched.
+    pending_set: AtomicBool,
     /// Operations put on the stream so far: the number of the newest (counted once the
     /// library has enqueued it: under the call lock, or, for a launch that was still in
     /// progress, when it is resolved before any later launch; so numbers follow the
@@ -286,8 +292,8 @@ impl<L: Library> DeviceComm<L> {
             left_live: AtomicBool::new(false),
             freed: AtomicBool::new(false),
             in_call_since: AtomicU64::new(0),
-            epoch: Instant::now(),
             pending: Mutex::new(None),
+            pending_set: AtomicBool::new(false),
             in_progress_returns: AtomicU64::new(0),
             placed: AtomicU64::new(0),
             completed: AtomicU64::new(0),
@@ -317,7 +323,8 @@ impl<L: Library> DeviceComm<L> {
             return false;
         }
         *s = to;
-        self.left_live.store(true, Ordering::Release);
+        // Sequentially consistent: see `in_call_since`.
+        self.left_live.store(true, Ordering::SeqCst);
         true
     }
 
@@ -372,7 +379,8 @@ impl<L: Library> DeviceComm<L> {
                     return self.free();
                 }
                 Err(std::sync::TryLockError::WouldBlock) => {
-                    if self.in_call_since.load(Ordering::Acquire) != 0 {
+                    // Sequentially consistent: see `in_call_since`.
+                    if self.in_call_since.load(Ordering::SeqCst) != 0 {
                         if self.lib.can_stop_blocked() {
                             tracing::warn!(
                                 "{} '{}' rank {}: releasing beside a call blocked inside the library",
@@ -515,24 +523,22 @@ impl<L: Library> DeviceComm<L> {
         op: &str,
         call: impl FnOnce() -> std::result::Result<T, LibError>,
     ) -> Result<(MutexGuard<'g, ()>, T)> {
-        // One clock read for both (a read is a tenth of what anyccl adds to a call).
-        let started = Instant::now();
-        self.in_call_since
-            .store(started.saturating_duration_since(self.epoch).as_nanos().max(1) as u64, Ordering::Release);
+        // The coarse clock: the watchdog measures seconds, and a precise read is a tenth of
+        // what anyccl adds to a call.
+        let started = anyccl_core::coarse_now_ns();
+        let took = || Duration::from_nanos(anyccl_core::coarse_now_ns().saturating_sub(started));
+        self.in_call_since.store(started, Ordering::Release);
         let r = call();
-        self.in_call_since.store(0, Ordering::Release);
-        // The state lock, not `left_live`: the watchdog sets the state, then reads whether a
-        // call is running, while this thread cleared that, then reads the state; only the
-        // lock orders the two, so that one of them frees the communicator.
-        if matches!(self.lifecycle(), Lifecycle::TimedOut(_)) {
+        // Cleared, then `left_live` read, both sequentially consistent (see
+        // `in_call_since`): a watchdog that timed the call out either sees it cleared and
+        // leaves the free to the call lock, or is seen here. The state's lock only when the
+        // communicator left `Live`.
+        self.in_call_since.store(0, Ordering::SeqCst);
+        if self.left_live.load(Ordering::SeqCst) && matches!(self.lifecycle(), Lifecycle::TimedOut(_)) {
             drop(g);
             // A library that could not be stopped was left to this call to free.
             self.release();
-            return Err(self.ctx.timeout(
-                op,
-                started.elapsed(),
-                format!("{}; communicator aborted", self.blocked_why()),
-            ));
+            return Err(self.ctx.timeout(op, took(), format!("{}; communicator aborted", self.blocked_why())));
         }
         if let Some(e) = self.dead() {
             drop(g);
@@ -544,7 +550,7 @@ impl<L: Library> DeviceComm<L> {
             Err(e) => {
                 let mut e = self.ctx.error(op, e);
                 if let Error::Timeout { after, .. } = &mut e {
-                    *after = started.elapsed();
+                    *after = took();
                 }
                 drop(g);
                 self.fail(&e);
@@ -588,7 +594,7 @@ impl<L: Library> Watched for DeviceComm<L> {
         }
         let since = self.in_call_since.load(Ordering::Acquire);
         let limit = self.settings.enqueue_timeout;
-        if since != 0 && self.epoch.elapsed().saturating_sub(Duration::from_nanos(since)) > limit {
+        if since != 0 && Duration::from_nanos(anyccl_core::coarse_now_ns().saturating_sub(since)) > limit {
             let how = if self.lib.can_stop_blocked() {
                 "communicator aborted"
             } else {

@@ -67,6 +67,9 @@ impl<L: Library> DeviceComm<L> {
     /// If an operation is still being launched, see whether the library is done with it
     /// and, if so, number it. `Ok(true)` while it is still in progress.
     pub(super) fn resolve_pending(&self, op: &str) -> Result<bool> {
+        if !self.pending_set.load(Ordering::Acquire) {
+            return Ok(false);
+        }
         let Some(slot) = self.pending.lock().unwrap_or_else(|e| e.into_inner()).clone() else { return Ok(false) };
         // Asked without the pending lock: a failure here fails the communicator, whose
         // release waits for the call lock, and the holder of that lock may be about to take
@@ -88,11 +91,13 @@ impl<L: Library> DeviceComm<L> {
                     Ok(m) => {
                         *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(Ok((n, m)));
                         *p = None;
+                        self.pending_set.store(false, Ordering::Release);
                         Ok(false)
                     }
                     Err(e) => {
                         *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(Err(e.to_string()));
                         *p = None;
+                        self.pending_set.store(false, Ordering::Release);
                         drop(p);
                         // Outside the pending lock (see above).
                         self.fail(&e);
@@ -103,6 +108,7 @@ impl<L: Library> DeviceComm<L> {
             Err(e) => {
                 *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(Err(e.to_string()));
                 *p = None;
+                self.pending_set.store(false, Ordering::Release);
                 Err(e)
             }
         }
@@ -137,7 +143,8 @@ impl<L: Library> DeviceComm<L> {
         loop {
             self.settle(op)?;
             let g = self.lock_live()?;
-            if self.pending.lock().unwrap_or_else(|e| e.into_inner()).is_none() {
+            // Set only under the call lock, which is held: clear means nothing pending.
+            if !self.pending_set.load(Ordering::Acquire) {
                 return Ok(g);
             }
             drop(g);
@@ -187,6 +194,7 @@ impl<L: Library> DeviceComm<L> {
             let slot: Arc<LaunchSlot<Event<L>>> = Arc::default();
             // Set while the lock is held, so no other launch can slip in between.
             *self.pending.lock().unwrap_or_else(|e| e.into_inner()) = Some(slot.clone());
+            self.pending_set.store(true, Ordering::Release);
             drop(g);
             if !mark {
                 return Ok(None);
