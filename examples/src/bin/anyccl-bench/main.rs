@@ -79,7 +79,8 @@ struct Args {
     /// (`Platform::alloc_registrable`; NCCL: `ncclMemAlloc`) and register it with the
     /// communicator (NCCL: `ncclCommRegister`), as an engine does that keeps its
     /// buffers for the job's life; the header says whether the backend registered them.
-    #[arg(long, conflicts_with_all = ["vs_raw", "overlap_us", "graph"])]
+    /// With `--vs-raw`, anyccl's buffers only (raw NCCL keeps its defaults).
+    #[arg(long, conflicts_with_all = ["overlap_us", "graph"])]
     register: bool,
     /// As `--register`, but each buffer registered as a window of the communicator
     /// (`Communicator::register_window`; NCCL: a symmetric window, whose kernels serve small

@@ -2,7 +2,7 @@
 //! and anyccl in interleaved pairs), `--graph` (replayed CUDA graphs) and `--overlap-us`
 //! (compute beside an all_reduce, ordered by events).
 
-use super::{bad_arg, budget, depth, timed, Args, Bufs, Mem, Op, StoreBarrier, Warmup};
+use super::{alloc_mem, bad_arg, budget, depth, timed, Args, Bufs, Op, Registration, StoreBarrier, Warmup};
 use anyccl::{CommConfig, Communicator, DType, DeviceMemory, LaunchEnv, Platform, ReduceOp, Result};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -43,7 +43,7 @@ struct Ctx<'a> {
     timeout: Duration,
 }
 
-impl Ctx<'_> {
+impl<'a> Ctx<'a> {
     fn print_header(&self, lines: &[String]) {
         if self.comm.rank() == 0 && !self.args.json {
             lines.iter().for_each(|l| println!("{l}"));
@@ -67,13 +67,18 @@ impl Ctx<'_> {
         }
     }
 
-    /// Receive buffers for `iters` issued calls of `count` elements.
-    fn bufs(&self, count: usize) -> Result<Bufs<'static>> {
-        let p = self.platform;
-        let mut b =
-            Bufs { send: Mem::Plain(p.alloc(self.dtype, count)?), recvs: Vec::new(), in_place_input: Vec::new() };
-        for _ in 0..depth(budget(p.as_ref(), 1), count * self.dtype.size(), self.args.iters) {
-            b.recvs.push(Mem::Plain(p.alloc(self.dtype, count)?));
+    /// Receive buffers for `iters` issued calls of `count` elements; with `--register`,
+    /// allocated for registration and registered with the communicator.
+    async fn bufs(&self, count: usize) -> Result<Bufs<'a>> {
+        let (p, how) =
+            (self.platform.as_ref(), if self.args.register { Registration::Local } else { Registration::Plain });
+        let mut b = Bufs {
+            send: alloc_mem(p, self.comm, how, self.dtype, count).await?,
+            recvs: Vec::new(),
+            in_place_input: Vec::new(),
+        };
+        for _ in 0..depth(budget(p, 1), count * self.dtype.size(), self.args.iters) {
+            b.recvs.push(alloc_mem(p, self.comm, how, self.dtype, count).await?);
         }
         Ok(b)
     }
@@ -157,7 +162,11 @@ fn vs_raw_header(cx: &Ctx<'_>, raw: &anyccl::RawNccl, pairs: usize) -> Result<()
     let costs: Vec<String> = raw.host_costs(20_000)?.into_iter().map(|(what, ns)| format!("{what} {ns:.0}")).collect();
     cx.print_header(&[
         format!("# anyccl-bench all_reduce --vs-raw {pairs}: {} ranks, {pairs} pairs per size (raw NCCL, then anyccl), {} iters after {} warm-up calls", cx.comm.size(), cx.args.iters, cx.args.warmup),
-        format!("# raw: NCCL's defaults; anyccl: min_ctas {:?} max_ctas {:?} cga_cluster_size {:?}", c.min_ctas, c.max_ctas, c.cga_cluster_size),
+        format!("# raw: NCCL's defaults; anyccl: min_ctas {:?} max_ctas {:?} cga_cluster_size {:?}, shared_completion {}", c.min_ctas, c.max_ctas, c.cga_cluster_size, c.shared_completion),
+        format!("# anyccl's buffers: {}", match cx.args.register {
+            true => Registration::Local.header(cx.comm.capabilities()).unwrap_or_default(),
+            false => "plain (raw's are plain too)",
+        }),
         format!("# host cost per call, ns: {}", costs.join(", ")),
         "# enqueued: the same calls through enqueue_all_reduce (stream order only: no Work), one signal_stream and one wait".into(),
         "# raw, N outputs: raw writing as many outputs in turn as anyccl's run keeps (N, one per Work in flight); raw and enqueued write one".into(),
@@ -172,7 +181,7 @@ fn vs_raw_header(cx: &Ctx<'_>, raw: &anyccl::RawNccl, pairs: usize) -> Result<()
 /// in stream order only (no Work, one signal of the engine's stream, one wait).
 async fn vs_raw(cx: &mut Ctx<'_>, raw: &anyccl::RawNccl, count: usize, pairs: usize) -> Result<()> {
     let (a, dtype) = (cx.args, cx.dtype);
-    let mut b = cx.bufs(count)?;
+    let mut b = cx.bufs(count).await?;
     let (shared_send, shared_recv): (Arc<dyn DeviceMemory>, Arc<dyn DeviceMemory>) =
         (Arc::from(cx.platform.alloc(dtype, count)?), Arc::from(cx.platform.alloc(dtype, count)?));
     let enqueued = |cx: &Ctx<'_>, k: usize| -> Result<f64> {
@@ -248,7 +257,7 @@ fn graph_header(cx: &Ctx<'_>, k: usize) {
 /// replayed `iters` times after `warmup` replays (one synchronize at the end): the time per
 /// all_reduce, beside the same all_reduces issued (the normal rows' loop).
 async fn graph(cx: &mut Ctx<'_>, count: usize, k: usize) -> Result<()> {
-    let mut b = cx.bufs(count)?;
+    let mut b = cx.bufs(count).await?;
     let (issued, _) = cx.issued(&mut b).await?;
     drop(b);
     let g: Arc<dyn DeviceMemory> = Arc::from(cx.platform.alloc(cx.dtype, count)?);
