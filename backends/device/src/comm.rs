@@ -501,22 +501,12 @@ impl<L: Library> DeviceComm<L> {
         Ok((members, new_rank))
     }
 
-    /// Run `call` inside the library under the call lock, watched: a call blocked past the
-    /// enqueue timeout (a peer that never makes the matching call, or the library's queue
-    /// full behind a stopped peer) is ended by the watchdog, which aborts the communicator,
-    /// and comes back as a `Timeout`. A call the library failed fails the communicator (a
-    /// collective call may have left the peers inside it; freeing ends their wait too).
-    /// Returns the call lock, still held, with the result.
-    fn watched_call<T>(
-        &self,
-        op: &str,
-        call: impl FnOnce() -> std::result::Result<T, LibError>,
-    ) -> Result<(MutexGuard<'_, ()>, T)> {
-        let g = self.lock_live()?;
-        self.watched_call_locked(g, op, call)
-    }
-
-    /// [`DeviceComm::watched_call`] with the call lock `g` already held.
+    /// Run `call` inside the library under the call lock `g` (already held), watched: a
+    /// call blocked past the enqueue timeout (a peer that never makes the matching call, or
+    /// the library's queue full behind a stopped peer) is ended by the watchdog, which
+    /// aborts the communicator, and comes back as a `Timeout`. A call the library failed
+    /// fails the communicator (a collective call may have left the peers inside it; freeing
+    /// ends their wait too). Returns the call lock, still held, with the result.
     pub(crate) fn watched_call_locked<'g, T>(
         &'g self,
         g: MutexGuard<'g, ()>,

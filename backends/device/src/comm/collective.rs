@@ -118,7 +118,13 @@ impl<L: Library> Collective for DeviceComm<L> {
 
     fn deregister(&self, handle: RegHandle) -> Result<()> {
         self.rt.bind()?;
-        let _g = self.lock();
+        // No library call while a launch is still pending; a communicator that failed
+        // meanwhile drops its registrations when it is destroyed.
+        let _g = match self.lock_settled("deregister") {
+            Ok(g) => g,
+            Err(_) if self.dead().is_some() || self.freed.load(Ordering::Acquire) => return Ok(()),
+            Err(e) => return Err(e),
+        };
         if self.freed.load(Ordering::Acquire) {
             // Destroying the communicator dropped its registrations.
             return Ok(());
@@ -176,12 +182,20 @@ impl<L: Library> Collective for DeviceComm<L> {
             // Destroying (or aborting) the communicator drops its windows.
             return Ok(());
         }
-        self.watched_call("deregister_window", || self.lib.deregister_window(&self.comm, handle.0)).map(|_| ())
+        // No library call while a launch is still pending.
+        let g = match self.lock_settled("deregister_window") {
+            Ok(g) => g,
+            Err(_) if self.dead().is_some() || self.freed.load(Ordering::Acquire) => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        self.watched_call_locked(g, "deregister_window", || self.lib.deregister_window(&self.comm, handle.0))
+            .map(|_| ())
     }
 
     fn memory_held(&self) -> Option<u64> {
         let _g = self.calls.try_lock().ok()?;
-        if self.freed.load(Ordering::Acquire) {
+        // Not while a launch is pending (the library takes no other call then).
+        if self.freed.load(Ordering::Acquire) || self.pending_set.load(Ordering::Acquire) {
             return None;
         }
         self.lib.memory_held(&self.comm)
@@ -396,9 +410,11 @@ impl<L: Library> Collective for DeviceComm<L> {
         if self.freed.load(Ordering::Acquire) {
             return Ok(());
         }
-        // Every enqueued operation completes first (bounded by the deadline) ...
+        // Every enqueued operation completes first (bounded by the deadline), a launch still
+        // pending included: the mark below must follow it ...
         {
             self.rt.bind()?;
+            self.settle("shutdown")?;
             let ev = self.rt.record(&self.stream)?;
             let mut spins = 0u32;
             loop {

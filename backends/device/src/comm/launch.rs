@@ -193,8 +193,12 @@ impl<L: Library> DeviceComm<L> {
             self.in_progress_returns.fetch_add(1, Ordering::Relaxed);
             let slot: Arc<LaunchSlot<Event<L>>> = Arc::default();
             // Set while the lock is held, so no other launch can slip in between.
-            *self.pending.lock().unwrap_or_else(|e| e.into_inner()) = Some(slot.clone());
+            // The flag under the pending lock too: a look that empties the slot at once (its
+            // communicator failed) then clears the flag after this sets it.
+            let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+            *p = Some(slot.clone());
             self.pending_set.store(true, Ordering::Release);
+            drop(p);
             drop(g);
             if !mark {
                 return Ok(None);
