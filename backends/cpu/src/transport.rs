@@ -490,22 +490,17 @@ impl Mesh {
         Ok(())
     }
 
-    /// Receive the next collective message from `peer`, which must be `op` number `seq`
-    /// of `expect` bytes.
-    pub(crate) fn recv_coll(&self, peer: usize, op: u8, seq: u64, expect: usize) -> Result<Vec<u8>> {
-        if self.shm[peer].is_some() {
-            let mut out = vec![0u8; expect];
-            self.recv_coll_into(peer, op, seq, &mut out, crate::shm::copy)?;
-            return Ok(out);
-        }
+    /// Receive the next collective message from `peer` over TCP (the callers take shared
+    /// memory where the peer has it), which must be `op` number `seq` of `expect` bytes.
+    fn recv_coll_tcp(&self, peer: usize, op: u8, seq: u64, expect: usize) -> Result<Vec<u8>> {
         let m = self.wait_msg(peer, || what(Kind::Coll, op, seq), Inbox::pop_coll)?;
         self.check_coll(peer, op, seq, expect, (m.op, m.seq, m.data.len()))?;
         Ok(m.data)
     }
 
-    /// Like [`Mesh::recv_coll`], handing the message to `sink(offset, bytes)` in pieces as
-    /// it arrives (straight from shared memory where the peer is on this host): every piece
-    /// but the last is a multiple of 8 bytes.
+    /// The next collective message from `peer` (`op` number `seq`, `expect` bytes), handed
+    /// to `sink(offset, bytes)` in pieces as it arrives (straight from shared memory where
+    /// the peer is on this host): every piece but the last is a multiple of 8 bytes.
     pub(crate) fn recv_coll_with(
         &self,
         peer: usize,
@@ -517,20 +512,21 @@ impl Mesh {
         match &self.shm[peer] {
             Some(link) => self.shm_recv(peer, link, Kind::Coll, (op, seq), expect, &mut Sink::With(sink)),
             None => {
-                let d = self.recv_coll(peer, op, seq, expect)?;
+                let d = self.recv_coll_tcp(peer, op, seq, expect)?;
                 sink(0, &d);
                 Ok(())
             }
         }
     }
 
-    /// Like [`Mesh::recv_coll`], into `dst`, written by `copy` ([`Sink::Into`]: straight out
-    /// of the sender's memory where the peer is on this host and the message large).
+    /// The next collective message from `peer` (`op` number `seq`), into `dst`, written by
+    /// `copy` ([`Sink::Into`]: straight out of the sender's memory where the peer is on this
+    /// host and the message large).
     pub(crate) fn recv_coll_into(&self, peer: usize, op: u8, seq: u64, dst: &mut [u8], copy: Copier) -> Result<()> {
         match &self.shm[peer] {
             Some(link) => self.shm_recv(peer, link, Kind::Coll, (op, seq), dst.len(), &mut Sink::Into(dst, copy)),
             None => {
-                let d = self.recv_coll(peer, op, seq, dst.len())?;
+                let d = self.recv_coll_tcp(peer, op, seq, dst.len())?;
                 copy(dst, &d);
                 Ok(())
             }
