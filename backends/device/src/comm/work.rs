@@ -106,6 +106,9 @@ impl<L: Library> WorkImpl for DeviceWork<'_, L> {
         let deadline = anyccl_core::deadline_in(timeout);
         let mut spins = 0u32;
         loop {
+            // The back-off before each further look, the first included: the look just made
+            // said not yet, and each asks the device (a `cuEventQuery` is over a microsecond).
+            backoff(&mut spins);
             if self.step()? {
                 return self.finished();
             }
@@ -116,7 +119,6 @@ impl<L: Library> WorkImpl for DeviceWork<'_, L> {
                 self.comm.poll_async(Plane::Data, "wait")?;
                 return Ok(false);
             }
-            backoff(&mut spins);
         }
     }
 
