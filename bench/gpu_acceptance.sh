@@ -17,7 +17,7 @@
 #       anyccl-bench) alternating, three rounds each, out-of-place time per size
 #   PARTS=raw BIN=.gpu bash bench/gpu_acceptance.sh              # anyccl beside raw NCCL:
 #       8 B-4 KiB in interleaved pairs; 256 MiB-1 GiB with CTAS (default 32) min CTAs against
-#       raw defaults; first-call memory with and without; the warmup with the setting
+#       raw defaults, then with registered buffers too; first-call memory with and without; the warmup with the setting
 #   PARTS=streams BIN=.gpu bash bench/gpu_acceptance.sh          # the two-GPU stream and graph
 #       tests ($BIN/nccl-streams-test: cargo test --release -p anyccl-nccl --test streams
 #       --no-run), compute beside an all_reduce (--overlap-us), replayed graphs (--graph)
@@ -135,6 +135,9 @@ timeout 200 anyccl-run -n 2 -- anyccl-bench all_reduce --backend nccl --vs-raw "
 echo "### all_reduce 256 MiB-1 GiB: raw NCCL's defaults against anyccl with ANYCCL_MIN_CTAS=${CTAS:-32} ($(t))"
 ANYCCL_MIN_CTAS=${CTAS:-32} timeout 300 anyccl-run -n 2 -- anyccl-bench all_reduce --backend nccl --vs-raw 3 -b 256M -e 1G -f 2 -n 20 -w 5 2>&1 \
   | grep -v '^\[rank 1\]' | tee "$OUT/raw-large.log" | cut -c1-250
+echo "### the same with anyccl's buffers from ncclMemAlloc, registered (--register) ($(t))"
+ANYCCL_MIN_CTAS=${CTAS:-32} timeout 300 anyccl-run -n 2 -- anyccl-bench all_reduce --backend nccl --vs-raw 3 --register -b 256M -e 1G -f 2 -n 20 -w 5 2>&1 \
+  | grep -v '^\[rank 1\]' | tee "$OUT/raw-large-registered.log" | cut -c1-250
 echo "### the first call's memory and busbw: defaults, then ANYCCL_MIN_CTAS=${CTAS:-32} ($(t))"
 for ctas in "" "${CTAS:-32}"; do
   env ${ctas:+ANYCCL_MIN_CTAS=$ctas} timeout 200 anyccl-run -n 2 -- anyccl-bench all_reduce --backend nccl -b 8 -e 1G -f 8 -n 20 -w 5 -c 0 2>&1 \
