@@ -118,13 +118,7 @@ impl<L: Library> Collective for DeviceComm<L> {
 
     fn deregister(&self, handle: RegHandle) -> Result<()> {
         self.rt.bind()?;
-        // No library call while a launch is still pending; a communicator that failed
-        // meanwhile drops its registrations when it is destroyed.
-        let _g = match self.lock_settled("deregister") {
-            Ok(g) => g,
-            Err(_) if self.dead().is_some() || self.freed.load(Ordering::Acquire) => return Ok(()),
-            Err(e) => return Err(e),
-        };
+        let Some(_g) = self.lock_settled_unless_gone("deregister")? else { return Ok(()) };
         if self.freed.load(Ordering::Acquire) {
             // Destroying the communicator dropped its registrations.
             return Ok(());
@@ -182,12 +176,7 @@ impl<L: Library> Collective for DeviceComm<L> {
             // Destroying (or aborting) the communicator drops its windows.
             return Ok(());
         }
-        // No library call while a launch is still pending.
-        let g = match self.lock_settled("deregister_window") {
-            Ok(g) => g,
-            Err(_) if self.dead().is_some() || self.freed.load(Ordering::Acquire) => return Ok(()),
-            Err(e) => return Err(e),
-        };
+        let Some(g) = self.lock_settled_unless_gone("deregister_window")? else { return Ok(()) };
         self.watched_call_locked(g, "deregister_window", || self.lib.deregister_window(&self.comm, handle.0))
             .map(|_| ())
     }

@@ -152,6 +152,16 @@ impl<L: Library> DeviceComm<L> {
         }
     }
 
+    /// [`DeviceComm::lock_settled`] for releasing something the library holds: `None` where
+    /// the communicator failed or was freed meanwhile (destroying it drops what it held).
+    pub(super) fn lock_settled_unless_gone(&self, op: &str) -> Result<Option<MutexGuard<'_, ()>>> {
+        match self.lock_settled(op) {
+            Ok(g) => Ok(Some(g)),
+            Err(_) if self.dead().is_some() || self.freed.load(Ordering::Acquire) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Put `op` on the stream and return a `Work` for it.
     ///
     /// # Safety
