@@ -275,9 +275,14 @@ pub async fn agree_and_load(
 
 fn named_timeout(e: Error, rank: usize, what: &str) -> Error {
     match e {
-        Error::Timeout { op, after, .. } => {
-            Error::Timeout { op, rank, group: String::new(), after, detail: format!("waiting for {what}") }
-        }
+        Error::Timeout { op, after, .. } => Error::Timeout {
+            op,
+            rank,
+            group: String::new(),
+            after,
+            detail: format!("waiting for {what}"),
+            source: None,
+        },
         e => e,
     }
 }
