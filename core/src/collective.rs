@@ -30,6 +30,14 @@ pub struct CommInfo {
     pub device: Device,
 }
 
+impl CommInfo {
+    /// This backend and rank, for errors that name no group (what the backend lacks);
+    /// [`crate::Communicator`] adds its group to the rest.
+    pub fn ctx(&self) -> crate::Ctx {
+        crate::Ctx::new(self.backend, self.rank, "")
+    }
+}
+
 /// An operation put into an engine's stream capture ([`Collective::capture`]), by device
 /// address: the graph reads and writes these buffers at every replay, long after the call
 /// (the `Captured` the Communicator returns keeps them allocated).
@@ -126,21 +134,13 @@ pub trait Collective: Send + Sync + fmt::Debug + 'static {
     /// (`Capabilities::streams`; `stream` is on this communicator's device).
     fn wait_stream(&self, stream: StreamRef<'_>) -> Result<()> {
         let _ = stream;
-        Err(crate::Error::Unsupported {
-            backend: self.info().backend,
-            op: "wait_stream",
-            what: "ordering with an engine's streams".into(),
-        })
+        Err(self.info().ctx().unsupported("wait_stream", "ordering with an engine's streams"))
     }
     /// Work enqueued on `stream` after this call starts only once every operation issued
     /// on this communicator so far has finished on the device; the host does not wait.
     fn signal_stream(&self, stream: StreamRef<'_>) -> Result<()> {
         let _ = stream;
-        Err(crate::Error::Unsupported {
-            backend: self.info().backend,
-            op: "signal_stream",
-            what: "ordering with an engine's streams".into(),
-        })
+        Err(self.info().ctx().unsupported("signal_stream", "ordering with an engine's streams"))
     }
 
     /// Put `op` into the capture under way on `stream` (a CUDA or ACL graph being recorded): it
@@ -149,7 +149,7 @@ pub trait Collective: Send + Sync + fmt::Debug + 'static {
     /// Communicator, which keeps the buffers allocated for as long as the graph may replay.
     fn capture(&self, stream: StreamRef<'_>, op: GraphOp) -> Result<()> {
         let _ = (stream, op);
-        Err(crate::Error::Unsupported { backend: self.info().backend, op: "capture", what: "graph capture".into() })
+        Err(self.info().ctx().unsupported("capture", "graph capture"))
     }
 
     /// Run `op` now, in stream order only: no `Work` and no completion marker (the engine
@@ -157,11 +157,7 @@ pub trait Collective: Send + Sync + fmt::Debug + 'static {
     /// The Communicator keeps the buffers allocated.
     fn enqueue(&self, op: GraphOp) -> Result<()> {
         let _ = op;
-        Err(crate::Error::Unsupported {
-            backend: self.info().backend,
-            op: "enqueue",
-            what: "operations in stream order only".into(),
-        })
+        Err(self.info().ctx().unsupported("enqueue", "operations in stream order only"))
     }
 
     /// Register the memory `buf` views with the communicator, so the library may move data

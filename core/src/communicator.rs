@@ -6,8 +6,8 @@ use crate::capability::Capabilities;
 use crate::collective::{AllToAllSplits, Backend, Collective, CommInfo, ConnectOptions, P2POp};
 use crate::config::CommConfig;
 use crate::dtype::{DType, ReduceOp};
-use crate::error::{Error, Result};
-use crate::group::GroupSpec;
+use crate::error::{Ctx, Error, Result};
+use crate::group::{spec_color, validate_spec, GroupSpec};
 use crate::recorder::FlightRecorder;
 use crate::store::Store;
 use crate::work::Work;
@@ -186,13 +186,8 @@ impl Communicator {
     ) -> Result<Self> {
         let info = inner.info().clone();
         if spec.ranks.len() != info.size {
-            return Err(Error::InvalidArgument {
-                op: "Communicator::new",
-                arg: "spec",
-                rank: info.rank,
-                group: spec.name.clone(),
-                msg: format!("spec lists {} ranks, the communicator has {}", spec.ranks.len(), info.size),
-            });
+            let msg = format!("spec lists {} ranks, the communicator has {}", spec.ranks.len(), info.size);
+            return Err(Ctx::new(info.backend, info.rank, spec.name.clone()).invalid("Communicator::new", "spec", msg));
         }
         let accepts = validate::Accepts::of(inner.capabilities(), info.device);
         let name: Arc<str> = Arc::from(spec.name.as_str());
@@ -252,8 +247,8 @@ impl Communicator {
     ) -> Result<Self> {
         validate_spec(&spec, rank, None)?;
         let caps = backend.capabilities()?;
-        let bad_config =
-            |msg: String| Error::InvalidArgument { op: "connect", arg: "config", rank, group: spec.name.clone(), msg };
+        let ctx = Ctx::new(backend.name(), rank, spec.name.clone());
+        let bad_config = |msg: String| ctx.invalid("connect", "config", msg);
         config.check().map_err(bad_config)?;
         let unsupported = config.cta_settings();
         if !caps.cta_settings && !unsupported.is_empty() {
@@ -266,13 +261,8 @@ impl Communicator {
         }
         let max = caps.max_world_size;
         if spec.ranks.len() > max {
-            return Err(Error::InvalidArgument {
-                op: "connect",
-                arg: "spec.ranks",
-                rank,
-                group: spec.name.clone(),
-                msg: format!("{} ranks, the {} backend supports at most {max}", spec.ranks.len(), backend.name()),
-            });
+            let msg = format!("{} ranks, the {} backend supports at most {max}", spec.ranks.len(), backend.name());
+            return Err(ctx.invalid("connect", "spec.ranks", msg));
         }
         let opts = ConnectOptions {
             rank,
@@ -298,7 +288,12 @@ impl Communicator {
     pub fn info(&self) -> &CommInfo {
         self.inner.info()
     }
-    /// Rank in this group.
+    /// This communicator's backend, rank and group, for the errors it raises.
+    pub fn ctx(&self) -> Ctx {
+        Ctx::new(self.inner.info().backend, self.rank(), self.spec.name.clone())
+    }
+
+    /// This rank in the group.
     pub fn rank(&self) -> usize {
         self.inner.info().rank
     }
@@ -391,29 +386,7 @@ impl Communicator {
     pub fn all_gather<'a>(&'a self, send: Option<Buf<'a>>, recv: BufMut<'a>) -> Result<Work<'a>> {
         const OP: &str = "all_gather";
         self.check_pair(OP, &send, &recv)?;
-        let n = self.size();
-        match &send {
-            Some(s) if s.count() * n != recv.count() => {
-                return Err(self.invalid(
-                    OP,
-                    "recv",
-                    format!(
-                        "recv has {} elements; it must hold {} = group size {n} x send count {}",
-                        recv.count(),
-                        s.count() * n,
-                        s.count()
-                    ),
-                ));
-            }
-            None if !recv.count().is_multiple_of(n) => {
-                return Err(self.invalid(
-                    OP,
-                    "recv",
-                    format!("in-place recv of {} elements is not divisible by the group size {n}", recv.count()),
-                ));
-            }
-            _ => {}
-        }
+        self.check_gathered(&send, &recv)?;
         let call = Call::new(OP, Some(recv.dtype()), recv.count(), recv.bytes());
         self.issue(call, |c| c.all_gather(send, recv))
     }
@@ -428,29 +401,7 @@ impl Communicator {
         const OP: &str = "reduce_scatter";
         self.check_pair(OP, &send, &recv)?;
         self.check_reduce_op(OP, op)?;
-        let n = self.size();
-        match &send {
-            Some(s) if s.count() != recv.count() * n => {
-                return Err(self.invalid(
-                    OP,
-                    "send",
-                    format!(
-                        "send has {} elements; it must hold group size {n} x recv count {} = {}",
-                        s.count(),
-                        recv.count(),
-                        recv.count() * n
-                    ),
-                ));
-            }
-            None if !recv.count().is_multiple_of(n) => {
-                return Err(self.invalid(
-                    OP,
-                    "recv",
-                    format!("in-place buffer of {} elements is not divisible by the group size {n}", recv.count()),
-                ));
-            }
-            _ => {}
-        }
+        self.check_scattered(&send, &recv)?;
         let count = send.as_ref().map(|s| s.count()).unwrap_or(recv.count());
         let call = Call::new(OP, Some(recv.dtype()), count, count * recv.dtype().size()).redop(op);
         self.issue(call, |c| c.reduce_scatter(send, recv, op))
@@ -470,74 +421,7 @@ impl Communicator {
         const OP: &str = "all_to_all";
         let s = Some(send);
         self.check_pair(OP, &s, &recv)?;
-        let n = self.size();
-        match splits {
-            None => {
-                if send.count() != recv.count() {
-                    return Err(self.invalid(
-                        OP,
-                        "recv",
-                        format!(
-                            "send has {} elements, recv {}; equal splits need equal counts",
-                            send.count(),
-                            recv.count()
-                        ),
-                    ));
-                }
-                if !send.count().is_multiple_of(n) {
-                    return Err(self.invalid(
-                        OP,
-                        "send",
-                        format!("{} elements do not split equally over {n} ranks", send.count()),
-                    ));
-                }
-                if !self.capabilities().all_to_all {
-                    return Err(self.invalid(OP, "send", "the backend has no all_to_all"));
-                }
-            }
-            Some(sp) => {
-                if !self.capabilities().all_to_all_v {
-                    return Err(self.invalid(OP, "splits", "the backend has no all_to_all with explicit splits"));
-                }
-                if sp.send_counts.len() != n || sp.recv_counts.len() != n {
-                    return Err(self.invalid(
-                        OP,
-                        "splits",
-                        format!(
-                            "splits list {} send and {} recv counts; the group has {n} ranks",
-                            sp.send_counts.len(),
-                            sp.recv_counts.len()
-                        ),
-                    ));
-                }
-                let me = self.rank();
-                if sp.send_counts[me] != sp.recv_counts[me] {
-                    return Err(self.invalid(
-                        OP,
-                        "splits",
-                        format!(
-                            "this rank sends {} elements to itself but expects to receive {}",
-                            sp.send_counts[me], sp.recv_counts[me]
-                        ),
-                    ));
-                }
-                let (ss, rs): (usize, usize) = (sp.send_counts.iter().sum(), sp.recv_counts.iter().sum());
-                if ss != send.count() {
-                    return Err(self.invalid(
-                        OP,
-                        "splits",
-                        format!("send counts add up to {ss}, send holds {}", send.count()),
-                    ));
-                }
-                if rs != recv.count() {
-                    return Err(self.invalid(
-                        OP,
-                        "splits",
-                        format!("recv counts add up to {rs}, recv holds {}", recv.count()),
-                    ));
-                }
-            }
-        }
+        self.check_all_to_all(&send, &recv, splits)?;
         let call = Call::new(OP, Some(recv.dtype()), send.count(), send.bytes());
         self.issue(call, |c| c.all_to_all(send, recv, splits))
     }
@@ -568,55 +452,13 @@ impl Communicator {
         self.issue(call, |c| c.recv(buf, peer))
     }
 
-    fn check_p2p_peer(&self, op: &'static str, peer: usize, allow_self: bool) -> Result<()> {
-        self.check_rank(op, "peer", peer)?;
-        if !allow_self && peer == self.rank() {
-            return Err(self.invalid(
-                op,
-                "peer",
-                format!("peer {peer} is this rank; an unbatched send or recv to itself can never complete"),
-            ));
-        }
-        Ok(())
-    }
-
     /// Sends and receives issued as one batch, which cannot deadlock on ordering.
     ///
     /// # Errors
     /// `InvalidArgument` for an empty batch, a peer out of range, or a bad buffer.
     pub fn p2p_group<'a>(&'a self, ops: Vec<P2POp<'a>>) -> Result<Work<'a>> {
         const OP: &str = "p2p_group";
-        if !self.capabilities().p2p_group {
-            return Err(self.invalid(OP, "ops", "the backend has no batched point-to-point"));
-        }
-        if ops.is_empty() {
-            return Err(self.invalid(OP, "ops", "empty batch"));
-        }
-        let mut bytes = 0;
-        let mut dtype = None;
-        // Sends to and receives from this rank must pair up in order with equal sizes; an
-        // unmatched one would wait on itself forever.
-        let me = self.rank();
-        let (mut self_sends, mut self_recvs) = (Vec::new(), Vec::new());
-        for o in &ops {
-            self.check_p2p_peer(OP, o.peer(), true)?;
-            let (d, dev, b) = match o {
-                P2POp::Send(b, _) => (b.dtype(), b.device(), b.bytes()),
-                P2POp::Recv(b, _) => (b.dtype(), b.device(), b.bytes()),
-            };
-            self.check_dtype(OP, "ops", d)?;
-            self.check_device(OP, "ops", dev)?;
-            bytes += b;
-            dtype.get_or_insert(d);
-            match o {
-                P2POp::Send(_, p) if *p == me => self_sends.push(b),
-                P2POp::Recv(_, p) if *p == me => self_recvs.push(b),
-                _ => {}
-            }
-        }
-        if self_sends != self_recvs {
-            return Err(self.invalid(OP, "ops", format!("sends to this rank ({self_sends:?} bytes) and receives from it ({self_recvs:?} bytes) do not pair up")));
-        }
+        let (dtype, bytes) = self.check_p2p_batch(&ops)?;
         let first = ops[0].peer();
         let peer = ops.iter().all(|o| o.peer() == first).then_some(first);
         let mut batch: Vec<(usize, usize, usize)> = Vec::new();
@@ -721,62 +563,11 @@ impl Communicator {
                 child.detail = detail;
                 Ok(Some(child))
             }
-            (Some(_), None) | (None, Some(_)) => Err(Error::Backend {
-                backend: self.info().backend,
-                op: "split".into(),
-                code: -1,
-                text: "backend split disagreed with the requested membership".into(),
-                recovery: crate::error::Recovery::Fatal,
-                source: None,
-            }),
+            // Not the library's error: this rank got a communicator where the spec says it
+            // is no member, or none where it is one.
+            (Some(_), None) | (None, Some(_)) => {
+                Err(self.ctx().aborted("split: the backend's split disagreed with the requested membership"))
+            }
         }
     }
-}
-
-/// Check a spec. Splitting a parent of `parent_size` ranks, `me` is this rank in the parent
-/// and must be a member; connecting (`None`), `me` is this rank's position in the spec.
-fn validate_spec(spec: &GroupSpec, me: usize, parent_size: Option<usize>) -> Result<()> {
-    let bad =
-        |msg: String| Error::InvalidArgument { op: "group", arg: "spec", rank: me, group: spec.name.clone(), msg };
-    if spec.name.is_empty() {
-        return Err(bad("the group has no name".into()));
-    }
-    if spec.ranks.is_empty() {
-        return Err(bad("the group has no ranks".into()));
-    }
-    let mut seen = std::collections::HashSet::new();
-    for &r in &spec.ranks {
-        if let Some(size) = parent_size.filter(|&n| r >= n) {
-            return Err(bad(format!("rank {r} is out of range for a parent of {size} ranks")));
-        }
-        if !seen.insert(r) {
-            return Err(bad(format!("rank {r} is listed twice")));
-        }
-    }
-    match parent_size {
-        Some(_) if !spec.ranks.contains(&me) => {
-            Err(bad(format!("this rank ({me}) is not a member of {:?}", spec.ranks)))?;
-        }
-        None if me >= spec.ranks.len() => {
-            Err(bad(format!("rank {me} is out of range for a group of {} ranks", spec.ranks.len())))?;
-        }
-        _ => {}
-    }
-    Ok(())
-}
-
-/// A color that only members passing an identical spec share.
-fn spec_color(s: &GroupSpec) -> u32 {
-    (s.id() as u32) & 0x7fff_ffff
-}
-
-/// FNV-1a of `bytes`: the same in every process, build and platform (unlike `std`'s
-/// hashers), for values that ranks derive independently and must agree on.
-pub fn stable_hash(bytes: impl IntoIterator<Item = u8>) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in bytes {
-        h ^= b as u64;
-        h = h.wrapping_mul(0x100_0000_01b3);
-    }
-    h
 }

@@ -142,14 +142,8 @@ impl Detail {
             deadline,
             reply,
         };
-        let unavailable = |why: String| Error::Backend {
-            backend: "detail",
-            op: op.into(),
-            code: -1,
-            text: why,
-            recovery: crate::error::Recovery::Fatal,
-            source: None,
-        };
+        let ctx = crate::Ctx::new("detail", self.rank, self.group.clone());
+        let unavailable = |why: String| ctx.aborted(format!("{op}: detail mode cannot check it: {why}"));
         checker().map_err(unavailable)?.send(req).map_err(|_| unavailable("the detail-mode thread ended".into()))?;
         // The checker's own store waits end at the deadline; a little more for its answer.
         let answer = answer
@@ -158,17 +152,15 @@ impl Detail {
         let started = deadline.checked_sub(timeout).unwrap_or_else(Instant::now);
         match answer {
             Ok(differ) if differ.is_empty() => Ok(()),
-            Ok(differ) => Err(Error::InvalidArgument {
+            Ok(differ) => Err(ctx.invalid(
                 op,
-                arg: "collective",
-                rank: self.rank,
-                group: self.group.clone(),
-                msg: format!(
+                "collective",
+                format!(
                     "ranks issue different collectives as collective #{n} of the group: this rank calls {fingerprint}, {}",
                     differ.iter().map(|(r, f)| format!("rank {r} calls {f}")).collect::<Vec<_>>().join(", ")
                 ),
-            }),
-            Err(Error::Timeout { detail, .. }) => Err(crate::Ctx::new("detail", self.rank, self.group.clone()).timeout(
+            )),
+            Err(Error::Timeout { detail, .. }) => Err(ctx.timeout(
                 format!("{op} (collective #{n}, detail-mode check)"),
                 started.elapsed(),
                 detail,

@@ -3,6 +3,7 @@
 //! Nothing in anyccl sweeps "all groups": callers name the groups they mean, or filter a
 //! [`GroupRegistry`] by owner and role.
 
+use crate::error::{Ctx, Result};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::sync::{Arc, Mutex};
@@ -76,7 +77,7 @@ impl GroupSpec {
     /// What tells groups apart: the name and the members (two groups may share a name, e.g.
     /// a "tp" group in every replica). Equal on every member, in every process.
     pub fn id(&self) -> u64 {
-        crate::stable_hash(self.name.bytes().chain(self.ranks.iter().flat_map(|r| (*r as u64).to_le_bytes())))
+        stable_hash(self.name.bytes().chain(self.ranks.iter().flat_map(|r| (*r as u64).to_le_bytes())))
     }
 
     /// The world group of `size` ranks.
@@ -119,6 +120,54 @@ impl GroupRegistry {
     pub fn filter(&self, owner: &str, roles: &[Role]) -> Vec<GroupSpec> {
         self.all().into_iter().filter(|g| g.owner == owner && roles.contains(&g.role)).collect()
     }
+}
+
+/// Check a spec. Splitting a parent of `parent_size` ranks, `me` is this rank in the parent
+/// and must be a member; connecting (`None`), `me` is this rank's position in the spec.
+pub(crate) fn validate_spec(spec: &GroupSpec, me: usize, parent_size: Option<usize>) -> Result<()> {
+    let ctx = Ctx::new("anyccl", me, spec.name.clone());
+    let bad = |msg: String| ctx.invalid("group", "spec", msg);
+    if spec.name.is_empty() {
+        return Err(bad("the group has no name".into()));
+    }
+    if spec.ranks.is_empty() {
+        return Err(bad("the group has no ranks".into()));
+    }
+    let mut seen = std::collections::HashSet::new();
+    for &r in &spec.ranks {
+        if let Some(size) = parent_size.filter(|&n| r >= n) {
+            return Err(bad(format!("rank {r} is out of range for a parent of {size} ranks")));
+        }
+        if !seen.insert(r) {
+            return Err(bad(format!("rank {r} is listed twice")));
+        }
+    }
+    match parent_size {
+        Some(_) if !spec.ranks.contains(&me) => {
+            Err(bad(format!("this rank ({me}) is not a member of {:?}", spec.ranks)))?;
+        }
+        None if me >= spec.ranks.len() => {
+            Err(bad(format!("rank {me} is out of range for a group of {} ranks", spec.ranks.len())))?;
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// A color that only members passing an identical spec share.
+pub(crate) fn spec_color(s: &GroupSpec) -> u32 {
+    (s.id() as u32) & 0x7fff_ffff
+}
+
+/// FNV-1a of `bytes`: the same in every process, build and platform (unlike `std`'s
+/// hashers), for values that ranks derive independently and must agree on.
+pub fn stable_hash(bytes: impl IntoIterator<Item = u8>) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x100_0000_01b3);
+    }
+    h
 }
 
 #[cfg(test)]

@@ -54,7 +54,7 @@ pub use clock::{coarse_now_ns, deadline_in};
 pub use collective::{
     abort_all, AllToAllSplits, Backend, BackendInfo, Collective, CommInfo, ConnectOptions, GraphOp, P2POp, RegHandle,
 };
-pub use communicator::{agree_window, stable_hash, Captured, Communicator, OpSignature, Registered};
+pub use communicator::{agree_window, Captured, Communicator, OpSignature, Registered};
 pub use config::{CommConfig, LaunchEnv};
 pub use dtype::{DType, Element, ReduceOp};
 pub use env::{
@@ -63,7 +63,7 @@ pub use env::{
 };
 pub use error::{Ctx, Error, Recovery, Result, Source};
 pub use file::read_regular_file;
-pub use group::{GroupRegistry, GroupSpec, Role};
+pub use group::{stable_hash, GroupRegistry, GroupSpec, Role};
 pub use logging::init_logging;
 pub use platform::{DeviceMemory, HostMemory, HostPlatform, MemInfo, Platform};
 pub use recorder::{FlightRecorder, OpRecord, OpState, Ticket, MAX_RECORDS};

@@ -173,10 +173,8 @@ impl Platform for HostPlatform {
         Ok(())
     }
     fn mem_info(&self) -> Result<MemInfo> {
-        let text = std::fs::read_to_string("/proc/meminfo").map_err(|e| Error::Unsupported {
-            backend: "cpu",
-            op: "mem_info",
-            what: format!("cannot read /proc/meminfo: {e}"),
+        let text = std::fs::read_to_string("/proc/meminfo").map_err(|e| {
+            crate::Ctx::process("cpu").unsupported("mem_info", format!("cannot read /proc/meminfo: {e}"))
         })?;
         let field = |name: &str| -> u64 {
             text.lines()
@@ -191,13 +189,7 @@ impl Platform for HostPlatform {
 }
 
 fn not_host(op: &'static str) -> Error {
-    Error::InvalidArgument {
-        op,
-        arg: "buffer",
-        rank: 0,
-        group: String::new(),
-        msg: "the host platform was given a device buffer".into(),
-    }
+    crate::Ctx::new("platform", 0, "").invalid(op, "buffer", "the host platform was given a device buffer")
 }
 
 #[cfg(test)]

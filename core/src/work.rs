@@ -118,11 +118,11 @@ impl<'a> Work<'a> {
     fn repeat_outcome(&self) -> Result<bool> {
         match &self.state {
             Some(Ok(())) => Ok(true),
-            Some(Err(msg)) => Err(Error::Aborted {
-                rank: self.info().rank,
-                group: self.info().group.to_string(),
-                detail: format!("{} #{} failed earlier: {msg}", self.info().op, self.info().seq),
-            }),
+            Some(Err(msg)) => {
+                let info = self.info();
+                let ctx = crate::Ctx::new("anyccl", info.rank, info.group.to_string());
+                Err(ctx.aborted(format!("{} #{} failed earlier: {msg}", info.op, info.seq)))
+            }
             None => Ok(false),
         }
     }

@@ -225,6 +225,30 @@ pub struct SplitRequest<'a> {
 
 /// A collective library that enqueues on device streams.
 ///
+/// A new backend starts here: with a [`Runtime`] and a `Library`, [`crate::DeviceComm`] is
+/// its communicator (lifecycle, watchdog, `Work`, splits, shutdown) and
+/// [`crate::DeviceBackend`] its backend, with no more code; the testing library
+/// (`anyccl_device::testing`, a whole `Library` of one rank) is the smallest one to read.
+///
+/// # Examples
+/// A communicator over the testing library (`testing` feature), used as every backend's is:
+/// ```
+/// # #[cfg(feature = "testing")] {
+/// use anyccl_core::{CommConfig, DType, DeviceMemory, HostMemory, ReduceOp};
+/// use anyccl_device::testing::{NullLibrary, NullRuntime};
+/// use std::sync::Arc;
+/// use std::time::Duration;
+///
+/// let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+/// let lib = NullLibrary::default().leak();
+/// let comm = rt.block_on(lib.communicator(Arc::new(NullRuntime::new()), "doc", CommConfig::default()))?;
+/// let mut grads = HostMemory::new(DType::F32, 8);
+/// comm.all_reduce(None, grads.view_mut(), ReduceOp::Sum)?.wait(Duration::from_secs(1))?;
+/// rt.block_on(comm.shutdown())?;
+/// # }
+/// # Ok::<(), anyccl_core::Error>(())
+/// ```
+///
 /// [`crate::DeviceComm`] guarantees: calls on one communicator are never concurrent,
 /// except [`Library::destroy`] while another thread is blocked inside a call when
 /// [`Library::can_stop_blocked`] says that unblocks it; `destroy` is called once, and

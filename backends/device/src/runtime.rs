@@ -9,6 +9,26 @@ use std::sync::Arc;
 ///
 /// Errors are anyccl's already: a runtime call has no rank or group, and each runtime
 /// keeps its own error value as the `Backend` error's source.
+///
+/// A new backend starts here: with a runtime, [`DevicePlatform`] is its `Platform`
+/// (allocation, copies, free memory) with no more code.
+///
+/// # Examples
+/// The testing runtime (`testing` feature), whose streams run nothing, as a platform:
+/// ```
+/// # #[cfg(feature = "testing")] {
+/// use anyccl_core::{DType, Platform};
+/// use anyccl_device::{testing::NullRuntime, DevicePlatform};
+/// use std::sync::Arc;
+///
+/// let platform = DevicePlatform::new(Arc::new(NullRuntime::new()));
+/// let mut buf = platform.alloc(DType::F32, 4)?;
+/// platform.copy_from_host(buf.as_mut(), &[0u8; 16])?;
+/// assert_eq!(buf.count(), 4);
+/// assert!(platform.mem_info()?.free > 0);
+/// # }
+/// # Ok::<(), anyccl_core::Error>(())
+/// ```
 pub trait Runtime: Send + Sync + fmt::Debug + 'static {
     /// A stream that executes in order.
     type Stream: Send + Sync + fmt::Debug;

@@ -218,17 +218,15 @@ pub async fn agree_window(
     if problems.is_empty() {
         return Ok(());
     }
-    Err(crate::Error::InvalidArgument {
-        op: OP,
-        arg: "mem",
-        rank,
-        group: group.to_string(),
-        msg: format!(
+    Err(crate::Ctx::new("anyccl", rank, group).invalid(
+        OP,
+        "mem",
+        format!(
             "window #{seq} ({bytes} bytes here) is registered by no member: {} (a window is memory the library \
              can map, of the same size on every member)",
             problems.join("; ")
         ),
-    })
+    ))
 }
 
 #[cfg(test)]

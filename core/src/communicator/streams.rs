@@ -6,7 +6,7 @@ use super::Communicator;
 use crate::buffer::StreamRef;
 use crate::collective::GraphOp;
 use crate::dtype::ReduceOp;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::platform::DeviceMemory;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -100,7 +100,7 @@ impl Communicator {
         const OP: &str = "capture_all_reduce";
         self.check_stream(OP, stream)?;
         if !self.capabilities().graphs {
-            return Err(Error::Unsupported { backend: self.info().backend, op: OP, what: "graph capture".into() });
+            return Err(self.info().ctx().unsupported(OP, "graph capture"));
         }
         let g = self.shared_all_reduce(OP, send, recv, op)?;
         self.inner.capture(stream, g)?;
@@ -125,7 +125,7 @@ impl Communicator {
     ) -> Result<Captured> {
         const OP: &str = "enqueue_all_reduce";
         if !self.capabilities().streams {
-            return Err(Error::Unsupported { backend: self.info().backend, op: OP, what: "stream order only".into() });
+            return Err(self.info().ctx().unsupported(OP, "stream order only"));
         }
         let g = self.shared_all_reduce(OP, send, recv, op)?;
         self.seq.fetch_add(1, Ordering::Relaxed);
@@ -187,11 +187,7 @@ impl Communicator {
             ));
         }
         if !self.capabilities().streams {
-            return Err(Error::Unsupported {
-                backend: self.info().backend,
-                op,
-                what: "ordering with an engine's streams".into(),
-            });
+            return Err(self.info().ctx().unsupported(op, "ordering with an engine's streams"));
         }
         Ok(())
     }

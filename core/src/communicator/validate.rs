@@ -30,7 +30,7 @@ impl Accepts {
 
 impl Communicator {
     pub(super) fn invalid(&self, op: &'static str, arg: &'static str, msg: impl Into<String>) -> Error {
-        Error::InvalidArgument { op, arg, rank: self.rank(), group: self.spec.name.clone(), msg: msg.into() }
+        self.ctx().invalid(op, arg, msg)
     }
 
     pub(super) fn check_dtype(&self, op: &'static str, arg: &'static str, dtype: DType) -> Result<()> {
@@ -107,5 +107,197 @@ impl Communicator {
             }
         }
         Ok(())
+    }
+
+    /// all_gather: out of place, `recv` holds `size` times `send`; in place, `recv` divides
+    /// by the group size.
+    pub(super) fn check_gathered(&self, send: &Option<Buf<'_>>, recv: &BufMut<'_>) -> Result<()> {
+        const OP: &str = "all_gather";
+        let n = self.size();
+        match &send {
+            Some(s) if s.count() * n != recv.count() => {
+                return Err(self.invalid(
+                    OP,
+                    "recv",
+                    format!(
+                        "recv has {} elements; it must hold {} = group size {n} x send count {}",
+                        recv.count(),
+                        s.count() * n,
+                        s.count()
+                    ),
+                ));
+            }
+            None if !recv.count().is_multiple_of(n) => {
+                return Err(self.invalid(
+                    OP,
+                    "recv",
+                    format!("in-place recv of {} elements is not divisible by the group size {n}", recv.count()),
+                ));
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// reduce_scatter: out of place, `send` holds `size` times `recv`; in place, `recv`
+    /// divides by the group size.
+    pub(super) fn check_scattered(&self, send: &Option<Buf<'_>>, recv: &BufMut<'_>) -> Result<()> {
+        const OP: &str = "reduce_scatter";
+        let n = self.size();
+        match &send {
+            Some(s) if s.count() != recv.count() * n => {
+                return Err(self.invalid(
+                    OP,
+                    "send",
+                    format!(
+                        "send has {} elements; it must hold group size {n} x recv count {} = {}",
+                        s.count(),
+                        recv.count(),
+                        recv.count() * n
+                    ),
+                ));
+            }
+            None if !recv.count().is_multiple_of(n) => {
+                return Err(self.invalid(
+                    OP,
+                    "recv",
+                    format!("in-place buffer of {} elements is not divisible by the group size {n}", recv.count()),
+                ));
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// all_to_all: equal splits divide by the group size; explicit ones list every rank and
+    /// add up to the buffers.
+    pub(super) fn check_all_to_all(
+        &self,
+        send: &Buf<'_>,
+        recv: &BufMut<'_>,
+        splits: Option<&crate::collective::AllToAllSplits>,
+    ) -> Result<()> {
+        const OP: &str = "all_to_all";
+        let n = self.size();
+        match splits {
+            None => {
+                if send.count() != recv.count() {
+                    return Err(self.invalid(
+                        OP,
+                        "recv",
+                        format!(
+                            "send has {} elements, recv {}; equal splits need equal counts",
+                            send.count(),
+                            recv.count()
+                        ),
+                    ));
+                }
+                if !send.count().is_multiple_of(n) {
+                    return Err(self.invalid(
+                        OP,
+                        "send",
+                        format!("{} elements do not split equally over {n} ranks", send.count()),
+                    ));
+                }
+                if !self.capabilities().all_to_all {
+                    return Err(self.invalid(OP, "send", "the backend has no all_to_all"));
+                }
+            }
+            Some(sp) => {
+                if !self.capabilities().all_to_all_v {
+                    return Err(self.invalid(OP, "splits", "the backend has no all_to_all with explicit splits"));
+                }
+                if sp.send_counts.len() != n || sp.recv_counts.len() != n {
+                    return Err(self.invalid(
+                        OP,
+                        "splits",
+                        format!(
+                            "splits list {} send and {} recv counts; the group has {n} ranks",
+                            sp.send_counts.len(),
+                            sp.recv_counts.len()
+                        ),
+                    ));
+                }
+                let me = self.rank();
+                if sp.send_counts[me] != sp.recv_counts[me] {
+                    return Err(self.invalid(
+                        OP,
+                        "splits",
+                        format!(
+                            "this rank sends {} elements to itself but expects to receive {}",
+                            sp.send_counts[me], sp.recv_counts[me]
+                        ),
+                    ));
+                }
+                let (ss, rs): (usize, usize) = (sp.send_counts.iter().sum(), sp.recv_counts.iter().sum());
+                if ss != send.count() {
+                    return Err(self.invalid(
+                        OP,
+                        "splits",
+                        format!("send counts add up to {ss}, send holds {}", send.count()),
+                    ));
+                }
+                if rs != recv.count() {
+                    return Err(self.invalid(
+                        OP,
+                        "splits",
+                        format!("recv counts add up to {rs}, recv holds {}", recv.count()),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn check_p2p_peer(&self, op: &'static str, peer: usize, allow_self: bool) -> Result<()> {
+        self.check_rank(op, "peer", peer)?;
+        if !allow_self && peer == self.rank() {
+            return Err(self.invalid(
+                op,
+                "peer",
+                format!("peer {peer} is this rank; an unbatched send or recv to itself can never complete"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// A batch of sends and receives: the backend batches, it is not empty, every peer and
+    /// buffer is valid, and sends to this rank pair up with receives from it. The batch's
+    /// first dtype and its bytes.
+    pub(super) fn check_p2p_batch(&self, ops: &[crate::collective::P2POp<'_>]) -> Result<(Option<DType>, usize)> {
+        use crate::collective::P2POp;
+        const OP: &str = "p2p_group";
+        if !self.capabilities().p2p_group {
+            return Err(self.invalid(OP, "ops", "the backend has no batched point-to-point"));
+        }
+        if ops.is_empty() {
+            return Err(self.invalid(OP, "ops", "empty batch"));
+        }
+        let mut bytes = 0;
+        let mut dtype = None;
+        // Sends to and receives from this rank must pair up in order with equal sizes; an
+        // unmatched one would wait on itself forever.
+        let me = self.rank();
+        let (mut self_sends, mut self_recvs) = (Vec::new(), Vec::new());
+        for o in ops {
+            self.check_p2p_peer(OP, o.peer(), true)?;
+            let (d, dev, b) = match o {
+                P2POp::Send(b, _) => (b.dtype(), b.device(), b.bytes()),
+                P2POp::Recv(b, _) => (b.dtype(), b.device(), b.bytes()),
+            };
+            self.check_dtype(OP, "ops", d)?;
+            self.check_device(OP, "ops", dev)?;
+            bytes += b;
+            dtype.get_or_insert(d);
+            match o {
+                P2POp::Send(_, p) if *p == me => self_sends.push(b),
+                P2POp::Recv(_, p) if *p == me => self_recvs.push(b),
+                _ => {}
+            }
+        }
+        if self_sends != self_recvs {
+            return Err(self.invalid(OP, "ops", format!("sends to this rank ({self_sends:?} bytes) and receives from it ({self_recvs:?} bytes) do not pair up")));
+        }
+        Ok((dtype, bytes))
     }
 }
