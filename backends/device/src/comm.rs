@@ -240,9 +240,10 @@ pub async fn fresh_comm<L: Library>(
     ctx: &Ctx,
     op: &str,
 ) -> Result<L::Comm> {
+    let started = Instant::now();
     let id = exchange_root_id(lib, rt, store, key, rank == 0, deadline, ctx).await?;
     rt.bind()?;
-    let p = lib.init_start(rt, &id, rank, size, settings).map_err(|e| e.into_error(ctx, op, Duration::ZERO))?;
+    let p = lib.init_start(rt, &id, rank, size, settings).map_err(|e| e.into_error(ctx, op, started.elapsed()))?;
     let comm = drive(lib, p, deadline, ctx, op, |p| {
         rt.bind().ok();
         lib.poll(p).map_err(Some)
@@ -563,7 +564,10 @@ impl<L: Library> DeviceComm<L> {
         match r {
             Ok(v) => Ok((g, v)),
             Err(e) => {
-                let e = e.into_error(&self.ctx, op, took());
+                // A library that reports a timeout gave up at its own limit, which the
+                // communicator set from the operation timeout (HCCL's hcclExecTimeOut): that
+                // is how long it waited, where the coarse clock of the call may read 0.
+                let e = e.into_error(&self.ctx, op, took().max(self.settings.op_timeout));
                 drop(g);
                 self.fail(&e);
                 Err(e)

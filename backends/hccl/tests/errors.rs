@@ -78,6 +78,9 @@ mod hccl {
                 assert!(text.contains(&format!("group '{group}'")), "code {code} does not name the group: {text}");
                 assert!(text.contains("rank 0"), "code {code} does not name the rank: {text}");
                 assert!(text.contains(name), "code {code} does not carry HCCL's name {name}: {text}");
+                if let Error::Timeout { after, .. } = &err {
+                    assert!(!after.is_zero(), "code {code}: a timeout that waited no time: {text}");
+                }
                 if let Error::Backend { code: c, source, .. } = &err {
                     assert_eq!(*c, code as i64);
                     let lib_err = source.as_ref().and_then(|s| s.downcast_ref::<LibError>());
@@ -87,6 +90,19 @@ mod hccl {
                 let again = comm.all_reduce(None, buf.view_mut(), ReduceOp::Sum).map(|_| ()).unwrap_err();
                 assert_eq!(again.kind(), "Aborted", "after code {code}: {again}");
             }
+            // A timeout HCCL reports while the communicator is made says how long connect
+            // waited (it read "connect timed out after 0ns").
+            inject(&lib, "HcclCommInitRootInfoConfig", 9);
+            let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+            let spec = GroupSpec::new("inject-init", vec![0], "test", Role::Data);
+            let config = CommConfig { init_timeout: Duration::from_secs(20), ..CommConfig::default() };
+            let err = rt
+                .block_on(Communicator::connect(&Hccl, spec, 0, store, platform.device(), config))
+                .map(|_| ())
+                .unwrap_err();
+            let Error::Timeout { after, .. } = &err else { panic!("not a timeout: {err}") };
+            assert!(!after.is_zero() && !err.to_string().contains("after 0ns"), "{err}");
+            assert!(err.to_string().contains("HCCL_E_TIMEOUT") && err.to_string().contains("inject-init"), "{err}");
             // An asynchronous error reported by HcclGetCommAsyncError.
             let comm = connect(&rt, "inject-async");
             inject(&lib, "HcclGetCommAsyncError", 21);
