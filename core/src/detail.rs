@@ -25,6 +25,10 @@ pub(crate) struct Detail {
     store: Arc<dyn Store>,
     /// Keys of this communicator instance: `anyccl/detail/<group>/<instance>`.
     prefix: String,
+    /// Where each member counts the communicators of the group it made in detail mode.
+    created: String,
+    /// This communicator's instance number among them.
+    instance: i64,
     rank: usize,
     size: usize,
     group: String,
@@ -35,6 +39,8 @@ pub(crate) struct Detail {
 struct Request {
     store: Arc<dyn Store>,
     prefix: String,
+    created: String,
+    instance: i64,
     n: u64,
     rank: usize,
     size: usize,
@@ -92,9 +98,26 @@ async fn compare(req: &Request) -> Result<Vec<(usize, String)>> {
         }
     }
     if !missing.is_empty() && differ.is_empty() {
+        // A member that made no communicator of the group in detail mode publishes no
+        // fingerprint at all: say so, rather than blame it for a call it may have issued.
+        let mut plain = Vec::new();
+        for &r in &missing {
+            let made = req.store.get(&format!("{}/{r}", req.created)).await?;
+            let made = made.and_then(|v| String::from_utf8(v).ok()).and_then(|v| v.trim().parse::<i64>().ok());
+            if made.unwrap_or(0) < req.instance {
+                plain.push(r);
+            }
+        }
+        let why = if plain.is_empty() {
+            format!("ranks {missing:?} never issued it")
+        } else {
+            format!(
+                "ranks {missing:?} never issued it; ranks {plain:?} do not run in detail mode (ANYCCL_DEBUG=detail \
+                 or CommConfig::detail must be set on every member, or on none)"
+            )
+        };
         // The caller names the group and how long it waited (see `check`).
-        let ctx = crate::Ctx::new("detail", req.rank, "");
-        return Err(ctx.timeout("", Duration::ZERO, format!("ranks {missing:?} never issued it")));
+        return Err(crate::Ctx::new("detail", req.rank, "").timeout("", Duration::ZERO, why));
     }
     Ok(differ)
 }
@@ -103,10 +126,13 @@ impl Detail {
     /// Detail-mode state for this rank's next communicator of `group` (the k-th one a
     /// rank creates for a group name meets the k-th of every other member).
     pub(crate) async fn new(store: Arc<dyn Store>, group: &str, rank: usize, size: usize) -> Result<Detail> {
-        let k = store.add(&format!("anyccl/detail/{group}/created/{rank}"), 1).await?;
+        let created = format!("anyccl/detail/{group}/created");
+        let k = store.add(&format!("{created}/{rank}"), 1).await?;
         Ok(Detail {
             store,
             prefix: format!("anyccl/detail/{group}/{k}"),
+            created,
+            instance: k,
             rank,
             size,
             group: group.to_string(),
@@ -135,6 +161,8 @@ impl Detail {
         let req = Request {
             store: self.store.clone(),
             prefix: self.prefix.clone(),
+            created: self.created.clone(),
+            instance: self.instance,
             n,
             rank: self.rank,
             size: self.size,
@@ -167,5 +195,39 @@ impl Detail {
             )),
             Err(e) => Err(e),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::MemoryStore;
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime")
+    }
+
+    /// Detail mode on one member only: its check ends at the timeout saying which members
+    /// do not run in detail mode, not only that they "never issued" the call.
+    #[test]
+    fn a_member_without_detail_mode_is_named_as_such() {
+        let rt = runtime();
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let d = rt.block_on(Detail::new(store, "dp", 1, 3)).expect("detail state");
+        let e = d.check("all_reduce", "all_reduce f32 x4", Duration::from_millis(200)).unwrap_err().to_string();
+        assert!(e.contains("ranks [0, 2] never issued it"), "{e}");
+        assert!(e.contains("ranks [0, 2] do not run in detail mode"), "{e}");
+        assert!(e.contains("group 'dp'") && e.contains("rank 1"), "{e}");
+    }
+
+    /// Members that run in detail mode but never issue the call are not told to turn it on.
+    #[test]
+    fn a_member_in_detail_mode_that_never_issues_is_named_only_as_missing() {
+        let rt = runtime();
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let d = rt.block_on(Detail::new(store.clone(), "tp", 0, 2)).expect("detail state");
+        let _other = rt.block_on(Detail::new(store, "tp", 1, 2)).expect("detail state");
+        let e = d.check("all_reduce", "all_reduce f32 x4", Duration::from_millis(200)).unwrap_err().to_string();
+        assert!(e.contains("ranks [1] never issued it") && !e.contains("detail mode ("), "{e}");
     }
 }
