@@ -26,13 +26,22 @@ impl Communicator {
         }
     }
 
+    /// A flight-recorder dump (where `ANYCCL_TRACE_DIR` is set) for a call that failed
+    /// before it became a `Work`: an enqueue that timed out or found the communicator
+    /// failed leaves the same evidence as a wait that did (a refused argument leaves none).
+    fn dump(&self, call: &Call, e: &crate::Error) {
+        if !matches!(e, crate::Error::InvalidArgument { .. } | crate::Error::Unsupported { .. }) {
+            crate::trace::dump_error(&format!("{} of group '{}' failed at enqueue: {e}", call.op, self.name));
+        }
+    }
+
     pub(super) fn issue<'a>(
         &'a self,
         call: Call,
         f: impl FnOnce(&'a dyn Collective) -> Result<Work<'a>>,
     ) -> Result<Work<'a>> {
         if let Some(d) = self.detail.as_ref().filter(|_| !call.is_point_to_point()) {
-            d.check(call.op, &call.fingerprint(), self.config.op_timeout)?;
+            d.check(call.op, &call.fingerprint(), self.config.op_timeout).inspect_err(|e| self.dump(&call, e))?;
         }
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
         let info = self.inner.info();
@@ -75,6 +84,7 @@ impl Communicator {
             Err(e) => {
                 self.recorder.finish(ticket, OpState::Failed(e.to_string()));
                 tracing::debug!(error = %e, "enqueue failed");
+                self.dump(&call, &e);
                 Err(e)
             }
         }
