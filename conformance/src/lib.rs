@@ -51,9 +51,13 @@ pub fn runs(worlds: Option<&[usize]>) -> Vec<(Case, usize)> {
     v
 }
 
-/// Log to stderr, filtered by `ANYCCL_LOG` (see [`anyccl_core::init_logging`]).
+/// Log to stderr, filtered by `ANYCCL_LOG` (see [`anyccl_core::init_logging`]); a malformed
+/// `ANYCCL_LOG` ends the test program with the error and status 2.
 pub fn init_tracing(default: tracing::Level) {
-    anyccl_core::init_logging(default);
+    if let Err(e) = anyccl_core::init_logging(default) {
+        eprintln!("{e}");
+        std::process::exit(2);
+    }
 }
 
 /// Run the registry as a libtest-compatible test binary (`cargo test`), one trial per

@@ -17,9 +17,10 @@ pub use anyccl::{backend_by_name, pick_backend, Rank};
 /// SIGTERM), written where `ANYCCL_TRACE_DIR` says.
 ///
 /// # Errors
-/// `Unavailable` when the signal handlers cannot be installed.
+/// `InvalidArgument` for a malformed `ANYCCL_LOG`; `Unavailable` when the signal handlers
+/// cannot be installed.
 pub fn init_program() -> Result<()> {
-    anyccl::init_logging(anyccl::LogLevel::WARN);
+    anyccl::init_logging(anyccl::LogLevel::WARN)?;
     anyccl::trace::dump_on_signals()
 }
 

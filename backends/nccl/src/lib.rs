@@ -58,6 +58,7 @@ pub struct NcclAdapter;
 impl NcclAdapter {
     /// NCCL loaded and the CUDA devices counted, or every place looked.
     fn ready() -> std::result::Result<(&'static NcclLibrary, usize), String> {
+        library::blocking_setting()?;
         let (lib, devices) = match (cuda::probe(), sys::lib()) {
             (Ok(devices), Ok(lib)) => (lib, devices),
             (Err(c), Ok(_)) => return Err(c),

@@ -55,9 +55,18 @@ fn per_rank_host_ids() -> bool {
     matches!((id(0), id(1)), (Some(a), Some(b)) if a != b)
 }
 
-/// Whether the data plane runs on a blocking communicator (`ANYCCL_NCCL_BLOCKING`, default on).
+/// Whether the data plane runs on a blocking communicator (`ANYCCL_NCCL_BLOCKING`, `0` or
+/// `1`, default on): read once; the backend's probe refuses a malformed value.
+pub(crate) fn blocking_setting() -> std::result::Result<bool, String> {
+    static SETTING: std::sync::OnceLock<std::result::Result<bool, String>> = std::sync::OnceLock::new();
+    SETTING
+        .get_or_init(|| Ok(anyccl_core::env_flag("ANYCCL_NCCL_BLOCKING").map_err(|e| e.to_string())?.unwrap_or(true)))
+        .clone()
+}
+
+/// [`blocking_setting`] once the probe has accepted it.
 fn blocking_data_plane() -> bool {
-    std::env::var("ANYCCL_NCCL_BLOCKING").map(|v| v != "0").unwrap_or(true)
+    blocking_setting().unwrap_or(true)
 }
 
 /// What the NCCL backend supports with the loaded library.

@@ -142,10 +142,10 @@ pub struct NcclLib {
 /// Every place the loader looked and what happened there.
 pub fn candidates() -> Vec<PathBuf> {
     let mut v = Vec::new();
-    if let Ok(p) = std::env::var("ANYCCL_NCCL_LIBRARY") {
-        if !p.is_empty() {
-            v.push(PathBuf::from(p));
-        }
+    // A path, read as the OS gives it (any bytes a path may hold), as every library-path
+    // variable is (the device layer's `loader::env_dir`).
+    if let Some(p) = std::env::var_os("ANYCCL_NCCL_LIBRARY").filter(|p| !p.is_empty()) {
+        v.push(PathBuf::from(p));
     }
     v.push(PathBuf::from("libnccl.so.2"));
     v.push(PathBuf::from("libnccl.so"));

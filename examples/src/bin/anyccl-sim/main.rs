@@ -192,7 +192,10 @@ struct ChildReport {
 }
 
 fn main() -> ExitCode {
-    anyccl::init_logging(anyccl::LogLevel::ERROR);
+    if let Err(e) = anyccl::init_logging(anyccl::LogLevel::ERROR) {
+        eprintln!("anyccl-sim: {e}");
+        return ExitCode::from(2);
+    }
     let args = Args::parse();
     let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
