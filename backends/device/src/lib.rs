@@ -32,6 +32,7 @@
 #![warn(missing_docs)]
 
 mod backend;
+mod buffer;
 mod comm;
 mod error;
 mod library;
@@ -42,7 +43,10 @@ pub mod testing;
 mod watchdog;
 
 pub use backend::{Adapter, DeviceBackend, Loaded};
+pub use buffer::{DeviceBuffer, Free};
 pub use comm::{fresh_comm, DeviceComm, Lifecycle};
 pub use error::{ErrorKind, LibError};
-pub use library::{Ctas, Launched, Library, Op, Plane, Poll, RawP2P, Settings, SplitRequest, SplitStart};
+pub use library::{
+    root_id_array, root_id_bytes, Ctas, Launched, Library, Op, Plane, Poll, RawP2P, Settings, SplitRequest, SplitStart,
+};
 pub use runtime::{DevicePlatform, Runtime};

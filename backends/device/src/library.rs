@@ -166,6 +166,21 @@ impl Op {
     }
 }
 
+/// A root id as the bytes the store carries, from a library's C array (`ncclUniqueId`'s
+/// and `HcclRootInfo`'s `internal`).
+pub fn root_id_bytes(internal: &[std::ffi::c_char]) -> Vec<u8> {
+    internal.iter().map(|&c| c as u8).collect()
+}
+
+/// The bytes the store carried as a library's C array of `N` (zero past the bytes given).
+pub fn root_id_array<const N: usize>(id: &[u8]) -> [std::ffi::c_char; N] {
+    let mut a = [0; N];
+    for (d, s) in a.iter_mut().zip(id) {
+        *d = *s as std::ffi::c_char;
+    }
+    a
+}
+
 /// How a launch ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Launched {
@@ -392,4 +407,32 @@ pub trait Library: Send + Sync + fmt::Debug + 'static {
         let _ = (comm, handle);
         Ok(())
     }
+}
+
+/// Declares one `unsafe fn` per data-plane call of a library's function table, for an
+/// adapter's result layer: `name => Field(args);` becomes `pub unsafe fn name(lib, args..,
+/// comm, stream)`, which calls `lib.Field(args.., comm, stream)` and hands the code to
+/// `then(lib, "<prefix>Field", code, comm)`, the adapter's own code check.
+///
+/// ```ignore
+/// anyccl_device::launch_fns! {
+///     table: NcclLib, comm: ncclComm_t, stream: Stream, prefix: "nccl", then: launched => Result<bool, NcclError>;
+///     /// `ncclAllReduce`.
+///     all_reduce => AllReduce(s: *const c_void, r: *mut c_void, n: usize, d: c_int, o: c_int);
+/// }
+/// ```
+#[macro_export]
+macro_rules! launch_fns {
+    (table: $lib:ty, comm: $comm:ty, stream: $stream:ty, prefix: $prefix:literal, then: $then:path => $ret:ty;
+     $($(#[$doc:meta])* $fname:ident => $field:ident ($($arg:ident : $ty:ty),*);)*) => {$(
+        $(#[$doc])*
+        ///
+        /// # Safety
+        /// See the module's data-plane calls.
+        pub unsafe fn $fname(lib: &$lib, $($arg: $ty,)* comm: $comm, stream: $stream) -> $ret {
+            // SAFETY: per the caller.
+            let code = unsafe { (lib.$field)($($arg,)* comm, stream) };
+            $then(lib, concat!($prefix, stringify!($field)), code, comm)
+        }
+    )*};
 }

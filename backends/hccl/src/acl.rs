@@ -4,7 +4,8 @@
 
 use crate::result::{acl_check, event_done, record_event};
 use crate::sys::{self, aclrtEvent, aclrtStream, AclLib};
-use anyccl_core::{Buf, BufMut, DType, Device, DeviceKind, DeviceMemory, Error, MemInfo, Result};
+use anyccl_core::{DType, Device, DeviceKind, Error, MemInfo, Result};
+use anyccl_device::{DeviceBuffer, Free};
 use std::cell::Cell;
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -118,46 +119,23 @@ impl Drop for AclEvent {
     }
 }
 
-/// Device memory, freed on drop.
+/// Device memory on an Ascend NPU, freed by `aclrtFree` on drop.
+pub type AclMemory = DeviceBuffer<AclFree>;
+
+/// How an [`AclMemory`] is freed: `aclrtFree` on its device.
 #[derive(Debug)]
-pub struct AclMemory {
-    ptr: *mut c_void,
-    dtype: DType,
-    count: usize,
+pub struct AclFree {
     acl: Arc<Acl>,
 }
-// SAFETY: plain device memory, addressable from any thread.
-unsafe impl Send for AclMemory {}
-// SAFETY: shared references only expose the address.
-unsafe impl Sync for AclMemory {}
 
-impl Drop for AclMemory {
-    fn drop(&mut self) {
-        if !self.ptr.is_null() {
-            let _ = anyccl_device::Runtime::bind(&*self.acl);
-            // SAFETY: allocated by aclrtMalloc, freed once.
-            let code = unsafe { (self.acl.lib.Free)(self.ptr) };
-            if code != sys::SUCCESS {
-                tracing::warn!("aclrtFree: {code}");
-            }
+impl Free for AclFree {
+    fn free(&mut self, ptr: *mut c_void, _bytes: usize) {
+        let _ = anyccl_device::Runtime::bind(&*self.acl);
+        // SAFETY: allocated by aclrtMalloc in `alloc`, freed once.
+        let code = unsafe { (self.acl.lib.Free)(ptr) };
+        if code != sys::SUCCESS {
+            tracing::warn!("aclrtFree: {code}");
         }
-    }
-}
-
-impl DeviceMemory for AclMemory {
-    fn dtype(&self) -> DType {
-        self.dtype
-    }
-    fn count(&self) -> usize {
-        self.count
-    }
-    fn view(&self) -> Buf<'_> {
-        // SAFETY: the allocation holds `count` elements and outlives the borrow of self.
-        unsafe { Buf::from_raw(self.ptr as *const u8, self.count, self.dtype, self.acl.device()) }
-    }
-    fn view_mut(&mut self) -> BufMut<'_> {
-        // SAFETY: as above, and `&mut self` makes the view exclusive.
-        unsafe { BufMut::from_raw(self.ptr as *mut u8, self.count, self.dtype, self.acl.device()) }
     }
 }
 
@@ -275,7 +253,9 @@ impl anyccl_device::Runtime for Acl {
                 return Err(e);
             }
         }
-        Ok(AclMemory { ptr, dtype, count, acl: self.clone() })
+        let free = AclFree { acl: self.clone() };
+        // SAFETY: `ptr` holds `count` elements of this device (or is null), from aclrtMalloc.
+        Ok(unsafe { AclMemory::from_raw(ptr, dtype, count, self.device(), free) })
     }
     unsafe fn copy_to_device(&self, dst: *mut u8, src: &[u8]) -> Result<()> {
         let n = src.len();

@@ -151,7 +151,7 @@ impl Library for HcclLibrary {
 
     fn root_id(&self, _rt: &Arc<Acl>) -> Result<Vec<u8>, HcclError> {
         let info = r::get_root_info(self.lib)?;
-        Ok(info.internal.iter().map(|&c| c as u8).collect())
+        Ok(anyccl_device::root_id_bytes(&info.internal))
     }
 
     fn init_start(
@@ -162,10 +162,7 @@ impl Library for HcclLibrary {
         size: usize,
         settings: &Settings,
     ) -> Result<HcclPending, HcclError> {
-        let mut root = HcclRootInfo { internal: [0; sys::ROOT_INFO_BYTES] };
-        for (d, s) in root.internal.iter_mut().zip(id) {
-            *d = *s as _;
-        }
+        let root = HcclRootInfo { internal: anyccl_device::root_id_array(id) };
         let cfg = self.config(settings);
         let (lib, rt) = (self.lib, rt.clone());
         let (tx, rx) = mpsc::channel();

@@ -208,23 +208,16 @@ pub unsafe fn get_comm_async_error(lib: &HcclLib, comm: HcclComm) -> Result<(), 
     check(lib, "HcclGetCommAsyncError", e)
 }
 
-/// The data-plane calls. # Safety (all of them): `comm` live and not used concurrently;
-/// the buffers are device memory valid for the counts until the stream passes the
-/// operation; the device is set.
-macro_rules! launch_fns {
-    ($($(#[$doc:meta])* $fname:ident => $field:ident ($($arg:ident : $ty:ty),*);)*) => {$(
-        $(#[$doc])*
-        /// # Safety
-        /// See the module's data-plane calls.
-        pub unsafe fn $fname(lib: &HcclLib, $($arg: $ty,)* comm: HcclComm, stream: aclrtStream) -> Result<(), HcclError> {
-            // SAFETY: per the caller.
-            let code = unsafe { (lib.$field)($($arg,)* comm, stream) };
-            check(lib, concat!("Hccl", stringify!($field)), code)
-        }
-    )*};
+/// A data-plane call's code.
+fn launched(lib: &HcclLib, call: &str, code: Code, _comm: HcclComm) -> Result<(), HcclError> {
+    check(lib, call, code)
 }
 
-launch_fns! {
+// The data-plane calls. # Safety (all of them): `comm` live and not used concurrently;
+// the buffers are device memory valid for the counts until the stream passes the
+// operation; the device is set.
+anyccl_device::launch_fns! {
+    table: HcclLib, comm: HcclComm, stream: aclrtStream, prefix: "Hccl", then: launched => Result<(), HcclError>;
     /// `HcclAllReduce`.
     all_reduce => AllReduce(s: *mut c_void, r: *mut c_void, n: u64, d: c_int, o: c_int);
     /// `HcclReduce`.

@@ -2,7 +2,8 @@
 //! driver `result` layer, plus the `Platform` implementation.
 
 use crate::result::cuda as cuda_err;
-use anyccl_core::{Buf, BufMut, Ctx, DType, Device, DeviceKind, DeviceMemory, Error, MemInfo, Recovery, Result};
+use anyccl_core::{Ctx, DType, Device, DeviceKind, Error, MemInfo, Recovery, Result};
+use anyccl_device::{DeviceBuffer, Free};
 use cudarc::driver::{result as cu, sys};
 use std::sync::{Arc, OnceLock};
 
@@ -374,122 +375,99 @@ unsafe fn zero(p: sys::CUdeviceptr, bytes: usize) -> Result<()> {
     unsafe { cu::stream::synchronize(std::ptr::null_mut()) }.map_err(|e| cuda_err("cuStreamSynchronize", e))
 }
 
-/// Device memory, freed on drop.
+/// Device memory on a CUDA device, freed on drop (by `ncclMemFree` where `ncclMemAlloc`
+/// made it).
+pub type CudaMemory = DeviceBuffer<CudaFree>;
+
+/// How a [`CudaMemory`] is freed: `cuMemFree`, or `ncclMemFree` for memory from
+/// `ncclMemAlloc`; nothing once the context is lost (its memory goes with the process).
 #[derive(Debug)]
-pub struct CudaMemory {
-    ptr: sys::CUdeviceptr,
-    dtype: DType,
-    count: usize,
+pub struct CudaFree {
     cuda: Arc<Cuda>,
     /// Allocated by `ncclMemAlloc` (freed by `ncclMemFree`), not `cuMemAlloc`.
     nccl: Option<&'static crate::sys::NcclLib>,
 }
 
-// SAFETY: the allocation is plain device memory, addressable from any thread.
-unsafe impl Send for CudaMemory {}
-// SAFETY: shared references only expose the address.
-unsafe impl Sync for CudaMemory {}
-
-impl CudaMemory {
-    /// The device address.
-    #[cfg(feature = "bench")]
-    pub(crate) fn ptr(&self) -> u64 {
-        self.ptr
-    }
-
-    /// `count` zeroed elements of `dtype` on `cuda`.
-    ///
-    /// # Errors
-    /// `Backend` (e.g. out of memory).
-    pub fn zeroed(cuda: &Arc<Cuda>, dtype: DType, count: usize) -> Result<CudaMemory> {
-        cuda.bind()?;
-        let bytes = count * dtype.size();
-        let ptr = if bytes == 0 {
-            0
-        } else {
-            // SAFETY: a plain allocation of `bytes` bytes, freed in Drop.
-            let p = unsafe { cu::malloc_sync(bytes) }.map_err(|e| cuda_err("cuMemAlloc", e))?;
-            // SAFETY: `p` points to `bytes` bytes just allocated.
-            if let Err(e) = unsafe { zero(p, bytes) } {
-                // SAFETY: allocated above, freed once.
-                let _ = unsafe { cu::free_sync(p) };
-                return Err(e);
-            }
-            p
-        };
-        Ok(CudaMemory { ptr, dtype, count, cuda: cuda.clone(), nccl: None })
-    }
-
-    /// `count` zeroed elements of `dtype` on `cuda` from `ncclMemAlloc` (memory NCCL's
-    /// zero-copy paths can map once registered); `None` where the loaded NCCL lacks it.
-    ///
-    /// # Errors
-    /// `Backend` (e.g. out of memory), the library's error as its source.
-    pub fn nccl_zeroed(cuda: &Arc<Cuda>, dtype: DType, count: usize) -> Result<Option<CudaMemory>> {
-        let Ok(lib) = crate::sys::lib() else { return Ok(None) };
-        let bytes = count * dtype.size();
-        if bytes == 0 || lib.MemAlloc.is_none() || lib.MemFree.is_none() {
-            return Ok(None);
-        }
-        cuda.bind()?;
-        let p = match crate::result::mem_alloc(lib, bytes) {
-            Ok(Some(p)) => p as sys::CUdeviceptr,
-            Ok(None) => return Ok(None),
-            Err(e) => {
-                let recovery = match e.kind {
-                    anyccl_device::ErrorKind::OutOfMemory => Recovery::Retry,
-                    _ => Recovery::Fatal,
-                };
-                let op = format!("ncclMemAlloc of {bytes} bytes on {}", cuda.device());
-                return Err(Ctx::process("nccl").backend_error(&op, e.code, e.to_string(), recovery).with_source(e));
-            }
-        };
-        // Owned from here: an error below frees it on drop.
-        let mem = CudaMemory { ptr: p, dtype, count, cuda: cuda.clone(), nccl: Some(lib) };
-        // SAFETY: `p` points to `bytes` bytes just allocated on the current device.
-        unsafe { zero(p, bytes) }?;
-        Ok(Some(mem))
-    }
-}
-
-impl Drop for CudaMemory {
-    fn drop(&mut self) {
+impl Free for CudaFree {
+    fn free(&mut self, ptr: *mut std::ffi::c_void, _bytes: usize) {
         // A lost context's memory goes with the process (said once, when it was lost).
-        if self.ptr != 0 && self.cuda.usable("cuMemFree").is_ok() {
-            let _ = self.cuda.bind();
-            if let Some(lib) = self.nccl {
-                // SAFETY: allocated by ncclMemAlloc in `nccl_zeroed`, freed once.
-                if let Err(e) = unsafe { crate::result::mem_free(lib, self.ptr as *mut std::ffi::c_void) } {
-                    tracing::warn!("{e}");
-                }
-                return;
+        if self.cuda.usable("cuMemFree").is_err() {
+            return;
+        }
+        let _ = self.cuda.bind();
+        if let Some(lib) = self.nccl {
+            // SAFETY: allocated by ncclMemAlloc in `nccl_zeroed`, freed once.
+            if let Err(e) = unsafe { crate::result::mem_free(lib, ptr) } {
+                tracing::warn!("{e}");
             }
-            // SAFETY: allocated by cuMemAlloc in `zeroed`, freed once.
-            let r = unsafe { cu::free_sync(self.ptr) };
-            if let Err(e) = self.cuda.check("cuMemFree", r) {
-                if self.cuda.usable("cuMemFree").is_ok() {
-                    tracing::warn!("{e}");
-                }
+            return;
+        }
+        // SAFETY: allocated by cuMemAlloc in `zeroed`, freed once.
+        let r = unsafe { cu::free_sync(ptr as sys::CUdeviceptr) };
+        if let Err(e) = self.cuda.check("cuMemFree", r) {
+            if self.cuda.usable("cuMemFree").is_ok() {
+                tracing::warn!("{e}");
             }
         }
     }
 }
 
-impl DeviceMemory for CudaMemory {
-    fn dtype(&self) -> DType {
-        self.dtype
+/// `count` zeroed elements of `dtype` on `cuda`.
+///
+/// # Errors
+/// `Backend` (e.g. out of memory).
+pub fn zeroed(cuda: &Arc<Cuda>, dtype: DType, count: usize) -> Result<CudaMemory> {
+    cuda.bind()?;
+    let bytes = count * dtype.size();
+    let ptr = if bytes == 0 {
+        0
+    } else {
+        // SAFETY: a plain allocation of `bytes` bytes, freed by CudaFree.
+        let p = unsafe { cu::malloc_sync(bytes) }.map_err(|e| cuda_err("cuMemAlloc", e))?;
+        // SAFETY: `p` points to `bytes` bytes just allocated.
+        if let Err(e) = unsafe { zero(p, bytes) } {
+            // SAFETY: allocated above, freed once.
+            let _ = unsafe { cu::free_sync(p) };
+            return Err(e);
+        }
+        p
+    };
+    let free = CudaFree { cuda: cuda.clone(), nccl: None };
+    // SAFETY: `ptr` holds `count` elements on this device (or is null), freed by cuMemFree.
+    Ok(unsafe { CudaMemory::from_raw(ptr as *mut std::ffi::c_void, dtype, count, cuda.device(), free) })
+}
+
+/// `count` zeroed elements of `dtype` on `cuda` from `ncclMemAlloc` (memory NCCL's
+/// zero-copy paths can map once registered); `None` where the loaded NCCL lacks it.
+///
+/// # Errors
+/// `Backend` (e.g. out of memory), the library's error as its source.
+pub fn nccl_zeroed(cuda: &Arc<Cuda>, dtype: DType, count: usize) -> Result<Option<CudaMemory>> {
+    let Ok(lib) = crate::sys::lib() else { return Ok(None) };
+    let bytes = count * dtype.size();
+    if bytes == 0 || lib.MemAlloc.is_none() || lib.MemFree.is_none() {
+        return Ok(None);
     }
-    fn count(&self) -> usize {
-        self.count
-    }
-    fn view(&self) -> Buf<'_> {
-        // SAFETY: the allocation holds `count` elements and outlives the borrow of self.
-        unsafe { Buf::from_raw(self.ptr as *const u8, self.count, self.dtype, self.cuda.device()) }
-    }
-    fn view_mut(&mut self) -> BufMut<'_> {
-        // SAFETY: as above, and `&mut self` makes the view exclusive.
-        unsafe { BufMut::from_raw(self.ptr as *mut u8, self.count, self.dtype, self.cuda.device()) }
-    }
+    cuda.bind()?;
+    let p = match crate::result::mem_alloc(lib, bytes) {
+        Ok(Some(p)) => p,
+        Ok(None) => return Ok(None),
+        Err(e) => {
+            let recovery = match e.kind {
+                anyccl_device::ErrorKind::OutOfMemory => Recovery::Retry,
+                _ => Recovery::Fatal,
+            };
+            let op = format!("ncclMemAlloc of {bytes} bytes on {}", cuda.device());
+            return Err(Ctx::process("nccl").backend_error(&op, e.code, e.to_string(), recovery).with_source(e));
+        }
+    };
+    // Owned from here: an error below frees it on drop.
+    let free = CudaFree { cuda: cuda.clone(), nccl: Some(lib) };
+    // SAFETY: `p` holds `count` elements on this device, from ncclMemAlloc, freed by ncclMemFree.
+    let mem = unsafe { CudaMemory::from_raw(p, dtype, count, cuda.device(), free) };
+    // SAFETY: `p` points to `bytes` bytes just allocated on the current device.
+    unsafe { zero(p as sys::CUdeviceptr, bytes) }?;
+    Ok(Some(mem))
 }
 
 /// Make `waiter` wait on the device for the work enqueued on `first` so far: an event
@@ -535,12 +513,12 @@ impl anyccl_device::Runtime for Cuda {
         event.done()
     }
     fn alloc(self: &Arc<Self>, dtype: DType, count: usize) -> Result<CudaMemory> {
-        CudaMemory::zeroed(self, dtype, count)
+        zeroed(self, dtype, count)
     }
     fn alloc_registrable(self: &Arc<Self>, dtype: DType, count: usize) -> Result<CudaMemory> {
-        match CudaMemory::nccl_zeroed(self, dtype, count)? {
+        match nccl_zeroed(self, dtype, count)? {
             Some(m) => Ok(m),
-            None => CudaMemory::zeroed(self, dtype, count),
+            None => zeroed(self, dtype, count),
         }
     }
     unsafe fn copy_to_device(&self, dst: *mut u8, src: &[u8]) -> Result<()> {

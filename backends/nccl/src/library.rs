@@ -239,7 +239,7 @@ impl Library for NcclLibrary {
 
     fn root_id(&self, _rt: &Arc<Cuda>) -> Result<Vec<u8>, NcclError> {
         let id = r::get_unique_id(self.lib)?;
-        Ok(id.internal.iter().map(|&c| c as u8).collect())
+        Ok(anyccl_device::root_id_bytes(&id.internal))
     }
 
     fn init_start(
@@ -250,10 +250,7 @@ impl Library for NcclLibrary {
         size: usize,
         settings: &Settings,
     ) -> Result<NcclPending, NcclError> {
-        let mut uid = ncclUniqueId { internal: [0; 128] };
-        for (d, s) in uid.internal.iter_mut().zip(id) {
-            *d = *s as _;
-        }
+        let uid = ncclUniqueId { internal: anyccl_device::root_id_array(id) };
         // NCCL keeps the address of the out-parameter in its asynchronous init job and may
         // write through it until the communicator is ready: it lives in the pending state.
         let slot = OutSlot::new();

@@ -83,11 +83,11 @@ impl RawNccl {
         events: bool,
         recvs: usize,
     ) -> Result<RawTiming> {
-        let send = CudaMemory::zeroed(&self.cuda, dtype, count)?;
+        let send = crate::cuda::zeroed(&self.cuda, dtype, count)?;
         // `recvs` outputs of `count` elements: the caller bounds it (the benchmark passes the
         // outputs its own run holds, within its memory budget, at the sizes it compares).
         let recv: Vec<CudaMemory> =
-            (0..recvs.max(1)).map(|_| CudaMemory::zeroed(&self.cuda, dtype, count)).collect::<Result<_>>()?;
+            (0..recvs.max(1)).map(|_| crate::cuda::zeroed(&self.cuda, dtype, count)).collect::<Result<_>>()?;
         self.cuda.bind()?;
         let run = |k: usize| -> Result<(Duration, Duration)> {
             let mut marks = Vec::with_capacity(if events { k } else { 0 });
@@ -214,7 +214,7 @@ impl RawNccl {
         let h = self.handles.as_ref().ok_or_else(|| ctx(self.rank).aborted("the raw communicator is gone"))?;
         let op = anyccl_device::Op::AllReduce {
             send: send.ptr() as *const std::ffi::c_void,
-            recv: recv.ptr() as *mut std::ffi::c_void,
+            recv: recv.ptr(),
             count,
             dtype,
             op: ReduceOp::Sum,

@@ -269,25 +269,18 @@ pub unsafe fn mem_free(lib: &NcclLib, ptr: *mut c_void) -> Result<(), NcclError>
     progress(lib, "ncclMemFree", code, None).map(|_| ())
 }
 
-/// The data-plane calls: each returns `Ok(true)` when NCCL goes on asynchronously.
-///
-/// # Safety (all of them)
-/// `comm` live and not used concurrently; the buffers are device memory valid for the
-/// counts until the stream passes the operation; the device is current.
-macro_rules! launch_fns {
-    ($($(#[$doc:meta])* $fname:ident => $field:ident ($($arg:ident : $ty:ty),*);)*) => {$(
-        $(#[$doc])*
-        /// # Safety
-        /// See the module's data-plane calls.
-        pub unsafe fn $fname(lib: &NcclLib, $($arg: $ty,)* comm: ncclComm_t, stream: Stream) -> Result<bool, NcclError> {
-            // SAFETY: per the caller.
-            let code = unsafe { (lib.$field)($($arg,)* comm, stream) };
-            progress(lib, concat!("nccl", stringify!($field)), code, Some(comm))
-        }
-    )*};
+/// A data-plane call's code: `Ok(true)` while NCCL still puts it on the stream.
+fn launched(lib: &NcclLib, call: &str, code: c_int, comm: ncclComm_t) -> Result<bool, NcclError> {
+    progress(lib, call, code, Some(comm))
 }
 
-launch_fns! {
+// The data-plane calls: each returns `Ok(true)` when NCCL goes on asynchronously.
+//
+// # Safety (all of them)
+// `comm` live and not used concurrently; the buffers are device memory valid for the
+// counts until the stream passes the operation; the device is current.
+anyccl_device::launch_fns! {
+    table: NcclLib, comm: ncclComm_t, stream: Stream, prefix: "nccl", then: launched => Result<bool, NcclError>;
     /// `ncclAllReduce`.
     all_reduce => AllReduce(s: *const c_void, r: *mut c_void, n: usize, d: c_int, o: c_int);
     /// `ncclReduce`.
