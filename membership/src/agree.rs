@@ -1,0 +1,199 @@
+//! One agreement: every member (and every process waiting to join) arrives at the epoch;
+//! one of them leads, and decides who is in once each expected process has either arrived
+//! or left evidence that it is gone; the decision is one store key, so every member reads
+//! the same view or the same error. A leader that goes stale is replaced by the first
+//! member to notice; a decision, once written, is never replaced.
+
+use crate::keys::Keys;
+use crate::liveness::{record_incarnation, Staleness};
+use crate::view::{Decision, Member, View};
+use crate::MembershipConfig;
+use anyccl_core::{Ctx, Error, Result, Store};
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+/// What an agreement needs to know about the caller.
+pub(crate) struct Agreement<'a> {
+    pub(crate) store: &'a dyn Store,
+    pub(crate) keys: &'a Keys,
+    pub(crate) cfg: &'a MembershipConfig,
+    pub(crate) me: Member,
+    /// Ranks of the job (every process has one below it).
+    pub(crate) world: usize,
+}
+
+fn ctx(me: Member) -> Ctx {
+    Ctx::new("membership", me.rank, "membership")
+}
+
+fn text(v: Option<Vec<u8>>) -> Option<String> {
+    v.map(|b| String::from_utf8_lossy(&b).into_owned())
+}
+
+impl Agreement<'_> {
+    /// Agree on epoch `e` after `prev` (`None`: the job's start, where every rank of the
+    /// world is expected), proposed for `reason` unless another reason came first.
+    ///
+    /// # Errors
+    /// The decision's error (the same on every member): the agreement timed out, or this
+    /// process is not in the new view; store errors.
+    pub(crate) async fn run(&self, e: u64, prev: Option<&View>, reason: &str) -> Result<View> {
+        let (store, keys, me) = (self.store, self.keys, self.me);
+        let started = Instant::now();
+        let deadline = started + self.cfg.agree_timeout + self.cfg.stale_after;
+        store.compare_set(&keys.proposed(e), None, reason.as_bytes()).await?;
+        store.set(&keys.arrived(e, me.rank), me.incarnation.to_string().as_bytes()).await?;
+        let mine = format!("{} {}", me.rank, me.incarnation);
+        // What this process saw of liveness records, kept across its looks at the leader
+        // and its own lead: a leader it replaced is known stale when it leads.
+        let mut watch = Staleness::new(self.cfg.stale_after);
+        loop {
+            if let Some(d) = store.get(&keys.decision(e)).await? {
+                return self.interpret(e, &d);
+            }
+            let leader = text(store.get(&keys.leader(e)).await?);
+            let take = match &leader {
+                None => true,
+                Some(l) if *l == mine => true,
+                Some(l) => {
+                    // A leader is replaced only on evidence: its liveness record went stale.
+                    let rank = l.split_whitespace().next().and_then(|r| r.parse().ok()).unwrap_or(usize::MAX);
+                    let record = if rank < self.world { store.get(&keys.alive(rank)).await? } else { None };
+                    watch.stale(rank, record.as_deref())
+                }
+            };
+            if take {
+                let cas =
+                    store.compare_set(&keys.leader(e), leader.as_deref().map(str::as_bytes), mine.as_bytes()).await?;
+                if cas.swapped || leader.as_deref() == Some(mine.as_str()) {
+                    self.lead(e, prev, started, &mut watch).await?;
+                    continue;
+                }
+            }
+            if Instant::now() >= deadline {
+                let msg = format!(
+                    "no decision of epoch {e} within {:?}: every member that could lead is gone",
+                    deadline - started
+                );
+                return Err(ctx(me).timeout(format!("agreement of epoch {e}"), started.elapsed(), msg));
+            }
+            match store.wait(&keys.decision(e), (Instant::now() + self.cfg.beat).min(deadline)).await {
+                Ok(d) => return self.interpret(e, &d),
+                Err(Error::Timeout { .. }) => {}
+                Err(err) => return Err(err),
+            }
+        }
+    }
+
+    fn interpret(&self, e: u64, d: &[u8]) -> Result<View> {
+        let me = self.me;
+        let d: Decision = serde_json::from_slice(d)
+            .map_err(|err| Error::store_fatal(format!("the decision of epoch {e} is not one: {err}")))?;
+        match d {
+            Decision::Failed(msg) => {
+                Err(ctx(me).timeout(format!("agreement of epoch {e}"), self.cfg.agree_timeout, msg))
+            }
+            Decision::View(v) if v.contains(me) => Ok(v),
+            Decision::View(v) => Err(ctx(me).aborted(format!(
+                "rank {} (incarnation {}) is not a member of epoch {e} (members {:?}): the others went on without \
+                 it, having seen it gone (stopped, or killed and replaced)",
+                me.rank,
+                me.incarnation,
+                v.ranks()
+            ))),
+        }
+    }
+
+    /// The processes that wait to join: rank -> incarnation, where newer than `prev`'s.
+    async fn joiners(&self, prev: Option<&View>) -> Result<BTreeMap<usize, u64>> {
+        let keys: Vec<String> = (0..self.world).map(|r| self.keys.joining(r)).collect();
+        let got = self.store.wait_many(&keys, Instant::now()).await?;
+        let mut out = BTreeMap::new();
+        for (r, v) in got.into_iter().enumerate() {
+            let Some(inc) = text(v).and_then(|t| t.trim().parse::<u64>().ok()) else { continue };
+            if prev.and_then(|p| p.member(r)).is_none_or(|m| m.incarnation < inc) {
+                out.insert(r, inc);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Decide epoch `e`: wait until every expected process has arrived or is gone (on
+    /// evidence: a record of it, a newer process of its rank, its liveness record stale),
+    /// then write the view; past the agreement timeout, write the error instead.
+    async fn lead(&self, e: u64, prev: Option<&View>, started: Instant, watch: &mut Staleness) -> Result<()> {
+        let (store, keys) = (self.store, self.keys);
+        loop {
+            // rank -> the incarnation expected (None: any, at the job's start).
+            let mut expected: BTreeMap<usize, Option<u64>> = match prev {
+                Some(p) => p.members.iter().map(|m| (m.rank, Some(m.incarnation))).collect(),
+                None => (0..self.world).map(|r| (r, None)).collect(),
+            };
+            for (r, inc) in self.joiners(prev).await? {
+                expected.insert(r, Some(inc));
+            }
+            let ranks: Vec<usize> = expected.keys().copied().collect();
+            let now = Instant::now();
+            let arrived_keys: Vec<String> = ranks.iter().map(|&r| keys.arrived(e, r)).collect();
+            let arrived = store.wait_many(&arrived_keys, now + self.cfg.beat).await?;
+            let alive_keys: Vec<String> = ranks.iter().map(|&r| keys.alive(r)).collect();
+            let alive = store.wait_many(&alive_keys, now).await?;
+            let gone_keys: Vec<String> = ranks.iter().map(|&r| keys.gone(r, expected[&r].unwrap_or(1))).collect();
+            let gone = store.wait_many(&gone_keys, now).await?;
+            let mut members = Vec::new();
+            let mut waiting = Vec::new();
+            for (((&r, a), record), gone) in ranks.iter().zip(arrived).zip(alive).zip(gone) {
+                let want = expected[&r];
+                // Gone on evidence: a record of it, a newer process of its rank, or its
+                // liveness record stale. At the job's start a rank with no record yet has
+                // not started: it is waited for (to the agreement timeout).
+                let newer = record.as_deref().and_then(record_incarnation).zip(want).is_some_and(|(s, w)| s > w);
+                let stale = match (&record, want) {
+                    (None, None) => false,
+                    _ => watch.stale(r, record.as_deref()),
+                };
+                if gone.is_some() || newer || stale {
+                    continue;
+                }
+                match (text(a).and_then(|t| t.trim().parse::<u64>().ok()), want) {
+                    (Some(got), Some(w)) if got == w => members.push(Member { rank: r, incarnation: got }),
+                    (Some(got), None) => members.push(Member { rank: r, incarnation: got }),
+                    _ => waiting.push(r),
+                }
+            }
+            if waiting.is_empty() {
+                let view = self.view(e, prev, members, store).await?;
+                let d = serde_json::to_vec(&Decision::View(view)).map_err(|err| Error::store_fatal(err.to_string()))?;
+                if store.compare_set(&keys.decision(e), None, &d).await?.swapped {
+                    store.set(&keys.current(), e.to_string().as_bytes()).await?;
+                }
+                return Ok(());
+            }
+            if started.elapsed() >= self.cfg.agree_timeout {
+                let msg = format!(
+                    "ranks {waiting:?} are alive (their liveness records are renewed) but never arrived at epoch {e} \
+                     within {:?} (blocked in a call that cannot be stopped?)",
+                    self.cfg.agree_timeout
+                );
+                let d =
+                    serde_json::to_vec(&Decision::Failed(msg)).map_err(|err| Error::store_fatal(err.to_string()))?;
+                store.compare_set(&keys.decision(e), None, &d).await?;
+                return Ok(());
+            }
+        }
+    }
+
+    /// The view of epoch `e` with `members`, and what changed since `prev`.
+    async fn view(&self, e: u64, prev: Option<&View>, mut members: Vec<Member>, store: &dyn Store) -> Result<View> {
+        members.sort();
+        let reason = text(store.get(&self.keys.proposed(e)).await?).unwrap_or_default();
+        let (left, joined) = match prev {
+            None => (Vec::new(), Vec::new()),
+            Some(p) => (
+                p.members.iter().filter(|m| !members.contains(m)).map(|m| m.rank).collect(),
+                members.iter().filter(|m| !p.contains(**m)).map(|m| m.rank).collect(),
+            ),
+        };
+        Ok(View { epoch: e, members, left, joined, reason })
+    }
+}

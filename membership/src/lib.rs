@@ -1,0 +1,236 @@
+//! anyccl-membership: who is in a job at which epoch, agreed through the job's store on
+//! evidence, for recovery in place (survivors go on past a failed rank, a replacement
+//! joins). A layer on anyccl-core's public API, as the warmup is; a backend only rebuilds
+//! communicators for the members it is given.
+//!
+//! # Design choices
+//! 1. **Evidence, not a short deadline.** A process counts as gone when there is evidence:
+//!    a record that it is gone (written by the launcher that saw it exit, or by the member
+//!    that watches its liveness record), a newer process of its rank, or its liveness
+//!    record unrenewed for [`MembershipConfig::stale_after`]. Records are renewed from a
+//!    thread of the member's own, so a member blocked in a collective still beats, and a
+//!    killed or stopped (SIGSTOP) one does not. A member that beats but never arrives is
+//!    waited for to the agreement timeout, and then every member gets the same error.
+//! 2. **One decision, read by all.** The leader of an epoch writes the decision once
+//!    (compare-and-set): every member reads the same view or the same error, never a mix.
+//!    A leader that goes stale is replaced; a second failure during an agreement is
+//!    decided by the same evidence (the new leader does not wait for the gone process),
+//!    and a failure after it starts the next epoch.
+//! 3. **O(N) store requests per epoch.** Each process proposes, arrives and reads the
+//!    decision; the leader gathers arrivals and records with multi-key waits. Liveness
+//!    costs one write and two reads per member a beat: each member watches the next one.
+//! 4. **Names, one story.** The *job* (its identity) runs until it ends; the launcher's
+//!    *restart* count numbers whole-job restarts (a new store claim per rank); within a
+//!    restart, the *epoch* numbers agreed memberships (0 at start); a rank's *incarnation*
+//!    numbers its processes (1 for the first, 2 for its first replacement). A caller that
+//!    rebuilds communicators at an epoch names their namespaces by it and warms them with
+//!    the epoch as the warmup's generation, so nothing of an earlier epoch is replayed.
+//!
+//! # Module ladder
+//! `config`, `keys` and `view` at the foot; `liveness` on them; `agree` on all three and
+//! `liveness`; the crate root on everything.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod agree;
+mod config;
+mod keys;
+mod liveness;
+mod view;
+
+pub use config::MembershipConfig;
+pub use view::{Member, View};
+
+use agree::Agreement;
+use anyccl_core::{Ctx, Error, Result, Store};
+use keys::Keys;
+use liveness::Shared;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+/// This process's place in the job's membership: its view, its liveness record (renewed
+/// while it lives), and the agreements it takes part in.
+#[derive(Debug)]
+pub struct Membership {
+    store: Arc<dyn Store>,
+    keys: Keys,
+    cfg: MembershipConfig,
+    me: Member,
+    world: usize,
+    shared: Arc<Shared>,
+    heart: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Membership {
+    /// Join the job as rank `rank` of `world`: take the next incarnation of the rank, start
+    /// beating, and agree on the first epoch (at the job's start, every rank is waited
+    /// for; a replacement process is admitted at the next epoch, which it proposes).
+    ///
+    /// # Errors
+    /// `InvalidArgument` for a rank not below `world` or settings that cannot work; the
+    /// agreement's errors.
+    pub async fn join(store: Arc<dyn Store>, rank: usize, world: usize, cfg: MembershipConfig) -> Result<Membership> {
+        let ctx = Ctx::new("membership", rank, "");
+        if rank >= world {
+            return Err(ctx.invalid(
+                "Membership::join",
+                "rank",
+                format!("rank {rank} is not below the world size {world}"),
+            ));
+        }
+        cfg.check().map_err(|m| ctx.invalid("Membership::join", "cfg", m))?;
+        let keys = Keys::new(&cfg.prefix);
+        let inc = store.add(&keys.incarnation(rank), 1).await?;
+        let me = Member { rank, incarnation: inc.max(1) as u64 };
+        let placeholder =
+            View { epoch: 0, members: Vec::new(), left: Vec::new(), joined: Vec::new(), reason: String::new() };
+        let shared = Arc::new(Shared {
+            view: Mutex::new(placeholder),
+            proposed: Mutex::new(None),
+            on_proposal: Mutex::new(None),
+            stop: Default::default(),
+            beats: Default::default(),
+            #[cfg(test)]
+            paused: Default::default(),
+        });
+        let heart = liveness::spawn(store.clone(), keys.clone(), me, &cfg, shared.clone())
+            .map_err(|e| ctx.io("start the liveness thread", "", e))?;
+        let mut m = Membership { store, keys, cfg, me, world, shared, heart: Some(heart) };
+        let view = m.first_view().await?;
+        m.set_view(view);
+        Ok(m)
+    }
+
+    /// The job's start (no epoch decided yet), or this process's admission into a running
+    /// job at its next epoch.
+    async fn first_view(&mut self) -> Result<View> {
+        let current = self.store.get(&self.keys.current()).await?;
+        let current = current.and_then(|c| String::from_utf8_lossy(&c).trim().parse::<u64>().ok());
+        let Some(mut e) = current else {
+            return self.agreement().run(0, None, "the job starts").await;
+        };
+        // A replacement: say so, then agree on the next epochs until one admits it.
+        let me = self.me;
+        self.store.set(&self.keys.joining(me.rank), me.incarnation.to_string().as_bytes()).await?;
+        let started = std::time::Instant::now();
+        loop {
+            let prev = self.decided(e).await?;
+            let why = format!("rank {} (incarnation {}) joins", me.rank, me.incarnation);
+            match self.agreement().run(e + 1, Some(&prev), &why).await {
+                Ok(v) => return Ok(v),
+                // Decided before this process arrived: ask again at the next one.
+                Err(err) if started.elapsed() < self.cfg.agree_timeout && !matches!(err, Error::Timeout { .. }) => {
+                    tracing::info!("rank {} not admitted at epoch {}: {err}", me.rank, e + 1);
+                    e += 1;
+                }
+                Err(err) => return Err(err),
+            }
+        }
+    }
+
+    /// The view decided at epoch `e`.
+    async fn decided(&self, e: u64) -> Result<View> {
+        let d = self.store.get(&self.keys.decision(e)).await?;
+        let d =
+            d.ok_or_else(|| Error::store_fatal(format!("the store names epoch {e} current but holds no decision")))?;
+        match serde_json::from_slice::<view::Decision>(&d) {
+            Ok(view::Decision::View(v)) => Ok(v),
+            Ok(view::Decision::Failed(msg)) => {
+                Err(Ctx::new("membership", self.me.rank, format!("epoch {e}")).aborted(msg))
+            }
+            Err(err) => Err(Error::store_fatal(format!("the decision of epoch {e} is not one: {err}"))),
+        }
+    }
+
+    fn agreement(&self) -> Agreement<'_> {
+        Agreement { store: self.store.as_ref(), keys: &self.keys, cfg: &self.cfg, me: self.me, world: self.world }
+    }
+
+    fn set_view(&self, v: View) {
+        *self.shared.view.lock().unwrap_or_else(|p| p.into_inner()) = v;
+    }
+
+    /// This process: its rank and incarnation.
+    pub fn me(&self) -> Member {
+        self.me
+    }
+
+    /// The view this process is in now.
+    pub fn view(&self) -> View {
+        self.shared.view.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The next epoch, and why, once some member proposed it (heard on the liveness beat,
+    /// without a store request): the caller should stop its step, abort its communicators
+    /// and call [`Membership::agree`].
+    pub fn proposed(&self) -> Option<(u64, String)> {
+        let p = self.shared.proposed.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        p.filter(|(e, _)| *e > self.view().epoch)
+    }
+
+    /// Call `f(epoch, reason)` from the liveness thread once for each epoch proposed after
+    /// this one: the place to abort this process's communicators, so a rank blocked in a
+    /// collective of a "healthy" group returns instead of waiting for a peer that is itself
+    /// in recovery. `f` must not block.
+    pub fn on_proposal(&self, f: impl Fn(u64, &str) + Send + 'static) {
+        *self.shared.on_proposal.lock().unwrap_or_else(|p| p.into_inner()) = Some(Box::new(f));
+    }
+
+    /// Agree on the next epoch, proposing it for `reason` (a backend's `PeerFailed`, a closed
+    /// connection) unless another member proposed it first; every member calls it.
+    ///
+    /// # Errors
+    /// The same error on every member when they cannot agree; an error on this process
+    /// alone when the others went on without it.
+    pub async fn agree(&self, reason: &str) -> Result<View> {
+        let prev = self.view();
+        let v = self.agreement().run(prev.epoch + 1, Some(&prev), reason).await?;
+        self.set_view(v.clone());
+        Ok(v)
+    }
+
+    /// Record that incarnation `incarnation` of `rank` is gone (the launcher saw it exit, a
+    /// backend saw its connection close for good) and propose the next epoch after `epoch`.
+    /// For callers that are not members (a launcher); members call [`Membership::agree`].
+    ///
+    /// # Errors
+    /// Store errors.
+    pub async fn report_gone(
+        store: &dyn Store,
+        cfg: &MembershipConfig,
+        rank: usize,
+        incarnation: Option<u64>,
+        why: &str,
+    ) -> Result<()> {
+        let keys = Keys::new(&cfg.prefix);
+        let inc = match incarnation {
+            Some(i) => i,
+            None => store.add(&keys.incarnation(rank), 0).await?.max(1) as u64,
+        };
+        store.compare_set(&keys.gone(rank, inc), None, why.as_bytes()).await?;
+        if let Some(c) = store.get(&keys.current()).await? {
+            if let Ok(e) = String::from_utf8_lossy(&c).trim().parse::<u64>() {
+                store.compare_set(&keys.proposed(e + 1), None, why.as_bytes()).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Beats this process has sent (for tests and reports).
+    pub fn beats(&self) -> u64 {
+        self.shared.beats.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests;
+
+impl Drop for Membership {
+    fn drop(&mut self) {
+        // Stops beating: the others see the record go stale, as after a kill.
+        self.shared.stop.store(true, Ordering::Release);
+        if let Some(h) = self.heart.take() {
+            let _ = h.join();
+        }
+    }
+}

@@ -1,0 +1,145 @@
+//! Liveness: each member renews its record every beat from a thread of its own (so a member
+//! blocked in a collective still beats, and a killed or stopped one stops), watches one
+//! peer's record (the next member by rank: every member is watched once, O(N) reads a beat
+//! for the job), and hears of a proposed epoch on the same beat.
+
+use crate::keys::Keys;
+use crate::view::{Member, View};
+use crate::MembershipConfig;
+use anyccl_core::Store;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// When records last changed, as one watcher saw them: a record unchanged for the liveness
+/// limit (or never seen for that long) is stale. Only this process's clock is read: no
+/// two machines' clocks are compared.
+#[derive(Debug)]
+pub(crate) struct Staleness {
+    seen: HashMap<usize, (Option<Vec<u8>>, Instant)>,
+    limit: std::time::Duration,
+}
+
+impl Staleness {
+    pub(crate) fn new(limit: std::time::Duration) -> Staleness {
+        Staleness { seen: HashMap::new(), limit }
+    }
+
+    /// Note `rank`'s record as read now; whether it has been unchanged for the limit.
+    pub(crate) fn stale(&mut self, rank: usize, record: Option<&[u8]>) -> bool {
+        let now = Instant::now();
+        let e = self.seen.entry(rank).or_insert_with(|| (record.map(<[u8]>::to_vec), now));
+        if e.0.as_deref() != record {
+            *e = (record.map(<[u8]>::to_vec), now);
+        }
+        now.duration_since(e.1) >= self.limit
+    }
+}
+
+/// The incarnation a liveness record names (`<incarnation> <beats>`).
+pub(crate) fn record_incarnation(record: &[u8]) -> Option<u64> {
+    std::str::from_utf8(record).ok()?.split_whitespace().next()?.parse().ok()
+}
+
+/// What a member runs when it hears of a proposed epoch: `f(epoch, reason)`.
+pub(crate) type OnProposal = Box<dyn Fn(u64, &str) + Send>;
+
+/// What the heartbeat thread shares with the [`crate::Membership`].
+pub(crate) struct Shared {
+    /// The view this member is in (the heartbeat watches its next member in it).
+    pub(crate) view: Mutex<View>,
+    /// The newest proposed epoch heard of, and why.
+    pub(crate) proposed: Mutex<Option<(u64, String)>>,
+    /// Called once per proposed epoch, from the heartbeat thread.
+    pub(crate) on_proposal: Mutex<Option<OnProposal>>,
+    pub(crate) stop: AtomicBool,
+    pub(crate) beats: AtomicU64,
+    /// Tests stop a member's beat without ending it, as SIGSTOP does.
+    #[cfg(test)]
+    pub(crate) paused: AtomicBool,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared").field("beats", &self.beats.load(Ordering::Relaxed)).finish_non_exhaustive()
+    }
+}
+
+/// The member after `me` in `view` by rank, cyclically; `None` when `me` is alone.
+fn watched(view: &View, me: Member) -> Option<Member> {
+    let n = view.members.len();
+    let i = view.members.iter().position(|m| m.rank == me.rank)?;
+    (n > 1).then(|| view.members[(i + 1) % n])
+}
+
+/// One beat: renew this member's record, hear of a proposal, read the watched member's
+/// record and, when it went stale, record the evidence and propose the next epoch.
+async fn beat(store: &dyn Store, keys: &Keys, me: Member, shared: &Shared, watch: &mut Staleness) {
+    #[cfg(test)]
+    if shared.paused.load(Ordering::Acquire) {
+        return;
+    }
+    let n = shared.beats.fetch_add(1, Ordering::Relaxed) + 1;
+    if let Err(e) = store.set(&keys.alive(me.rank), format!("{} {n}", me.incarnation).as_bytes()).await {
+        tracing::warn!("rank {} cannot renew its liveness record: {e}", me.rank);
+        return;
+    }
+    let view = shared.view.lock().map(|v| v.clone()).unwrap_or_else(|p| p.into_inner().clone());
+    let next = view.epoch + 1;
+    if let Ok(Some(why)) = store.get(&keys.proposed(next)).await {
+        let why = String::from_utf8_lossy(&why).into_owned();
+        let first = {
+            let mut p = shared.proposed.lock().unwrap_or_else(|p| p.into_inner());
+            let first = p.as_ref().is_none_or(|(e, _)| *e < next);
+            if first {
+                *p = Some((next, why.clone()));
+            }
+            first
+        };
+        if first {
+            if let Some(f) = shared.on_proposal.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+                f(next, &why);
+            }
+        }
+    }
+    let Some(peer) = watched(&view, me) else { return };
+    let record = match store.get(&keys.alive(peer.rank)).await {
+        Ok(r) => r,
+        Err(_) => return,
+    };
+    let replaced = record.as_deref().and_then(record_incarnation).is_some_and(|i| i > peer.incarnation);
+    if replaced || watch.stale(peer.rank, record.as_deref()) {
+        let what = if replaced {
+            format!("a newer process of rank {} renews its record", peer.rank)
+        } else {
+            format!("no liveness record of rank {} for {:?}", peer.rank, watch.limit)
+        };
+        let why =
+            format!("rank {} (incarnation {}) is gone: {what}, seen by rank {}", peer.rank, peer.incarnation, me.rank);
+        let _ = store.compare_set(&keys.gone(peer.rank, peer.incarnation), None, why.as_bytes()).await;
+        let _ = store.compare_set(&keys.proposed(next), None, why.as_bytes()).await;
+    }
+}
+
+/// The heartbeat thread of one member: beats until `shared.stop`, then returns.
+pub(crate) fn spawn(
+    store: Arc<dyn Store>,
+    keys: Keys,
+    me: Member,
+    cfg: &MembershipConfig,
+    shared: Arc<Shared>,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    let (every, limit) = (cfg.beat, cfg.stale_after);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    std::thread::Builder::new().name(format!("anyccl-liveness-{}", me.rank)).spawn(move || {
+        let mut watch = Staleness::new(limit);
+        rt.block_on(async {
+            while !shared.stop.load(Ordering::Acquire) {
+                let t = Instant::now();
+                beat(store.as_ref(), &keys, me, &shared, &mut watch).await;
+                tokio::time::sleep(every.saturating_sub(t.elapsed())).await;
+            }
+        })
+    })
+}

@@ -1,0 +1,289 @@
+//! The membership protocol among processes simulated as tasks of one runtime over one
+//! in-memory store: a member "killed" is dropped (its liveness record stops), "stopped" is
+//! one whose record stops while it keeps its handle.
+
+use crate::{Member, Membership, MembershipConfig, View};
+use anyccl_core::{MemoryStore, Store};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn cfg() -> MembershipConfig {
+    MembershipConfig {
+        beat: Duration::from_millis(20),
+        stale_after: Duration::from_millis(300),
+        agree_timeout: Duration::from_secs(5),
+        ..MembershipConfig::default()
+    }
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build().expect("runtime")
+}
+
+/// `n` members of a fresh job, all at epoch 0.
+async fn start(store: &Arc<dyn Store>, n: usize, cfg: &MembershipConfig) -> Vec<Membership> {
+    let joins: Vec<_> = (0..n).map(|r| tokio::spawn(Membership::join(store.clone(), r, n, cfg.clone()))).collect();
+    let mut out = Vec::new();
+    for j in joins {
+        out.push(j.await.expect("task").expect("join"));
+    }
+    out
+}
+
+/// Every member in `ms` agrees (each once it hears of the proposal, as a training loop
+/// would); their views.
+async fn agree_all(ms: Vec<Membership>) -> (Vec<Membership>, Vec<anyccl_core::Result<View>>) {
+    let tasks: Vec<_> = ms
+        .into_iter()
+        .map(|m| {
+            tokio::spawn(async move {
+                let t = Instant::now();
+                while m.proposed().is_none() && t.elapsed() < Duration::from_secs(10) {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                let v = m.agree("a peer failed").await;
+                (m, v)
+            })
+        })
+        .collect();
+    let mut ms = Vec::new();
+    let mut vs = Vec::new();
+    for t in tasks {
+        let (m, v) = t.await.expect("task");
+        ms.push(m);
+        vs.push(v);
+    }
+    (ms, vs)
+}
+
+fn ranks(v: &View) -> Vec<usize> {
+    v.ranks()
+}
+
+#[test]
+fn membership_start_agrees_on_every_rank_at_epoch_0() {
+    rt().block_on(async {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let ms = start(&store, 4, &cfg()).await;
+        for m in &ms {
+            let v = m.view();
+            assert_eq!((v.epoch, ranks(&v)), (0, vec![0, 1, 2, 3]));
+            assert!(v.members.iter().all(|m| m.incarnation == 1));
+        }
+    });
+}
+
+#[test]
+fn membership_a_killed_member_is_left_out_on_its_stale_record() {
+    rt().block_on(async {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let mut ms = start(&store, 4, &cfg()).await;
+        let t = Instant::now();
+        drop(ms.remove(2));
+        let (_ms, vs) = agree_all(ms).await;
+        for v in &vs {
+            let v = v.as_ref().expect("agreed");
+            assert_eq!((v.epoch, ranks(v), v.left.clone()), (1, vec![0, 1, 3], vec![2]));
+            assert!(v.reason.contains("rank 2 (incarnation 1) is gone"), "{}", v.reason);
+        }
+        // The liveness limit plus a few beats, not the agreement timeout.
+        assert!(t.elapsed() < Duration::from_secs(3), "took {:?}", t.elapsed());
+    });
+}
+
+#[test]
+fn membership_a_replacement_joins_with_a_new_incarnation() {
+    rt().block_on(async {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let c = cfg();
+        let mut ms = start(&store, 3, &c).await;
+        drop(ms.remove(1));
+        let (ms, vs) = agree_all(ms).await;
+        assert!(vs.iter().all(|v| v.as_ref().is_ok_and(|v| ranks(v) == vec![0, 2])));
+        // The replacement proposes the next epoch; the survivors hear of it and agree.
+        let joiner = tokio::spawn(Membership::join(store.clone(), 1, 3, c.clone()));
+        let (_ms, vs) = agree_all(ms).await;
+        let joiner = joiner.await.expect("task").expect("admitted");
+        let want = vec![
+            Member { rank: 0, incarnation: 1 },
+            Member { rank: 1, incarnation: 2 },
+            Member { rank: 2, incarnation: 1 },
+        ];
+        assert_eq!(joiner.view().members, want);
+        assert_eq!(joiner.view().epoch, 2);
+        for v in vs {
+            let v = v.expect("agreed");
+            assert_eq!((v.epoch, v.members.clone(), v.joined.clone()), (2, want.clone(), vec![1]));
+        }
+    });
+}
+
+#[test]
+fn membership_a_second_failure_during_the_agreement_is_decided_on_the_same_evidence() {
+    rt().block_on(async {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let mut ms = start(&store, 5, &cfg()).await;
+        drop(ms.remove(4));
+        // Rank 1 hears of the proposal and dies before it arrives.
+        let doomed = ms.remove(1);
+        let t = Instant::now();
+        while doomed.proposed().is_none() && t.elapsed() < Duration::from_secs(5) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        drop(doomed);
+        let (_ms, vs) = agree_all(ms).await;
+        let first = vs[0].as_ref().expect("agreed").clone();
+        assert_eq!((first.epoch, ranks(&first)), (1, vec![0, 2, 3]));
+        assert!(vs.iter().all(|v| v.as_ref().ok() == Some(&first)), "every member the same view");
+    });
+}
+
+#[test]
+fn membership_a_stopped_member_is_excluded_and_told_so_when_it_resumes() {
+    rt().block_on(async {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let mut ms = start(&store, 3, &cfg()).await;
+        // Stopped (SIGSTOP): its record is not renewed and it takes no part; it lives on.
+        let stopped = ms.remove(1);
+        stopped.shared.paused.store(true, std::sync::atomic::Ordering::Release);
+        let (_ms, vs) = agree_all(ms).await;
+        assert!(vs.iter().all(|v| v.as_ref().is_ok_and(|v| ranks(v) == vec![0, 2])));
+        // It resumes and takes part in the agreement it missed: it is not a member.
+        stopped.shared.paused.store(false, std::sync::atomic::Ordering::Release);
+        let e = stopped.agree("resumed").await.unwrap_err().to_string();
+        assert!(e.contains("rank 1 (incarnation 1) is not a member of epoch 1"), "{e}");
+    });
+}
+
+#[test]
+fn membership_a_member_that_beats_but_never_arrives_fails_everyone_the_same_way() {
+    rt().block_on(async {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let c = MembershipConfig { agree_timeout: Duration::from_millis(800), ..cfg() };
+        let mut ms = start(&store, 3, &c).await;
+        let absent = ms.remove(0); // keeps beating, never calls agree
+        let t = Instant::now();
+        let tasks: Vec<_> = ms.into_iter().map(|m| tokio::spawn(async move { (m.agree("test").await, m) })).collect();
+        let mut errs = Vec::new();
+        for task in tasks {
+            let (r, _m) = task.await.expect("task");
+            let e = r.expect_err("cannot agree").to_string();
+            // The decision's words, after the rank that reports them.
+            errs.push(e.split_once("'membership': ").map(|x| x.1.to_string()).unwrap_or(e));
+        }
+        assert_eq!(errs[0], errs[1], "the same error on every member");
+        assert!(errs[0].contains("ranks [0] are alive") && errs[0].contains("epoch 1"), "{}", errs[0]);
+        assert!(t.elapsed() < Duration::from_secs(4), "{:?}", t.elapsed());
+        drop(absent);
+    });
+}
+
+#[test]
+fn membership_the_leader_dying_mid_agreement_is_replaced() {
+    rt().block_on(async {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let c = cfg();
+        let mut ms = start(&store, 4, &c).await;
+        drop(ms.remove(3));
+        // Rank 0 takes the lead of epoch 1 by hand and dies before deciding.
+        let keys_leader = format!("{}/epoch/1/leader", c.prefix);
+        let m0 = ms.remove(0);
+        store.compare_set(&keys_leader, None, format!("0 {}", m0.me().incarnation).as_bytes()).await.unwrap();
+        store.set(&format!("{}/epoch/1/arrived/0", c.prefix), b"1").await.unwrap();
+        drop(m0);
+        let (_ms, vs) = agree_all(ms).await;
+        for v in &vs {
+            let v = v.as_ref().expect("agreed past the dead leader");
+            assert_eq!(ranks(v), vec![1, 2], "{v:?}");
+        }
+    });
+}
+
+#[test]
+fn membership_refuses_a_rank_outside_the_world_and_settings_that_cannot_work() {
+    rt().block_on(async {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let e = Membership::join(store.clone(), 4, 4, cfg()).await.unwrap_err().to_string();
+        assert!(e.contains("rank 4 is not below the world size 4"), "{e}");
+        let bad = MembershipConfig { stale_after: Duration::from_millis(30), ..cfg() };
+        let e = Membership::join(store, 0, 4, bad).await.unwrap_err().to_string();
+        assert!(e.contains("not above two beats"), "{e}");
+    });
+}
+
+/// A store that counts the requests whose key (or first key) is an epoch's.
+#[derive(Debug)]
+struct Counting {
+    inner: MemoryStore,
+    epoch_requests: std::sync::atomic::AtomicU64,
+}
+
+impl Counting {
+    fn note(&self, key: &str) {
+        if key.contains("/epoch/") {
+            self.epoch_requests.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+}
+
+#[anyccl_core::async_trait]
+impl Store for Counting {
+    async fn set(&self, key: &str, value: &[u8]) -> anyccl_core::Result<()> {
+        self.note(key);
+        self.inner.set(key, value).await
+    }
+    async fn get(&self, key: &str) -> anyccl_core::Result<Option<Vec<u8>>> {
+        self.note(key);
+        self.inner.get(key).await
+    }
+    async fn wait(&self, key: &str, deadline: Instant) -> anyccl_core::Result<Vec<u8>> {
+        self.note(key);
+        self.inner.wait(key, deadline).await
+    }
+    async fn add(&self, key: &str, delta: i64) -> anyccl_core::Result<i64> {
+        self.note(key);
+        self.inner.add(key, delta).await
+    }
+    async fn compare_set(
+        &self,
+        key: &str,
+        expected: Option<&[u8]>,
+        new: &[u8],
+    ) -> anyccl_core::Result<anyccl_core::CasOutcome> {
+        self.note(key);
+        self.inner.compare_set(key, expected, new).await
+    }
+    async fn delete(&self, key: &str) -> anyccl_core::Result<bool> {
+        self.note(key);
+        self.inner.delete(key).await
+    }
+    async fn wait_many(&self, keys: &[String], deadline: Instant) -> anyccl_core::Result<Vec<Option<Vec<u8>>>> {
+        self.note(keys.first().map(String::as_str).unwrap_or(""));
+        self.inner.wait_many(keys, deadline).await
+    }
+}
+
+/// The requests of one agreement grow with the members, not with their square.
+#[test]
+fn membership_an_agreement_costs_the_store_o_n_requests() {
+    let per_member = |n: usize| {
+        rt().block_on(async {
+            let counting = Arc::new(Counting { inner: MemoryStore::new(), epoch_requests: 0.into() });
+            let store: Arc<dyn Store> = counting.clone();
+            let ms = start(&store, n, &cfg()).await;
+            let before = counting.epoch_requests.load(std::sync::atomic::Ordering::Relaxed);
+            let tasks: Vec<_> =
+                ms.into_iter().map(|m| tokio::spawn(async move { (m.agree("count").await, m) })).collect();
+            for t in tasks {
+                t.await.expect("task").0.expect("agreed");
+            }
+            let used = counting.epoch_requests.load(std::sync::atomic::Ordering::Relaxed) - before;
+            used as f64 / n as f64
+        })
+    };
+    let (small, large) = (per_member(8), per_member(32));
+    eprintln!("store requests per member in one agreement: {small:.1} at 8 members, {large:.1} at 32");
+    // Each member proposes, arrives and reads the decision, plus a look a beat while it
+    // waits; the leader's gathering is one multi-key request a beat.
+    assert!(large < small * 2.0 && large < 40.0, "requests per member: {small:.1} at 8, {large:.1} at 32");
+}

@@ -1,0 +1,54 @@
+//! What the members agree on: a [`View`] of who is in at an epoch, or the error every
+//! member gets.
+
+use serde::{Deserialize, Serialize};
+
+/// One process of the job: its rank (fixed for the job's life) and its incarnation (which
+/// process of that rank: 1 for the first, 2 for its first replacement, ...).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Member {
+    /// The rank in the job.
+    pub rank: usize,
+    /// Which process of the rank.
+    pub incarnation: u64,
+}
+
+/// Who is in the job at an epoch.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct View {
+    /// The epoch: 0 at start, one more at each agreement.
+    pub epoch: u64,
+    /// The members, by rank.
+    pub members: Vec<Member>,
+    /// Ranks of the previous epoch that are not in this one.
+    pub left: Vec<usize>,
+    /// Ranks in this epoch with a process that was not in the previous one (a replacement
+    /// with a new incarnation, or a rank coming back).
+    pub joined: Vec<usize>,
+    /// Why the epoch began (the first reason given).
+    pub reason: String,
+}
+
+impl View {
+    /// The members' ranks, in order.
+    pub fn ranks(&self) -> Vec<usize> {
+        self.members.iter().map(|m| m.rank).collect()
+    }
+    /// The member with rank `rank`, when it is one.
+    pub fn member(&self, rank: usize) -> Option<Member> {
+        self.members.iter().copied().find(|m| m.rank == rank)
+    }
+    /// Whether `m` (this very process of its rank) is a member.
+    pub fn contains(&self, m: Member) -> bool {
+        self.member(m.rank) == Some(m)
+    }
+}
+
+/// What the leader of an epoch publishes: the same for every member.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) enum Decision {
+    /// The new view.
+    View(View),
+    /// The agreement failed: every member returns this error.
+    Failed(String),
+}
