@@ -38,7 +38,7 @@ pub enum Error {
         reason: String,
     },
     /// A call was rejected before any communication started.
-    #[error("invalid argument `{arg}` to {op} on rank {rank} of group '{group}': {msg}")]
+    #[error("invalid argument `{arg}` to {op} on rank {rank}{}: {msg}", fmt_group(.group))]
     InvalidArgument {
         /// Operation name.
         op: &'static str,
@@ -62,7 +62,7 @@ pub enum Error {
         what: String,
     },
     /// A deadline passed. The communicator may be stuck: abort it.
-    #[error("{op} timed out after {after:?} on rank {rank} of group '{group}'{}", fmt_detail(.detail))]
+    #[error("{op} timed out after {after:?} on rank {rank}{}{}", fmt_group(.group), fmt_detail(.detail))]
     Timeout {
         /// Operation name (with its sequence number when there is one).
         op: String,
@@ -79,7 +79,7 @@ pub enum Error {
         source: Option<Source>,
     },
     /// A peer died, closed its connection or reported a failure.
-    #[error("peer failure seen by rank {rank} of group '{group}'{}: {detail}", fmt_peer(.peer))]
+    #[error("peer failure seen by rank {rank}{}{}: {detail}", fmt_group(.group), fmt_peer(.peer))]
     PeerFailed {
         /// The rank that noticed.
         rank: usize,
@@ -94,7 +94,7 @@ pub enum Error {
         source: Option<Source>,
     },
     /// The communicator was aborted (locally, or because it failed earlier).
-    #[error("communicator of group '{group}' on rank {rank} was aborted{}", fmt_detail(.detail))]
+    #[error("communicator{} on rank {rank} was aborted{}", fmt_group(.group), fmt_detail(.detail))]
     Aborted {
         /// The rank.
         rank: usize,
@@ -157,6 +157,15 @@ fn fmt_detail(d: &str) -> String {
         String::new()
     } else {
         format!(": {d}")
+    }
+}
+
+/// ` of group 'g'`, or nothing for an error raised outside any group (a tool, start-up).
+fn fmt_group(g: &str) -> String {
+    if g.is_empty() {
+        String::new()
+    } else {
+        format!(" of group '{g}'")
     }
 }
 
