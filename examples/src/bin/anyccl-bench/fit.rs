@@ -1,0 +1,95 @@
+//! What the run's largest row needs against what the machine has, checked before the first
+//! row: a row the machine cannot hold is refused with both figures, naming `-e`, instead of
+//! aborting on an allocation (`-b 64G -e 64G` took 128 GiB and more).
+
+use crate::op::{counts, Op};
+use crate::{bad_arg, Args};
+use anyccl::{DType, DeviceKind, Platform, Result};
+use anyccl_examples::machine::{self, Available};
+
+/// The largest row of `first`, `first × factor`, ... up to `max`.
+fn largest_row(first: usize, max: usize, factor: usize) -> usize {
+    let mut row = first;
+    while let Some(next) = row.checked_mul(factor).filter(|&b| b <= max && b > row) {
+        row = next;
+    }
+    row
+}
+
+/// Refuse the run when its largest row does not fit: on the device (its send buffer and one
+/// receive buffer of the larger shape), and on the host (the encoded input, the in-place
+/// input and the check's copy; with the buffers too where the device is the host), for
+/// every rank on this host.
+///
+/// # Errors
+/// `InvalidArgument` naming `-e`, what the row needs and what the machine has; a malformed
+/// `ANYCCL_MEM_LIMIT`.
+#[allow(clippy::too_many_arguments)] // the row's shape and the machine
+pub(crate) fn check(
+    args: &Args,
+    op: Op,
+    dtype: DType,
+    n: usize,
+    (first, max): (usize, usize),
+    platform: &dyn Platform,
+    local_ranks: usize,
+) -> Result<()> {
+    let row = largest_row(first, max, args.factor);
+    let (sc, rc) = counts(op, row, dtype.size(), n);
+    let es = dtype.size() as u64;
+    let (sc, big) = (sc as u64, sc.max(rc) as u64);
+    let device = es.saturating_mul(sc.saturating_add(big));
+    let host = es.saturating_mul(sc.saturating_add(big.saturating_mul(2)));
+    let on_cpu = platform.kind() == DeviceKind::Cpu;
+    let local = local_ranks.max(1) as u64;
+    let refuse = |what: &str, each: u64, ranks: u64, have: Available| {
+        let all = if ranks > 1 {
+            format!(", {ranks} ranks on this host {}", machine::size(each.saturating_mul(ranks)))
+        } else {
+            String::new()
+        };
+        bad_arg(
+            "-e",
+            format!(
+                "-b {} -e {}: the largest row ({row} B of {} in {} on {n} ranks) needs about {} of {what} per \
+                 rank{all}, and this {} has {have}: choose a smaller -e",
+                args.min,
+                args.max,
+                args.op,
+                args.dtype,
+                machine::size(each),
+                if what == "host memory" { "host" } else { "device" },
+            ),
+        )
+    };
+    let host_each = if on_cpu { host.saturating_add(device) } else { host };
+    if let Some(have) = machine::host_available()? {
+        if host_each.saturating_mul(local) > have.bytes {
+            return Err(refuse("host memory", host_each, local, have));
+        }
+    }
+    if !on_cpu {
+        if let Ok(m) = platform.mem_info() {
+            let free = Available { bytes: m.free, source: "free device memory" };
+            if let Some(have) = machine::capped(Some(free), machine::memory_limit()?) {
+                if device > have.bytes {
+                    return Err(refuse("device memory", device, 1, have));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::largest_row;
+
+    #[test]
+    fn the_largest_row_is_the_last_one_run() {
+        assert_eq!(largest_row(8, 128 << 20, 2), 128 << 20);
+        assert_eq!(largest_row(8, 100, 2), 64);
+        assert_eq!(largest_row(64 << 30, 64 << 30, 2), 64 << 30);
+        assert_eq!(largest_row(3, 3, 7), 3);
+    }
+}
