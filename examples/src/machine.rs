@@ -3,6 +3,7 @@
 //! store it can never reach: available memory, the open-file limit, the loopback port range;
 //! and a folder's lock, so that two runs never write one output folder at once.
 
+use anyccl::raw::{env_parse, parse_bytes, Ctx};
 use anyccl::{Error, Result};
 use std::fs::File;
 use std::io::{Read, Seek, Write};
@@ -41,19 +42,11 @@ pub fn size(bytes: u64) -> String {
 /// `ANYCCL_MEM_LIMIT`, when set.
 ///
 /// # Errors
-/// `InvalidArgument` naming the variable when its value is not a size.
+/// `InvalidArgument` naming the variable, its value and the rank when it is not a size.
 pub fn memory_limit() -> Result<Option<u64>> {
-    match std::env::var(MEM_LIMIT_VAR) {
-        Err(std::env::VarError::NotPresent) => Ok(None),
-        Ok(v) if v.is_empty() => Ok(None),
-        Ok(v) => match anyccl::parse_bytes(&v) {
-            Some(b) => Ok(Some(b as u64)),
-            None => Err(refused(MEM_LIMIT_VAR, format!("{MEM_LIMIT_VAR}={v:?} is not a size (bytes, with K, M or G)"))),
-        },
-        Err(std::env::VarError::NotUnicode(v)) => {
-            Err(refused(MEM_LIMIT_VAR, format!("{MEM_LIMIT_VAR}={v:?} is not UTF-8")))
-        }
-    }
+    let expected = "a byte count above 0 (a whole number with an optional K, M or G)";
+    let limit = env_parse(MEM_LIMIT_VAR, expected, |s| parse_bytes(s).filter(|&b| b > 0))?;
+    Ok(limit.map(|b| b as u64))
 }
 
 /// Host memory a run may count on: `MemAvailable` of `/proc/meminfo`, or `ANYCCL_MEM_LIMIT`
@@ -170,7 +163,7 @@ pub fn lock_dir(dir: &Path, tool: &str, arg: &'static str) -> Result<DirLock> {
 
 /// A run refused before it starts, naming the flag or setting to change.
 fn refused(arg: &'static str, msg: String) -> Error {
-    Error::InvalidArgument { op: "start", arg, rank: anyccl::env_rank(), group: String::new(), msg }
+    Ctx::process("anyccl-examples").invalid("start", arg, msg)
 }
 
 #[cfg(test)]

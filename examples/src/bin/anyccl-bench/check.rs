@@ -2,7 +2,7 @@
 //! wrong elements in a receive buffer.
 
 use crate::op::Op;
-use anyccl::pattern;
+use anyccl::raw::pattern;
 use anyccl::{Communicator, DType, DeviceMemory, Platform, ReduceOp, Result};
 
 /// Every expected output of a row, tabulated once: inputs repeat every `pattern::PERIOD`

@@ -1,7 +1,8 @@
 //! `anyccl-recover demo`: three launches of `anyccl-run` (a reference run, a run that
 //! crashes, the recovered run) and the bit-for-bit comparison of their final parameters.
 
-use crate::{failed, ranks, usage, Job};
+use crate::{ranks, usage, Job};
+use anyccl::raw::Ctx;
 use anyccl::{DeviceKind, Result};
 use anyccl_examples::checkpoint as ckpt;
 use anyccl_examples::machine;
@@ -54,8 +55,9 @@ fn layout(job: &Job) -> Result<(usize, usize, bool)> {
 pub(crate) fn demo(job: &Job) -> Result<ExitCode> {
     let (dp, pp, accel) = layout(job)?;
     let n = ranks(dp, pp)?;
-    let here = std::env::current_exe().map_err(|e| failed(format!("own path: {e}")))?;
-    let dir = here.parent().ok_or_else(|| failed("no directory".into()))?;
+    let ctx = Ctx::process("anyccl-recover");
+    let here = std::env::current_exe().map_err(|e| ctx.io("demo: find this program", "/proc/self/exe", e))?;
+    let dir = here.parent().ok_or_else(|| ctx.file("demo: find anyccl-run", &here, "this program has no folder"))?;
     let runner = dir.join("anyccl-run");
     if job.resume_from.is_some() || job.run.is_some() {
         return Err(usage(
@@ -111,10 +113,7 @@ pub(crate) fn demo(job: &Job) -> Result<ExitCode> {
             args.extend(["--backend".into(), b.clone()]);
         }
         args.extend(extra.iter().cloned());
-        let st = Command::new(&runner)
-            .args(&args)
-            .status()
-            .map_err(|e| failed(format!("cannot run {}: {e}", runner.display())))?;
+        let st = Command::new(&runner).args(&args).status().map_err(|e| ctx.io("demo: launch", &runner, e))?;
         Ok(st.success())
     };
     let t = Instant::now();
@@ -123,13 +122,13 @@ pub(crate) fn demo(job: &Job) -> Result<ExitCode> {
         job.steps, job.ckpt_every
     );
     if !launch("1/3 reference run, uninterrupted", &["--run".into(), "ref".into()])? {
-        return Err(failed("the reference run failed".into()));
+        return Ok(ended("the reference run failed (the launcher said why, above)"));
     }
     if launch(
         &format!("2/3 run that crashes at step {crash_at}"),
         &["--run".into(), "crash".into(), "--crash-at".into(), crash_at.to_string()],
     )? {
-        return Err(failed("the crashing run did not crash".into()));
+        return Ok(ended("the crashing run did not crash"));
     }
     println!("(the crash was planned: the launcher stopped every rank)");
     let resume = job.out.join("crash").display().to_string();
@@ -144,7 +143,7 @@ pub(crate) fn demo(job: &Job) -> Result<ExitCode> {
         extra.extend(["--squeeze".into(), s.to_string()]);
     }
     if !launch("3/3 recovered run", &extra)? {
-        return Err(failed("the recovered run failed".into()));
+        return Ok(ended("the recovered run failed (the launcher said why, above)"));
     }
     let mut same = 0;
     for r in 0..n {
@@ -167,4 +166,11 @@ pub(crate) fn demo(job: &Job) -> Result<ExitCode> {
         println!("MISMATCH on {} of {n} ranks", n - same);
         Ok(ExitCode::from(1))
     }
+}
+
+/// The demo's end when one of its launches did not end as planned: what went wrong is the
+/// launcher's to say (it did, above); the demo says which launch, and fails.
+fn ended(what: &str) -> ExitCode {
+    eprintln!("anyccl-recover: {what}");
+    ExitCode::from(1)
 }

@@ -20,6 +20,7 @@ mod driver;
 mod model;
 mod rank;
 
+use anyccl::raw::Ctx;
 use anyccl::{Error, Result};
 use anyccl_examples::machine;
 use clap::{Args as ClapArgs, Parser, Subcommand};
@@ -175,19 +176,7 @@ fn ranks(dp: usize, pp: usize) -> Result<usize> {
 
 /// A flag or setting this program refuses.
 fn usage(arg: &'static str, msg: String) -> Error {
-    Error::InvalidArgument { op: "anyccl-recover", arg, rank: anyccl::env_rank(), group: String::new(), msg }
-}
-
-/// A failure of this program's own (not of the library, which builds its own errors).
-fn failed(msg: String) -> Error {
-    Error::Backend {
-        backend: "anyccl-recover",
-        op: "job".into(),
-        code: -1,
-        text: msg,
-        recovery: anyccl::Recovery::Fatal,
-        source: None,
-    }
+    Ctx::process("anyccl-recover").invalid("anyccl-recover", arg, msg)
 }
 
 fn main() -> ExitCode {
@@ -203,7 +192,7 @@ fn main() -> ExitCode {
         Cmd::Demo(job) => driver::demo(&job),
         Cmd::Train(job) => match tokio::runtime::Builder::new_current_thread().enable_all().build() {
             Ok(rt) => rt.block_on(rank::train(&job)),
-            Err(e) => Err(failed(format!("cannot start a runtime: {e}"))),
+            Err(e) => Err(Error::unavailable("anyccl-recover", format!("cannot start a runtime: {e}"))),
         },
     };
     match r {

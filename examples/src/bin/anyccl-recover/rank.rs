@@ -6,7 +6,8 @@
 
 use crate::dev::Dev;
 use crate::model::{batch, Stage};
-use crate::{failed, ranks, Job, OWNER};
+use crate::{ranks, usage, Job, OWNER};
+use anyccl::raw::Ctx;
 use anyccl::warmup::{warmup, warmup_saved, PlanFile, PlanIdentity, Session, StepRecorder, Target, WarmupConfig};
 use anyccl::{
     CommConfig, Communicator, DType, DeviceKind, DeviceMemory, GroupRegistry, GroupSpec, LaunchEnv, Platform, Result,
@@ -25,9 +26,8 @@ const STEP_ROLES: [Role; 4] = [Role::Data, Role::Pipeline, Role::Tensor, Role::E
 /// One rank of the job.
 pub(crate) async fn train(job: &Job) -> Result<ExitCode> {
     let (rank, colocated) = Rank::join(job).await?;
-    let mut model = Stage::new(job.width as usize, job.layers as usize, job.seed, rank.stage).map_err(|e| {
-        failed(format!("rank {}: the model of --width {} --layers {}: {e}", rank.me(), job.width, job.layers))
-    })?;
+    let mut model = Stage::new(job.width as usize, job.layers as usize, job.seed, rank.stage)
+        .map_err(|e| usage("--width", format!("the model of --width {} --layers {}: {e}", job.width, job.layers)))?;
     let resumed = rank.agree_on_checkpoint(&model).await?;
     let job_id = match &resumed {
         Some(l) => l.job.clone(),
@@ -94,7 +94,8 @@ impl<'j> Rank<'j> {
         let (dp, pp) = (job.dp.unwrap_or(2), job.pp.unwrap_or(2));
         let n = ranks(dp, pp)?;
         if n != env.world_size {
-            return Err(failed(format!("dp {dp} x pp {pp} needs {n} ranks, the launcher started {}", env.world_size)));
+            let msg = format!("dp {dp} x pp {pp} needs {n} ranks, the launcher started {}", env.world_size);
+            return Err(usage("--dp", msg));
         }
         let run_dir = job.out.join(job.run_name());
         let lock = match env.rank {
@@ -121,8 +122,10 @@ impl<'j> Rank<'j> {
         let pp_ranks: Vec<usize> = (0..pp).map(|s| replica * pp + s).collect();
         let dp_spec = GroupSpec::new(format!("dp-stage{stage}"), dp_ranks, OWNER, Role::Data);
         let pp_spec = GroupSpec::new(format!("pp-replica{replica}"), pp_ranks, OWNER, Role::Pipeline);
-        let dpc = world.split(Some(dp_spec.clone())).await?.ok_or_else(|| failed("no data group".into()))?;
-        let ppc = world.split(Some(pp_spec.clone())).await?.ok_or_else(|| failed("no pipeline group".into()))?;
+        let ctx = Ctx::new("anyccl-recover", me, &world.spec().name);
+        let not_in = |g: &GroupSpec| ctx.invalid("split", "spec", format!("rank {me} is not a member of {}", g.name));
+        let dpc = world.split(Some(dp_spec.clone())).await?.ok_or_else(|| not_in(&dp_spec))?;
+        let ppc = world.split(Some(pp_spec.clone())).await?.ok_or_else(|| not_in(&pp_spec))?;
         registry.register(dp_spec);
         registry.register(pp_spec);
         // The weight-sync group with the inference engine: its other member never joins this
@@ -240,7 +243,7 @@ impl<'j> Rank<'j> {
             timeout: Duration::from_secs(120),
             ..WarmupConfig::from_env(WarmupConfig::default())?
         };
-        let from = self.job.resume_from.as_deref().ok_or_else(|| failed("not recovering".into()))?;
+        let from = self.job.resume_from.as_deref().ok_or_else(|| usage("--resume-from", "not recovering".into()))?;
         let saved = PlanFile::load(&plan_path(from, step, self.me()), &self.plan_id(job_id, step));
         let session = self.session();
         let report = if self.job.role_plan {
@@ -399,8 +402,9 @@ impl<'j> Rank<'j> {
         let key = format!("ckpt/{}/{done}", self.job.run_name());
         anyccl_examples::meet(self.store.as_ref(), &key, me, self.env.world_size, self.cfg.op_timeout).await?;
         if me == 0 {
-            std::fs::write(self.run_dir.join(format!("ckpt/step{done:06}/COMPLETE")), b"")
-                .map_err(|e| failed(format!("marker: {e}")))?;
+            let marker = self.run_dir.join(format!("ckpt/step{done:06}/COMPLETE"));
+            let ctx = Ctx::new("anyccl-recover", me, "");
+            std::fs::write(&marker, b"").map_err(|e| ctx.io("checkpoint: mark complete", &marker, e))?;
         }
         Ok(())
     }
@@ -437,6 +441,6 @@ async fn new_job_id(store: &dyn Store, me: usize, timeout: Duration) -> Result<S
             .unwrap_or_else(|| format!("{:016x}", rand::random::<u64>()));
         store.set(key, id.as_bytes()).await?;
     }
-    let v = store.wait(key, anyccl::deadline_in(timeout)).await?;
+    let v = store.wait(key, anyccl::raw::deadline_in(timeout)).await?;
     Ok(String::from_utf8_lossy(&v).into_owned())
 }
