@@ -3,7 +3,6 @@
 //! aborting on an allocation (`-b 64G -e 64G` took 128 GiB and more).
 
 use crate::op::{counts, Op};
-use crate::{bad_arg, Args};
 use anyccl::{DType, DeviceKind, Platform, Result};
 use anyccl_examples::machine::{self, Available};
 
@@ -16,56 +15,54 @@ fn largest_row(first: usize, max: usize, factor: usize) -> usize {
     row
 }
 
-/// Refuse the run when its largest row does not fit: on the device (its send buffer and one
-/// receive buffer of the larger shape), and on the host (the encoded input, the in-place
-/// input and the check's copy; with the buffers too where the device is the host), for
-/// every rank on this host.
+/// The run as the refusal names it: its size flags (`-b 8 -e 64G`), the op and element
+/// type as written.
+pub(crate) struct Run<'a> {
+    pub(crate) flags: String,
+    pub(crate) op: (Op, &'a str),
+    pub(crate) dtype: (DType, &'a str),
+    pub(crate) ranks: usize,
+    /// The smallest and largest row, and the factor between rows.
+    pub(crate) rows: (usize, usize, usize),
+}
+
+/// Why the run's largest row does not fit, if it does not: on the device (its send buffer
+/// and one receive buffer of the larger shape), or on the host (the encoded input, the
+/// in-place input and the check's copy; with the buffers too where the device is the
+/// host), for every rank on this host. The caller refuses `-e` with it.
 ///
 /// # Errors
-/// `InvalidArgument` naming `-e`, what the row needs and what the machine has; a malformed
-/// `ANYCCL_MEM_LIMIT`.
-#[allow(clippy::too_many_arguments)] // the row's shape and the machine
-pub(crate) fn check(
-    args: &Args,
-    op: Op,
-    dtype: DType,
-    n: usize,
-    (first, max): (usize, usize),
-    platform: &dyn Platform,
-    local_ranks: usize,
-) -> Result<()> {
-    let row = largest_row(first, max, args.factor);
-    let (sc, rc) = counts(op, row, dtype.size(), n);
-    let es = dtype.size() as u64;
+/// A malformed `ANYCCL_MEM_LIMIT`.
+pub(crate) fn shortfall(run: &Run<'_>, platform: &dyn Platform, local_ranks: usize) -> Result<Option<String>> {
+    let (first, max, factor) = run.rows;
+    let row = largest_row(first, max, factor);
+    let (sc, rc) = counts(run.op.0, row, run.dtype.0.size(), run.ranks);
+    let es = run.dtype.0.size() as u64;
     let (sc, big) = (sc as u64, sc.max(rc) as u64);
     let device = es.saturating_mul(sc.saturating_add(big));
     let host = es.saturating_mul(sc.saturating_add(big.saturating_mul(2)));
     let on_cpu = platform.kind() == DeviceKind::Cpu;
     let local = local_ranks.max(1) as u64;
-    let refuse = |what: &str, each: u64, ranks: u64, have: Available| {
+    let say = |what: &str, each: u64, ranks: u64, have: Available| {
         let all = if ranks > 1 {
             format!(", {ranks} ranks on this host {}", machine::size(each.saturating_mul(ranks)))
         } else {
             String::new()
         };
-        bad_arg(
-            "-e",
-            format!(
-                "-b {} -e {}: the largest row ({row} B of {} in {} on {n} ranks) needs about {} of {what} per \
-                 rank{all}, and this {} has {have}: choose a smaller -e",
-                args.min,
-                args.max,
-                args.op,
-                args.dtype,
-                machine::size(each),
-                if what == "host memory" { "host" } else { "device" },
-            ),
+        format!(
+            "{}: the largest row ({row} B of {} in {} on {} rank(s)) needs about {} of {what} memory per rank{all}, \
+             and this {what} has {have}: choose a smaller -e",
+            run.flags,
+            run.op.1,
+            run.dtype.1,
+            run.ranks,
+            machine::size(each),
         )
     };
     let host_each = if on_cpu { host.saturating_add(device) } else { host };
     if let Some(have) = machine::host_available()? {
         if host_each.saturating_mul(local) > have.bytes {
-            return Err(refuse("host memory", host_each, local, have));
+            return Ok(Some(say("host", host_each, local, have)));
         }
     }
     if !on_cpu {
@@ -73,12 +70,12 @@ pub(crate) fn check(
             let free = Available { bytes: m.free, source: "free device memory" };
             if let Some(have) = machine::capped(Some(free), machine::memory_limit()?) {
                 if device > have.bytes {
-                    return Err(refuse("device memory", device, 1, have));
+                    return Ok(Some(say("device", device, 1, have)));
                 }
             }
         }
     }
-    Ok(())
+    Ok(None)
 }
 
 #[cfg(test)]

@@ -294,7 +294,16 @@ async fn run(args: Args) -> Result<()> {
     }
     // Before any buffer: the largest row must fit this machine.
     let first = min.max(dtype.size() * op.unit(n));
-    fit::check(&args, op, dtype, n, (first, max), platform.as_ref(), env.local_world_size)?;
+    let run = fit::Run {
+        flags: format!("-b {} -e {}", args.min, args.max),
+        op: (op, &args.op),
+        dtype: (dtype, &args.dtype),
+        ranks: n,
+        rows: (first, max, args.factor),
+    };
+    if let Some(why) = fit::shortfall(&run, platform.as_ref(), env.local_world_size)? {
+        return Err(bad_arg("-e", why));
+    }
     let timeout = comm.config().op_timeout;
     let print = me == 0;
     if let Some(mode) = modes::Mode::of(&args) {

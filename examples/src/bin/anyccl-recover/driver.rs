@@ -1,7 +1,7 @@
 //! `anyccl-recover demo`: three launches of `anyccl-run` (a reference run, a run that
 //! crashes, the recovered run) and the bit-for-bit comparison of their final parameters.
 
-use crate::{ranks, usage, Job};
+use crate::cli::{ranks, usage, Job};
 use anyccl::raw::Ctx;
 use anyccl::{DeviceKind, Result};
 use anyccl_examples::checkpoint as ckpt;

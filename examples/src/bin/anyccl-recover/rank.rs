@@ -4,9 +4,9 @@
 //! optionally squeeze device memory, train (recording the first step's plan and saving it
 //! beside every checkpoint), and write the final parameters.
 
+use crate::cli::{ranks, usage, Job, OWNER};
 use crate::dev::Dev;
 use crate::model::{batch, Stage};
-use crate::{ranks, usage, Job, OWNER};
 use anyccl::raw::Ctx;
 use anyccl::warmup::{warmup, warmup_saved, PlanFile, PlanIdentity, Session, StepRecorder, Target, WarmupConfig};
 use anyccl::{
