@@ -13,6 +13,10 @@
 //! each group merge their recordings, and the plan is saved beside every checkpoint
 //! (`warmup-plan-rank<r>.json`). Recovery warms from the plan of the checkpoint it loads, and
 //! from the groups' roles where that file is missing or corrupt (saying so).
+//!
+//! Before anything is allocated or launched, a run is checked against this host: the model's
+//! memory for every rank here against `MemAvailable` (or `ANYCCL_MEM_LIMIT`, bytes with K, M
+//! or G, where lower), and the output folder against another run holding it (a lock file).
 #![forbid(unsafe_code)]
 mod cli;
 mod dev;
