@@ -1,10 +1,12 @@
 //! anyccl-examples: the programs around the library: the `anyccl-run` launcher, the
 //! demos, the conformance runner and the benchmark tool. They use the library as an engine
 //! does, through the `anyccl` crate; this file holds what they share on top of it (their
-//! start-up, meeting through the store) and the demos' checkpoints.
+//! start-up, meeting through the store), the demos' checkpoints, and what the machine can
+//! give a run (memory, open files, ports, a folder's lock), checked before a run starts.
 #![forbid(unsafe_code)]
 
 pub mod checkpoint;
+pub mod machine;
 
 use anyccl::{CommConfig, LaunchEnv, Result, Store, TcpStoreServer};
 use std::sync::Arc;

@@ -2,7 +2,10 @@
 //! and anyccl in interleaved pairs), `--graph` (replayed CUDA graphs) and `--overlap-us`
 //! (compute beside an all_reduce, ordered by events).
 
-use super::{alloc_mem, bad_arg, budget, depth, timed, Args, Bufs, Op, Registration, StoreBarrier, Warmup};
+use crate::args::{bad_arg, Args};
+use crate::bufs::{alloc_mem, budget, depth, Bufs, Registration};
+use crate::op::Op;
+use crate::timing::{timed, StoreBarrier, Warmup};
 use anyccl::{CommConfig, Communicator, DType, DeviceMemory, LaunchEnv, Platform, ReduceOp, Result};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -1,6 +1,7 @@
 //! The operations the benchmark times: their names, buffer shapes, bus-bandwidth factors,
 //! in-place layouts, and the call that issues each one.
 
+use anyccl::raw::Ctx;
 use anyccl::{Communicator, DType, DeviceMemory, P2POp, ReduceOp, Result, Work};
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -107,21 +108,13 @@ pub(crate) fn issue<'a>(
         Op::Reduce => comm.reduce(s, recv.view_mut(), rop, root),
         Op::AllToAll => match s {
             Some(s) => comm.all_to_all(s, recv.view_mut(), None),
-            None => Err(anyccl::Error::Unsupported {
-                backend: comm.info().backend,
-                op: "all_to_all",
-                what: "in place".into(),
-            }),
+            None => Err(Ctx::new(comm.info().backend, me, &comm.spec().name).unsupported("all_to_all", "in place")),
         },
         Op::SendRecv => {
             let (to, from) = ((me + 1) % n, (me + n - 1) % n);
             match s {
                 Some(s) => comm.p2p_group(vec![P2POp::Send(s, to), P2POp::Recv(recv.view_mut(), from)]),
-                None => Err(anyccl::Error::Unsupported {
-                    backend: comm.info().backend,
-                    op: "sendrecv",
-                    what: "in place".into(),
-                }),
+                None => Err(Ctx::new(comm.info().backend, me, &comm.spec().name).unsupported("sendrecv", "in place")),
             }
         }
     }

@@ -4,10 +4,10 @@
 //! group that lives in this process has issued it; a rank can be told to fail, hang or kill
 //! its process at its first operation.
 
-use anyccl::raw::{async_trait, Collective, CommInfo, WorkImpl};
+use anyccl::raw::{async_trait, Collective, CommInfo, Ctx, WorkImpl};
 use anyccl::{
-    AllToAllSplits, Backend, Buf, BufMut, Capabilities, DType, Device, DeviceKind, DeviceMemory, Error, HostMemory,
-    MemInfo, P2POp, Platform, Recovery, ReduceOp, Result, Work,
+    AllToAllSplits, Backend, Buf, BufMut, Capabilities, DType, Device, DeviceKind, DeviceMemory, HostMemory, MemInfo,
+    P2POp, Platform, Recovery, ReduceOp, Result, Work,
 };
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -128,14 +128,8 @@ impl SimComm {
         match self.fault {
             Fault::None => {}
             Fault::Fail => {
-                return Err(Error::Backend {
-                    backend: "sim",
-                    op: op.into(),
-                    code: -99,
-                    text: format!("injected failure of {op} on rank {}", self.info.rank),
-                    recovery: Recovery::Rebuild,
-                    source: None,
-                })
+                let text = format!("injected failure of {op} on rank {}", self.info.rank);
+                return Err(Ctx::new("sim", self.info.rank, "").backend_error(op, -99, text, Recovery::Rebuild));
             }
             Fault::Hang => {
                 return Ok(Work::new(Box::new(SimWork {
@@ -192,7 +186,7 @@ struct SimWork {
 impl WorkImpl for SimWork {
     fn poll(&mut self) -> Result<bool> {
         if self.aborted.load(Ordering::Acquire) {
-            return Err(Error::Aborted { rank: self.rank, group: String::new(), detail: "aborted".into() });
+            return Err(Ctx::new("sim", self.rank, "").aborted("aborted"));
         }
         let Some(ready) = self.ready else { return Ok(false) };
         if Instant::now() < ready {
@@ -268,7 +262,7 @@ impl Collective for SimComm {
         Ok(())
     }
     async fn split(&self, _: Option<u32>, _: u32, _: &str, _: Instant) -> Result<Option<Arc<dyn Collective>>> {
-        Err(Error::Unsupported { backend: "sim", op: "split", what: "the simulation builds its groups".into() })
+        Err(Ctx::new("sim", self.info.rank, "").unsupported("split", "the simulation builds its groups"))
     }
     async fn shutdown(&self, _: Instant) -> Result<()> {
         Ok(())

@@ -7,189 +7,24 @@
 //! time, and with `--fault` checks that every other rank returned the error in time.
 #![forbid(unsafe_code)]
 
+mod args;
 mod backend;
 mod counting;
+mod limits;
+mod report;
 
 use anyccl::warmup::{plan_for, warmup, warmup_saved, PlanFile, PlanIdentity, Session, Sizes, Target, WarmupConfig};
-use anyccl::{CommConfig, Communicator, EtcdStore, GroupSpec, Role, Store, TcpStore, TcpStoreOptions, TcpStoreServer};
+use anyccl::{CommConfig, Communicator, EtcdStore, GroupSpec, Store, TcpStore, TcpStoreOptions, TcpStoreServer};
+use args::{block, check_args, layout_arg, Args};
 use backend::{Arrivals, Costs, Fault, SimComm, SimPlatform};
 use clap::Parser;
-use counting::{Counters, Counting, PhaseFigures, PHASES};
-use serde::{Deserialize, Serialize};
+use counting::{Counters, Counting};
+use report::{judge, print_table, round, summarize, ChildReport, RankEnd};
 use std::io::{BufRead, BufReader, Write};
 use std::process::{ExitCode, Stdio};
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-#[derive(Parser, Debug, Clone)]
-#[command(about = "Simulate the warmup protocol of N ranks against the real store")]
-struct Args {
-    /// Simulated ranks.
-    #[arg(long)]
-    ranks: usize,
-    /// Parallel layout, outermost first: data × tensor × pipeline [× expert] (e.g. 64x8x8);
-    /// the product is the rank count. Default: data × 8 × 8 where it divides, else data × 8,
-    /// else data only.
-    #[arg(long)]
-    layout: Option<String>,
-    /// Processes the ranks are spread over (each rank keeps its own store client).
-    #[arg(long, default_value_t = 4)]
-    procs: usize,
-    /// `fail:R` (rank R's first operation fails), `hang:R` (never completes), `die:R` (kills
-    /// its process, with every rank in it).
-    #[arg(long, default_value = "none")]
-    fault: String,
-    /// The warmup's deadline, seconds.
-    #[arg(long, default_value_t = 60)]
-    timeout: u64,
-    /// Simulated time of each new connection, milliseconds.
-    #[arg(long, default_value_t = 20)]
-    connect_ms: u64,
-    /// Simulated device memory of each new connection, MiB.
-    #[arg(long, default_value_t = 64)]
-    connect_mib: u64,
-    /// The store: `tcp` (a TCP store server in this process) or `etcd://host:port[,...]`
-    /// (keys under a prefix of this run's own).
-    #[arg(long, default_value = "tcp")]
-    store: String,
-    /// Warm from a saved plan per rank (`warmup_saved`), so the members first agree on
-    /// each group's plan source.
-    #[arg(long)]
-    saved: bool,
-    /// Call the same generation again afterwards: it must replay the outcome.
-    #[arg(long)]
-    repeat: bool,
-    /// Instead of a warmup, measure the store: every rank's client sets and reads its own
-    /// key for this many seconds; prints requests per second.
-    #[arg(long, default_value_t = 0)]
-    store_bench: u64,
-    /// Print the figures as one JSON object.
-    #[arg(long)]
-    json: bool,
-    /// Internal: run the ranks of child K against the store at --store-addr.
-    #[arg(long, hide = true)]
-    child: Option<usize>,
-    /// Internal: the store's address.
-    #[arg(long, hide = true)]
-    store_addr: Option<String>,
-    /// Internal: the etcd key prefix.
-    #[arg(long, hide = true)]
-    store_prefix: Option<String>,
-}
-
-/// The dimensions of a layout, outermost first, with their roles.
-#[derive(Debug, Clone)]
-struct Layout {
-    dims: Vec<(&'static str, Role, usize)>,
-}
-
-impl Layout {
-    fn parse(spec: Option<&str>, ranks: usize) -> Result<Layout, String> {
-        let sizes: Vec<usize> = match spec {
-            Some(s) => s
-                .split('x')
-                .map(|d| d.trim().parse::<usize>().ok().filter(|&d| d > 0))
-                .collect::<Option<Vec<_>>>()
-                .ok_or_else(|| {
-                    format!("--layout {s:?}: expected sizes like 64x8x8 (data x tensor x pipeline [x expert])")
-                })?,
-            None if ranks.is_multiple_of(64) && ranks >= 128 => vec![ranks / 64, 8, 8],
-            None if ranks.is_multiple_of(8) && ranks >= 16 => vec![ranks / 8, 8],
-            None => vec![ranks],
-        };
-        if sizes.len() > 4 {
-            return Err(format!(
-                "--layout: at most 4 dimensions (data x tensor x pipeline x expert), got {}",
-                sizes.len()
-            ));
-        }
-        let product: usize = sizes.iter().product();
-        if product != ranks {
-            return Err(format!("--layout {}: its product is {product}, --ranks is {ranks}", join(&sizes)));
-        }
-        let names = [("dp", Role::Data), ("tp", Role::Tensor), ("pp", Role::Pipeline), ("ep", Role::Expert)];
-        Ok(Layout { dims: sizes.iter().zip(names).map(|(&n, (name, role))| (name, role, n)).collect() })
-    }
-
-    /// Every group `rank` is a member of: its name, role and members.
-    fn groups_of(&self, rank: usize) -> Vec<(String, Role, Vec<usize>)> {
-        // Coordinates with the tensor dimension innermost: rank = ((dp·pp + p)·ep + e)·tp + t.
-        let order: Vec<usize> = [0, 2, 3, 1].into_iter().filter(|&d| d < self.dims.len()).collect();
-        let mut stride = vec![0usize; self.dims.len()];
-        let mut s = 1;
-        for &d in order.iter().rev() {
-            stride[d] = s;
-            s *= self.dims[d].2;
-        }
-        let coord = |r: usize, d: usize| (r / stride[d]) % self.dims[d].2;
-        self.dims
-            .iter()
-            .enumerate()
-            .filter(|(_, (_, _, n))| *n > 1)
-            .map(|(d, (name, role, n))| {
-                let base = rank - coord(rank, d) * stride[d];
-                (name.to_string(), role.clone(), (0..*n).map(|i| base + i * stride[d]).collect())
-            })
-            .collect()
-    }
-
-    fn describe(&self) -> String {
-        self.dims.iter().map(|(n, _, s)| format!("{n}{s}")).collect::<Vec<_>>().join("x")
-    }
-}
-
-fn join(v: &[usize]) -> String {
-    v.iter().map(|d| d.to_string()).collect::<Vec<_>>().join("x")
-}
-
-fn parse_fault(s: &str, ranks: usize) -> Result<(Fault, usize), String> {
-    if s == "none" {
-        return Ok((Fault::None, usize::MAX));
-    }
-    let (kind, rank) =
-        s.split_once(':').ok_or_else(|| format!("--fault {s:?}: expected none, fail:R, hang:R or die:R"))?;
-    let rank: usize = rank.parse().map_err(|_| format!("--fault {s:?}: {rank:?} is not a rank"))?;
-    if rank >= ranks {
-        return Err(format!("--fault {s:?}: rank {rank} is outside the {ranks} ranks"));
-    }
-    let f = match kind {
-        "fail" => Fault::Fail,
-        "hang" => Fault::Hang,
-        "die" => Fault::Die,
-        _ => return Err(format!("--fault {s:?}: {kind:?} is not fail, hang or die")),
-    };
-    Ok((f, rank))
-}
-
-/// One rank's end.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct RankEnd {
-    rank: usize,
-    ok: bool,
-    kind: String,
-    /// The error (first 300 characters).
-    msg: String,
-    /// From the start signal to the warmup's return.
-    ms: f64,
-    /// Store requests answered (`--store-bench`).
-    #[serde(default)]
-    ops: u64,
-    /// `--repeat`: what the second call of the generation did (`replayed`, or why not).
-    #[serde(default)]
-    repeat: String,
-}
-
-/// What a child reports.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct ChildReport {
-    child: usize,
-    connect_ms: f64,
-    ranks: Vec<RankEnd>,
-    phases: Vec<(String, PhaseFigures)>,
-    /// The longest time any rank spent between its agreement and its outcome.
-    execute_ms: f64,
-}
 
 fn main() -> ExitCode {
     if let Err(e) = anyccl::init_logging(anyccl::LogLevel::ERROR) {
@@ -215,28 +50,6 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
-}
-
-fn check_args(a: &Args) -> Result<(Layout, Fault, usize), String> {
-    if a.ranks == 0 || a.ranks > 65536 {
-        return Err(format!("--ranks {}: expected 1 to 65536", a.ranks));
-    }
-    if a.procs == 0 || a.procs > a.ranks || a.procs > 64 {
-        return Err(format!("--procs {}: expected 1 to min(64, --ranks)", a.procs));
-    }
-    if a.timeout == 0 || a.timeout > 3600 {
-        return Err(format!("--timeout {}: expected 1 to 3600 seconds", a.timeout));
-    }
-    if a.store != "tcp" && !a.store.starts_with("etcd://") {
-        return Err(format!("--store {:?}: expected tcp or etcd://host:port[,host:port...]", a.store));
-    }
-    let layout = Layout::parse(a.layout.as_deref(), a.ranks)?;
-    let (fault, at) = parse_fault(&a.fault, a.ranks)?;
-    Ok((layout, fault, at))
-}
-
-fn block(k: usize, procs: usize, ranks: usize) -> std::ops::Range<usize> {
-    k * ranks / procs..(k + 1) * ranks / procs
 }
 
 async fn child(a: &Args, k: usize) -> Result<ExitCode, String> {
@@ -434,6 +247,7 @@ async fn store_bench(
 
 fn parent(a: &Args) -> Result<ExitCode, String> {
     let (layout, fault, fault_rank) = check_args(a)?;
+    limits::check(a)?;
     let token = format!("sim-{}-{}", std::process::id(), rand::random::<u64>());
     let opts = TcpStoreOptions { token: Some(token.clone()), ..TcpStoreOptions::default() };
     let (server, addr) = if a.store == "tcp" {
@@ -601,158 +415,9 @@ fn parent(a: &Args) -> Result<ExitCode, String> {
     Ok(if verdict.is_ok() { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }
 
-fn layout_arg(l: &Layout) -> String {
-    join(&l.dims.iter().map(|d| d.2).collect::<Vec<_>>())
-}
-
 fn kill_all(children: &mut [std::process::Child]) {
     for c in children.iter_mut() {
         let _ = c.kill();
         let _ = c.wait();
     }
-}
-
-fn summarize(a: &Args, layout: &Layout, reports: &[ChildReport], clients_ms: f64, wall: Duration) -> serde_json::Value {
-    let n = a.ranks as f64;
-    let mut phases = serde_json::Map::new();
-    let mut total = 0u64;
-    let mut keys_total = 0u64;
-    let mut polls = 0u64;
-    for (i, name) in PHASES.iter().enumerate() {
-        let figs: Vec<&PhaseFigures> = reports.iter().map(|r| &r.phases[i].1).collect();
-        let ops: u64 = figs.iter().map(|f| f.ops).sum();
-        let keys: u64 = figs.iter().map(|f| f.keys).sum();
-        let first = figs.iter().map(|f| f.first_ns).min().unwrap_or(u64::MAX);
-        let last = figs.iter().map(|f| f.last_ns).max().unwrap_or(0);
-        let wall_ms = if ops == 0 || last < first { 0.0 } else { (last - first) as f64 / 1e6 };
-        if *name == "poll" {
-            polls = ops;
-        } else {
-            total += ops;
-            keys_total += keys;
-        }
-        phases.insert(
-            name.to_string(),
-            serde_json::json!({ "ops": ops, "per_rank": ops as f64 / n, "keys": keys, "wall_ms": round(wall_ms) }),
-        );
-    }
-    let mut ms: Vec<f64> = reports.iter().flat_map(|r| r.ranks.iter().map(|e| e.ms)).collect();
-    ms.sort_by(f64::total_cmp);
-    let pick = |q: f64| ms.get(((ms.len() as f64 - 1.0) * q).round() as usize).copied().unwrap_or(0.0);
-    let ok = reports.iter().flat_map(|r| &r.ranks).filter(|e| e.ok).count();
-    let reported = reports.iter().map(|r| r.ranks.len()).sum::<usize>();
-    serde_json::json!({
-        "ranks": a.ranks,
-        "layout": layout.describe(),
-        "procs": a.procs,
-        "store": if a.store == "tcp" { "tcp" } else { "etcd" },
-        "store_ops_total": total,
-        "store_ops_per_rank": round(total as f64 / n),
-        "store_keys_total": keys_total,
-        "polls": polls,
-        "phases": phases,
-        "execute_ms_max": round(reports.iter().map(|r| r.execute_ms).fold(0.0, f64::max)),
-        "warmup_ms": { "min": round(pick(0.0)), "median": round(pick(0.5)), "max": round(pick(1.0)) },
-        "wall_ms": round(wall.as_secs_f64() * 1e3),
-        "clients_connect_ms": round(clients_ms),
-        "ranks_ok": ok,
-        "ranks_failed": reported - ok,
-        "ranks_unreported": a.ranks - reported,
-    })
-}
-
-fn round(x: f64) -> f64 {
-    (x * 10.0).round() / 10.0
-}
-
-fn print_table(s: &serde_json::Value) {
-    println!(
-        "# anyccl-sim: {} ranks, layout {}, {} processes, store {}",
-        s["ranks"], s["layout"], s["procs"], s["store"]
-    );
-    println!(
-        "# clients connected in {} ms; warmup call min/median/max {}/{}/{} ms",
-        s["clients_connect_ms"], s["warmup_ms"]["min"], s["warmup_ms"]["median"], s["warmup_ms"]["max"]
-    );
-    println!("# {:>8} {:>12} {:>10} {:>12} {:>10}", "phase", "store ops", "per rank", "keys", "wall ms");
-    for name in PHASES {
-        let p = &s["phases"][name];
-        println!("  {:>8} {:>12} {:>10} {:>12} {:>10}", name, p["ops"], p["per_rank"], p["keys"], p["wall_ms"]);
-    }
-    println!("  {:>8} {:>12} {:>10}", "total", s["store_ops_total"], s["store_ops_per_rank"]);
-    println!(
-        "# execution (slowest rank, agreement to outcome): {} ms; ranks ok {}, failed {}, unreported {}",
-        s["execute_ms_max"], s["ranks_ok"], s["ranks_failed"], s["ranks_unreported"]
-    );
-}
-
-/// Whether the run ended as it must: every rank ok without a fault; with one, every rank
-/// that did not die returned an error within the deadline + 5 s.
-fn judge(
-    a: &Args,
-    fault: Fault,
-    at: usize,
-    reports: &[ChildReport],
-    died: &[(usize, String)],
-) -> Result<String, String> {
-    let ends: Vec<&RankEnd> = reports.iter().flat_map(|r| &r.ranks).collect();
-    let bound = (a.timeout + 5) as f64 * 1e3;
-    let dead_child =
-        (fault == Fault::Die).then(|| (0..a.procs).find(|&k| block(k, a.procs, a.ranks).contains(&at))).flatten();
-    let expect_reported = match dead_child {
-        Some(k) => a.ranks - block(k, a.procs, a.ranks).len(),
-        None => a.ranks,
-    };
-    if ends.len() != expect_reported {
-        return Err(format!(
-            "{} ranks reported, {expect_reported} expected (processes that ended badly: {died:?})",
-            ends.len()
-        ));
-    }
-    if let Some(k) = dead_child {
-        if !died.iter().any(|(d, _)| *d == k) {
-            return Err(format!("child {k} (rank {at}) was to die but exited normally"));
-        }
-    } else if !died.is_empty() {
-        return Err(format!("processes ended badly: {died:?}"));
-    }
-    if a.repeat {
-        let bad: Vec<_> = ends
-            .iter()
-            .filter(|e| e.repeat != "replayed")
-            .take(3)
-            .map(|e| format!("rank {}: {}", e.rank, e.repeat))
-            .collect();
-        if !bad.is_empty() {
-            return Err(format!("the repeated generation did not replay: {}", bad.join(" | ")));
-        }
-    }
-    let slowest = ends.iter().map(|e| e.ms).fold(0.0, f64::max);
-    if fault == Fault::None {
-        let bad: Vec<_> =
-            ends.iter().filter(|e| !e.ok).take(3).map(|e| format!("rank {}: {}", e.rank, e.msg)).collect();
-        return if bad.is_empty() {
-            Ok(format!("all {} ranks warmed; slowest returned after {slowest:.0} ms", ends.len()))
-        } else {
-            Err(format!("ranks failed without a fault: {}", bad.join(" | ")))
-        };
-    }
-    let ok: Vec<usize> = ends.iter().filter(|e| e.ok).map(|e| e.rank).take(5).collect();
-    if !ok.is_empty() {
-        return Err(format!("ranks {ok:?}... returned Ok although rank {at} had a fault"));
-    }
-    let late: Vec<_> =
-        ends.iter().filter(|e| e.ms > bound).take(3).map(|e| format!("rank {} after {:.0} ms", e.rank, e.ms)).collect();
-    if !late.is_empty() {
-        return Err(format!("ranks returned later than the deadline + 5 s: {}", late.join(", ")));
-    }
-    let mut kinds: Vec<String> = ends.iter().map(|e| e.kind.clone()).collect();
-    kinds.sort();
-    kinds.dedup();
-    let sample = ends.iter().find(|e| e.rank != at).map(|e| format!("rank {}: {}", e.rank, e.msg)).unwrap_or_default();
-    Ok(format!(
-        "every one of the {} ranks returned an error ({}) within {slowest:.0} ms (bound {bound:.0} ms); e.g. {sample}",
-        ends.len(),
-        kinds.join(", ")
-    ))
 }

@@ -1,0 +1,102 @@
+//! The rows' buffers: plain or registered (`--register`, `--window`), and how many receive
+//! buffers a run back to back may hold.
+
+use anyccl::{Communicator, DType, DeviceKind, DeviceMemory, Platform, Result};
+
+/// A buffer of the benchmark: plain, or registered with the communicator (`--register`).
+pub(crate) enum Mem<'c> {
+    Plain(Box<dyn DeviceMemory>),
+    Registered(anyccl::Registered<'c, Box<dyn DeviceMemory>>),
+}
+
+impl std::ops::Deref for Mem<'_> {
+    type Target = dyn DeviceMemory;
+    fn deref(&self) -> &Self::Target {
+        match self {
+            Mem::Plain(m) => m.as_ref(),
+            Mem::Registered(r) => &**r,
+        }
+    }
+}
+
+impl std::ops::DerefMut for Mem<'_> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        match self {
+            Mem::Plain(m) => m.as_mut(),
+            Mem::Registered(r) => &mut **r,
+        }
+    }
+}
+
+/// How the rows' buffers are allocated and registered.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Registration {
+    Plain,
+    /// `--register`.
+    Local,
+    /// `--window`.
+    Window,
+}
+
+impl Registration {
+    /// What the header says of the buffers, where they are registered.
+    pub(crate) fn header(self, caps: &anyccl::Capabilities) -> Option<&'static str> {
+        match self {
+            Registration::Plain => None,
+            Registration::Local if caps.buffer_registration => {
+                Some("allocated for registration and registered with the communicator (--register)")
+            }
+            Registration::Local => Some("--register: this backend has no buffer registration; plain buffers"),
+            Registration::Window if caps.windows => {
+                Some("allocated for registration and registered as windows of the communicator (--window)")
+            }
+            Registration::Window => Some("--window: this backend has no windows; plain buffers"),
+        }
+    }
+}
+
+/// Receive buffers per size with `--window` when `--depth` does not say: each is a
+/// collective registration, and every rank must make the same ones.
+pub(crate) const WINDOW_DEPTH: usize = 8;
+
+/// `count` elements for the rows: allocated the way the library registers best and
+/// registered with `comm` (`--register`), or registered as a window of it (`--window`:
+/// collective), or plain.
+pub(crate) async fn alloc_mem<'c>(
+    platform: &dyn Platform,
+    comm: &'c Communicator,
+    how: Registration,
+    dtype: DType,
+    count: usize,
+) -> Result<Mem<'c>> {
+    Ok(match how {
+        _ if count == 0 => Mem::Plain(platform.alloc(dtype, count)?),
+        Registration::Plain => Mem::Plain(platform.alloc(dtype, count)?),
+        Registration::Local => Mem::Registered(comm.register(platform.alloc_registrable(dtype, count)?)?),
+        Registration::Window => Mem::Registered(comm.register_window(platform.alloc_registrable(dtype, count)?).await?),
+    })
+}
+
+pub(crate) struct Bufs<'c> {
+    pub(crate) send: Mem<'c>,
+    /// Receive buffers of out-of-place calls, then the buffers of in-place calls
+    /// (re-allocated where the shape differs: reduce_scatter's hold the whole input).
+    pub(crate) recvs: Vec<Mem<'c>>,
+    /// The encoded input of an in-place call (that buffer's size).
+    pub(crate) in_place_input: Vec<u8>,
+}
+
+/// Bytes of receive buffers a rank may hold for a run back to back: host memory is shared
+/// by this host's ranks, a device's is its rank's own. The bench holds up to three copies of
+/// the depth (results, in-place inputs, and a backend's copy of results not yet waited for),
+/// so each rank takes an eighth of its share, 4 GiB at most.
+pub(crate) fn budget(platform: &dyn Platform, local_world_size: usize) -> usize {
+    let free = platform.mem_info().map(|m| m.free).unwrap_or(u64::MAX);
+    let sharing = if platform.kind() == DeviceKind::Cpu { local_world_size.max(1) as u64 } else { 1 };
+    (free / sharing / 8).min(4 << 30) as usize
+}
+
+/// Receive buffers of `bytes` each for `iters` calls back to back within `budget`.
+pub(crate) fn depth(budget: usize, bytes: usize, iters: usize) -> usize {
+    budget.checked_div(bytes.max(1)).unwrap_or(1).clamp(1, iters.max(1))
+}

@@ -1,0 +1,148 @@
+//! Timing a row: the ranks meet through the store (no collective before the cold call),
+//! warm up, then time calls issued back to back.
+
+use crate::args::bad_arg;
+use crate::bufs::Bufs;
+use crate::op::{issue, Op};
+use anyccl::{Communicator, Platform, ReduceOp, Result};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A barrier through the store, so that meeting costs no collective (which would connect
+/// transports before the cold call is measured). One for the whole run: its count makes
+/// every barrier's key new.
+pub(crate) struct StoreBarrier<'a> {
+    pub(crate) store: &'a dyn anyccl::Store,
+    pub(crate) n: usize,
+    pub(crate) me: usize,
+    pub(crate) calls: usize,
+    pub(crate) timeout: Duration,
+}
+
+impl StoreBarrier<'_> {
+    pub(crate) async fn wait(&mut self, what: &str) -> Result<()> {
+        self.calls += 1;
+        let key = format!("bench/barrier/{what}/{}", self.calls);
+        anyccl_examples::meet(self.store, &key, self.me, self.n, self.timeout).await
+    }
+
+    /// Rank 0's `value`, on every rank.
+    pub(crate) async fn agree(&mut self, what: &str, value: u64) -> Result<u64> {
+        self.calls += 1;
+        let key = format!("bench/agree/{what}/{}", self.calls);
+        if self.me == 0 {
+            self.store.set(&key, &value.to_le_bytes()).await?;
+        }
+        let v = self.store.wait(&key, anyccl::raw::deadline_in(self.timeout)).await?;
+        let bytes: [u8; 8] = v.as_slice().try_into().map_err(|_| bad_arg("store", format!("bad value under {key}")))?;
+        Ok(u64::from_le_bytes(bytes))
+    }
+}
+
+/// Untimed calls before a timed run: `calls`, then more until `min_time` has passed.
+#[derive(Clone, Copy)]
+pub(crate) struct Warmup {
+    pub(crate) calls: usize,
+    pub(crate) min_time: Duration,
+}
+
+/// Average time per operation (us) over `iters` calls issued back to back, `depth` at a
+/// time on distinct receive buffers, after the `warmup` untimed calls.
+///
+/// The ranks meet through the store before the warm-up calls, not right before the timer:
+/// a store barrier releases ranks tens of microseconds apart, while the last warm-up
+/// collective lines them up as closely as the operation itself can (as nccl-tests does).
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn timed(
+    comm: &Communicator,
+    platform: &Arc<dyn Platform>,
+    op: Op,
+    b: &mut Bufs<'_>,
+    rop: ReduceOp,
+    root: usize,
+    warmup: Warmup,
+    iters: usize,
+    timeout: Duration,
+    in_place: bool,
+    sync: &mut StoreBarrier<'_>,
+) -> Result<Timing> {
+    // `count` calls in chunks of at most one per receive buffer; the time of the calls only,
+    // and the part of it the host spent enqueuing them.
+    let run = |count: usize, b: &mut Bufs<'_>| -> Result<(Duration, Duration)> {
+        let mut total = Duration::ZERO;
+        let mut issuing = Duration::ZERO;
+        let mut left = count;
+        // The clock is read where a timed stretch starts and ends, not around every call (a
+        // read costs tens of nanoseconds, a fair share of a small operation): out of place
+        // the loop is one stretch, as an MPI benchmark times its blocking loop; in place each
+        // refill ends one. At depth 1 the issue's share is timed on every 16th call from the
+        // first, and scaled.
+        const SAMPLE: usize = 16;
+        let (mut ones, mut sampled) = (0u32, (0u32, Duration::ZERO));
+        let mut stretch = Instant::now();
+        while left > 0 {
+            let k = left.min(b.recvs.len());
+            if in_place {
+                total += stretch.elapsed();
+                for r in b.recvs.iter_mut().take(k) {
+                    platform.copy_from_host(&mut **r, &b.in_place_input)?;
+                }
+                // Refilling the inputs is not part of the operation, and the copies take
+                // different times on different ranks: line the ranks up again.
+                comm.barrier()?.wait(timeout)?;
+                stretch = Instant::now();
+            }
+            let send = (!in_place).then_some(&*b.send);
+            if k == 1 {
+                // One call at a time (depth 1): no list to allocate.
+                let sample = (count - left).is_multiple_of(SAMPLE).then(Instant::now);
+                let mut w = issue(comm, op, send, &mut *b.recvs[0], rop, root)?;
+                ones += 1;
+                if let Some(s) = sample {
+                    sampled.0 += 1;
+                    sampled.1 += s.elapsed();
+                }
+                w.wait(timeout)?;
+            } else {
+                let start = Instant::now();
+                let mut works = Vec::with_capacity(k);
+                for r in b.recvs.iter_mut().take(k) {
+                    works.push(issue(comm, op, send, &mut **r, rop, root)?);
+                }
+                issuing += start.elapsed();
+                for mut w in works {
+                    w.wait(timeout)?;
+                }
+            }
+            left -= k;
+        }
+        total += stretch.elapsed();
+        if sampled.0 > 0 {
+            // The sampled calls' mean issue time, for every call of the chunks of one.
+            issuing += sampled.1 / sampled.0 * ones;
+        }
+        Ok((total, issuing))
+    };
+    sync.wait(if in_place { "in-place" } else { "timed" }).await?;
+    // At least one untimed call, so the timed ones start from ranks in step.
+    let first = warmup.calls.max(1);
+    let (took, _) = run(first, b)?;
+    if !warmup.min_time.is_zero() {
+        // Every rank must issue the same calls: rank 0's estimate of how many fill the time.
+        let per_call = took.as_secs_f64() / first as f64;
+        let want = (warmup.min_time.as_secs_f64() / per_call.max(1e-7)).ceil().min(1e6) as u64;
+        let more = sync.agree("warmup", want).await?;
+        run(more as usize, b)?;
+    }
+    let (total, issuing) = run(iters, b)?;
+    let per_call = |d: Duration| d.as_secs_f64() * 1e6 / iters.max(1) as f64;
+    Ok(Timing { us: per_call(total), issue_us: per_call(issuing) })
+}
+
+/// Average microseconds per call: in all, and on the host enqueuing it (when that is close
+/// to the whole, the host, not the device or the link, sets the pace).
+#[derive(Clone, Copy)]
+pub(crate) struct Timing {
+    pub(crate) us: f64,
+    pub(crate) issue_us: f64,
+}

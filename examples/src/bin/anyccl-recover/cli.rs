@@ -1,0 +1,159 @@
+//! The command line: the demo's and a training rank's flags, and what they need of this host.
+
+use anyccl::raw::Ctx;
+use anyccl::{Error, Result};
+use anyccl_examples::machine;
+use clap::{Args as ClapArgs, Parser, Subcommand};
+use std::path::PathBuf;
+
+pub(crate) const OWNER: &str = "anyccl-recover";
+
+#[derive(Parser, Debug)]
+#[command(name = "anyccl-recover")]
+pub(crate) struct Cli {
+    #[command(subcommand)]
+    pub(crate) cmd: Option<Cmd>,
+}
+
+#[derive(Subcommand, Debug)]
+pub(crate) enum Cmd {
+    /// Reference run, crashing run, recovered run, bit-for-bit comparison.
+    Demo(Job),
+    /// One rank of one launch (started by anyccl-run).
+    Train(Job),
+}
+
+#[derive(ClapArgs, Debug, Clone)]
+pub(crate) struct Job {
+    /// Data-parallel replicas (default: 2 on CPU; 1 with GPUs).
+    #[arg(long)]
+    pub(crate) dp: Option<usize>,
+    /// Pipeline stages (default: 2).
+    #[arg(long)]
+    pub(crate) pp: Option<usize>,
+    /// Training steps (at least 1).
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) steps: u64,
+    /// Checkpoint every this many steps (at least 1).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) ckpt_every: u64,
+    /// The last rank exits (code 17) when it reaches this step.
+    #[arg(long)]
+    pub(crate) crash_at: Option<u64>,
+    /// Recover from the latest complete checkpoint under this run directory.
+    #[arg(long)]
+    pub(crate) resume_from: Option<PathBuf>,
+    /// Output directory.
+    #[arg(long, default_value = "target/anyccl-recover")]
+    pub(crate) out: PathBuf,
+    /// Name of this run (a folder under --out; `train` only, the demo names its three runs).
+    #[arg(long)]
+    pub(crate) run: Option<String>,
+    /// Do not warm the communicators before the first step after recovery.
+    #[arg(long)]
+    pub(crate) no_warmup: bool,
+    /// Warm from the groups' roles, not from the plan saved with the checkpoint.
+    #[arg(long, conflicts_with = "no_warmup")]
+    pub(crate) role_plan: bool,
+    /// Before the first step after recovery, fill device memory until only this many MiB
+    /// are free (GPU backends).
+    #[arg(long)]
+    pub(crate) squeeze: Option<u64>,
+    /// Memory a colocated component (e.g. an inference engine) holds, MiB; released first
+    /// when recovering.
+    #[arg(long, default_value_t = 64)]
+    #[arg(value_parser = clap::value_parser!(u64).range(0..=1 << 20))]
+    pub(crate) colocated_mib: u64,
+    /// Model width (1 to 4096).
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    pub(crate) width: u64,
+    /// Layers per pipeline stage (1 to 1024).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    pub(crate) layers: u64,
+    /// Batch rows per replica (1 to 65536).
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u64).range(1..=65536))]
+    pub(crate) batch: u64,
+    /// Learning rate (a finite number above 0).
+    #[arg(long, default_value_t = 4.0, value_parser = positive_f32)]
+    pub(crate) lr: f32,
+    /// Seed.
+    #[arg(long, default_value_t = 1234)]
+    pub(crate) seed: u64,
+    /// Backend (default: ANYCCL_BACKEND, else the best available).
+    #[arg(long)]
+    pub(crate) backend: Option<String>,
+}
+
+fn positive_f32(s: &str) -> std::result::Result<f32, String> {
+    match s.parse::<f32>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        _ => Err(format!("must be a finite number above 0, not {s:?}")),
+    }
+}
+
+impl Job {
+    /// The model and parallel layout every shard records.
+    pub(crate) fn layout(&self, dp: usize, pp: usize) -> String {
+        format!("dp{dp} pp{pp} width{} layers{} seed{}", self.width, self.layers, self.seed)
+    }
+    pub(crate) fn run_name(&self) -> &str {
+        self.run.as_deref().unwrap_or("run")
+    }
+
+    /// Host memory one rank needs, about: its stage's parameters five times over (gradients,
+    /// their trip through a device buffer, a checkpoint's bytes) and the activations of a
+    /// batch; the colocated component's memory too where it is host memory. `None`: more
+    /// than a u64 counts.
+    pub(crate) fn host_need(&self, colocated_on_host: bool) -> Option<u64> {
+        let (h, layers, rows) = (self.width, self.layers, self.batch);
+        let params = h.checked_mul(h)?.checked_add(h)?.checked_mul(layers)?;
+        let acts = layers.checked_add(4)?.checked_mul(rows)?.checked_mul(h)?;
+        let colocated = if colocated_on_host { self.colocated_mib << 20 } else { 0 };
+        params.checked_mul(5)?.checked_add(acts)?.checked_mul(4)?.checked_add(colocated)
+    }
+
+    /// Refuse a run whose `ranks` ranks on this host need more host memory than it has
+    /// (`MemAvailable`, or `ANYCCL_MEM_LIMIT` where lower), before anything is allocated.
+    ///
+    /// # Errors
+    /// `InvalidArgument` naming the model's flags and both figures.
+    pub(crate) fn check_memory(&self, ranks: usize, colocated_on_host: bool) -> Result<()> {
+        let Some(have) = machine::host_available()? else { return Ok(()) };
+        let each = self.host_need(colocated_on_host);
+        let all = each.and_then(|e| e.checked_mul(ranks as u64));
+        if all.is_some_and(|a| a <= have.bytes) {
+            return Ok(());
+        }
+        let figure = |b: Option<u64>| b.map_or_else(|| "more than 16 EiB".to_string(), machine::size);
+        let colocated =
+            if colocated_on_host { format!(" --colocated-mib {}", self.colocated_mib) } else { String::new() };
+        Err(usage(
+            "--width",
+            format!(
+                "--width {} --layers {} --batch {}{colocated}: each rank needs about {} of host memory (its stage's \
+                 parameters with their gradients and copies, and the activations), {ranks} rank(s) on this host need \
+                 {}, and this host has {have}: choose a smaller --width or --layers",
+                self.width,
+                self.layers,
+                self.batch,
+                figure(each),
+                figure(all),
+            ),
+        ))
+    }
+}
+
+/// `dp × pp` ranks, checked.
+///
+/// # Errors
+/// `InvalidArgument` naming `--dp` and `--pp` when the product overflows.
+pub(crate) fn ranks(dp: usize, pp: usize) -> Result<usize> {
+    dp.checked_mul(pp).ok_or_else(|| {
+        usage("--dp", format!("--dp {dp} x --pp {pp}: the rank count overflows (more than {})", usize::MAX))
+    })
+}
+
+/// A flag or setting this program refuses.
+pub(crate) fn usage(arg: &'static str, msg: String) -> Error {
+    Ctx::process("anyccl-recover").invalid("anyccl-recover", arg, msg)
+}
