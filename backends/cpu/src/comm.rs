@@ -143,9 +143,9 @@ impl CpuComm {
     }
 
     fn start(mesh: Arc<Mesh>, store: Arc<dyn Store>, ns: String) -> Result<Arc<CpuComm>> {
-        let tune = Tuning::from_env(mesh.rank, &mesh.label, mesh.step)?;
-        let limit = crate::settings::max_queued_bytes(mesh.rank, &mesh.label)?;
-        let grace = crate::settings::handoff(mesh.rank, &mesh.label)?;
+        let tune = Tuning::from_env(&mesh.ctx, mesh.step)?;
+        let limit = crate::settings::max_queued_bytes(&mesh.ctx)?;
+        let grace = crate::settings::handoff(&mesh.ctx)?;
         let queue = Arc::new(Queue::new(limit));
         let pool = Arc::new(Pool::new(limit));
         let engine = Engine { mesh: mesh.clone(), seq: 0, tune, pool: pool.clone() };
@@ -154,7 +154,7 @@ impl CpuComm {
         let worker = std::thread::Builder::new()
             .name(format!("anyccl-cpu-{}", mesh.rank))
             .spawn(move || worker_loop(&s2))
-            .map_err(|e| Error::Unavailable { backend: "cpu", reason: format!("cannot start worker thread: {e}") })?;
+            .map_err(|e| Error::unavailable("cpu", format!("cannot start worker thread: {e}")))?;
         let info = CommInfo { backend: "cpu", rank: mesh.rank, size: mesh.size, device: Device::CPU };
         Ok(Arc::new(CpuComm {
             info,
@@ -587,6 +587,7 @@ impl Collective for CpuComm {
     }
 
     async fn shutdown(&self, deadline: Instant) -> Result<()> {
+        let started = Instant::now();
         self.stop_worker();
         loop {
             let finished =
@@ -596,13 +597,8 @@ impl Collective for CpuComm {
             }
             if Instant::now() >= deadline {
                 self.mesh.kill(Dead { aborted: true, peer: None, detail: "shutdown deadline passed".into() });
-                return Err(Error::Timeout {
-                    op: "shutdown".into(),
-                    rank: self.info.rank,
-                    group: self.mesh.label.clone(),
-                    after: Duration::ZERO,
-                    detail: "pending operations did not finish; the communicator was aborted".into(),
-                });
+                let detail = "pending operations did not finish; the communicator was aborted";
+                return Err(self.mesh.ctx.timeout("shutdown", started.elapsed(), detail));
             }
             tokio::time::sleep(Duration::from_millis(1)).await;
         }

@@ -31,7 +31,7 @@ impl CpuPlatform {
     /// `InvalidArgument` naming the setting when `ANYCCL_CPU_HUGE_PAGES` is neither `0` nor
     /// `1` or `ANYCCL_CPU_HUGE_PAGES_MIN` is not a number of bytes.
     pub fn from_env(rank: usize) -> Result<CpuPlatform> {
-        Ok(CpuPlatform { huge_min: crate::settings::huge_pages_min(rank)? })
+        Ok(CpuPlatform { huge_min: crate::settings::huge_pages_min(&anyccl_core::Ctx::new("cpu", rank, ""))? })
     }
 }
 

@@ -7,67 +7,34 @@
 //! the algorithms, the rings, the transport and the communicator take their settings from
 //! it.
 
-use anyccl_core::{Error, Result};
+use anyccl_core::{env_parse_at, Ctx, Result};
 use std::time::Duration;
 
 // ---------------------------------------------------------------- reading
-
-/// The value of the variable `name`, read by `op` on `rank` of `group`, parsed by `parse`
-/// (`expected` says what it takes, for the error); `None` when unset or empty.
-///
-/// # Errors
-/// `InvalidArgument` naming `op`, the variable, its value, the rank and the group when it is
-/// not UTF-8 or `parse` refuses it.
-fn read<T>(
-    op: &'static str,
-    name: &str,
-    expected: &str,
-    rank: usize,
-    group: &str,
-    parse: impl FnOnce(&str) -> Option<T>,
-) -> Result<Option<T>> {
-    let Some(raw) = std::env::var_os(name) else { return Ok(None) };
-    if raw.is_empty() {
-        return Ok(None);
-    }
-    raw.to_str().and_then(|s| parse(s.trim())).map(Some).ok_or_else(|| Error::InvalidArgument {
-        op,
-        arg: "environment",
-        rank,
-        group: group.into(),
-        msg: format!("{name}={raw:?} is not {expected}"),
-    })
-}
 
 /// What a byte setting takes, for its errors.
 const BYTES: &str = "a number of bytes (such as 65536, 64K, 16M or 1G)";
 
 /// A byte count from the variable `name` (`default` when unset), read at connect.
-fn bytes(name: &str, default: usize, rank: usize, group: &str) -> Result<usize> {
-    Ok(read("connect", name, BYTES, rank, group, anyccl_core::parse_bytes)?.unwrap_or(default))
+fn bytes(name: &str, default: usize, ctx: &Ctx) -> Result<usize> {
+    Ok(env_parse_at(ctx, "connect", name, BYTES, anyccl_core::parse_bytes)?.unwrap_or(default))
 }
 
 /// A byte count from `name` within `range` (`default` when unset), read at connect.
-fn bytes_within(
-    name: &str,
-    default: usize,
-    range: std::ops::RangeInclusive<usize>,
-    rank: usize,
-    group: &str,
-) -> Result<usize> {
+fn bytes_within(name: &str, default: usize, range: std::ops::RangeInclusive<usize>, ctx: &Ctx) -> Result<usize> {
     let expected = match range.end() {
         &usize::MAX => format!("{BYTES} of at least {}", range.start()),
         end => format!("{BYTES} from {} to {end}", range.start()),
     };
     let parse = |s: &str| anyccl_core::parse_bytes(s).filter(|v| range.contains(v));
-    Ok(read("connect", name, &expected, rank, group, parse)?.unwrap_or(default))
+    Ok(env_parse_at(ctx, "connect", name, &expected, parse)?.unwrap_or(default))
 }
 
 /// A whole number from `name` of at most `max` (`default` when unset), read at connect.
-fn whole(name: &str, default: usize, max: usize, rank: usize, group: &str) -> Result<usize> {
+fn whole(name: &str, default: usize, max: usize, ctx: &Ctx) -> Result<usize> {
     let expected = format!("a whole number from 0 to {max}");
     let parse = |s: &str| s.parse::<usize>().ok().filter(|&v| v <= max);
-    Ok(read("connect", name, &expected, rank, group, parse)?.unwrap_or(default))
+    Ok(env_parse_at(ctx, "connect", name, &expected, parse)?.unwrap_or(default))
 }
 
 // ---------------------------------------------------------------- algorithms
@@ -144,13 +111,13 @@ impl Tuning {
     /// # Errors
     /// `InvalidArgument` naming the variable, the rank and the group when one is malformed
     /// (or a piece is below 4 KiB).
-    pub(crate) fn from_env(rank: usize, group: &str, step: usize) -> Result<Self> {
+    pub(crate) fn from_env(ctx: &Ctx, step: usize) -> Result<Self> {
         Ok(Tuning {
-            all_reduce_direct_max: bytes("ANYCCL_CPU_ALLREDUCE_DIRECT_MAX", DIRECT_MAX, rank, group)?,
-            all_to_all_direct_max: bytes("ANYCCL_CPU_ALLTOALL_DIRECT_MAX", ALL_TO_ALL_DIRECT_MAX, rank, group)?,
-            stream_min: bytes("ANYCCL_CPU_STREAM_MIN", STREAM_MIN.max(step), rank, group)?,
-            pair_min: bytes("ANYCCL_CPU_PAIR_MIN", PAIR_MIN.max(step), rank, group)?,
-            pair_piece: bytes_within("ANYCCL_CPU_PAIR_PIECE", PAIR_PIECE, PAIR_PIECE_MIN..=usize::MAX, rank, group)?,
+            all_reduce_direct_max: bytes("ANYCCL_CPU_ALLREDUCE_DIRECT_MAX", DIRECT_MAX, ctx)?,
+            all_to_all_direct_max: bytes("ANYCCL_CPU_ALLTOALL_DIRECT_MAX", ALL_TO_ALL_DIRECT_MAX, ctx)?,
+            stream_min: bytes("ANYCCL_CPU_STREAM_MIN", STREAM_MIN.max(step), ctx)?,
+            pair_min: bytes("ANYCCL_CPU_PAIR_MIN", PAIR_MIN.max(step), ctx)?,
+            pair_piece: bytes_within("ANYCCL_CPU_PAIR_PIECE", PAIR_PIECE, PAIR_PIECE_MIN..=usize::MAX, ctx)?,
         })
     }
 }
@@ -163,14 +130,14 @@ impl Tuning {
 pub(crate) const MAX_HELD: usize = 256 << 20;
 
 /// `ANYCCL_CPU_MAX_QUEUED_BYTES`: what the inputs of queued operations may hold.
-pub(crate) fn max_queued_bytes(rank: usize, group: &str) -> Result<usize> {
-    bytes("ANYCCL_CPU_MAX_QUEUED_BYTES", MAX_HELD, rank, group)
+pub(crate) fn max_queued_bytes(ctx: &Ctx) -> Result<usize> {
+    bytes("ANYCCL_CPU_MAX_QUEUED_BYTES", MAX_HELD, ctx)
 }
 
 /// `ANYCCL_CPU_MAX_INBOX_BYTES`: what the messages from one peer that this rank has not
 /// consumed may hold.
-pub(crate) fn max_inbox_bytes(rank: usize, group: &str) -> Result<usize> {
-    bytes("ANYCCL_CPU_MAX_INBOX_BYTES", MAX_HELD, rank, group)
+pub(crate) fn max_inbox_bytes(ctx: &Ctx) -> Result<usize> {
+    bytes("ANYCCL_CPU_MAX_INBOX_BYTES", MAX_HELD, ctx)
 }
 
 /// The default of `ANYCCL_CPU_HANDOFF_US`: how long a queued job is left to a caller that
@@ -188,9 +155,9 @@ const HANDOFF_MAX_US: usize = 1_000_000;
 /// # Errors
 /// `InvalidArgument` naming the variable, the rank and the group when it is not a whole
 /// number of microseconds from 0 to 1000000 (`garbage`, `1e30`, `-5` and `nan` are not).
-pub(crate) fn handoff(rank: usize, group: &str) -> Result<Duration> {
+pub(crate) fn handoff(ctx: &Ctx) -> Result<Duration> {
     let default = HANDOFF.as_micros() as usize;
-    Ok(Duration::from_micros(whole("ANYCCL_CPU_HANDOFF_US", default, HANDOFF_MAX_US, rank, group)? as u64))
+    Ok(Duration::from_micros(whole("ANYCCL_CPU_HANDOFF_US", default, HANDOFF_MAX_US, ctx)? as u64))
 }
 
 // ---------------------------------------------------------------- links
@@ -222,9 +189,9 @@ impl Links {
     ///
     /// # Errors
     /// `InvalidArgument` naming the variable, the rank and the group when it is malformed.
-    pub(crate) fn from_env(rank: usize, group: &str) -> Result<Links> {
+    pub(crate) fn from_env(ctx: &Ctx) -> Result<Links> {
         let expected = "auto, tcp or hosts:K (K at least 1)";
-        Ok(read("connect", "ANYCCL_CPU_LINKS", expected, rank, group, Links::parse)?.unwrap_or_default())
+        Ok(env_parse_at(ctx, "connect", "ANYCCL_CPU_LINKS", expected, Links::parse)?.unwrap_or_default())
     }
 }
 
@@ -232,9 +199,9 @@ impl Links {
 pub(crate) const HOST: &str = "127.0.0.1";
 
 /// `ANYCCL_CPU_HOST`: the address this rank listens on.
-pub(crate) fn host(rank: usize, group: &str) -> Result<String> {
+pub(crate) fn host(ctx: &Ctx) -> Result<String> {
     let expected = "a host name or address to listen on";
-    Ok(read("connect", "ANYCCL_CPU_HOST", expected, rank, group, |s| Some(s.to_string()))?
+    Ok(env_parse_at(ctx, "connect", "ANYCCL_CPU_HOST", expected, |s| Some(s.to_string()))?
         .unwrap_or_else(|| HOST.into()))
 }
 
@@ -247,9 +214,9 @@ pub(crate) fn host(rank: usize, group: &str) -> Result<String> {
 /// # Errors
 /// `InvalidArgument` naming the variable, the rank and the group when it is malformed or
 /// outside 4096 ..= 1 GiB.
-pub(crate) fn ring_bytes(locals: usize, rank: usize, group: &str) -> Result<usize> {
+pub(crate) fn ring_bytes(locals: usize, ctx: &Ctx) -> Result<usize> {
     let default = (32usize << 20).checked_div(locals.saturating_sub(1)).unwrap_or(4 << 20).clamp(64 << 10, 4 << 20);
-    let v = bytes_within("ANYCCL_CPU_SHM_RING_BYTES", default, 4096..=(1 << 30), rank, group)?;
+    let v = bytes_within("ANYCCL_CPU_SHM_RING_BYTES", default, 4096..=(1 << 30), ctx)?;
     Ok(v.next_power_of_two().min(1 << 30))
 }
 
@@ -268,11 +235,11 @@ pub(crate) const RING_STREAM_MIN: usize = 64 << 10;
 /// `ANYCCL_CPU_RING_STREAM_MIN`: the size from which messages go into the rings with
 /// streaming stores (`usize::MAX`: none, as `off` says and as is the default where
 /// `streaming` is false, the host's ranks sharing one large L3).
-pub(crate) fn ring_stream_min(streaming: bool, rank: usize, group: &str) -> Result<usize> {
+pub(crate) fn ring_stream_min(streaming: bool, ctx: &Ctx) -> Result<usize> {
     let expected = format!("off or {BYTES}");
     let parse = |s: &str| if s == "off" { Some(usize::MAX) } else { anyccl_core::parse_bytes(s) };
     let default = if streaming { RING_STREAM_MIN } else { usize::MAX };
-    Ok(read("connect", "ANYCCL_CPU_RING_STREAM_MIN", &expected, rank, group, parse)?.unwrap_or(default))
+    Ok(env_parse_at(ctx, "connect", "ANYCCL_CPU_RING_STREAM_MIN", &expected, parse)?.unwrap_or(default))
 }
 
 /// How long a waiter on a peer of its host spins and yields before it sleeps.
@@ -316,16 +283,16 @@ impl Patience {
     /// # Errors
     /// `InvalidArgument` naming the variable, the rank and the group when one is not a whole
     /// number in its range.
-    pub(crate) fn for_host(locals: usize, rank: usize, group: &str) -> Result<Patience> {
+    pub(crate) fn for_host(locals: usize, ctx: &Ctx) -> Result<Patience> {
         let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
         let (spin, yield_for, round) = if locals <= cores { OWN_CPU } else { SHARED_CPUS };
         let us = |name: &str, default: usize| {
-            whole(name, default, WAIT_MAX_US, rank, group).map(|v| Duration::from_micros(v as u64))
+            whole(name, default, WAIT_MAX_US, ctx).map(|v| Duration::from_micros(v as u64))
         };
         Ok(Patience {
             spin: us("ANYCCL_CPU_SPIN_US", spin)?,
             yield_for: us("ANYCCL_CPU_YIELD_US", yield_for)?,
-            round: whole("ANYCCL_CPU_ROUND", round, usize::MAX, rank, group)?.clamp(1, 1 << 16) as u32,
+            round: whole("ANYCCL_CPU_ROUND", round, usize::MAX, ctx)?.clamp(1, 1 << 16) as u32,
         })
     }
 }
@@ -393,11 +360,11 @@ pub(crate) enum ByRefMin {
 ///
 /// # Errors
 /// `InvalidArgument` naming the variable, the rank and the group when it is malformed.
-pub(crate) fn by_ref_min(rank: usize, group: &str) -> Result<ByRefMin> {
+pub(crate) fn by_ref_min(ctx: &Ctx) -> Result<ByRefMin> {
     let expected = format!("off or {BYTES}");
     let parse =
         |s: &str| if s == "off" { Some(ByRefMin::Off) } else { anyccl_core::parse_bytes(s).map(ByRefMin::From) };
-    Ok(read("connect", "ANYCCL_CPU_BY_REF_MIN", &expected, rank, group, parse)?.unwrap_or(ByRefMin::Defaults))
+    Ok(env_parse_at(ctx, "connect", "ANYCCL_CPU_BY_REF_MIN", &expected, parse)?.unwrap_or(ByRefMin::Defaults))
 }
 
 // ---------------------------------------------------------------- the platform
@@ -408,19 +375,15 @@ pub(crate) const HUGE_PAGES_MIN: usize = 512 << 10;
 
 /// The platform's allocations from this many bytes on ask for huge pages (`usize::MAX`:
 /// none do): `ANYCCL_CPU_HUGE_PAGES_MIN` ([`HUGE_PAGES_MIN`]), unless
-/// `ANYCCL_CPU_HUGE_PAGES=0`. Read at start-up, by `rank` (no group yet).
+/// `ANYCCL_CPU_HUGE_PAGES=0`. Read at start-up (`ctx` has no group yet).
 ///
 /// # Errors
 /// `InvalidArgument` naming the variable and the rank when `ANYCCL_CPU_HUGE_PAGES` is
 /// neither `0` nor `1` or `ANYCCL_CPU_HUGE_PAGES_MIN` is not a number of bytes.
-pub(crate) fn huge_pages_min(rank: usize) -> Result<usize> {
-    let flag = |s: &str| match s {
-        "0" => Some(false),
-        "1" => Some(true),
-        _ => None,
-    };
-    let huge = read("platform", "ANYCCL_CPU_HUGE_PAGES", "0 or 1", rank, "", flag)?.unwrap_or(true);
-    let min = read("platform", "ANYCCL_CPU_HUGE_PAGES_MIN", BYTES, rank, "", anyccl_core::parse_bytes)?
+pub(crate) fn huge_pages_min(ctx: &Ctx) -> Result<usize> {
+    let huge =
+        env_parse_at(ctx, "platform", "ANYCCL_CPU_HUGE_PAGES", "0 or 1", anyccl_core::parse_flag)?.unwrap_or(true);
+    let min = env_parse_at(ctx, "platform", "ANYCCL_CPU_HUGE_PAGES_MIN", BYTES, anyccl_core::parse_bytes)?
         .unwrap_or(HUGE_PAGES_MIN);
     Ok(if huge { min.max(1) } else { usize::MAX })
 }
@@ -428,7 +391,7 @@ pub(crate) fn huge_pages_min(rank: usize) -> Result<usize> {
 /// The raw value of the variable `name` for the backend's tuning report: `None` when unset,
 /// or the error that the connect would give, as text, where it is not UTF-8.
 pub(crate) fn shown(name: &str) -> Option<String> {
-    match read("tuning", name, "UTF-8", anyccl_core::env_rank(), "", |s| Some(s.to_string())) {
+    match env_parse_at(&Ctx::process("cpu"), "tuning", name, "UTF-8", |s| Some(s.to_string())) {
         Ok(v) => v,
         Err(e) => Some(format!("malformed: {e}")),
     }

@@ -16,7 +16,7 @@
 
 pub(crate) use crate::settings::Links;
 use crate::shm;
-use anyccl_core::{Error, Result, Store};
+use anyccl_core::{Ctx, Error, Result, Store};
 use local::ShmLink;
 pub(crate) use local::{Copier, Sink};
 use std::collections::VecDeque;
@@ -91,6 +91,8 @@ pub(crate) fn op_name(code: u8) -> &'static str {
 
 /// The connections of one rank to every other rank.
 pub(crate) struct Mesh {
+    /// Who this mesh's errors happen to: the backend, this rank and the group.
+    pub ctx: Ctx,
     pub rank: usize,
     pub size: usize,
     pub label: String,
@@ -127,14 +129,14 @@ impl std::fmt::Debug for Mesh {
 
 impl Mesh {
     fn peer_err(&self, peer: usize, detail: String) -> Error {
-        Error::PeerFailed { rank: self.rank, group: self.label.clone(), peer: Some(peer), detail }
+        self.ctx.peer_failed(Some(peer), detail)
     }
 
     pub(crate) fn dead_err(&self, d: Dead) -> Error {
         if d.aborted {
-            Error::Aborted { rank: self.rank, group: self.label.clone(), detail: d.detail }
+            self.ctx.aborted(d.detail)
         } else {
-            Error::PeerFailed { rank: self.rank, group: self.label.clone(), peer: d.peer, detail: d.detail }
+            self.ctx.peer_failed(d.peer, d.detail)
         }
     }
 
@@ -169,18 +171,13 @@ impl Mesh {
             Some(d) => self.dead_err(d),
             // The socket's send timeout: the peer took no data for a whole operation timeout.
             None if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
-                Error::Timeout {
-                    op: what(kind, op, seq),
-                    rank: self.rank,
-                    group: self.label.clone(),
-                    after: self.op_timeout,
-                    detail: format!(
-                        "rank {peer} accepted no data for {:?}: it stopped reading (a stopped or stuck process)",
-                        self.op_timeout
-                    ),
-                }
+                let detail = format!(
+                    "rank {peer} accepted no data for {:?}: it stopped reading (a stopped or stuck process)",
+                    self.op_timeout
+                );
+                self.ctx.timeout(what(kind, op, seq), self.op_timeout, detail).with_source(e)
             }
-            None => self.peer_err(peer, format!("send failed: {e}")),
+            None => self.peer_err(peer, format!("send failed: {e}")).with_source(e),
         })
     }
 
@@ -213,16 +210,14 @@ impl Mesh {
             };
             return Err(match missed {
                 Missed::Dead(d) => self.dead_err(d),
-                Missed::TimedOut => Error::Timeout {
-                    op: what(),
-                    rank: self.rank,
-                    group: self.label.clone(),
-                    after: t,
-                    detail: format!(
+                Missed::TimedOut => self.ctx.timeout(
+                    what(),
+                    t,
+                    format!(
                         "nothing arrived from rank {peer} for {t:?}: it has not reached this operation (a stopped, \
                          stuck or slower rank, or one that issued other operations)"
                     ),
-                },
+                ),
             });
         }
     }
@@ -231,16 +226,14 @@ impl Mesh {
     fn check_coll(&self, peer: usize, op: u8, seq: u64, expect: usize, got: (u8, u64, usize)) -> Result<()> {
         let (m_op, m_seq, len) = got;
         if m_op != op || m_seq != seq {
-            return Err(Error::PeerFailed {
-                rank: self.rank,
-                group: self.label.clone(),
-                peer: Some(peer),
-                detail: format!(
+            return Err(self.peer_err(
+                peer,
+                format!(
                     "collective mismatch: this rank runs {} #{seq}, rank {peer} sent {} #{m_seq}",
                     op_name(op),
                     op_name(m_op),
                 ),
-            });
+            ));
         }
         if len != expect {
             return Err(self.peer_err(
@@ -326,12 +319,9 @@ impl Mesh {
     /// Copy the bytes at `addr` of this process into `out` through the kernel: a lent range
     /// ([`Data::At`]).
     pub(crate) fn read_own(&self, addr: usize, out: &mut [u8]) -> Result<()> {
-        shm::read_remote(std::process::id() as i32, addr, out).map_err(|e| Error::InvalidArgument {
-            op: "enqueue",
-            arg: "buf",
-            rank: self.rank,
-            group: self.label.clone(),
-            msg: format!("a buffer lent to an operation is no longer readable (its Work was leaked?): {e}"),
+        shm::read_remote(std::process::id() as i32, addr, out).map_err(|e| {
+            let msg = format!("a buffer lent to an operation is no longer readable (its Work was leaked?): {e}");
+            self.ctx.invalid("enqueue", "buf", msg)
         })
     }
 

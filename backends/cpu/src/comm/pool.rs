@@ -125,18 +125,13 @@ impl CpuComm {
             }
             let now = Instant::now();
             if now >= deadline {
-                return Err(Error::Timeout {
-                    op: "enqueue".into(),
-                    rank: self.info.rank,
-                    group: self.mesh.label.clone(),
-                    after: t,
-                    detail: format!(
-                        "{} bytes of earlier operations stayed queued (limit {}, ANYCCL_CPU_MAX_QUEUED_BYTES): the \
-                         communicator made no progress",
-                        q.held(),
-                        q.limit
-                    ),
-                });
+                let detail = format!(
+                    "{} bytes of earlier operations stayed queued (limit {}, ANYCCL_CPU_MAX_QUEUED_BYTES): the \
+                     communicator made no progress",
+                    q.held(),
+                    q.limit
+                );
+                return Err(self.mesh.ctx.timeout("enqueue", t, detail));
             }
             if q.take_within(bytes, (deadline - now).min(Duration::from_millis(100))) {
                 break;

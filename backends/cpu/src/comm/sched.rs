@@ -153,16 +153,13 @@ fn run_job(engine: &mut Engine, run: JobFn, direct: Option<Direct<'_>>) -> Resul
     }
     // A panic in an operation must not take the worker (and every later Work) with it: it
     // fails the communicator like any error.
-    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(engine, direct))).unwrap_or_else(|_| {
-        Err(Error::Backend {
-            backend: "cpu",
-            op: "worker".into(),
-            code: -1,
-            text: "an operation panicked; communicator failed".into(),
-            recovery: anyccl_core::Recovery::Rebuild,
-            source: None,
-        })
-    });
+    let Ok(r) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(engine, direct))) else {
+        // No library failed (there is no code to give): the communicator is gone, and every
+        // peer hears why.
+        let why = "an operation panicked; communicator failed";
+        engine.mesh.kill(Dead { aborted: false, peer: None, detail: why.into() });
+        return Err(engine.mesh.ctx.aborted(why));
+    };
     if let Err(e) = &r {
         // A failed collective leaves peers mid-protocol: fail the whole communicator so
         // every rank hears of it at once.

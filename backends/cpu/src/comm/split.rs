@@ -11,19 +11,12 @@ impl CpuComm {
     /// # Errors
     /// `Timeout` naming the rank that never entered the split by `deadline`; the store's error.
     pub(super) async fn split_members(&self, base: &str, color: u32, deadline: Instant) -> Result<Vec<(u32, usize)>> {
-        let me = self.info.rank;
         let mut members = Vec::new();
         for r in 0..self.info.size {
             let v = match self.store.wait(&format!("{base}/{r}"), deadline).await {
                 Ok(v) => v,
                 Err(Error::Timeout { after, .. }) => {
-                    return Err(Error::Timeout {
-                        op: "split".into(),
-                        rank: me,
-                        group: self.mesh.label.clone(),
-                        after,
-                        detail: format!("rank {r} never entered the split"),
-                    })
+                    return Err(self.mesh.ctx.timeout("split", after, format!("rank {r} never entered the split")))
                 }
                 Err(e) => return Err(e),
             };

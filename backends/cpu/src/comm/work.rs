@@ -215,17 +215,12 @@ impl WorkImpl for CpuWork<'_> {
     }
 }
 
-fn not_host(op: &'static str, rank: usize, group: &str) -> Error {
-    Error::InvalidArgument {
-        op,
-        arg: "buf",
-        rank,
-        group: group.into(),
-        msg: "the cpu backend needs host buffers".into(),
-    }
-}
-
 impl CpuComm {
+    /// The error for a buffer of `op` that is not in host memory.
+    fn not_host(&self, op: &'static str) -> Error {
+        self.mesh.ctx.invalid(op, "buf", "the cpu backend needs host buffers")
+    }
+
     /// Queue `run`, admitted (see [`CpuComm::admit`]) before its input was copied.
     pub(super) fn enqueue<'a>(
         &'a self,
@@ -255,16 +250,12 @@ impl CpuComm {
             .then_some("send")
             .or_else(|| targets.iter().any(|b| b.device().kind != DeviceKind::Cpu).then_some("recv"))
         {
-            return Err(not_host(op, self.info.rank, &self.mesh.label));
+            return Err(self.not_host(op));
         }
         let done = Arc::new(Completion::default());
         let mut st = self.sched.lock();
         if st.closed {
-            return Err(Error::Aborted {
-                rank: self.info.rank,
-                group: self.mesh.label.clone(),
-                detail: "communicator shut down".into(),
-            });
+            return Err(self.mesh.ctx.aborted("communicator shut down"));
         }
         let id = st.next_id;
         st.next_id += 1;
@@ -293,16 +284,12 @@ impl CpuComm {
 
     /// A send buffer's bytes as a job's input ([`Input::of`]).
     pub(super) fn input(&self, op: &'static str, b: &Buf<'_>) -> Result<Input> {
-        b.as_host_bytes()
-            .map(|s| Input::of(s, &self.pool))
-            .ok_or_else(|| not_host(op, self.info.rank, &self.mesh.label))
+        b.as_host_bytes().map(|s| Input::of(s, &self.pool)).ok_or_else(|| self.not_host(op))
     }
 
     /// An in-place operation's input: the target's bytes `[at, at + len)`.
     pub(super) fn input_mut(&self, op: &'static str, b: &mut BufMut<'_>, at: usize, len: usize) -> Result<Input> {
         let pool = &self.pool;
-        b.as_host_bytes_mut()
-            .map(|s| Input::of(&s[at..at + len], pool))
-            .ok_or_else(|| not_host(op, self.info.rank, &self.mesh.label))
+        b.as_host_bytes_mut().map(|s| Input::of(&s[at..at + len], pool)).ok_or_else(|| self.not_host(op))
     }
 }

@@ -6,7 +6,7 @@ use super::local::REF_BODY;
 use super::{Kind, Mesh};
 use crate::settings::{crowded_end, ByRefMin, BY_REF_EXCHANGE, BY_REF_MIN, BY_REF_P2P_EXCHANGE};
 use crate::shm;
-use anyccl_core::Result;
+use anyccl_core::{Ctx, Result};
 
 /// Message sizes from which messages to peers of this host go by reference (the receiver
 /// copies them out of the sender's memory): `ANYCCL_CPU_BY_REF_MIN` sets them all (any
@@ -27,8 +27,8 @@ pub(crate) struct ByRef {
 
 /// [`ByRef`] from the environment, for a host whose ranks outnumber a rank's CPUs or not
 /// (`crowded`).
-pub(crate) fn by_ref_sizes(rank: usize, label: &str, crowded: bool) -> Result<ByRef> {
-    match crate::settings::by_ref_min(rank, label)? {
+pub(crate) fn by_ref_sizes(ctx: &Ctx, crowded: bool) -> Result<ByRef> {
+    match crate::settings::by_ref_min(ctx)? {
         ByRefMin::Off => Ok(ByRef { exchange: 0..0, p2p_exchange: usize::MAX, alone: (usize::MAX, usize::MAX) }),
         ByRefMin::From(v) => {
             let v = v.max(REF_BODY + 1);

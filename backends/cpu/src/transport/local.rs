@@ -207,16 +207,14 @@ impl Mesh {
         }
         if Instant::now() >= deadline.at() {
             let t = self.op_timeout;
-            return Err(Error::Timeout {
-                op: what(),
-                rank: self.rank,
-                group: self.label.clone(),
-                after: t,
-                detail: format!(
+            return Err(self.ctx.timeout(
+                what(),
+                t,
+                format!(
                     "rank {peer} made no progress for {t:?} (over shared memory): it has not reached this operation \
                      (a stopped, stuck or slower rank, or one that issued other operations)"
                 ),
-            });
+            ));
         }
         Ok(())
     }

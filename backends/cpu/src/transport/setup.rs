@@ -15,14 +15,9 @@ fn hello(ns: &str, rank: usize, size: usize) -> [u8; 24] {
     b
 }
 
-fn timeout(label: &str, rank: usize, what: &str, missing: &[usize], started: Instant) -> Error {
-    Error::Timeout {
-        op: "connect".into(),
-        rank,
-        group: label.to_string(),
-        after: started.elapsed(),
-        detail: format!("{what}: ranks {missing:?} never arrived"),
-    }
+/// The connect's timeout while `what`, after waiting since `started` for the ranks `missing`.
+fn timeout(ctx: &Ctx, what: &str, missing: &[usize], started: Instant) -> Error {
+    ctx.timeout("connect", started.elapsed(), format!("{what}: ranks {missing:?} never arrived"))
 }
 
 impl Mesh {
@@ -40,17 +35,17 @@ impl Mesh {
         links: Option<Links>,
     ) -> Result<Mesh> {
         let started = Instant::now();
-        let inbox_limit = crate::settings::max_inbox_bytes(rank, label)?;
-        let host = crate::settings::host(rank, label)?;
-        let listener = tokio::net::TcpListener::bind((host.as_str(), 0)).await.map_err(|e| Error::Unavailable {
-            backend: "cpu",
-            reason: format!("cannot listen on {host}: {e} (set ANYCCL_CPU_HOST)"),
-        })?;
-        let me = listener.local_addr().map_err(|e| Error::Unavailable { backend: "cpu", reason: e.to_string() })?;
+        let ctx = Ctx::new("cpu", rank, label);
+        let inbox_limit = crate::settings::max_inbox_bytes(&ctx)?;
+        let host = crate::settings::host(&ctx)?;
         let links = match links {
             Some(l) => l,
-            None => Links::from_env(rank, label)?,
+            None => Links::from_env(&ctx)?,
         };
+        let listener = tokio::net::TcpListener::bind((host.as_str(), 0))
+            .await
+            .map_err(|e| Error::unavailable("cpu", format!("cannot listen on {host}: {e} (set ANYCCL_CPU_HOST)")))?;
+        let me = listener.local_addr().map_err(|e| Error::unavailable("cpu", e.to_string()))?;
         let split = if let Links::Hosts(k) = links { Some(k) } else { None };
         let host_of_me = if links == Links::Tcp { "-".to_string() } else { shm::host_id(rank, split) };
         let l3 = crate::cache::L3::this_host();
@@ -61,7 +56,7 @@ impl Mesh {
         let got = store.wait_many(&keys, deadline).await?;
         let missing: Vec<usize> = got.iter().enumerate().filter(|(_, v)| v.is_none()).map(|(r, _)| r).collect();
         if !missing.is_empty() {
-            return Err(timeout(label, rank, "waiting for addresses", &missing, started));
+            return Err(timeout(&ctx, "waiting for addresses", &missing, started));
         }
         let mut addrs = Vec::with_capacity(size);
         let mut hosts = Vec::with_capacity(size);
@@ -89,7 +84,7 @@ impl Mesh {
             if host_of_me == "-" { vec![rank] } else { (0..size).filter(|&r| hosts[r] == host_of_me).collect() };
         let crowded = locals.len() > std::thread::available_parallelism().map_or(1, |c| c.get());
         let shm = if locals.len() > 1 {
-            shm_links(store, ns, label, rank, size, &locals, ring_streaming, deadline, started).await?
+            shm_links(store, ns, &ctx, size, &locals, ring_streaming, deadline, started).await?
         } else {
             (0..size).map(|_| None).collect()
         };
@@ -102,37 +97,31 @@ impl Mesh {
             let addr = addrs[peer];
             let mut s = loop {
                 match tokio::time::timeout_at(deadline.into(), tokio::net::TcpStream::connect(addr)).await {
-                    Err(_) => return Err(timeout(label, rank, "connecting", &[peer], started)),
+                    Err(_) => return Err(timeout(&ctx, "connecting", &[peer], started)),
                     Ok(Ok(s)) => break s,
                     Ok(Err(e)) if Instant::now() < deadline => {
                         tracing::debug!("connect to rank {peer} at {addr}: {e}; retrying");
                         tokio::time::sleep(Duration::from_millis(20)).await;
                     }
                     Ok(Err(e)) => {
-                        return Err(Error::PeerFailed {
-                            rank,
-                            group: label.into(),
-                            peer: Some(peer),
-                            detail: format!("cannot connect to {addr}: {e}"),
-                        })
+                        return Err(ctx
+                            .peer_failed(Some(peer), format!("cannot connect to {addr}: {e}"))
+                            .with_source(e))
                     }
                 }
             };
             use tokio::io::AsyncWriteExt;
-            s.write_all(&hello(ns, rank, size)).await.map_err(|e| Error::PeerFailed {
-                rank,
-                group: label.into(),
-                peer: Some(peer),
-                detail: format!("hello to {addr} failed: {e}"),
-            })?;
-            streams[peer] = Some(into_std(s, rank, label, op_timeout)?);
+            s.write_all(&hello(ns, rank, size))
+                .await
+                .map_err(|e| ctx.peer_failed(Some(peer), format!("hello to {addr} failed: {e}")).with_source(e))?;
+            streams[peer] = Some(into_std(s, &ctx, op_timeout)?);
         }
         // Accept every higher rank.
         let ns_hash = anyccl_core::stable_hash(ns.bytes());
         let mut pending: Vec<usize> = (rank + 1..size).collect();
         while !pending.is_empty() {
             let (mut s, from) = match tokio::time::timeout_at(deadline.into(), listener.accept()).await {
-                Err(_) => return Err(timeout(label, rank, "accepting connections", &pending, started)),
+                Err(_) => return Err(timeout(&ctx, "accepting connections", &pending, started)),
                 Ok(Err(e)) => {
                     tracing::warn!("accept failed: {e}");
                     continue;
@@ -155,7 +144,7 @@ impl Mesh {
                 continue;
             }
             pending.retain(|&p| p != peer);
-            streams[peer] = Some(into_std(s, rank, label, op_timeout)?);
+            streams[peer] = Some(into_std(s, &ctx, op_timeout)?);
         }
 
         let mailbox = Arc::new(Mailbox::new(size, inbox_limit));
@@ -169,26 +158,22 @@ impl Mesh {
                     ctl.push(None);
                 }
                 Some(s) => {
-                    let clone = || {
-                        s.try_clone()
-                            .map_err(|e| Error::Unavailable { backend: "cpu", reason: format!("socket clone: {e}") })
-                    };
+                    let clone = || s.try_clone().map_err(|e| Error::unavailable("cpu", format!("socket clone: {e}")));
                     let r = clone()?;
                     ctl.push(Some(clone()?));
                     let mb = mailbox.clone();
                     let h = std::thread::Builder::new()
                         .name(format!("anyccl-cpu-rx{rank}<{peer}"))
                         .spawn(move || read_loop(r, peer, mb))
-                        .map_err(|e| Error::Unavailable {
-                            backend: "cpu",
-                            reason: format!("cannot start reader thread: {e}"),
-                        })?;
+                        .map_err(|e| Error::unavailable("cpu", format!("cannot start reader thread: {e}")))?;
                     readers.push(h);
                     writers.push(Some(Mutex::new(s)));
                 }
             }
         }
+        let by_ref_sizes = by_ref_sizes(&ctx, crowded)?;
         Ok(Mesh {
+            ctx,
             rank,
             size,
             label: label.into(),
@@ -198,7 +183,7 @@ impl Mesh {
             writers,
             ctl,
             shm,
-            by_ref_sizes: by_ref_sizes(rank, label, crowded)?,
+            by_ref_sizes,
             scratch: Mutex::new(Vec::new()),
             bufs: crate::bufs::Pool::new(inbox_limit),
             mailbox,
@@ -207,19 +192,14 @@ impl Mesh {
     }
 }
 
-fn into_std(s: tokio::net::TcpStream, rank: usize, label: &str, op_timeout: Duration) -> Result<TcpStream> {
-    let s = s.into_std().map_err(|e| Error::Unavailable { backend: "cpu", reason: format!("socket: {e}") })?;
+fn into_std(s: tokio::net::TcpStream, ctx: &Ctx, op_timeout: Duration) -> Result<TcpStream> {
+    let s = s.into_std().map_err(|e| Error::unavailable("cpu", format!("socket: {e}")))?;
     // A zero timeout means "none" to the socket layer: keep at least a millisecond.
     let send_timeout = op_timeout.max(Duration::from_millis(1));
     s.set_nonblocking(false)
         .and_then(|_| s.set_nodelay(true))
         .and_then(|_| s.set_write_timeout(Some(send_timeout)))
-        .map_err(|e| Error::PeerFailed {
-            rank,
-            group: label.into(),
-            peer: None,
-            detail: format!("socket setup: {e}"),
-        })?;
+        .map_err(|e| ctx.peer_failed(None, format!("socket setup: {e}")).with_source(e))?;
     Ok(s)
 }
 
@@ -231,22 +211,24 @@ fn into_std(s: tokio::net::TcpStream, rank: usize, label: &str, op_timeout: Dura
 pub(super) async fn shm_links(
     store: &dyn Store,
     ns: &str,
-    label: &str,
-    rank: usize,
+    ctx: &Ctx,
     size: usize,
     locals: &[usize],
     ring_streaming: bool,
     deadline: Instant,
     started: Instant,
 ) -> Result<Vec<Option<ShmLink>>> {
-    let fail = |what: String| Error::Unavailable {
-        backend: "cpu",
-        reason: format!(
-            "rank {rank} of '{label}': shared memory with the ranks {locals:?} of its host: {what} (set \
-             ANYCCL_CPU_LINKS=tcp to use TCP between them)"
-        ),
+    let (rank, label) = (ctx.rank, ctx.group.as_str());
+    let fail = |what: String| {
+        Error::unavailable(
+            "cpu",
+            format!(
+                "rank {rank} of '{label}': shared memory with the ranks {locals:?} of its host: {what} (set \
+                 ANYCCL_CPU_LINKS=tcp to use TCP between them)"
+            ),
+        )
     };
-    let layout = shm::Layout { locals: locals.len(), ring: crate::settings::ring_bytes(locals.len(), rank, label)? };
+    let layout = shm::Layout { locals: locals.len(), ring: crate::settings::ring_bytes(locals.len(), ctx)? };
     let own = Arc::new(shm::Segment::create(layout.segment_bytes()).map_err(fail)?);
     let fd = own.fd().unwrap_or(-1);
     store
@@ -259,10 +241,10 @@ pub(super) async fn shm_links(
     let got = store.wait_many(&keys, deadline).await?;
     let missing: Vec<usize> = locals.iter().zip(&got).filter(|(_, v)| v.is_none()).map(|(r, _)| *r).collect();
     if !missing.is_empty() {
-        return Err(timeout(label, rank, "waiting for shared-memory segments", &missing, started));
+        return Err(timeout(ctx, "waiting for shared-memory segments", &missing, started));
     }
-    let patience = shm::Patience::for_host(locals.len(), rank, label)?;
-    let stream_min = crate::settings::ring_stream_min(ring_streaming, rank, label)?;
+    let patience = shm::Patience::for_host(locals.len(), ctx)?;
+    let stream_min = crate::settings::ring_stream_min(ring_streaming, ctx)?;
     let me_local = locals.iter().position(|&r| r == rank).unwrap_or(0);
     let mut links: Vec<Option<ShmLink>> = (0..size).map(|_| None).collect();
     for (i, (&peer, v)) in locals.iter().zip(got).enumerate() {
@@ -277,16 +259,14 @@ pub(super) async fn shm_links(
             return Err(Error::store_fatal(format!("malformed segment under '{ns}/seg/{peer}'")));
         };
         if ring as usize != layout.ring {
-            return Err(Error::InvalidArgument {
-                op: "connect",
-                arg: "environment",
-                rank,
-                group: label.into(),
-                msg: format!(
+            return Err(ctx.invalid(
+                "connect",
+                "environment",
+                format!(
                     "rank {peer} uses rings of {ring} bytes, this rank {} (ANYCCL_CPU_SHM_RING_BYTES differs)",
                     layout.ring
                 ),
-            });
+            ));
         }
         let seg = shm::Segment::open(pid as u32, fd as i32, layout.segment_bytes())
             .map_err(|e| fail(format!("rank {peer}: {e}")))?;
