@@ -130,6 +130,8 @@ impl CpuComm {
     ) -> Result<Arc<CpuComm>> {
         // The group's name in errors is its namespace.
         let label = namespace;
+        // Every setting first, on every rank: none fails while its peers wait for it.
+        crate::settings::check(&anyccl_core::Ctx::new("cpu", rank, label), links.is_some())?;
         // A generation per connect, started by rank 0: reconnecting under the same name
         // never reads a previous generation's addresses, and a rank retrying alone joins
         // rank 0's next attempt.

@@ -37,6 +37,30 @@ fn whole(name: &str, default: usize, max: usize, ctx: &Ctx) -> Result<usize> {
     Ok(env_parse_at(ctx, "connect", name, &expected, parse)?.unwrap_or(default))
 }
 
+/// Read every setting a connect reads, before the ranks exchange anything: a malformed one
+/// then fails every rank at once, each naming itself, instead of one rank failing while the
+/// others wait for it (or meet its half-built links). `links_given`: the program chose the
+/// links, so `ANYCCL_CPU_LINKS` is not read. The values are read again, where their defaults
+/// are known (from the group's hosts and cache).
+///
+/// # Errors
+/// `InvalidArgument` naming the first malformed variable, the rank and the group.
+pub(crate) fn check(ctx: &Ctx, links_given: bool) -> Result<()> {
+    if !links_given {
+        Links::from_env(ctx)?;
+    }
+    host(ctx)?;
+    max_inbox_bytes(ctx)?;
+    max_queued_bytes(ctx)?;
+    handoff(ctx)?;
+    by_ref_min(ctx)?;
+    ring_bytes(2, ctx)?;
+    ring_stream_min(true, ctx)?;
+    Patience::for_host(2, ctx)?;
+    Tuning::from_env(ctx, 0)?;
+    Ok(())
+}
+
 // ---------------------------------------------------------------- algorithms
 
 /// The default of `ANYCCL_CPU_ALLREDUCE_DIRECT_MAX`: all_reduce size up to which whole buffers
