@@ -2,6 +2,7 @@
 //! all_reduce gets bit-identical results, and the same sizes always take the same path.
 
 use crate::reduce::{finish_avg, reduce_into, reduce_to};
+use crate::settings::Tuning;
 use crate::transport::{Copier, Kind, Mesh, Sink};
 use anyccl_core::{DType, ReduceOp, Result};
 
@@ -12,147 +13,6 @@ pub(crate) const OP_ALL_GATHER: u8 = 4;
 pub(crate) const OP_REDUCE_SCATTER: u8 = 5;
 pub(crate) const OP_ALL_TO_ALL: u8 = 6;
 pub(crate) const OP_BARRIER: u8 = 7;
-
-/// all_reduce size up to which whole buffers are exchanged (MPICH's short-message
-/// threshold; measured here, ring reduce-scatter + all-gather is faster from 2-8 KiB on).
-pub(crate) const DIRECT_MAX: usize = 2 << 10;
-
-/// all_to_all segment size up to which a rank sends every segment before it receives any.
-/// Measured at 4 ranks on 2 cores: 16 B-4 KiB segments take 15-29 us exchanged in posted
-/// order against 19-34 us pairwise; pairwise wins once segments stream (tens of KiB).
-pub(crate) const ALL_TO_ALL_DIRECT_MAX: usize = 8 << 10;
-
-/// Output size from which outputs are written with streaming stores ([`Tuning::stream_min`]).
-/// From 8 MiB the input, the output and the rings no longer stay in the 32 MiB L3 that
-/// the machines measured share with their neighbours; 4 MiB sits at the edge, where what
-/// the neighbours hold decides. 2 ranks, busbw, medians of alternating rounds: at 8 MiB
-/// streaming won on both days measured (all_reduce 3.09 and 3.60 GB/s against 2.54 and
-/// 2.23, all_to_all 1.79 and 2.75 against 1.49 and 2.58); at 4 MiB it won on the first
-/// (all_reduce 4.11 against 2.71) and lost every operation on the second (all_reduce 4.23
-/// against 5.74, all_gather 3.17 against 5.26, reduce_scatter 5.88 against 6.65,
-/// broadcast 5.50 against 6.36, all_to_all 5.06 against 5.53), when Open MPI, which keeps
-/// 4 MiB in cache, ran 4.7-7.6. At 2 MiB all_to_all lost (3.46 against 6.19). Where the
-/// ranks share a larger L3, the step it gives ([`crate::cache::L3::step`]) when larger.
-pub(crate) const STREAM_MIN: usize = 8 << 20;
-
-/// all_reduce size from which two ranks go a piece at a time ([`Tuning::pair_min`]), folding
-/// into a scratch that streams to the output (from [`STREAM_MIN`]). Measured
-/// on 2 cores, out-of-place busbw, medians of alternating rounds against the ring, both
-/// streaming from 16 MiB: 4 and 8 MiB 2.68 and 2.07 GB/s against 2.18 and 1.96, 16-256 MiB
-/// 1.96-2.79 against 1.79-1.96; 1-2 MiB, which stay in cache either way, lower (2.02-2.29
-/// against 2.34-3.54). Since the ring's steps go by reference, 4 MiB is as fast on the ring
-/// (7.8 against 7.4 GB/s with 512 KiB pieces, 5.1-5.6 with 256 KiB ones), so it starts
-/// at 8 MiB (the ring there 4.3, pieces 4.1, within the runs' spread). Where the ranks share
-/// a larger L3, the step it gives ([`crate::cache::L3::step`]) when larger.
-pub(crate) const PAIR_MIN: usize = 8 << 20;
-
-/// Bytes of a piece of a two-rank all_reduce ([`Tuning::pair_piece`]): its folded half (the
-/// scratch, when streaming) stays in a core's L2, and, at 128 KiB, goes through the ring
-/// (written with streaming stores) rather than by reference (from 256 KiB): 2 ranks, busbw
-/// medians of 3 alternating runs, pieces of 512 -> 256 KiB: 8 MiB 3.8 -> 5.5 GB/s, 16-64
-/// MiB 3.5-4.2 -> 4.0-4.8, 128 and 256 MiB 2.4 and 2.3 -> 4.3 and 4.0.
-pub(crate) const PAIR_PIECE: usize = 256 << 10;
-
-/// Size thresholds that pick algorithms; `ANYCCL_CPU_*` overrides.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Tuning {
-    /// all_reduce at or below this many bytes exchanges whole buffers in one round
-    /// (latency-bound); above it, ring reduce-scatter + all-gather (bandwidth-bound).
-    pub all_reduce_direct_max: usize,
-    /// all_to_all whose segments are all at most this many bytes sends every segment, then
-    /// receives every segment (one round of waiting); above it, pairwise exchange.
-    pub all_to_all_direct_max: usize,
-    /// all_reduce outputs from this many bytes on are written with streaming stores
-    /// (`shm::copy_streaming`): far larger than the cache, their lines would otherwise be
-    /// read from memory before being overwritten.
-    pub stream_min: usize,
-    /// all_reduce between two ranks from this many bytes on goes a piece at a time
-    /// ([`pairwise_all_reduce`]) instead of by the ring over the whole buffer.
-    pub pair_min: usize,
-    /// Bytes of each piece of that exchange.
-    pub pair_piece: usize,
-}
-
-impl Tuning {
-    /// The thresholds; the stream and pair sizes default to at least `step` (the group's,
-    /// [`crate::cache::L3::step`]).
-    pub(crate) fn from_env(rank: usize, label: &str, step: usize) -> Result<Self> {
-        Ok(Tuning {
-            all_reduce_direct_max: env_bytes("ANYCCL_CPU_ALLREDUCE_DIRECT_MAX", DIRECT_MAX, rank, label)?,
-            all_to_all_direct_max: env_bytes("ANYCCL_CPU_ALLTOALL_DIRECT_MAX", ALL_TO_ALL_DIRECT_MAX, rank, label)?,
-            stream_min: env_bytes("ANYCCL_CPU_STREAM_MIN", STREAM_MIN.max(step), rank, label)?,
-            pair_min: env_bytes("ANYCCL_CPU_PAIR_MIN", PAIR_MIN.max(step), rank, label)?,
-            pair_piece: at_least(
-                env_bytes("ANYCCL_CPU_PAIR_PIECE", PAIR_PIECE, rank, label)?,
-                "ANYCCL_CPU_PAIR_PIECE",
-                4096,
-                rank,
-                label,
-            )?,
-        })
-    }
-}
-
-/// A byte count from the environment variable `name` (`default` when unset), read at connect.
-///
-/// # Errors
-/// `InvalidArgument` naming the variable, the rank and the group when it is malformed.
-pub(crate) fn env_bytes(name: &str, default: usize, rank: usize, label: &str) -> Result<usize> {
-    env_bytes_for("connect", name, default, rank, label)
-}
-
-/// A byte count from the environment variable `name` (`default` when unset), read by `op`.
-///
-/// # Errors
-/// `InvalidArgument` naming `op`, the variable, the rank and the group when it is malformed,
-/// a value that is not UTF-8 included.
-pub(crate) fn env_bytes_for(op: &'static str, name: &str, default: usize, rank: usize, label: &str) -> Result<usize> {
-    let Some(raw) = std::env::var_os(name) else {
-        return Ok(default);
-    };
-    raw.to_str().and_then(anyccl_core::parse_bytes).ok_or_else(|| anyccl_core::Error::InvalidArgument {
-        op,
-        arg: "environment",
-        rank,
-        group: label.into(),
-        msg: format!("{name}={raw:?} is not a number of bytes (such as 65536, 64K, 16M or 1G)"),
-    })
-}
-
-/// `v`, the value of the variable `name`, when it is at least `min`.
-///
-/// # Errors
-/// `InvalidArgument` naming the variable, the rank and the group when it is smaller.
-fn at_least(v: usize, name: &str, min: usize, rank: usize, label: &str) -> Result<usize> {
-    if v >= min {
-        return Ok(v);
-    }
-    Err(anyccl_core::Error::InvalidArgument {
-        op: "connect",
-        arg: "environment",
-        rank,
-        group: label.into(),
-        msg: format!("{name}={v} is below {min} bytes"),
-    })
-}
-
-/// A whole number (`what` it counts, for the error) from the environment variable `name`
-/// (`default` when unset).
-///
-/// # Errors
-/// `InvalidArgument` naming the variable, the rank and the group when it is malformed.
-pub(crate) fn env_number(name: &str, default: usize, what: &str, rank: usize, label: &str) -> Result<usize> {
-    match std::env::var(name) {
-        Err(_) => Ok(default),
-        Ok(v) => v.trim().parse().map_err(|_| anyccl_core::Error::InvalidArgument {
-            op: "connect",
-            arg: "environment",
-            rank,
-            group: label.into(),
-            msg: format!("{name}={v:?} is not {what}"),
-        }),
-    }
-}
 
 /// One collective's view of the mesh: its op code and sequence number.
 pub(crate) struct Coll<'m> {
@@ -383,7 +243,7 @@ fn direct_pair(cx: &Coll<'_>, data: &mut [u8], src: Option<&[u8]>, dtype: DType,
 
 /// A copy of a small input: on the stack up to the default direct size (the smallest,
 /// latency-bound calls), in words so that every element type is aligned for the reduction.
-type Kept = smallvec::SmallVec<[u64; DIRECT_MAX / 8]>;
+type Kept = smallvec::SmallVec<[u64; crate::settings::DIRECT_MAX / 8]>;
 
 /// Fill `kept` with a copy of `data` and return it. Filled where it lies: a move of the
 /// vector would copy its whole inline array.

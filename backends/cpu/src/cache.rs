@@ -5,9 +5,9 @@
 //! Measured on two kinds of 2-core host (2 ranks, busbw of alternating runs and whole
 //! `bench/cpu_peers.sh` tables). AMD EPYC under KVM, a 32 MiB L3 per core complex: from
 //! 8 MiB the input, the output and the rings leave the L3, so pieces and streaming stores win
-//! from there (see [`crate::algo::STREAM_MIN`]); plain stores into a ring ran at about 25 or
+//! from there (see [`crate::settings::STREAM_MIN`]); plain stores into a ring ran at about 25 or
 //! about 4 GB/s from one moment to the next (where the host placed the two vCPUs), streaming
-//! ones at 9-14 (see [`crate::shm::RING_STREAM_MIN`]). Intel Xeon with one 260 MiB L3 shared
+//! ones at 9-14 (see [`crate::settings::RING_STREAM_MIN`]). Intel Xeon with one 260 MiB L3 shared
 //! by both vCPUs: whole buffers stay in the L3 to 32 MiB, and plain stores into the rings,
 //! read from the shared L3, beat streaming ones: default -> 32 MiB steps and plain stores,
 //! busbw against Open MPI's in the same table, all_reduce 8 and 16 MiB 0.79 and 0.72 -> 1.69
@@ -79,8 +79,8 @@ impl L3 {
 
     /// The whole-buffer step this L3 gives: an eighth of it (the input, the output, the rings
     /// and the other rank's share at once), to a power of two; 0 when it is not shared or not
-    /// known. The stream and pair sizes are at least this ([`crate::algo::STREAM_MIN`] and
-    /// [`crate::algo::PAIR_MIN`] otherwise): a 32 MiB L3 gives 4 MiB (they stay 8), a 260 MiB
+    /// known. The stream and pair sizes are at least this ([`crate::settings::STREAM_MIN`] and
+    /// [`crate::settings::PAIR_MIN`] otherwise): a 32 MiB L3 gives 4 MiB (they stay 8), a 260 MiB
     /// one 32 MiB.
     pub(crate) fn step(l3: Option<L3>) -> usize {
         match l3 {

@@ -19,7 +19,8 @@
 //! transport). The results of an operation the worker ran before its caller waited are held
 //! until that wait: at most the size of the caller's own output buffers.
 
-use crate::algo::{self, Coll, Tuning};
+use crate::algo::{self, Coll};
+use crate::settings::Tuning;
 use crate::transport::{Data, Dead, Kind, Links, Mesh};
 use anyccl_core::{
     async_trait, AllToAllSplits, Buf, BufMut, Capabilities, Collective, CommInfo, DType, Device, DeviceKind, Error,
@@ -31,13 +32,13 @@ use std::time::{Duration, Instant};
 
 mod pool;
 mod sched;
+mod split;
 mod work;
 
 use crate::bufs::Pool;
 use pool::{Admission, Queue};
-pub(crate) use sched::grace;
 use sched::{worker_loop, Completion, Job, Sched};
-use work::{CpuWork, Direct, Input};
+use work::{Direct, Input};
 
 /// What a job leaves for each of its target buffers (`None`, or no entry: leave it
 /// unchanged; a job run on its caller's buffers returns an empty list).
@@ -117,16 +118,6 @@ pub fn cpu_capabilities() -> Capabilities {
     }
 }
 
-fn not_host(op: &'static str, rank: usize, group: &str) -> Error {
-    Error::InvalidArgument {
-        op,
-        arg: "buf",
-        rank,
-        group: group.into(),
-        msg: "the cpu backend needs host buffers".into(),
-    }
-}
-
 impl CpuComm {
     pub(crate) async fn connect(
         store: Arc<dyn Store>,
@@ -139,6 +130,8 @@ impl CpuComm {
     ) -> Result<Arc<CpuComm>> {
         // The group's name in errors is its namespace.
         let label = namespace;
+        // Every setting first, on every rank: none fails while its peers wait for it.
+        crate::settings::check(&anyccl_core::Ctx::new("cpu", rank, label), links.is_some())?;
         // A generation per connect, started by rank 0: reconnecting under the same name
         // never reads a previous generation's addresses, and a rank retrying alone joins
         // rank 0's next attempt.
@@ -152,17 +145,18 @@ impl CpuComm {
     }
 
     fn start(mesh: Arc<Mesh>, store: Arc<dyn Store>, ns: String) -> Result<Arc<CpuComm>> {
-        let tune = Tuning::from_env(mesh.rank, &mesh.label, mesh.step)?;
-        let limit = algo::env_bytes("ANYCCL_CPU_MAX_QUEUED_BYTES", 256 << 20, mesh.rank, &mesh.label)?;
+        let tune = Tuning::from_env(&mesh.ctx, mesh.step)?;
+        let limit = crate::settings::max_queued_bytes(&mesh.ctx)?;
+        let grace = crate::settings::handoff(&mesh.ctx)?;
         let queue = Arc::new(Queue::new(limit));
         let pool = Arc::new(Pool::new(limit));
         let engine = Engine { mesh: mesh.clone(), seq: 0, tune, pool: pool.clone() };
-        let sched = Arc::new(Sched::new(engine));
+        let sched = Arc::new(Sched::new(engine, grace));
         let s2 = sched.clone();
         let worker = std::thread::Builder::new()
             .name(format!("anyccl-cpu-{}", mesh.rank))
             .spawn(move || worker_loop(&s2))
-            .map_err(|e| Error::Unavailable { backend: "cpu", reason: format!("cannot start worker thread: {e}") })?;
+            .map_err(|e| Error::unavailable("cpu", format!("cannot start worker thread: {e}")))?;
         let info = CommInfo { backend: "cpu", rank: mesh.rank, size: mesh.size, device: Device::CPU };
         Ok(Arc::new(CpuComm {
             info,
@@ -177,142 +171,6 @@ impl CpuComm {
             queue,
             pool,
         }))
-    }
-
-    /// Wait until a job with inputs of these sizes fits the queue bound (a job larger than
-    /// the bound waits for an empty queue), at most the operation timeout. Each input counts
-    /// what it holds while queued ([`work::held`]: a lent one as the largest copied one), the
-    /// job at least its record ([`work::RECORD`]), so
-    /// that many large operations issued before a wait stay lent and run in their callers'
-    /// waits on the callers' buffers. (Counting a lent input at its size, ten 32 MiB
-    /// all_reduce in flight on 2 ranks ran at 0.8-0.9 GB/s against 3.0 one at a time: past
-    /// 256 MiB every enqueue ran a queued job here, copying its input in and results out.)
-    fn admit(&self, inputs: impl IntoIterator<Item = usize>) -> Result<Admission> {
-        let (mut bytes, mut size) = (0usize, 0usize);
-        for n in inputs {
-            bytes = bytes.saturating_add(work::held(n));
-            size = size.saturating_add(n);
-        }
-        let bytes = bytes.max(work::RECORD);
-        let q = &self.queue;
-        if q.try_take(bytes) {
-            return Ok(Admission { queue: q.clone(), bytes, size });
-        }
-        let t = self.mesh.op_timeout;
-        let deadline = anyccl_core::deadline_in(t);
-        loop {
-            // Run queued jobs on this thread while the engine is free, as many as make room: a
-            // job run here copies its lent input in and its results out, while one left queued
-            // may still run in its own caller's wait, on the caller's buffers.
-            let mut st = self.sched.lock();
-            let mut room = false;
-            while !room && st.engine.is_some() && !st.jobs.is_empty() {
-                st = self.sched.run_front(st, None).0;
-                room = q.try_take(bytes);
-            }
-            drop(st);
-            if room || q.try_take(bytes) {
-                break;
-            }
-            if let Some(d) = self.mesh.mailbox.dead() {
-                return Err(self.mesh.dead_err(d));
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(Error::Timeout {
-                    op: "enqueue".into(),
-                    rank: self.info.rank,
-                    group: self.mesh.label.clone(),
-                    after: t,
-                    detail: format!(
-                        "{} bytes of earlier operations stayed queued (limit {}, ANYCCL_CPU_MAX_QUEUED_BYTES): the \
-                         communicator made no progress",
-                        q.held(),
-                        q.limit
-                    ),
-                    source: None,
-                });
-            }
-            if q.take_within(bytes, (deadline - now).min(Duration::from_millis(100))) {
-                break;
-            }
-        }
-        Ok(Admission { queue: q.clone(), bytes, size })
-    }
-
-    /// Queue `run`, admitted (see [`CpuComm::admit`]) before its input was copied.
-    fn enqueue<'a>(&'a self, targets: Few<BufMut<'a>>, admission: Admission, run: JobFn) -> Result<Work<'a>> {
-        self.enqueue_lent(Few::new(), targets, false, admission, run)
-    }
-
-    /// [`CpuComm::enqueue`] of a job that reads `sources` when it runs in its caller's wait;
-    /// `lent`: an input was lent.
-    fn enqueue_lent<'a>(
-        &'a self,
-        sources: Few<Buf<'a>>,
-        targets: Few<BufMut<'a>>,
-        lent: bool,
-        admission: Admission,
-        run: JobFn,
-    ) -> Result<Work<'a>> {
-        if let Some(d) = self.mesh.mailbox.dead() {
-            return Err(self.mesh.dead_err(d));
-        }
-        if let Some(op) = sources
-            .iter()
-            .any(|b| b.device().kind != DeviceKind::Cpu)
-            .then_some("send")
-            .or_else(|| targets.iter().any(|b| b.device().kind != DeviceKind::Cpu).then_some("recv"))
-        {
-            return Err(not_host(op, self.info.rank, &self.mesh.label));
-        }
-        let done = Arc::new(Completion::default());
-        let mut st = self.sched.lock();
-        if st.closed {
-            return Err(Error::Aborted {
-                rank: self.info.rank,
-                group: self.mesh.label.clone(),
-                detail: "communicator shut down".into(),
-            });
-        }
-        let id = st.next_id;
-        st.next_id += 1;
-        // Wake the worker when it sleeps for good, or when a job is already queued (the
-        // program issues several before it waits: they must progress without it).
-        let wake = st.parked || (!st.jobs.is_empty() && !st.woken);
-        st.woken |= wake;
-        let grace = Job::grace_for(admission.size, lent);
-        st.jobs.push_back(Job { id, run, done: done.clone(), grace, _admission: admission });
-        drop(st);
-        if wake {
-            self.sched.cv.notify_one();
-        }
-        let op_timeout = self.mesh.op_timeout;
-        Ok(Work::new(Box::new(CpuWork {
-            id,
-            pool: &self.pool,
-            op_timeout,
-            sched: &self.sched,
-            done,
-            sources,
-            targets,
-            lent,
-        })))
-    }
-
-    /// A send buffer's bytes as a job's input ([`Input::of`]).
-    fn input(&self, op: &'static str, b: &Buf<'_>) -> Result<Input> {
-        b.as_host_bytes()
-            .map(|s| Input::of(s, &self.pool))
-            .ok_or_else(|| not_host(op, self.info.rank, &self.mesh.label))
-    }
-
-    /// An in-place operation's input: the target's bytes `[at, at + len)`.
-    fn input_mut(&self, op: &'static str, b: &mut BufMut<'_>, at: usize, len: usize) -> Result<Input> {
-        let pool = &self.pool;
-        b.as_host_bytes_mut()
-            .map(|s| Input::of(&s[at..at + len], pool))
-            .ok_or_else(|| not_host(op, self.info.rank, &self.mesh.label))
     }
 
     fn stop_worker(&self) {
@@ -710,33 +568,7 @@ impl Collective for CpuComm {
         };
         self.store.set(&format!("{base}/{me}"), mine.as_bytes()).await?;
         let Some(color) = color else { return Ok(None) };
-        let mut members = Vec::new();
-        for r in 0..self.info.size {
-            let v = match self.store.wait(&format!("{base}/{r}"), deadline).await {
-                Ok(v) => v,
-                Err(Error::Timeout { after, .. }) => {
-                    return Err(Error::Timeout {
-                        op: "split".into(),
-                        rank: me,
-                        group: self.mesh.label.clone(),
-                        after,
-                        detail: format!("rank {r} never entered the split"),
-                        source: None,
-                    })
-                }
-                Err(e) => return Err(e),
-            };
-            let v = String::from_utf8_lossy(&v).to_string();
-            let mut it = v.split(' ');
-            if let (Some(c), Some(kk)) =
-                (it.next().and_then(|x| x.parse::<u32>().ok()), it.next().and_then(|x| x.parse::<u32>().ok()))
-            {
-                if c == color {
-                    members.push((kk, r));
-                }
-            }
-        }
-        members.sort();
+        let members = self.split_members(&base, color, deadline).await?;
         let rank = members.iter().position(|&(_, r)| r == me).unwrap_or(0);
         let ns = format!("{base}/c{color}");
         let mesh = Arc::new(
@@ -757,6 +589,7 @@ impl Collective for CpuComm {
     }
 
     async fn shutdown(&self, deadline: Instant) -> Result<()> {
+        let started = Instant::now();
         self.stop_worker();
         loop {
             let finished =
@@ -766,14 +599,8 @@ impl Collective for CpuComm {
             }
             if Instant::now() >= deadline {
                 self.mesh.kill(Dead { aborted: true, peer: None, detail: "shutdown deadline passed".into() });
-                return Err(Error::Timeout {
-                    op: "shutdown".into(),
-                    rank: self.info.rank,
-                    group: self.mesh.label.clone(),
-                    after: Duration::ZERO,
-                    detail: "pending operations did not finish; the communicator was aborted".into(),
-                    source: None,
-                });
+                let detail = "pending operations did not finish; the communicator was aborted";
+                return Err(self.mesh.ctx.timeout("shutdown", started.elapsed(), detail));
             }
             tokio::time::sleep(Duration::from_millis(1)).await;
         }

@@ -50,6 +50,13 @@
 //! - **Failure spreads.** A failed operation or a closed connection kills the
 //!   communicator and shuts its sockets, so every other rank's wait ends with an error.
 //!
+//! # Layout
+//! The modules form a ladder, each importing only from those below it: `reduce` (the
+//! arithmetic) and `settings` (every `ANYCCL_CPU_*` variable, its default and its reading) at
+//! the foot, then `cache` (the host's L3), `shm` (shared memory, copies and waiting), `bufs`
+//! (buffers kept for reuse), `platform`, `transport` (the links between ranks), `algo` (the
+//! collective algorithms over them) and `comm` (the communicator) at the top.
+//!
 // `unsafe` only in the shared-memory module (mappings, futexes, the rings' bytes, copies).
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
@@ -60,12 +67,13 @@ mod cache;
 mod comm;
 mod platform;
 mod reduce;
+mod settings;
 mod shm;
 mod transport;
 
 pub use comm::{cpu_capabilities, CpuComm};
 pub use platform::CpuPlatform;
-pub use transport::Links;
+pub use settings::Links;
 
 use anyccl_core::{async_trait, Backend, BackendInfo, Capabilities, Collective, ConnectOptions, Platform, Result};
 use std::sync::Arc;
@@ -91,7 +99,8 @@ async fn connect(opts: ConnectOptions, links: Option<Links>) -> Result<Arc<dyn C
 /// What [`Backend::tuning`] reports: each setting as a communicator connected now gets it
 /// (a malformed variable shows as such; the connect names it in its error).
 fn tuning(links: Option<Links>) -> Vec<(String, String)> {
-    let env = |name: &str, default: String| std::env::var(name).unwrap_or(default);
+    use settings as s;
+    let env = |name: &str, default: String| s::shown(name).unwrap_or(default);
     // What the host's cache makes of the defaults (a group takes the smallest host's step, and
     // none from a host whose ranks run under different L3s).
     let l3 = cache::L3::this_host();
@@ -108,18 +117,15 @@ fn tuning(links: Option<Links>) -> Vec<(String, String)> {
     vec![
         ("ANYCCL_CPU_LINKS".into(), links),
         ("ANYCCL_CPU_HUGE_PAGES".into(), env("ANYCCL_CPU_HUGE_PAGES", "1".into())),
-        ("ANYCCL_CPU_HUGE_PAGES_MIN".into(), env("ANYCCL_CPU_HUGE_PAGES_MIN", platform::HUGE_PAGES_MIN.to_string())),
-        (
-            "ANYCCL_CPU_ALLREDUCE_DIRECT_MAX".into(),
-            env("ANYCCL_CPU_ALLREDUCE_DIRECT_MAX", algo::DIRECT_MAX.to_string()),
-        ),
+        ("ANYCCL_CPU_HUGE_PAGES_MIN".into(), env("ANYCCL_CPU_HUGE_PAGES_MIN", s::HUGE_PAGES_MIN.to_string())),
+        ("ANYCCL_CPU_ALLREDUCE_DIRECT_MAX".into(), env("ANYCCL_CPU_ALLREDUCE_DIRECT_MAX", s::DIRECT_MAX.to_string())),
         (
             "ANYCCL_CPU_ALLTOALL_DIRECT_MAX".into(),
-            env("ANYCCL_CPU_ALLTOALL_DIRECT_MAX", algo::ALL_TO_ALL_DIRECT_MAX.to_string()),
+            env("ANYCCL_CPU_ALLTOALL_DIRECT_MAX", s::ALL_TO_ALL_DIRECT_MAX.to_string()),
         ),
-        ("ANYCCL_CPU_STREAM_MIN".into(), env("ANYCCL_CPU_STREAM_MIN", from_l3(algo::STREAM_MIN.max(step).to_string()))),
-        ("ANYCCL_CPU_PAIR_MIN".into(), env("ANYCCL_CPU_PAIR_MIN", from_l3(algo::PAIR_MIN.max(step).to_string()))),
-        ("ANYCCL_CPU_PAIR_PIECE".into(), env("ANYCCL_CPU_PAIR_PIECE", algo::PAIR_PIECE.to_string())),
+        ("ANYCCL_CPU_STREAM_MIN".into(), env("ANYCCL_CPU_STREAM_MIN", from_l3(s::STREAM_MIN.max(step).to_string()))),
+        ("ANYCCL_CPU_PAIR_MIN".into(), env("ANYCCL_CPU_PAIR_MIN", from_l3(s::PAIR_MIN.max(step).to_string()))),
+        ("ANYCCL_CPU_PAIR_PIECE".into(), env("ANYCCL_CPU_PAIR_PIECE", s::PAIR_PIECE.to_string())),
         (
             "ANYCCL_CPU_BY_REF_MIN".into(),
             env(
@@ -127,10 +133,10 @@ fn tuning(links: Option<Links>) -> Vec<(String, String)> {
                 format!(
                     "{} (point-to-point; a sendrecv's: {}; a collective's in a ring step: from {}, below {} on a host \
                      with more ranks than the CPUs a rank may run on; a collective's sent alone: off)",
-                    transport::BY_REF_MIN,
-                    transport::BY_REF_P2P_EXCHANGE,
-                    transport::BY_REF_EXCHANGE.start,
-                    transport::BY_REF_EXCHANGE.end
+                    s::BY_REF_MIN,
+                    s::BY_REF_P2P_EXCHANGE,
+                    s::BY_REF_EXCHANGE.start,
+                    s::BY_REF_EXCHANGE.end
                 ),
             ),
         ),
@@ -143,16 +149,19 @@ fn tuning(links: Option<Links>) -> Vec<(String, String)> {
             env(
                 "ANYCCL_CPU_RING_STREAM_MIN",
                 if cache::L3::ring_streaming(l3) {
-                    format!("{} (messages written to a ring with streaming stores; off: none)", shm::RING_STREAM_MIN)
+                    format!("{} (messages written to a ring with streaming stores; off: none)", s::RING_STREAM_MIN)
                 } else {
                     from_l3("off (messages written to the rings with plain stores)".into())
                 },
             ),
         ),
-        ("ANYCCL_CPU_HANDOFF_US".into(), comm::grace().as_micros().to_string()),
-        ("ANYCCL_CPU_SPIN_US".into(), env("ANYCCL_CPU_SPIN_US", waiting(shm::OWN_CPU.0, shm::SHARED_CPUS.0))),
-        ("ANYCCL_CPU_YIELD_US".into(), env("ANYCCL_CPU_YIELD_US", waiting(shm::OWN_CPU.1, shm::SHARED_CPUS.1))),
-        ("ANYCCL_CPU_ROUND".into(), env("ANYCCL_CPU_ROUND", waiting(shm::OWN_CPU.2, shm::SHARED_CPUS.2))),
+        ("ANYCCL_CPU_HANDOFF_US".into(), env("ANYCCL_CPU_HANDOFF_US", s::HANDOFF.as_micros().to_string())),
+        ("ANYCCL_CPU_MAX_QUEUED_BYTES".into(), env("ANYCCL_CPU_MAX_QUEUED_BYTES", s::MAX_HELD.to_string())),
+        ("ANYCCL_CPU_MAX_INBOX_BYTES".into(), env("ANYCCL_CPU_MAX_INBOX_BYTES", s::MAX_HELD.to_string())),
+        ("ANYCCL_CPU_HOST".into(), env("ANYCCL_CPU_HOST", s::HOST.into())),
+        ("ANYCCL_CPU_SPIN_US".into(), env("ANYCCL_CPU_SPIN_US", waiting(s::OWN_CPU.0, s::SHARED_CPUS.0))),
+        ("ANYCCL_CPU_YIELD_US".into(), env("ANYCCL_CPU_YIELD_US", waiting(s::OWN_CPU.1, s::SHARED_CPUS.1))),
+        ("ANYCCL_CPU_ROUND".into(), env("ANYCCL_CPU_ROUND", waiting(s::OWN_CPU.2, s::SHARED_CPUS.2))),
     ]
 }
 

@@ -23,10 +23,6 @@ pub struct CpuPlatform {
     huge_min: usize,
 }
 
-/// The default of `ANYCCL_CPU_HUGE_PAGES_MIN`: allocations from this size on are mapped in
-/// huge pages (those of an all_gather's inputs of 1 MiB outputs at 2 ranks, and up).
-pub const HUGE_PAGES_MIN: usize = 512 << 10;
-
 impl CpuPlatform {
     /// The platform, asking for huge pages for allocations from `ANYCCL_CPU_HUGE_PAGES_MIN`
     /// bytes (512 KiB unless set) unless `ANYCCL_CPU_HUGE_PAGES=0`.
@@ -35,12 +31,7 @@ impl CpuPlatform {
     /// `InvalidArgument` naming the setting when `ANYCCL_CPU_HUGE_PAGES` is neither `0` nor
     /// `1` or `ANYCCL_CPU_HUGE_PAGES_MIN` is not a number of bytes.
     pub fn from_env(rank: usize) -> Result<CpuPlatform> {
-        let ctx = anyccl_core::Ctx::new("cpu", rank, "");
-        let huge =
-            anyccl_core::env_parse_at(&ctx, "platform", "ANYCCL_CPU_HUGE_PAGES", "0 or 1", anyccl_core::parse_flag)?;
-        let huge = huge.unwrap_or(true);
-        let min = crate::algo::env_bytes_for("platform", "ANYCCL_CPU_HUGE_PAGES_MIN", HUGE_PAGES_MIN, rank, "")?;
-        Ok(CpuPlatform { huge_min: if huge { min.max(1) } else { usize::MAX } })
+        Ok(CpuPlatform { huge_min: crate::settings::huge_pages_min(&anyccl_core::Ctx::new("cpu", rank, ""))? })
     }
 }
 
@@ -78,7 +69,7 @@ mod tests {
 
     #[test]
     fn huge_allocations_are_zeroed_and_usable() {
-        let p = CpuPlatform { huge_min: HUGE_PAGES_MIN };
+        let p = CpuPlatform { huge_min: crate::settings::HUGE_PAGES_MIN };
         let mut m = p.alloc(DType::F32, 3 << 20).expect("alloc");
         let bytes = (3 << 20) * 4;
         let mut back = vec![1u8; bytes];

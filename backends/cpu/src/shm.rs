@@ -23,39 +23,29 @@
 //! walking the whole ring, whose pages would otherwise fault in one at a time as the first
 //! lap of messages passes (a few microseconds a page, shared between both mappings).
 //!
-//! Also here, because they are the other memory this backend maps itself: the platform's
-//! buffers in huge pages (`huge`), and the copies between processes (`copy`).
+//! The segments themselves, and how the rings lie in them, are `segment`. Also here, because
+//! they are the other memory this backend maps itself: the platform's buffers in huge pages
+//! (`huge`), and the copies between processes (`copy`).
 #![allow(unsafe_code)]
 
 mod copy;
 mod huge;
+mod segment;
 mod wait;
 
 pub(crate) use copy::{copy, copy_streaming, copy_to_vec, read_remote};
 pub(crate) use huge::HugeMemory;
+pub(crate) use segment::{host_id, Layout, Segment};
 use wait::{futex_wake, publish_cpu, sleep_until, spin_then_yield, wait_until};
-pub(crate) use wait::{Check, Patience, OWN_CPU, SHARED_CPUS};
+pub(crate) use wait::{Check, Patience};
 
 use anyccl_core::Error;
-use std::ffi::CString;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 /// Bytes of a ring's control block (two sides of two cache-line pairs each).
 const CTL: usize = 512;
 const _: () = assert!(std::mem::size_of::<Ctl>() <= CTL);
-/// The default of `ANYCCL_CPU_RING_STREAM_MIN`: a writer copies a message of at least this many
-/// bytes into the ring with streaming stores (to memory, not into its own cache), from which
-/// the reader then reads it. A plain store leaves each line in the writer's cache, where the
-/// reader's load must fetch it from: on these 2-core machines that ran at either about 25 or
-/// about 4 GB/s from one moment to the next (the two vCPUs' placement on the host), while
-/// streaming stores held 9-14. 2 ranks, busbw medians of 4 alternating runs, plain ->
-/// streaming: broadcast 64 KiB-2 MiB 6.0-19 -> 18-23 GB/s, 64 MiB 4.7 -> 10.9; all_reduce
-/// 64-256 KiB 1.0-1.4 -> 4.4-5.0, 32 and 128 MiB 1.9 and 2.4 -> 2.3 and 2.9. Below it the
-/// reader's wait for the bytes (a latency) matters more than the copy's rate. Where one large
-/// L3 serves the ranks, none ([`crate::cache::L3::ring_streaming`]).
-pub(crate) const RING_STREAM_MIN: usize = 64 << 10;
-
 /// The largest piece a writer publishes at once, so a reader starts on a large message
 /// before all of it is written.
 const PIECE: usize = 256 << 10;
@@ -114,141 +104,9 @@ struct Ctl {
     reader: Side,
 }
 
-/// A mapping of a segment.
-pub(crate) struct Segment {
-    base: *mut u8,
-    len: usize,
-    /// The creator keeps its descriptor so that peers can open it through `/proc`.
-    fd: Option<libc::c_int>,
-}
-
-// SAFETY: the mapping is plain shared memory; every access to it goes through the atomics of
-// the ring control blocks or through byte ranges the ring protocol hands to one side at a time.
-unsafe impl Send for Segment {}
-// SAFETY: as above.
-unsafe impl Sync for Segment {}
-
-impl std::fmt::Debug for Segment {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Segment({} bytes)", self.len)
-    }
-}
-
+/// The last OS error, after `what`.
 pub(super) fn os_err(what: &str) -> String {
     format!("{what}: {}", std::io::Error::last_os_error())
-}
-
-impl Segment {
-    /// Create a segment of `len` bytes (zeroed, allocated as it is touched).
-    pub(crate) fn create(len: usize) -> Result<Segment, String> {
-        let name = CString::new("anyccl-cpu").map_err(|e| e.to_string())?;
-        // SAFETY: `name` is a valid NUL-terminated string; the flags are valid.
-        let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(os_err("memfd_create"));
-        }
-        // SAFETY: `fd` is the descriptor just created and owned here.
-        if unsafe { libc::ftruncate(fd, len as libc::off_t) } != 0 {
-            let e = os_err(&format!("ftruncate to {len} bytes"));
-            // SAFETY: closing the descriptor owned here, once.
-            unsafe { libc::close(fd) };
-            return Err(e);
-        }
-        match Self::map(fd, len) {
-            Ok(base) => Ok(Segment { base, len, fd: Some(fd) }),
-            Err(e) => {
-                // SAFETY: closing the descriptor owned here, once.
-                unsafe { libc::close(fd) };
-                Err(e)
-            }
-        }
-    }
-
-    /// Map the segment of process `pid`, descriptor `fd`, which must hold `len` bytes.
-    pub(crate) fn open(pid: u32, fd: i32, len: usize) -> Result<Segment, String> {
-        let path = CString::new(format!("/proc/{pid}/fd/{fd}")).map_err(|e| e.to_string())?;
-        // SAFETY: `path` is a valid NUL-terminated string.
-        let own = unsafe { libc::open(path.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
-        if own < 0 {
-            return Err(os_err(&format!("open /proc/{pid}/fd/{fd}")));
-        }
-        // SAFETY: an all-zero `stat` is a valid value to be overwritten.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: `own` is open and `st` is a valid out-pointer.
-        let r = if unsafe { libc::fstat(own, &mut st) } != 0 {
-            Err(os_err("fstat"))
-        } else if (st.st_size as u64) < len as u64 {
-            Err(format!("the segment of process {pid} holds {} bytes, {len} expected", st.st_size))
-        } else {
-            Self::map(own, len)
-        };
-        // SAFETY: closing the descriptor opened here, once; the mapping outlives it.
-        unsafe { libc::close(own) };
-        r.map(|base| Segment { base, len, fd: None })
-    }
-
-    fn map(fd: libc::c_int, len: usize) -> Result<*mut u8, String> {
-        // SAFETY: a fresh shared mapping of an open descriptor; the kernel picks the address.
-        let p = unsafe {
-            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0)
-        };
-        if p == libc::MAP_FAILED {
-            return Err(os_err(&format!("mmap of {len} bytes")));
-        }
-        Ok(p.cast())
-    }
-
-    /// Where the segment is mapped in this process.
-    pub(crate) fn addr(&self) -> usize {
-        self.base as usize
-    }
-
-    /// This process's descriptor of a segment it created.
-    pub(crate) fn fd(&self) -> Option<i32> {
-        self.fd
-    }
-
-    /// The ring at byte `offset` with `cap` data bytes.
-    fn ring(&self, offset: usize, cap: usize) -> RingPtr {
-        debug_assert!(offset + CTL + cap <= self.len && cap.is_power_of_two());
-        // SAFETY: the range lies inside the mapping (checked by the layout that computed it).
-        let ctl = unsafe { self.base.add(offset) };
-        // SAFETY: as above.
-        let data = unsafe { ctl.add(CTL) };
-        RingPtr { ctl: ctl.cast(), data, cap }
-    }
-}
-
-impl Drop for Segment {
-    fn drop(&mut self) {
-        // SAFETY: unmapping the mapping made in `map`; no ring of it outlives the segment
-        // (rings hold an `Arc` of it).
-        unsafe { libc::munmap(self.base.cast(), self.len) };
-        if let Some(fd) = self.fd {
-            // SAFETY: closing the descriptor this segment owns, once.
-            unsafe { libc::close(fd) };
-        }
-    }
-}
-
-/// How the rings of one host are laid out in a segment: one ring per *sending* local rank,
-/// in the receiving rank's segment.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Layout {
-    /// Ranks on the host.
-    pub locals: usize,
-    /// Data bytes of each ring (a power of two).
-    pub ring: usize,
-}
-
-impl Layout {
-    /// Bytes of one rank's segment.
-    pub(crate) fn segment_bytes(&self) -> usize {
-        self.locals * (CTL + self.ring)
-    }
-    fn offset(&self, sender_local: usize) -> usize {
-        sender_local * (CTL + self.ring)
-    }
 }
 
 #[derive(Clone, Copy)]
@@ -300,7 +158,7 @@ pub(crate) struct Tx {
     /// at every message).
     head: std::cell::Cell<u64>,
     /// Messages of at least this many bytes are written with streaming stores
-    /// ([`RING_STREAM_MIN`]).
+    /// ([`crate::settings::RING_STREAM_MIN`]).
     stream_min: usize,
 }
 
@@ -678,20 +536,6 @@ impl Rx {
         }
         done
     }
-}
-
-/// This host's identity: ranks that report the same one share memory. The boot id and the
-/// PID namespace, so that containers of one machine that cannot see each other's processes
-/// count as different hosts; `split` (from `ANYCCL_CPU_LINKS=hosts:K`) makes rank `r` of a
-/// communicator look like host `r % K`, so the mixed path runs on one machine.
-pub(crate) fn host_id(rank: usize, split: Option<usize>) -> String {
-    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
-    let pidns = std::fs::read_link("/proc/self/ns/pid").map(|p| p.display().to_string()).unwrap_or_default();
-    let mut id = format!("{}:{}", boot.trim(), pidns);
-    if let Some(k) = split {
-        id.push_str(&format!(":split{}", rank % k.max(1)));
-    }
-    id.replace(' ', "_")
 }
 
 #[cfg(test)]

@@ -14,11 +14,10 @@
 //! with `Timeout` naming the peer. A rank whose communicator fails tells every peer why
 //! before it closes its connections, so the error on every rank names the peer at fault.
 
+pub(crate) use crate::settings::Links;
 use crate::shm;
-use anyccl_core::{Error, Result, Store};
-use by_ref::by_ref_sizes;
-pub(crate) use by_ref::{BY_REF_EXCHANGE, BY_REF_MIN, BY_REF_P2P_EXCHANGE};
-use local::{shm_links, ShmLink};
+use anyccl_core::{Ctx, Error, Result, Store};
+use local::ShmLink;
 pub(crate) use local::{Copier, Sink};
 use std::collections::VecDeque;
 use std::io::{Read, Write};
@@ -28,8 +27,10 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 mod by_ref;
+mod exchange;
 mod local;
 mod mailbox;
+mod setup;
 mod watch;
 
 use mailbox::{CollMsg, Inbox};
@@ -90,6 +91,8 @@ pub(crate) fn op_name(code: u8) -> &'static str {
 
 /// The connections of one rank to every other rank.
 pub(crate) struct Mesh {
+    /// Who this mesh's errors happen to: the backend, this rank and the group.
+    pub ctx: Ctx,
     pub rank: usize,
     pub size: usize,
     pub label: String,
@@ -118,267 +121,22 @@ pub(crate) struct Mesh {
     readers: Mutex<Vec<std::thread::JoinHandle<()>>>,
 }
 
-/// Which transport links ranks (`ANYCCL_CPU_LINKS`, or [`crate::CpuLinks`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Links {
-    /// Shared memory between ranks of one host, TCP between hosts (the default).
-    #[default]
-    Auto,
-    /// TCP between every pair.
-    Tcp,
-    /// As `Auto`, with rank `r` of each communicator pretending to live on host `r % K`: the
-    /// mixed shared-memory and TCP path on one machine (`hosts:K`).
-    Hosts(usize),
-}
-
-impl Links {
-    /// Parse `auto`, `tcp` or `hosts:K`.
-    pub fn parse(s: &str) -> Option<Links> {
-        match s.trim() {
-            "auto" | "" => Some(Links::Auto),
-            "tcp" => Some(Links::Tcp),
-            x => x.strip_prefix("hosts:")?.parse().ok().filter(|&k| k >= 1).map(Links::Hosts),
-        }
-    }
-
-    fn from_env(rank: usize, label: &str) -> Result<Links> {
-        match std::env::var("ANYCCL_CPU_LINKS") {
-            Err(_) => Ok(Links::Auto),
-            Ok(v) => Links::parse(&v).ok_or_else(|| Error::InvalidArgument {
-                op: "connect",
-                arg: "environment",
-                rank,
-                group: label.into(),
-                msg: format!("ANYCCL_CPU_LINKS={v:?} is not auto, tcp or hosts:K (K at least 1)"),
-            }),
-        }
-    }
-}
-
 impl std::fmt::Debug for Mesh {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "Mesh(rank {} of {}, '{}')", self.rank, self.size, self.label)
     }
 }
 
-fn hello(ns: &str, rank: usize, size: usize) -> [u8; 24] {
-    let mut b = [0u8; 24];
-    b[..8].copy_from_slice(&MAGIC.to_le_bytes());
-    b[8..16].copy_from_slice(&anyccl_core::stable_hash(ns.bytes()).to_le_bytes());
-    b[16..20].copy_from_slice(&(rank as u32).to_le_bytes());
-    b[20..24].copy_from_slice(&(size as u32).to_le_bytes());
-    b
-}
-
-fn timeout(label: &str, rank: usize, what: &str, missing: &[usize], started: Instant) -> Error {
-    Error::Timeout {
-        op: "connect".into(),
-        rank,
-        group: label.to_string(),
-        after: started.elapsed(),
-        detail: format!("{what}: ranks {missing:?} never arrived"),
-        source: None,
-    }
-}
-
 impl Mesh {
-    /// Build the mesh: publish this rank's listening address under `ns`, connect to lower
-    /// ranks, accept higher ranks. Every rank of the communicator calls this.
-    #[allow(clippy::too_many_arguments)] // the connect's identity, deadlines and links
-    pub(crate) async fn connect(
-        store: &dyn Store,
-        ns: &str,
-        label: &str,
-        rank: usize,
-        size: usize,
-        deadline: Instant,
-        op_timeout: Duration,
-        links: Option<Links>,
-    ) -> Result<Mesh> {
-        let started = Instant::now();
-        let inbox_limit = crate::algo::env_bytes("ANYCCL_CPU_MAX_INBOX_BYTES", 256 << 20, rank, label)?;
-        let host = std::env::var("ANYCCL_CPU_HOST").unwrap_or_else(|_| "127.0.0.1".into());
-        let listener = tokio::net::TcpListener::bind((host.as_str(), 0)).await.map_err(|e| Error::Unavailable {
-            backend: "cpu",
-            reason: format!("cannot listen on {host}: {e} (set ANYCCL_CPU_HOST)"),
-        })?;
-        let me = listener.local_addr().map_err(|e| Error::Unavailable { backend: "cpu", reason: e.to_string() })?;
-        let links = match links {
-            Some(l) => l,
-            None => Links::from_env(rank, label)?,
-        };
-        let split = if let Links::Hosts(k) = links { Some(k) } else { None };
-        let host_of_me = if links == Links::Tcp { "-".to_string() } else { shm::host_id(rank, split) };
-        let l3 = crate::cache::L3::this_host();
-        let (my_step, my_l3) = (crate::cache::L3::step(l3), crate::cache::L3::tag(l3));
-        store.set(&format!("{ns}/addr/{rank}"), format!("{me} {host_of_me} {my_step} {my_l3}").as_bytes()).await?;
-        // Every rank's address, host, whole-buffer step and L3, in one request.
-        let keys: Vec<String> = (0..size).map(|r| format!("{ns}/addr/{r}")).collect();
-        let got = store.wait_many(&keys, deadline).await?;
-        let missing: Vec<usize> = got.iter().enumerate().filter(|(_, v)| v.is_none()).map(|(r, _)| r).collect();
-        if !missing.is_empty() {
-            return Err(timeout(label, rank, "waiting for addresses", &missing, started));
-        }
-        let mut addrs = Vec::with_capacity(size);
-        let mut hosts = Vec::with_capacity(size);
-        let mut steps = Vec::with_capacity(size);
-        let mut l3s = Vec::with_capacity(size);
-        for (r, v) in got.into_iter().enumerate() {
-            let v = String::from_utf8_lossy(&v.unwrap_or_default()).into_owned();
-            let mut it = v.split(' ');
-            let malformed = || Error::store_fatal(format!("malformed address under '{}'", keys[r]));
-            let a: SocketAddr = it.next().and_then(|a| a.parse().ok()).ok_or_else(malformed)?;
-            let h = it.next().ok_or_else(malformed)?;
-            let s: usize = it.next().and_then(|s| s.parse().ok()).ok_or_else(malformed)?;
-            let l = it.next().ok_or_else(malformed)?;
-            addrs.push(a);
-            hosts.push(h.to_string());
-            steps.push(s);
-            l3s.push(l.to_string());
-        }
-        // The group's step: the smallest, and none from a host whose ranks run under several
-        // L3s (ranks pinned to cores of different sockets each see their own L3 as shared).
-        let one_l3 = crate::cache::one_l3(&hosts, &l3s);
-        let step = steps.iter().zip(&one_l3).map(|(&s, &one)| if one { s } else { 0 }).min().unwrap_or(0);
-        let ring_streaming = !one_l3[rank] || crate::cache::L3::ring_streaming(l3);
-        let locals: Vec<usize> =
-            if host_of_me == "-" { vec![rank] } else { (0..size).filter(|&r| hosts[r] == host_of_me).collect() };
-        let crowded = locals.len() > std::thread::available_parallelism().map_or(1, |c| c.get());
-        let shm = if locals.len() > 1 {
-            shm_links(store, ns, label, rank, size, &locals, ring_streaming, deadline, started).await?
-        } else {
-            (0..size).map(|_| None).collect()
-        };
-
-        let mut streams: Vec<Option<TcpStream>> = (0..size).map(|_| None).collect();
-        // Connect to every lower rank.
-        // `peer` is a rank: it names errors, not only a slot of `streams`.
-        #[allow(clippy::needless_range_loop)]
-        for peer in 0..rank {
-            let addr = addrs[peer];
-            let mut s = loop {
-                match tokio::time::timeout_at(deadline.into(), tokio::net::TcpStream::connect(addr)).await {
-                    Err(_) => return Err(timeout(label, rank, "connecting", &[peer], started)),
-                    Ok(Ok(s)) => break s,
-                    Ok(Err(e)) if Instant::now() < deadline => {
-                        tracing::debug!("connect to rank {peer} at {addr}: {e}; retrying");
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                    }
-                    Ok(Err(e)) => {
-                        return Err(Error::PeerFailed {
-                            rank,
-                            group: label.into(),
-                            peer: Some(peer),
-                            detail: format!("cannot connect to {addr}: {e}"),
-                            source: None,
-                        })
-                    }
-                }
-            };
-            use tokio::io::AsyncWriteExt;
-            s.write_all(&hello(ns, rank, size)).await.map_err(|e| Error::PeerFailed {
-                rank,
-                group: label.into(),
-                peer: Some(peer),
-                detail: format!("hello to {addr} failed: {e}"),
-                source: None,
-            })?;
-            streams[peer] = Some(into_std(s, rank, label, op_timeout)?);
-        }
-        // Accept every higher rank.
-        let ns_hash = anyccl_core::stable_hash(ns.bytes());
-        let mut pending: Vec<usize> = (rank + 1..size).collect();
-        while !pending.is_empty() {
-            let (mut s, from) = match tokio::time::timeout_at(deadline.into(), listener.accept()).await {
-                Err(_) => return Err(timeout(label, rank, "accepting connections", &pending, started)),
-                Ok(Err(e)) => {
-                    tracing::warn!("accept failed: {e}");
-                    continue;
-                }
-                Ok(Ok(x)) => x,
-            };
-            use tokio::io::AsyncReadExt;
-            let mut h = [0u8; 24];
-            let got = tokio::time::timeout(Duration::from_secs(10), s.read_exact(&mut h)).await;
-            if !matches!(got, Ok(Ok(_))) {
-                tracing::warn!("connection from {from} sent no hello; dropped");
-                continue;
-            }
-            let magic = u64::from_le_bytes(h[..8].try_into().unwrap_or_default());
-            let nsh = u64::from_le_bytes(h[8..16].try_into().unwrap_or_default());
-            let peer = u32::from_le_bytes(h[16..20].try_into().unwrap_or_default()) as usize;
-            let psize = u32::from_le_bytes(h[20..24].try_into().unwrap_or_default()) as usize;
-            if magic != MAGIC || nsh != ns_hash || psize != size || !pending.contains(&peer) {
-                tracing::warn!("connection from {from} is not an expected peer of '{label}'; dropped");
-                continue;
-            }
-            pending.retain(|&p| p != peer);
-            streams[peer] = Some(into_std(s, rank, label, op_timeout)?);
-        }
-
-        let mailbox = Arc::new(Mailbox::new(size, inbox_limit));
-        let mut writers = Vec::with_capacity(size);
-        let mut ctl = Vec::with_capacity(size);
-        let mut readers = Vec::new();
-        for (peer, s) in streams.into_iter().enumerate() {
-            match s {
-                None => {
-                    writers.push(None);
-                    ctl.push(None);
-                }
-                Some(s) => {
-                    let clone = || {
-                        s.try_clone()
-                            .map_err(|e| Error::Unavailable { backend: "cpu", reason: format!("socket clone: {e}") })
-                    };
-                    let r = clone()?;
-                    ctl.push(Some(clone()?));
-                    let mb = mailbox.clone();
-                    let h = std::thread::Builder::new()
-                        .name(format!("anyccl-cpu-rx{rank}<{peer}"))
-                        .spawn(move || read_loop(r, peer, mb))
-                        .map_err(|e| Error::Unavailable {
-                            backend: "cpu",
-                            reason: format!("cannot start reader thread: {e}"),
-                        })?;
-                    readers.push(h);
-                    writers.push(Some(Mutex::new(s)));
-                }
-            }
-        }
-        Ok(Mesh {
-            rank,
-            size,
-            label: label.into(),
-            links,
-            op_timeout,
-            step,
-            writers,
-            ctl,
-            shm,
-            by_ref_sizes: by_ref_sizes(rank, label, crowded)?,
-            scratch: Mutex::new(Vec::new()),
-            bufs: crate::bufs::Pool::new(inbox_limit),
-            mailbox,
-            readers: Mutex::new(readers),
-        })
-    }
-
     fn peer_err(&self, peer: usize, detail: String) -> Error {
-        Error::PeerFailed { rank: self.rank, group: self.label.clone(), peer: Some(peer), detail, source: None }
+        self.ctx.peer_failed(Some(peer), detail)
     }
 
     pub(crate) fn dead_err(&self, d: Dead) -> Error {
         if d.aborted {
-            Error::Aborted { rank: self.rank, group: self.label.clone(), detail: d.detail }
+            self.ctx.aborted(d.detail)
         } else {
-            Error::PeerFailed {
-                rank: self.rank,
-                group: self.label.clone(),
-                peer: d.peer,
-                detail: d.detail,
-                source: None,
-            }
+            self.ctx.peer_failed(d.peer, d.detail)
         }
     }
 
@@ -413,19 +171,13 @@ impl Mesh {
             Some(d) => self.dead_err(d),
             // The socket's send timeout: the peer took no data for a whole operation timeout.
             None if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
-                Error::Timeout {
-                    op: what(kind, op, seq),
-                    rank: self.rank,
-                    group: self.label.clone(),
-                    after: self.op_timeout,
-                    detail: format!(
-                        "rank {peer} accepted no data for {:?}: it stopped reading (a stopped or stuck process)",
-                        self.op_timeout
-                    ),
-                    source: None,
-                }
+                let detail = format!(
+                    "rank {peer} accepted no data for {:?}: it stopped reading (a stopped or stuck process)",
+                    self.op_timeout
+                );
+                self.ctx.timeout(what(kind, op, seq), self.op_timeout, detail).with_source(e)
             }
-            None => self.peer_err(peer, format!("send failed: {e}")),
+            None => self.peer_err(peer, format!("send failed: {e}")).with_source(e),
         })
     }
 
@@ -458,17 +210,14 @@ impl Mesh {
             };
             return Err(match missed {
                 Missed::Dead(d) => self.dead_err(d),
-                Missed::TimedOut => Error::Timeout {
-                    op: what(),
-                    rank: self.rank,
-                    group: self.label.clone(),
-                    after: t,
-                    detail: format!(
+                Missed::TimedOut => self.ctx.timeout(
+                    what(),
+                    t,
+                    format!(
                         "nothing arrived from rank {peer} for {t:?}: it has not reached this operation (a stopped, \
                          stuck or slower rank, or one that issued other operations)"
                     ),
-                    source: None,
-                },
+                ),
             });
         }
     }
@@ -477,17 +226,14 @@ impl Mesh {
     fn check_coll(&self, peer: usize, op: u8, seq: u64, expect: usize, got: (u8, u64, usize)) -> Result<()> {
         let (m_op, m_seq, len) = got;
         if m_op != op || m_seq != seq {
-            return Err(Error::PeerFailed {
-                rank: self.rank,
-                group: self.label.clone(),
-                peer: Some(peer),
-                detail: format!(
+            return Err(self.peer_err(
+                peer,
+                format!(
                     "collective mismatch: this rank runs {} #{seq}, rank {peer} sent {} #{m_seq}",
                     op_name(op),
                     op_name(m_op),
                 ),
-                source: None,
-            });
+            ));
         }
         if len != expect {
             return Err(self.peer_err(
@@ -573,12 +319,9 @@ impl Mesh {
     /// Copy the bytes at `addr` of this process into `out` through the kernel: a lent range
     /// ([`Data::At`]).
     pub(crate) fn read_own(&self, addr: usize, out: &mut [u8]) -> Result<()> {
-        shm::read_remote(std::process::id() as i32, addr, out).map_err(|e| Error::InvalidArgument {
-            op: "enqueue",
-            arg: "buf",
-            rank: self.rank,
-            group: self.label.clone(),
-            msg: format!("a buffer lent to an operation is no longer readable (its Work was leaked?): {e}"),
+        shm::read_remote(std::process::id() as i32, addr, out).map_err(|e| {
+            let msg = format!("a buffer lent to an operation is no longer readable (its Work was leaked?): {e}");
+            self.ctx.invalid("enqueue", "buf", msg)
         })
     }
 
@@ -663,23 +406,6 @@ fn what(kind: Kind, op: u8, seq: u64) -> String {
         Kind::Coll => format!("{} #{seq}", op_name(op)),
         _ => "send".into(),
     }
-}
-
-fn into_std(s: tokio::net::TcpStream, rank: usize, label: &str, op_timeout: Duration) -> Result<TcpStream> {
-    let s = s.into_std().map_err(|e| Error::Unavailable { backend: "cpu", reason: format!("socket: {e}") })?;
-    // A zero timeout means "none" to the socket layer: keep at least a millisecond.
-    let send_timeout = op_timeout.max(Duration::from_millis(1));
-    s.set_nonblocking(false)
-        .and_then(|_| s.set_nodelay(true))
-        .and_then(|_| s.set_write_timeout(Some(send_timeout)))
-        .map_err(|e| Error::PeerFailed {
-            rank,
-            group: label.into(),
-            peer: None,
-            detail: format!("socket setup: {e}"),
-            source: None,
-        })?;
-    Ok(s)
 }
 
 fn read_loop(mut s: TcpStream, peer: usize, mb: Arc<Mailbox>) {

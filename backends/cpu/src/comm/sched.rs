@@ -17,14 +17,15 @@ pub(super) struct Job {
 }
 
 impl Job {
-    /// The worker's patience with a job before it takes it: [`grace`], plus, for a job that
+    /// The worker's patience with a job before it takes it: the communicator's `grace`
+    /// (`ANYCCL_CPU_HANDOFF_US`), plus, for a job that
     /// reads lent memory, about the time the worker's way costs it on top (a copy of the
     /// input in, the results out and their pages: `bytes` at 4 GB/s). A caller descheduled
     /// between issue and wait (ranks outnumbering cores) then still runs its large job on
     /// its own buffers, and a job nobody waits for starts at most that late.
-    pub(super) fn grace_for(bytes: usize, lent: bool) -> Duration {
+    pub(super) fn grace_for(grace: Duration, bytes: usize, lent: bool) -> Duration {
         let extra = if lent { Duration::from_nanos((bytes / 4) as u64) } else { Duration::ZERO };
-        grace() + extra
+        grace + extra
     }
 }
 
@@ -34,20 +35,6 @@ impl std::fmt::Debug for Job {
     }
 }
 
-/// How long a queued job is left to a caller that waits for it (it then runs on the
-/// caller's thread, with no hand-over between threads) before the worker takes it; also how
-/// often a worker that ran something recently looks at the queue without being woken.
-const GRACE_DEFAULT: Duration = Duration::from_micros(500);
-
-pub(crate) fn grace() -> Duration {
-    static G: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
-    *G.get_or_init(|| {
-        std::env::var("ANYCCL_CPU_HANDOFF_US")
-            .ok()
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .map_or(GRACE_DEFAULT, Duration::from_micros)
-    })
-}
 /// A worker that saw no job issued for this long sleeps until an enqueue wakes it.
 const IDLE: Duration = Duration::from_millis(50);
 /// The longest a worker sleeps between looks while jobs come and callers run them: a job
@@ -64,6 +51,11 @@ pub(super) struct Sched {
     /// Callers waiting for the engine ([`SchedState::helpers`]) wait here; a runner that
     /// gives the engine back wakes them.
     pub(super) freed: Condvar,
+    /// How long a queued job is left to a caller that waits for it (it then runs on the
+    /// caller's thread, with no hand-over between threads) before the worker takes it; also
+    /// how often a worker that ran something recently looks at the queue without being
+    /// woken (`ANYCCL_CPU_HANDOFF_US`).
+    pub(super) grace: Duration,
 }
 
 pub(super) struct SchedState {
@@ -90,8 +82,9 @@ impl std::fmt::Debug for Sched {
 }
 
 impl Sched {
-    /// A scheduler with `engine` free and nothing queued.
-    pub(super) fn new(engine: Engine) -> Sched {
+    /// A scheduler with `engine` free and nothing queued, leaving jobs to their callers for
+    /// `grace`.
+    pub(super) fn new(engine: Engine, grace: Duration) -> Sched {
         Sched {
             st: Mutex::new(SchedState {
                 jobs: Default::default(),
@@ -104,6 +97,7 @@ impl Sched {
             }),
             cv: Condvar::new(),
             freed: Condvar::new(),
+            grace,
         }
     }
 
@@ -159,16 +153,13 @@ fn run_job(engine: &mut Engine, run: JobFn, direct: Option<Direct<'_>>) -> Resul
     }
     // A panic in an operation must not take the worker (and every later Work) with it: it
     // fails the communicator like any error.
-    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(engine, direct))).unwrap_or_else(|_| {
-        Err(Error::Backend {
-            backend: "cpu",
-            op: "worker".into(),
-            code: -1,
-            text: "an operation panicked; communicator failed".into(),
-            recovery: anyccl_core::Recovery::Rebuild,
-            source: None,
-        })
-    });
+    let Ok(r) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(engine, direct))) else {
+        // No library failed (there is no code to give): the communicator is gone, and every
+        // peer hears why.
+        let why = "an operation panicked; communicator failed";
+        engine.mesh.kill(Dead { aborted: false, peer: None, detail: why.into() });
+        return Err(engine.mesh.ctx.aborted(why));
+    };
     if let Err(e) = &r {
         // A failed collective leaves peers mid-protocol: fail the whole communicator so
         // every rank hears of it at once.
@@ -181,17 +172,17 @@ fn run_job(engine: &mut Engine, run: JobFn, direct: Option<Direct<'_>>) -> Resul
 }
 
 /// The worker: runs queued jobs in order, leaving a job that was just queued to its caller
-/// for [`grace`].
+/// for [`Sched::grace`].
 pub(super) fn worker_loop(sched: &Sched) {
     let mut st = sched.lock();
     let mut idle_since = Instant::now();
     // The front job when the worker first saw it, and when: a job is the worker's once it
-    // has waited [`grace`] (no clock is read when a job is queued).
+    // has waited [`Sched::grace`] (no clock is read when a job is queued).
     let mut seen: Option<(u64, Instant)> = None;
     // How long the worker sleeps when nothing is its own: the grace after it ran a job or
     // was woken, doubling (to [`MAX_POLL`]) while callers run their own jobs, so that a
     // program waiting for each operation is not interrupted thousands of times a second.
-    let mut poll = grace();
+    let mut poll = sched.grace;
     // Jobs issued when the worker last looked: any issued since count as activity (it then
     // does not park, which would make every enqueue wake it).
     let mut issued = st.next_id;
@@ -204,7 +195,7 @@ pub(super) fn worker_loop(sched: &Sched) {
             idle_since = Instant::now();
         }
         if std::mem::take(&mut st.woken) {
-            poll = grace();
+            poll = sched.grace;
         }
         let Some(front) = st.jobs.front() else {
             seen = None;
@@ -235,7 +226,7 @@ pub(super) fn worker_loop(sched: &Sched) {
             // later (within the grace once callers stop waiting: the jobs nobody waits for
             // must go on).
             let pause = if st.helpers > 0 {
-                grace()
+                sched.grace
             } else if st.engine.is_none() {
                 poll
             } else {
@@ -252,7 +243,7 @@ pub(super) fn worker_loop(sched: &Sched) {
             st = sched.run_front(st, None).0;
         }
         idle_since = Instant::now();
-        poll = grace();
+        poll = sched.grace;
     }
 }
 

@@ -1,6 +1,7 @@
 //! What an operation holds of its caller: the caller's buffers handed to a job that runs in
 //! its wait ([`Direct`]), its input as the worker sees it ([`Input`]: copied, or lent), and
-//! the `Work` that runs, waits for and delivers the job ([`CpuWork`]).
+//! the `Work` that runs, waits for and delivers the job ([`CpuWork`]), and the queueing of
+//! the job with its `Work` (`CpuComm::enqueue`).
 
 use super::*;
 
@@ -211,5 +212,84 @@ impl WorkImpl for CpuWork<'_> {
                 return;
             }
         }
+    }
+}
+
+impl CpuComm {
+    /// The error for a buffer of `op` that is not in host memory.
+    fn not_host(&self, op: &'static str) -> Error {
+        self.mesh.ctx.invalid(op, "buf", "the cpu backend needs host buffers")
+    }
+
+    /// Queue `run`, admitted (see [`CpuComm::admit`]) before its input was copied.
+    pub(super) fn enqueue<'a>(
+        &'a self,
+        targets: Few<BufMut<'a>>,
+        admission: Admission,
+        run: JobFn,
+    ) -> Result<Work<'a>> {
+        self.enqueue_lent(Few::new(), targets, false, admission, run)
+    }
+
+    /// [`CpuComm::enqueue`] of a job that reads `sources` when it runs in its caller's wait;
+    /// `lent`: an input was lent.
+    pub(super) fn enqueue_lent<'a>(
+        &'a self,
+        sources: Few<Buf<'a>>,
+        targets: Few<BufMut<'a>>,
+        lent: bool,
+        admission: Admission,
+        run: JobFn,
+    ) -> Result<Work<'a>> {
+        if let Some(d) = self.mesh.mailbox.dead() {
+            return Err(self.mesh.dead_err(d));
+        }
+        if let Some(op) = sources
+            .iter()
+            .any(|b| b.device().kind != DeviceKind::Cpu)
+            .then_some("send")
+            .or_else(|| targets.iter().any(|b| b.device().kind != DeviceKind::Cpu).then_some("recv"))
+        {
+            return Err(self.not_host(op));
+        }
+        let done = Arc::new(Completion::default());
+        let mut st = self.sched.lock();
+        if st.closed {
+            return Err(self.mesh.ctx.aborted("communicator shut down"));
+        }
+        let id = st.next_id;
+        st.next_id += 1;
+        // Wake the worker when it sleeps for good, or when a job is already queued (the
+        // program issues several before it waits: they must progress without it).
+        let wake = st.parked || (!st.jobs.is_empty() && !st.woken);
+        st.woken |= wake;
+        let grace = Job::grace_for(self.sched.grace, admission.size, lent);
+        st.jobs.push_back(Job { id, run, done: done.clone(), grace, _admission: admission });
+        drop(st);
+        if wake {
+            self.sched.cv.notify_one();
+        }
+        let op_timeout = self.mesh.op_timeout;
+        Ok(Work::new(Box::new(CpuWork {
+            id,
+            pool: &self.pool,
+            op_timeout,
+            sched: &self.sched,
+            done,
+            sources,
+            targets,
+            lent,
+        })))
+    }
+
+    /// A send buffer's bytes as a job's input ([`Input::of`]).
+    pub(super) fn input(&self, op: &'static str, b: &Buf<'_>) -> Result<Input> {
+        b.as_host_bytes().map(|s| Input::of(s, &self.pool)).ok_or_else(|| self.not_host(op))
+    }
+
+    /// An in-place operation's input: the target's bytes `[at, at + len)`.
+    pub(super) fn input_mut(&self, op: &'static str, b: &mut BufMut<'_>, at: usize, len: usize) -> Result<Input> {
+        let pool = &self.pool;
+        b.as_host_bytes_mut().map(|s| Input::of(&s[at..at + len], pool)).ok_or_else(|| self.not_host(op))
     }
 }

@@ -5,7 +5,7 @@
 //! ranks, sendrecv 2 MiB ran at 9.7 GB/s busbw after smaller buffers had come and gone, 21
 //! fresh). A buffer smaller than a huge page takes slots of one that such buffers share.
 
-use anyccl_core::{Buf, BufMut, DType, DeviceMemory, Error, HostMemory, Recovery, Result};
+use anyccl_core::{Buf, BufMut, Ctx, DType, DeviceMemory, HostMemory, Recovery, Result};
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex};
 
@@ -117,13 +117,9 @@ pub(crate) struct HugeMemory {
 impl HugeMemory {
     /// The buffer, or `Backend` naming its size when the system refuses the memory.
     pub(crate) fn new(dtype: DType, count: usize) -> Result<HugeMemory> {
-        let failed = |(code, text): (i64, String)| Error::Backend {
-            backend: "cpu",
-            op: format!("alloc of {count} {dtype:?} elements"),
-            code,
-            text,
-            recovery: Recovery::Fatal,
-            source: None,
+        let ctx = Ctx::process("cpu");
+        let failed = |(code, text): (i64, String)| {
+            ctx.backend_error(&format!("alloc of {count} {dtype:?} elements"), code, text, Recovery::Fatal)
         };
         let bytes = count.checked_mul(dtype.size()).ok_or_else(|| failed((0, "the size overflows".into())))?;
         if bytes >= HUGE {

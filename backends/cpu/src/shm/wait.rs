@@ -2,54 +2,13 @@
 //! cores), then yield, then sleep on a futex word in the shared segment, hearing the
 //! caller's `check` between looks.
 
+pub(crate) use crate::settings::Patience;
 use anyccl_core::Error;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 /// What a waiting loop hears from its caller between waits.
 pub(crate) type Check<'a> = &'a mut dyn FnMut() -> Result<(), Error>;
-
-/// How long to spin and yield before sleeping.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Patience {
-    pub(super) spin: Duration,
-    pub(super) yield_for: Duration,
-    /// Looks at the condition between clock reads (and, past the spin, between yields).
-    pub(super) round: u32,
-}
-
-/// Microseconds of spinning, microseconds of yielding, and looks between clock reads, where
-/// each of a host's ranks has a CPU of its own.
-///
-/// The spin is short because the scheduler may still put two ranks on one CPU for a while:
-/// each then spins its whole spin before the other runs. Measured with two ranks on one CPU
-/// (`taskset -c 0`, these settings otherwise), all_gather 8 B-4 KiB took 57-74 us a call with a
-/// 50 us spin, 9-12 with 5 us, and 6.5-8.5 with 2 us. Rows of 39-40 us at 256 B seen in a
-/// 2-rank benchmark run look like the same thing happening unasked. A peer that answers within
-/// a few microseconds, as every small operation's does, is still met while spinning. The
-/// yields that follow keep looking between calls to `sched_yield`, which return at once on an
-/// otherwise idle CPU. With 2 ranks on 2 CPUs, all_reduce 8 B-8 MiB measured the same with a
-/// 50, 5 or 2 us spin (0.84-0.88 us at 8 B and 937-1032 us at 8 MiB in all three).
-pub(crate) const OWN_CPU: (usize, usize, usize) = (5, 500, 64);
-
-/// [`OWN_CPU`] where a host's ranks outnumber its CPUs: they must not spin, or they would
-/// take the CPU from the rank they wait for.
-pub(crate) const SHARED_CPUS: (usize, usize, usize) = (1, 200, 4);
-
-impl Patience {
-    /// The waiting of a host with `locals` ranks ([`OWN_CPU`], [`SHARED_CPUS`]).
-    /// `setting(name, default)` reads an override (a whole number).
-    pub(crate) fn for_host<E>(locals: usize, setting: impl Fn(&str, usize) -> Result<usize, E>) -> Result<Patience, E> {
-        let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
-        let (spin, yield_for, round) = if locals <= cores { OWN_CPU } else { SHARED_CPUS };
-        let us = |name: &str, default: usize| setting(name, default).map(|v| Duration::from_micros(v as u64));
-        Ok(Patience {
-            spin: us("ANYCCL_CPU_SPIN_US", spin)?,
-            yield_for: us("ANYCCL_CPU_YIELD_US", yield_for)?,
-            round: setting("ANYCCL_CPU_ROUND", round)?.clamp(1, 1 << 16) as u32,
-        })
-    }
-}
 
 /// The CPU this thread runs on, plus one (0: unknown).
 pub(super) fn this_cpu() -> u32 {

@@ -1,6 +1,7 @@
 //! The links between ranks of one host: rings in shared memory (see [`crate::shm`]), the
-//! drain that keeps senders from waiting on each other, steps that stream both directions
-//! at once, and large messages copied once out of the sender's memory.
+//! drain that keeps senders from waiting on each other, and large messages copied once out
+//! of the sender's memory. (A step that streams both directions at once is `exchange`; the
+//! links are made in `setup`.)
 
 use super::by_ref::Lent;
 use super::watch::Watch;
@@ -8,8 +9,8 @@ use super::*;
 
 /// Both ends of the rings between this rank and one peer of its host.
 pub(super) struct ShmLink {
-    tx: Mutex<shm::Tx>,
-    rx: Mutex<RxState>,
+    pub(super) tx: Mutex<shm::Tx>,
+    pub(super) rx: Mutex<RxState>,
     /// The peer's process.
     pid: i32,
     /// Messages sent to it by reference so far.
@@ -17,14 +18,14 @@ pub(super) struct ShmLink {
 }
 
 /// The reading end of a link and the message a drain left half read.
-struct RxState {
-    rx: shm::Rx,
-    partial: Option<Partial>,
+pub(super) struct RxState {
+    pub(super) rx: shm::Rx,
+    pub(super) partial: Option<Partial>,
 }
 
 /// A message read in part by a drain (which never waits mid-message: the peer may be
 /// draining too, waiting for the rest of this rank's own message).
-struct Partial {
+pub(super) struct Partial {
     hdr: Hdr,
     /// The payload, or for a message sent by reference its address and number.
     body: Vec<u8>,
@@ -34,14 +35,14 @@ struct Partial {
 
 /// A message header.
 #[derive(Debug, Clone, Copy)]
-struct Hdr {
-    kind: u8,
-    op: u8,
+pub(super) struct Hdr {
+    pub(super) kind: u8,
+    pub(super) op: u8,
     /// The body is the payload's address in the sender and the message's number: the
     /// receiver copies the payload out of the sender's memory and acknowledges it.
-    by_ref: bool,
-    seq: u64,
-    len: usize,
+    pub(super) by_ref: bool,
+    pub(super) seq: u64,
+    pub(super) len: usize,
 }
 
 /// Bytes of a by-reference message's body.
@@ -67,352 +68,18 @@ pub(crate) enum Sink<'a> {
     With(&'a mut dyn FnMut(usize, &[u8])),
 }
 
-/// Data bytes of each ring for `locals` ranks on a host: 4 MiB up to 8 ranks, then less, so
-/// a rank's segment stays near 32 MiB (at least 64 KiB a ring).
-fn ring_bytes(locals: usize, rank: usize, label: &str) -> Result<usize> {
-    let default = (32usize << 20).checked_div(locals.saturating_sub(1)).unwrap_or(4 << 20).clamp(64 << 10, 4 << 20);
-    let v = crate::algo::env_bytes("ANYCCL_CPU_SHM_RING_BYTES", default, rank, label)?;
-    if !(4096..=(1 << 30)).contains(&v) {
-        return Err(Error::InvalidArgument {
-            op: "connect",
-            arg: "environment",
-            rank,
-            group: label.into(),
-            msg: format!("ANYCCL_CPU_SHM_RING_BYTES={v} is outside 4096 ..= 1 GiB"),
-        });
+impl ShmLink {
+    /// The link made of a peer's ends `tx` and `rx`, the peer's process being `pid`.
+    pub(super) fn new(tx: shm::Tx, rx: shm::Rx, pid: i32) -> ShmLink {
+        ShmLink { tx: Mutex::new(tx), rx: Mutex::new(RxState { rx, partial: None }), pid, refs: AtomicU64::new(0) }
     }
-    Ok(v.next_power_of_two().min(1 << 30))
-}
-
-/// Create this rank's segment, learn the segments of the other ranks of its host through
-/// the store, and map them: a link to each. `ring_streaming`: whether large messages go into
-/// the rings with streaming stores by default (not where the host's ranks run under one
-/// large L3: [`crate::cache::L3::ring_streaming`]).
-#[allow(clippy::too_many_arguments)] // the connect's identity and deadline
-pub(super) async fn shm_links(
-    store: &dyn Store,
-    ns: &str,
-    label: &str,
-    rank: usize,
-    size: usize,
-    locals: &[usize],
-    ring_streaming: bool,
-    deadline: Instant,
-    started: Instant,
-) -> Result<Vec<Option<ShmLink>>> {
-    let fail = |what: String| Error::Unavailable {
-        backend: "cpu",
-        reason: format!(
-            "rank {rank} of '{label}': shared memory with the ranks {locals:?} of its host: {what} (set \
-             ANYCCL_CPU_LINKS=tcp to use TCP between them)"
-        ),
-    };
-    let layout = shm::Layout { locals: locals.len(), ring: ring_bytes(locals.len(), rank, label)? };
-    let own = Arc::new(shm::Segment::create(layout.segment_bytes()).map_err(fail)?);
-    let fd = own.fd().unwrap_or(-1);
-    store
-        .set(
-            &format!("{ns}/seg/{rank}"),
-            format!("{} {fd} {} {}", std::process::id(), layout.ring, own.addr()).as_bytes(),
-        )
-        .await?;
-    let keys: Vec<String> = locals.iter().map(|r| format!("{ns}/seg/{r}")).collect();
-    let got = store.wait_many(&keys, deadline).await?;
-    let missing: Vec<usize> = locals.iter().zip(&got).filter(|(_, v)| v.is_none()).map(|(r, _)| *r).collect();
-    if !missing.is_empty() {
-        return Err(timeout(label, rank, "waiting for shared-memory segments", &missing, started));
-    }
-    let patience = shm::Patience::for_host(locals.len(), |name, default| {
-        crate::algo::env_number(name, default, "a whole number", rank, label)
-    })?;
-    let stream_min = match std::env::var("ANYCCL_CPU_RING_STREAM_MIN") {
-        Ok(v) if v.trim() == "off" => usize::MAX,
-        Err(std::env::VarError::NotPresent) if !ring_streaming => usize::MAX,
-        _ => crate::algo::env_bytes("ANYCCL_CPU_RING_STREAM_MIN", shm::RING_STREAM_MIN, rank, label)?,
-    };
-    let me_local = locals.iter().position(|&r| r == rank).unwrap_or(0);
-    let mut links: Vec<Option<ShmLink>> = (0..size).map(|_| None).collect();
-    for (i, (&peer, v)) in locals.iter().zip(got).enumerate() {
-        if peer == rank {
-            continue;
-        }
-        let v = String::from_utf8_lossy(&v.unwrap_or_default()).into_owned();
-        let mut it = v.split(' ').map(|x| x.parse::<i64>().ok());
-        let (Some(Some(pid)), Some(Some(fd)), Some(Some(ring)), Some(Some(addr))) =
-            (it.next(), it.next(), it.next(), it.next())
-        else {
-            return Err(Error::store_fatal(format!("malformed segment under '{ns}/seg/{peer}'")));
-        };
-        if ring as usize != layout.ring {
-            return Err(Error::InvalidArgument {
-                op: "connect",
-                arg: "environment",
-                rank,
-                group: label.into(),
-                msg: format!(
-                    "rank {peer} uses rings of {ring} bytes, this rank {} (ANYCCL_CPU_SHM_RING_BYTES differs)",
-                    layout.ring
-                ),
-            });
-        }
-        let seg = shm::Segment::open(pid as u32, fd as i32, layout.segment_bytes())
-            .map_err(|e| fail(format!("rank {peer}: {e}")))?;
-        let (tx, rx) = shm::link(&own, &Arc::new(seg), layout, me_local, i, patience, stream_min);
-        // May this process read the peer's memory? (Not where a security module forbids
-        // it.) The peer reads the answer before its first large message to this rank.
-        let mut probe = [0u8; 8];
-        let readable = shm::read_remote(pid as i32, addr as usize, &mut probe);
-        if let Err(e) = &readable {
-            tracing::debug!("rank {rank} of '{label}': large messages from rank {peer} go through the ring: {e}");
-        }
-        rx.allow_by_ref(readable.is_ok());
-        links[peer] = Some(ShmLink {
-            tx: Mutex::new(tx),
-            rx: Mutex::new(RxState { rx, partial: None }),
-            pid: pid as i32,
-            refs: AtomicU64::new(0),
-        });
-    }
-    tracing::debug!(
-        backend = "cpu",
-        group = label,
-        rank,
-        locals = locals.len(),
-        ring_bytes = layout.ring,
-        segment_bytes = layout.segment_bytes(),
-        host_bytes = layout.segment_bytes() * locals.len(),
-        "shared memory connected: {} bytes in this rank's segment, {} on the host",
-        layout.segment_bytes(),
-        layout.segment_bytes() * locals.len()
-    );
-    Ok(links)
 }
 
 impl Mesh {
-    /// Send `data` to `to` and receive an `expect`-byte message from `from` into `sink`, both
-    /// collective message `op` number `seq`, at once: between peers of this host the two
-    /// streams advance together, a piece at a time, so neither waits for the other to finish
-    /// (and nothing is buffered on the way, whatever the size). `mirror` (of `data`'s length)
-    /// gets a copy of `data`, made by its copier (plain or streaming stores): between peers
-    /// of this host a piece at a time as it goes into the ring, while it is in cache, so
-    /// `data` is read once for both. `Sink::Into` takes a message sent by reference straight
-    /// out of the sender's memory.
-    #[allow(clippy::too_many_arguments)] // the two halves of one step, and the copy
-    pub(crate) fn exchange(
-        &self,
-        (op, seq): (u8, u64),
-        to: usize,
-        data: &[u8],
-        mirror: Mirror<'_>,
-        from: usize,
-        expect: usize,
-        sink: &mut Sink<'_>,
-    ) -> Result<()> {
-        self.exchange_kind(Kind::Coll, (op, seq), to, Data::Bytes(data), mirror, from, expect, sink)
-    }
-
-    /// Whether a message of `kind` and `len` bytes on `tx` goes by reference (the peer
-    /// copies it out of this process's memory), sent in an exchange or alone.
-    fn by_ref(&self, tx: &shm::Tx, kind: Kind, len: usize, exchange: bool) -> bool {
-        let m = &self.by_ref_sizes;
-        let (in_step, alone) = match kind {
-            Kind::P2p => (len >= m.p2p_exchange, m.alone.0),
-            _ => (m.exchange.contains(&len), m.alone.1),
-        };
-        ((exchange && in_step) || len >= alone) && tx.by_ref_ok()
-    }
-
-    /// Whether a point-to-point message of `len` bytes to `peer` goes by reference, sent in
-    /// an exchange (a sendrecv) or alone.
-    pub(super) fn lends_to(&self, peer: usize, len: usize, exchange: bool) -> bool {
-        self.shm[peer]
-            .as_ref()
-            .is_some_and(|l| self.by_ref(&l.tx.lock().unwrap_or_else(|p| p.into_inner()), Kind::P2p, len, exchange))
-    }
-
-    /// A point-to-point send to `to` and receive from `from` (a batch of one of each), with
-    /// both streams advancing together between peers of this host, as [`Mesh::exchange`].
-    pub(crate) fn sendrecv(&self, to: usize, data: Data<'_>, from: usize, out: &mut [u8]) -> Result<()> {
-        let n = out.len();
-        self.exchange_kind(Kind::P2p, (0, 0), to, data, None, from, n, &mut Sink::Into(out, crate::shm::copy))
-    }
-
-    /// The receive half of [`Mesh::exchange_kind`] done alone, after the send.
-    fn recv_kind(
-        &self,
-        kind: Kind,
-        (op, seq): (u8, u64),
-        from: usize,
-        expect: usize,
-        sink: &mut Sink<'_>,
-    ) -> Result<()> {
-        match (kind, sink) {
-            (Kind::Coll, Sink::With(f)) => self.recv_coll_with(from, op, seq, expect, *f),
-            (Kind::Coll, Sink::Into(dst, copy)) => {
-                debug_assert_eq!(dst.len(), expect, "a destination of another length");
-                self.recv_coll_into(from, op, seq, dst, *copy)
-            }
-            (_, sink) => match &self.shm[from] {
-                Some(link) => self.shm_recv(from, link, Kind::P2p, (0, 0), expect, sink),
-                None => {
-                    let d = self.recv_p2p_tcp(from, expect)?;
-                    match sink {
-                        Sink::Into(dst, copy) => copy(dst, &d),
-                        Sink::With(f) => f(0, &d),
-                    }
-                    Ok(())
-                }
-            },
-        }
-    }
-
-    #[allow(clippy::too_many_arguments)] // the two halves of one step
-    fn exchange_kind(
-        &self,
-        kind: Kind,
-        (op, seq): (u8, u64),
-        to: usize,
-        data: Data<'_>,
-        mirror: Mirror<'_>,
-        from: usize,
-        expect: usize,
-        sink: &mut Sink<'_>,
-    ) -> Result<()> {
-        let mut own = Vec::new();
-        let data = self.resolve(to, data, &mut own, true)?;
-        let bytes = if let Data::Bytes(b) = data { b } else { &[] };
-        // Where the message does not go through the ring a piece at a time, the copy is made
-        // first, whole.
-        let mut mirror = mirror;
-        debug_assert!(mirror.as_ref().is_none_or(|m| m.0.len() == bytes.len()), "a mirror of another length");
-        let mirror_all = |m: &mut Mirror<'_>| {
-            if let Some((m, copy)) = m.take() {
-                copy(m, bytes);
-            }
-        };
-        let (Some(out), Some(inc)) = (&self.shm[to], &self.shm[from]) else {
-            mirror_all(&mut mirror);
-            self.send_data(to, kind, op, seq, data)?;
-            return self.recv_kind(kind, (op, seq), from, expect, sink);
-        };
-        if let Some(d) = self.mailbox.dead() {
-            return Err(self.dead_err(d));
-        }
-        let st = inc.rx.lock().unwrap_or_else(|p| p.into_inner());
-        let queued = if kind == Kind::Coll { self.mailbox.has_coll(from) } else { self.mailbox.has_p2p(from) };
-        if st.partial.is_some() || queued {
-            // Part of what `from` sent was moved to the inbox already: one after the other.
-            drop(st);
-            mirror_all(&mut mirror);
-            self.send_data(to, kind, op, seq, data)?;
-            return self.recv_kind(kind, (op, seq), from, expect, sink);
-        }
-        let tx = out.tx.lock().unwrap_or_else(|p| p.into_inner());
-        let (h, by_ref) = self.header_for(&tx, out, (kind, op, seq), data, true);
-        let mut lent = by_ref.as_ref().map(|b| Lent::new(&tx, b));
-        if by_ref.is_some() {
-            mirror_all(&mut mirror);
-        }
-        let parts = [&h[..], by_ref.as_ref().map_or(bytes, |b| &b[..])];
-        let mut w = shm::Writing::new(&parts);
-        // Payload bytes copied to the mirror so far.
-        let mut mirrored = 0;
-        let mut hdr = [0u8; HEADER];
-        let (mut hdone, mut body, mut bdone) = (0usize, None::<Hdr>, 0usize);
-        let what =
-            || if kind == Kind::Coll { what(kind, op, seq) } else { format!("sendrecv with ranks {to} and {from}") };
-        let deadline = Watch::new(self.op_timeout);
-        {
-            let rx = &st.rx;
-            loop {
-                let mut progressed = !w.done() && tx.write_some(&mut w);
-                if let Some((m, copy)) = mirror.as_mut() {
-                    let upto = w.written().saturating_sub(HEADER).min(bytes.len());
-                    if upto > mirrored {
-                        copy(&mut m[mirrored..upto], &bytes[mirrored..upto]);
-                        mirrored = upto;
-                    }
-                }
-                let received = match body {
-                    None => {
-                        let d = rx.read_some(hdone, HEADER, &mut |at, b| hdr[at..at + b.len()].copy_from_slice(b));
-                        progressed |= d != hdone;
-                        hdone = d;
-                        if hdone == HEADER {
-                            hdone = 0;
-                            let m = self.parse_header(from, &hdr)?;
-                            let mut got = rx.consumed();
-                            let mut stop = || {
-                                deadline.restart_on_progress(&mut got, rx.consumed());
-                                self.stop(from, &deadline, || rx.available() > 0, &what)
-                            };
-                            if m.kind != kind as u8 {
-                                // A message of the other kind sent before this one: to the inbox.
-                                self.to_inbox(from, inc, rx, m, &mut stop)?;
-                            } else {
-                                if kind == Kind::Coll {
-                                    self.check_coll(from, op, seq, expect, (m.op, m.seq, m.len))?;
-                                } else if m.len != expect {
-                                    return Err(self.p2p_size(from, m.len, expect));
-                                }
-                                if m.by_ref {
-                                    self.take_payload(from, inc, rx, m, sink, &mut stop)?;
-                                    body = Some(Hdr { len: 0, ..m });
-                                    progressed = true;
-                                } else {
-                                    body = Some(m);
-                                }
-                            }
-                        }
-                        false
-                    }
-                    Some(m) => {
-                        let d = match sink {
-                            Sink::Into(dst, copy) => {
-                                rx.read_some(bdone, m.len, &mut |at, b| copy(&mut dst[at..at + b.len()], b))
-                            }
-                            Sink::With(f) => rx.read_some(bdone, m.len, *f),
-                        };
-                        progressed |= d != bdone;
-                        bdone = d;
-                        bdone >= m.len.next_multiple_of(8)
-                    }
-                };
-                if w.done() && received {
-                    break;
-                }
-                if progressed {
-                    deadline.restart();
-                    continue;
-                }
-                let sending = !w.done();
-                let ready = || (sending && tx.has_room(&w)) || (!received && rx.available() > 0);
-                // A point-to-point writer out of room says so (see `shm_send`).
-                let stuck = kind == Kind::P2p && sending && !tx.has_room(&w);
-                if stuck {
-                    tx.stuck(true);
-                }
-                let waited = shm::wait_either(&tx, rx, ready, &mut || {
-                    if sending {
-                        self.stop(to, &deadline, || false, &what)?;
-                    }
-                    self.stop(from, &deadline, || rx.available() > 0, &what)?;
-                    self.serve_if_long(&deadline)
-                });
-                if stuck {
-                    tx.stuck(false);
-                }
-                waited?;
-            }
-        }
-        drop(st);
-        lent.as_mut().map_or(Ok(()), |l| self.wait_ack(to, l, &what))
-    }
-
     /// The header of a message to a peer of this host, and the body that replaces the
     /// payload when it goes by reference (large, and the peer may read this process), sent
     /// in an exchange or alone.
-    fn header_for(
+    pub(super) fn header_for(
         &self,
         tx: &shm::Tx,
         link: &ShmLink,
@@ -441,7 +108,7 @@ impl Mesh {
 
     /// Wait until `peer` has copied the message `lent` sent by reference (the sender's buffer
     /// must stay as it is until then), draining meanwhile; then mark it acknowledged.
-    fn wait_ack(&self, peer: usize, lent: &mut Lent<'_>, what: &dyn Fn() -> String) -> Result<()> {
+    pub(super) fn wait_ack(&self, peer: usize, lent: &mut Lent<'_>, what: &dyn Fn() -> String) -> Result<()> {
         let deadline = Watch::new(self.op_timeout);
         lent.tx.wait_ack(lent.n, &mut || {
             self.stop(peer, &deadline, || false, what)?;
@@ -453,7 +120,7 @@ impl Mesh {
 
     /// Read the payload of message `m` from `peer` into `sink`: from the ring, or, sent by
     /// reference, out of the peer's memory (then acknowledged).
-    fn take_payload(
+    pub(super) fn take_payload(
         &self,
         peer: usize,
         link: &ShmLink,
@@ -523,7 +190,13 @@ impl Mesh {
     /// Why a wait on `peer` must end now, if it must: the communicator died, the peer's
     /// process went away (its connection closed and `pending` says nothing it sent is left
     /// to read), or `deadline` passed.
-    fn stop(&self, peer: usize, deadline: &Watch, pending: impl Fn() -> bool, what: &dyn Fn() -> String) -> Result<()> {
+    pub(super) fn stop(
+        &self,
+        peer: usize,
+        deadline: &Watch,
+        pending: impl Fn() -> bool,
+        what: &dyn Fn() -> String,
+    ) -> Result<()> {
         if let Some(d) = self.mailbox.dead() {
             return Err(self.dead_err(d));
         }
@@ -534,17 +207,14 @@ impl Mesh {
         }
         if Instant::now() >= deadline.at() {
             let t = self.op_timeout;
-            return Err(Error::Timeout {
-                op: what(),
-                rank: self.rank,
-                group: self.label.clone(),
-                after: t,
-                detail: format!(
+            return Err(self.ctx.timeout(
+                what(),
+                t,
+                format!(
                     "rank {peer} made no progress for {t:?} (over shared memory): it has not reached this operation \
                      (a stopped, stuck or slower rank, or one that issued other operations)"
                 ),
-                source: None,
-            });
+            ));
         }
         Ok(())
     }
@@ -583,7 +253,7 @@ impl Mesh {
     /// [`Mesh::serve`] once a wait has lasted [`super::watch::DRAIN_AFTER`] without
     /// progress: a peer that sent this rank a message by reference waits for its copy,
     /// while this rank waits on another peer (which may wait for the first).
-    fn serve_if_long(&self, w: &Watch) -> Result<()> {
+    pub(super) fn serve_if_long(&self, w: &Watch) -> Result<()> {
         if w.long() {
             self.serve()
         } else {
@@ -667,7 +337,7 @@ impl Mesh {
 
     /// Move message `m` from `peer`, whose header was just read, whole to the inbox (one of
     /// the other kind than the receive that met it).
-    fn to_inbox(
+    pub(super) fn to_inbox(
         &self,
         peer: usize,
         link: &ShmLink,
@@ -689,7 +359,7 @@ impl Mesh {
         }
     }
 
-    fn parse_header(&self, peer: usize, h: &[u8; HEADER]) -> Result<Hdr> {
+    pub(super) fn parse_header(&self, peer: usize, h: &[u8; HEADER]) -> Result<Hdr> {
         let seq = u64::from_le_bytes(h[8..16].try_into().unwrap_or_default());
         let len = u64::from_le_bytes(h[16..24].try_into().unwrap_or_default()) as usize;
         if h[0] != Kind::Coll as u8 && h[0] != Kind::P2p as u8 {

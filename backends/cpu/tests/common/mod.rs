@@ -16,7 +16,7 @@ pub fn connect(
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|e| Error::Unavailable { backend: "test", reason: e.to_string() })?;
+        .map_err(|e| Error::unavailable("test", e.to_string()))?;
     let config = CommConfig { op_timeout, ..CommConfig::default() };
     let cpu = anyccl_cpu::Cpu;
     rt.block_on(Communicator::connect(
