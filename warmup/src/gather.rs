@@ -5,7 +5,7 @@
 //! then [`lead`] for those it leads, then [`verdict`]: no leader waits on anything but its
 //! members' values, so ranks in several groups cannot wait on each other in a cycle.
 
-use crate::run::{decode, encode, Session};
+use crate::session::{decode, encode, waited, Session};
 use anyccl_core::{Communicator, Error, Result};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -77,7 +77,7 @@ pub(crate) async fn verdict<V: DeserializeOwned>(
             op: what.into(),
             rank: comm.rank(),
             group: comm.spec().name.clone(),
-            after: crate::run::waited(),
+            after: waited(),
             detail: format!(
                 "the group's leader (group rank 0, rank {} of the job) published no verdict",
                 comm.spec().ranks.first().copied().unwrap_or(0)
