@@ -8,6 +8,11 @@
 //! (or, for kill tests, as child processes re-executing the test binary), and a deadline
 //! aborts every rank's communicator when a case hangs.
 //!
+//! The modules form a ladder, each importing only those below it: [`pattern`] and [`fault`]
+//! at the bottom, then [`rank`] (one rank's view, what a case is written against), the
+//! [`registry`]'s entry type over it, the [`harness`] that runs an entry, and the [`cases`],
+//! which list every entry, at the top.
+//!
 //! Each backend's test entry is one line: [`run_libtest`] for `cargo test`, or
 //! [`run_report`] for the `anyccl-conformance` program.
 #![forbid(unsafe_code)]
@@ -17,10 +22,13 @@ pub mod cases;
 pub mod fault;
 pub mod harness;
 pub mod pattern;
+pub mod rank;
 pub mod registry;
 
-pub use harness::{child_main, run, CaseError, CaseResult, Outcome, RankCtx};
-pub use registry::{all_cases, Case, Mode, DEFAULT_WORLDS};
+pub use cases::all_cases;
+pub use harness::{child_main, run, Outcome};
+pub use rank::{CaseError, CaseResult, RankCtx};
+pub use registry::{Case, Mode, DEFAULT_WORLDS};
 
 use anyccl_core::Backend;
 use std::io::Write;
