@@ -98,6 +98,7 @@ pub(crate) async fn agree(
                     group: plan.group.clone(),
                     after: waited(),
                     detail: format!("group ranks {missing:?} never published their plan"),
+                    source: None,
                 })
             }
             PlanVerdict::Differ(differ, fp) => {

@@ -129,10 +129,10 @@ pub(crate) async fn failure_on_record(s: &Session<'_>, what: &str, group: &str, 
     Ok(Some(if kind == "Timeout" {
         warmup_timeout(what, rank, group, detail)
     } else {
-        Error::PeerFailed { rank, group: group.into(), peer: None, detail }
+        Error::PeerFailed { rank, group: group.into(), peer: None, detail, source: None }
     }))
 }
 
 pub(crate) fn warmup_timeout(what: &str, rank: usize, group: &str, detail: String) -> Error {
-    Error::Timeout { op: format!("warmup {what}"), rank, group: group.into(), after: waited(), detail }
+    Error::Timeout { op: format!("warmup {what}"), rank, group: group.into(), after: waited(), detail, source: None }
 }

@@ -137,6 +137,7 @@ async fn merged_recording(
             group: comm.spec().name.clone(),
             after: waited(),
             detail: format!("group ranks {missing:?} never published their recorded step"),
+            source: None,
         }),
     }
 }

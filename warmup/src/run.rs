@@ -231,6 +231,7 @@ async fn run_claimed(
             group,
             after: waited(),
             detail: format!("{why}; communicators aborted"),
+            source: None,
         }
     } else {
         Error::PeerFailed {
@@ -238,6 +239,7 @@ async fn run_claimed(
             group,
             peer: None,
             detail: format!("warmup failed: {why}; communicators aborted"),
+            source: None,
         }
     })
 }

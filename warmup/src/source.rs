@@ -76,6 +76,7 @@ pub(crate) async fn choose(
             group: plan.group.clone(),
             after: waited(),
             detail: format!("group ranks {missing:?} never said whether they have a saved plan"),
+            source: None,
         })?;
         match found {
             Ok((saved, what)) if lacking.is_empty() => {
