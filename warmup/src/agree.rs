@@ -3,8 +3,8 @@
 
 use crate::gather;
 use crate::plan::{merge, GroupPlan};
-use crate::session::{waited, Session};
-use anyccl_core::{Communicator, Error, Result};
+use crate::session::{ctx, waited, Session};
+use anyccl_core::{Communicator, Result};
 use serde::{Deserialize, Serialize};
 use std::time::Instant;
 
@@ -13,10 +13,6 @@ use std::time::Instant;
 enum PlanMsg {
     Plan(GroupPlan),
     Refused(String),
-}
-
-fn err(op: &'static str, rank: usize, group: &str, msg: String) -> Error {
-    Error::InvalidArgument { op, arg: "plan", rank, group: group.into(), msg }
 }
 
 /// The leader's verdict on a group's plans.
@@ -82,36 +78,32 @@ pub(crate) async fn agree(
         gather::lead(s, "plan", comm, deadline, decide_plans).await?;
     }
     if let Some(r) = refusal {
-        return Err(err("warmup", s.rank, "", r.to_string()));
+        return Err(ctx(s.rank, "").invalid("warmup", "plan", r));
     }
     for (comm, plan) in plans.iter_mut() {
-        let me = comm.rank();
+        let cx = ctx(comm.rank(), &plan.group);
         match gather::verdict::<PlanVerdict>(s, "plan", comm, "warmup agreement", deadline).await? {
             PlanVerdict::Agreed(p) => *plan = p,
             PlanVerdict::Refused(why) => {
-                return Err(err("warmup", me, &plan.group, format!("group members refused: {}", why.join("; "))))
+                return Err(cx.invalid("warmup", "plan", format!("group members refused: {}", why.join("; "))))
             }
             PlanVerdict::Missing(missing) => {
-                return Err(Error::Timeout {
-                    op: "warmup agreement".into(),
-                    rank: me,
-                    group: plan.group.clone(),
-                    after: waited(),
-                    detail: format!("group ranks {missing:?} never published their plan"),
-                    source: None,
-                })
+                return Err(cx.timeout(
+                    "warmup agreement",
+                    waited(),
+                    format!("group ranks {missing:?} never published their plan"),
+                ))
             }
             PlanVerdict::Differ(differ, fp) => {
-                return Err(err(
+                return Err(cx.invalid(
                     "warmup",
-                    me,
-                    &plan.group,
+                    "plan",
                     format!(
-                    "the plan of group ranks {differ:?} differs from the plan of group rank 0 (fingerprint {}; this \
-                         rank's {})",
-                    &fp[..fp.len().min(12)],
-                    &plan.fingerprint()[..12]
-                ),
+                        "the plan of group ranks {differ:?} differs from the plan of group rank 0 (fingerprint {}; \
+                         this rank's {})",
+                        &fp[..fp.len().min(12)],
+                        &plan.fingerprint()[..12]
+                    ),
                 ))
             }
         }

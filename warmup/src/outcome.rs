@@ -2,7 +2,7 @@
 //! and every rank adopts it; the first failure is put on record so that ranks still waiting
 //! on an operation stop at once and report its cause.
 
-use crate::session::{decode, encode, waited, Session};
+use crate::session::{ctx, decode, encode, waited, Session};
 use anyccl_core::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::time::{Duration, Instant};
@@ -129,10 +129,10 @@ pub(crate) async fn failure_on_record(s: &Session<'_>, what: &str, group: &str, 
     Ok(Some(if kind == "Timeout" {
         warmup_timeout(what, rank, group, detail)
     } else {
-        Error::PeerFailed { rank, group: group.into(), peer: None, detail, source: None }
+        ctx(rank, group).peer_failed(None, detail)
     }))
 }
 
 pub(crate) fn warmup_timeout(what: &str, rank: usize, group: &str, detail: String) -> Error {
-    Error::Timeout { op: format!("warmup {what}"), rank, group: group.into(), after: waited(), detail, source: None }
+    ctx(rank, group).timeout(format!("warmup {what}"), waited(), detail)
 }

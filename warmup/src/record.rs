@@ -5,8 +5,8 @@
 use crate::gather;
 use crate::plan::{merge, plan_from_recording, GroupPlan};
 use crate::report::{MemSource, StepCost};
-use crate::session::{timed, waited, Session};
-use anyccl_core::{Communicator, Error, Platform, Result};
+use crate::session::{comm_ctx, timed, waited, Session};
+use anyccl_core::{Communicator, Platform, Result};
 use std::time::Instant;
 
 /// Records one real step on a set of communicators: start it before the step, finish it
@@ -131,13 +131,10 @@ async fn merged_recording(
     type Merged = std::result::Result<Option<GroupPlan>, Vec<usize>>;
     match gather::verdict::<Merged>(s, "recorded", comm, "warmup recording", deadline).await? {
         Ok(merged) => Ok(merged.unwrap_or(plan)),
-        Err(missing) => Err(Error::Timeout {
-            op: "warmup recording".into(),
-            rank: comm.rank(),
-            group: comm.spec().name.clone(),
-            after: waited(),
-            detail: format!("group ranks {missing:?} never published their recorded step"),
-            source: None,
-        }),
+        Err(missing) => Err(comm_ctx(comm).timeout(
+            "warmup recording",
+            waited(),
+            format!("group ranks {missing:?} never published their recorded step"),
+        )),
     }
 }

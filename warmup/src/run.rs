@@ -7,10 +7,10 @@ use crate::execute::execute;
 use crate::outcome::{outcome, publish_failure, Outcome};
 use crate::plan::{exclusion, plan_for, GroupPlan, Target};
 use crate::report::Report;
-use crate::session::{decode, encode, timed, waited, Session};
+use crate::session::{ctx, decode, encode, timed, waited, Session};
 use crate::source::{choose, Choice};
 use crate::watchdog;
-use anyccl_core::{Collective, Communicator, Error, Result};
+use anyccl_core::{Collective, Communicator, Result};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -117,7 +117,7 @@ pub(crate) async fn run_plans(
     // 1. One run per (job, generation, rank): a retried call replays the outcome.
     let final_key = s.key(&format!("final/{}", s.rank));
     if let Some(f) = s.store.get(&final_key).await? {
-        return replay(&final_key, &f);
+        return replay(s, &final_key, &f);
     }
     let claim = s.store.compare_set(&s.key(&format!("claim/{}", s.rank)), None, b"running").await?;
     if !claim.swapped {
@@ -127,7 +127,7 @@ pub(crate) async fn run_plans(
             s.rank
         );
         let f = s.store.wait(&final_key, deadline).await?;
-        return replay(&final_key, &f);
+        return replay(s, &final_key, &f);
     }
 
     let mut planned: Vec<((&Communicator, GroupPlan), Choice)> = plans.into_iter().zip(choices).collect();
@@ -143,17 +143,16 @@ pub(crate) async fn run_plans(
     result.map(|_| report)
 }
 
-fn replay(key: &str, f: &[u8]) -> Result<Report> {
+/// The outcome `f` (under `key`) that an earlier call of this generation recorded.
+fn replay(s: &Session<'_>, key: &str, f: &[u8]) -> Result<Report> {
     match decode::<Final>(key, f)? {
         Final::Ok(mut r) => {
             r.replayed = true;
             Ok(r)
         }
-        Final::Err { kind, msg } => Err(Error::Aborted {
-            rank: 0,
-            group: String::new(),
-            detail: format!("this warmup generation already failed ({kind}): {msg}"),
-        }),
+        Final::Err { kind, msg } => {
+            Err(ctx(s.rank, &job_group(s)).aborted(format!("this warmup generation already failed ({kind}): {msg}")))
+        }
     }
 }
 
@@ -223,23 +222,15 @@ async fn run_claimed(
     };
     abort_all(comms);
     exec?;
-    let group = format!("warmup {}", s.job);
+    let cx = ctx(s.rank, &job_group(s));
     Err(if timed_out {
-        Error::Timeout {
-            op: "warmup outcome".into(),
-            rank: s.rank,
-            group,
-            after: waited(),
-            detail: format!("{why}; communicators aborted"),
-            source: None,
-        }
+        cx.timeout("warmup outcome", waited(), format!("{why}; communicators aborted"))
     } else {
-        Error::PeerFailed {
-            rank: s.rank,
-            group,
-            peer: None,
-            detail: format!("warmup failed: {why}; communicators aborted"),
-            source: None,
-        }
+        cx.peer_failed(None, format!("warmup failed: {why}; communicators aborted"))
     })
+}
+
+/// The name errors give the whole warmup of a job (its groups' own errors name the group).
+fn job_group(s: &Session<'_>) -> String {
+    format!("warmup {}", s.job)
 }

@@ -1,7 +1,7 @@
 //! Where a warmup runs ([`Session`]: the job's store, name, generation and this rank), the
 //! store keys and value encoding every agreement step uses, and the clock its timeouts read.
 
-use anyccl_core::{Error, Platform, Result, Store};
+use anyccl_core::{Communicator, Ctx, Error, Platform, Result, Store};
 use serde::Serialize;
 use std::time::{Duration, Instant};
 
@@ -50,4 +50,14 @@ impl Session<'_> {
     pub(crate) fn key(&self, rest: &str) -> String {
         format!("warmup/{}/{}/{rest}", self.job, self.generation)
     }
+}
+
+/// Where an error of the warmup happened: `rank` of `group` (empty for the job as a whole).
+pub(crate) fn ctx(rank: usize, group: &str) -> Ctx {
+    Ctx::new("warmup", rank, group)
+}
+
+/// Where an error on `comm`'s group happened: this member's group rank in that group.
+pub(crate) fn comm_ctx(comm: &Communicator) -> Ctx {
+    ctx(comm.rank(), &comm.spec().name)
 }

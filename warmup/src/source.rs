@@ -4,8 +4,8 @@
 use crate::gather;
 use crate::plan::GroupPlan;
 use crate::report::Report;
-use crate::session::{waited, Session};
-use anyccl_core::{Communicator, Error, Result};
+use crate::session::{ctx, waited, Session};
+use anyccl_core::{Communicator, Result};
 use serde::{Deserialize, Serialize};
 use std::time::Instant;
 
@@ -70,13 +70,12 @@ pub(crate) async fn choose(
     for (comm, plan, found) in pending {
         let verdict: std::result::Result<Vec<String>, Vec<usize>> =
             gather::verdict(s, "source", comm, "warmup agreement", deadline).await?;
-        let lacking = verdict.map_err(|missing| Error::Timeout {
-            op: "warmup agreement".into(),
-            rank: comm.rank(),
-            group: plan.group.clone(),
-            after: waited(),
-            detail: format!("group ranks {missing:?} never said whether they have a saved plan"),
-            source: None,
+        let lacking = verdict.map_err(|missing| {
+            ctx(comm.rank(), &plan.group).timeout(
+                "warmup agreement",
+                waited(),
+                format!("group ranks {missing:?} never said whether they have a saved plan"),
+            )
         })?;
         match found {
             Ok((saved, what)) if lacking.is_empty() => {
