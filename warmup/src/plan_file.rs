@@ -6,7 +6,7 @@
 
 use crate::plan::GroupPlan;
 use crate::report::StepCost;
-use anyccl_core::{Error, Result};
+use anyccl_core::{env_parse_at, parse_bytes, read_regular_file, Ctx, Error, Result};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::io::Write;
@@ -16,8 +16,12 @@ use std::path::{Path, PathBuf};
 const MAGIC: &str = "anyccl-warmup-plan";
 /// Format this code writes and reads.
 pub const PLAN_FORMAT: u32 = 1;
-/// Largest plan file read (a plan is a few KiB of JSON per group).
+/// Largest plan file [`PlanFile::read`] reads unless `ANYCCL_WARMUP_PLAN_MAX_BYTES` says
+/// otherwise (a plan is a few KiB of JSON per group).
 const MAX_FILE: u64 = 64 << 20;
+/// What reading and writing a plan file is called in errors.
+const READ: &str = "warmup plan file read";
+const WRITE: &str = "warmup plan file write";
 
 /// Which checkpoint (and which rank of which job) a saved plan belongs to.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -54,44 +58,63 @@ impl PlanFile {
     /// folder. A reader sees the old file or the new one, never a part.
     ///
     /// # Errors
-    /// `Backend` naming the file on any I/O failure.
+    /// `Io` naming the file, its temporary file or its folder, whichever failed, and the rank
+    /// of the identity, with the system's error as the source.
     pub fn write(&self, path: &Path) -> Result<()> {
-        let io = |what: &str, e: std::io::Error| file_err(path, format!("cannot {what}: {e}"));
-        let body = serde_json::to_vec_pretty(self).map_err(|e| file_err(path, format!("cannot encode: {e}")))?;
+        let cx = Ctx::new("warmup", self.identity.rank, "");
+        let body = serde_json::to_vec_pretty(self).map_err(|e| cx.file(WRITE, path, format!("cannot encode: {e}")))?;
         let sum = hex(&Sha256::digest(&body));
         let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-        std::fs::create_dir_all(dir).map_err(|e| io("create its folder", e))?;
+        std::fs::create_dir_all(dir).map_err(|e| cx.io(WRITE, dir, e))?;
         let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("plan");
         let tmp = dir.join(format!(".{name}.tmp{}", std::process::id()));
         let written = (|| {
-            let mut f = std::fs::File::create(&tmp)?;
-            f.write_all(format!("{MAGIC} {PLAN_FORMAT} sha256={sum}\n").as_bytes())?;
-            f.write_all(&body)?;
-            f.write_all(b"\n")?;
-            f.sync_all()?;
-            std::fs::rename(&tmp, path)?;
-            std::fs::File::open(dir)?.sync_all()
+            let mut f = std::fs::File::create(&tmp).map_err(|e| cx.io(WRITE, &tmp, e))?;
+            f.write_all(format!("{MAGIC} {PLAN_FORMAT} sha256={sum}\n").as_bytes())
+                .and_then(|()| f.write_all(&body))
+                .and_then(|()| f.write_all(b"\n"))
+                .and_then(|()| f.sync_all())
+                .map_err(|e| cx.io(WRITE, &tmp, e))?;
+            std::fs::rename(&tmp, path).map_err(|e| cx.io(WRITE, path, e))?;
+            std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(|e| cx.io(WRITE, dir, e))
         })();
-        if let Err(e) = written {
+        if written.is_err() {
             let _ = std::fs::remove_file(&tmp);
-            return Err(io("write it", e));
         }
-        Ok(())
+        written
     }
 
-    /// Read and check a plan file: its format, its checksum, its JSON.
+    /// Read and check a plan file: its format, its checksum, its JSON. Only a regular file is
+    /// read (a link to a device, a FIFO or a folder is refused at once, never read or waited
+    /// on), and at most `ANYCCL_WARMUP_PLAN_MAX_BYTES` of it (a byte count, default 64 MiB).
     ///
     /// # Errors
-    /// A message naming the file and what is wrong with it (missing, too large, not a plan
-    /// file, another format, checksum mismatch, unreadable JSON). A caller falls back to the
-    /// role plans with it (`warmup_saved`).
+    /// A message naming the file and what is wrong with it (missing, not a regular file, too
+    /// large, not a plan file, another format, checksum mismatch, unreadable JSON), or the
+    /// variable when it does not parse. A caller falls back to the role plans with it
+    /// (`warmup_saved`).
     pub fn read(path: &Path) -> std::result::Result<PlanFile, String> {
+        let cx = Ctx::process("warmup");
+        let max = env_parse_at(&cx, READ, "ANYCCL_WARMUP_PLAN_MAX_BYTES", "a byte count (K, M or G allowed)", |s| {
+            parse_bytes(s).map(|b| b as u64)
+        })
+        .map_err(|e| format!("warmup plan file {}: not read: {e}", path.display()))?;
+        PlanFile::read_at_most(path, max.unwrap_or(MAX_FILE))
+    }
+
+    /// [`PlanFile::read`] with its own cap: at most `max_bytes` of the file.
+    ///
+    /// # Errors
+    /// As [`PlanFile::read`].
+    pub fn read_at_most(path: &Path, max_bytes: u64) -> std::result::Result<PlanFile, String> {
         let bad = |why: String| format!("warmup plan file {}: {why}", path.display());
-        let meta = std::fs::metadata(path).map_err(|e| bad(format!("missing or unreadable ({e})")))?;
-        if meta.len() > MAX_FILE {
-            return Err(bad(format!("{} bytes, more than a plan file can be ({MAX_FILE})", meta.len())));
-        }
-        let raw = std::fs::read(path).map_err(|e| bad(format!("unreadable ({e})")))?;
+        let raw = read_regular_file(&Ctx::process("warmup"), READ, path, max_bytes).map_err(|e| match e {
+            // The system's error: the file cannot be opened or read.
+            Error::Io { detail, source: Some(_), .. } => bad(format!("missing or unreadable ({detail})")),
+            // What is wrong with the file itself (not a regular file, too large).
+            Error::Io { detail, .. } => bad(detail),
+            e => bad(e.to_string()),
+        })?;
         let nl = raw.iter().position(|&b| b == b'\n').ok_or_else(|| bad("no header line".into()))?;
         let header = std::str::from_utf8(&raw[..nl]).map_err(|_| bad("not a plan file (binary header)".into()))?;
         let mut words = header.split(' ');
@@ -166,15 +189,4 @@ impl PlanFile {
 
 fn hex(b: &[u8]) -> String {
     b.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn file_err(path: &Path, text: String) -> Error {
-    Error::Backend {
-        backend: "warmup",
-        op: "plan file".into(),
-        code: -1,
-        text: format!("warmup plan file {}: {text}", path.display()),
-        recovery: anyccl_core::Recovery::Fatal,
-        source: None,
-    }
 }
