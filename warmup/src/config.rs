@@ -1,7 +1,7 @@
 //! Warmup settings: the config struct and its `ANYCCL_WARMUP*` environment overrides.
 
 use crate::plan::Sizes;
-use anyccl_core::{Error, Result};
+use anyccl_core::{env_parse_at, parse_flag, parse_secs, Ctx, Result, MAX_TIMEOUT};
 use std::time::Duration;
 
 /// Warmup settings, with `ANYCCL_WARMUP*` overrides.
@@ -37,28 +37,28 @@ impl Default for WarmupConfig {
 }
 
 impl WarmupConfig {
-    /// `default` with the environment's overrides.
+    /// `default` with the environment's overrides: `ANYCCL_WARMUP` (`0` or `1`),
+    /// `ANYCCL_WARMUP_TIMEOUT_S` (seconds) and `ANYCCL_WARMUP_MARGIN_MIB` (a whole number of
+    /// MiB), each read through core's checked parser.
     ///
     /// # Errors
-    /// `InvalidArgument` naming the variable when one is malformed.
+    /// `InvalidArgument` naming the variable, its value and this process's rank when one is
+    /// set to anything else: a value that does not parse never leaves a setting at its default.
     pub fn from_env(default: WarmupConfig) -> Result<Self> {
+        const OP: &str = "WarmupConfig::from_env";
+        let cx = Ctx::process("warmup");
         let mut c = default;
-        if let Ok(v) = std::env::var("ANYCCL_WARMUP") {
-            c.enabled = matches!(v.as_str(), "1" | "true" | "on" | "yes");
+        if let Some(on) = env_parse_at(&cx, OP, "ANYCCL_WARMUP", "0 or 1", parse_flag)? {
+            c.enabled = on;
         }
-        if let Some(t) = anyccl_core::env_secs("ANYCCL_WARMUP_TIMEOUT_S")? {
+        let secs = format!("a number of seconds above 0 and at most {}", MAX_TIMEOUT.as_secs());
+        if let Some(t) = env_parse_at(&cx, OP, "ANYCCL_WARMUP_TIMEOUT_S", &secs, parse_secs)? {
             c.timeout = t;
         }
-        if let Ok(v) = std::env::var("ANYCCL_WARMUP_MARGIN_MIB") {
-            let m = v.parse::<u64>().ok().filter(|m| m.leading_zeros() >= 20).ok_or_else(|| {
-                err("WarmupConfig::from_env", 0, "", format!("ANYCCL_WARMUP_MARGIN_MIB={v:?} is not a number of MiB"))
-            })?;
-            c.memory_margin = m << 20;
+        let mib = |s: &str| s.parse::<u64>().ok().and_then(|m| m.checked_mul(1 << 20));
+        if let Some(m) = env_parse_at(&cx, OP, "ANYCCL_WARMUP_MARGIN_MIB", "a whole number of MiB", mib)? {
+            c.memory_margin = m;
         }
         Ok(c)
     }
-}
-
-fn err(op: &'static str, rank: usize, group: &str, msg: String) -> Error {
-    Error::InvalidArgument { op, arg: "plan", rank, group: group.into(), msg }
 }
