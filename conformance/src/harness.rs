@@ -281,7 +281,13 @@ fn rand_token() -> u64 {
 /// In a child process started by the process-mode harness, run the requested case and
 /// return the exit code; `None` in any other process.
 pub fn child_main(backend: &Arc<dyn Backend>, cases: &[Case]) -> Option<std::process::ExitCode> {
-    let name = std::env::var(CHILD_ENV).ok()?;
+    let name = match anyccl_core::env_string(CHILD_ENV) {
+        Ok(name) => name?,
+        Err(e) => {
+            eprintln!("conformance child: {e}");
+            return Some(std::process::ExitCode::from(1));
+        }
+    };
     let code = match child_run(backend, cases, &name) {
         Ok(()) => 0,
         Err(e) => {
@@ -295,10 +301,9 @@ pub fn child_main(backend: &Arc<dyn Backend>, cases: &[Case]) -> Option<std::pro
 fn child_run(backend: &Arc<dyn Backend>, cases: &[Case], name: &str) -> Result<(), String> {
     let case = cases.iter().find(|c| c.full_name() == name).ok_or_else(|| format!("no case named {name}"))?;
     let env = LaunchEnv::from_env().map_err(|e| e.to_string())?;
-    let timeout = std::env::var("ANYCCL_CASE_TIMEOUT_MS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .map(Duration::from_millis)
+    let ms = |s: &str| s.parse::<u64>().ok().filter(|&ms| ms > 0).map(Duration::from_millis);
+    let timeout = anyccl_core::env_parse("ANYCCL_CASE_TIMEOUT_MS", "a whole number of milliseconds above 0", ms)
+        .map_err(|e| e.to_string())?
         .unwrap_or(Duration::from_secs(60));
     let rt = runtime()?;
     let (store, _server) = rt.block_on(env.connect_store()).map_err(|e| e.to_string())?;

@@ -37,13 +37,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// Per-case deadline (`ANYCCL_CASE_TIMEOUT_S`, default 60 s).
-pub fn case_timeout() -> Duration {
-    anyccl_core::env_secs("ANYCCL_CASE_TIMEOUT_S")
-        .unwrap_or_else(|e| {
-            eprintln!("{e}; using 60 s");
-            None
-        })
-        .unwrap_or(Duration::from_secs(60))
+///
+/// # Errors
+/// `InvalidArgument` naming the variable, its value and the rank when it is set to anything
+/// but a number of seconds: a run never silently falls back to the default.
+pub fn case_timeout() -> anyccl_core::Result<Duration> {
+    Ok(anyccl_core::env_secs("ANYCCL_CASE_TIMEOUT_S")?.unwrap_or(Duration::from_secs(60)))
+}
+
+/// [`case_timeout`], or the exit code of a run that cannot start because of it.
+fn timeout_or_exit() -> Result<Duration, ExitCode> {
+    case_timeout().map_err(|e| {
+        eprintln!("conformance: {e}");
+        ExitCode::from(2)
+    })
 }
 
 /// The (case, world size) runs for `worlds` (`None`: every case's own list).
@@ -79,7 +86,10 @@ pub fn run_libtest_as(backend: Arc<dyn Backend>, label: &str) -> ExitCode {
     }
     init_tracing(tracing::Level::ERROR);
     let args = libtest_mimic::Arguments::from_args();
-    let timeout = case_timeout();
+    let timeout = match timeout_or_exit() {
+        Ok(t) => t,
+        Err(code) => return code,
+    };
     let trials = runs(None)
         .into_iter()
         .map(|(case, w)| {
@@ -100,7 +110,10 @@ pub fn run_report(backend: Arc<dyn Backend>, worlds: Option<&[usize]>, filter: O
     if let Some(code) = child_main(&backend, &all_cases()) {
         return code;
     }
-    let timeout = case_timeout();
+    let timeout = match timeout_or_exit() {
+        Ok(t) => t,
+        Err(code) => return code,
+    };
     let (mut passed, mut failed, mut ignored) = (0, 0, 0);
     let out = std::io::stdout();
     for (case, w) in runs(worlds) {
