@@ -2,151 +2,19 @@
 //! processes of it (for cases that kill a rank). A deadline bounds every run; on expiry
 //! every rank's communicator is aborted.
 
-use crate::pattern;
 use crate::registry::{Case, Mode};
 use anyccl_core::{
-    Backend, Collective, CommConfig, Communicator, DType, DeviceMemory, GroupSpec, LaunchEnv, MemoryStore, Platform,
-    Store, TcpStoreOptions, TcpStoreServer, Work,
+    Backend, Collective, CommConfig, Communicator, GroupSpec, LaunchEnv, MemoryStore, Store, TcpStoreOptions,
+    TcpStoreServer,
 };
-use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::process::{Command, Stdio};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// Why a case failed on one rank.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CaseError(pub String);
-
-impl From<anyccl_core::Error> for CaseError {
-    fn from(e: anyccl_core::Error) -> Self {
-        CaseError(format!("{} error: {e}", e.kind()))
-    }
-}
-impl From<String> for CaseError {
-    fn from(s: String) -> Self {
-        CaseError(s)
-    }
-}
-impl From<&str> for CaseError {
-    fn from(s: &str) -> Self {
-        CaseError(s.to_string())
-    }
-}
-
-/// What a case returns on one rank.
-pub type CaseResult = Result<(), CaseError>;
-
-/// Fail the case with a formatted message unless `cond` holds.
-#[macro_export]
-macro_rules! ensure {
-    ($cond:expr, $($arg:tt)*) => {
-        if !$cond {
-            return Err($crate::CaseError(format!($($arg)*)));
-        }
-    };
-}
-
-/// One rank's view of a running case.
-#[derive(Debug)]
-pub struct RankCtx {
-    /// The world communicator (group `world`).
-    pub comm: Communicator,
-    /// The rank's device layer.
-    pub platform: Arc<dyn Platform>,
-    /// The rendezvous store shared by all ranks of the case.
-    pub store: Arc<dyn Store>,
-    /// The backend under test.
-    pub backend: Arc<dyn Backend>,
-    /// This rank.
-    pub rank: usize,
-    /// World size.
-    pub size: usize,
-    /// How long one wait may take.
-    pub timeout: Duration,
-    rt: tokio::runtime::Runtime,
-}
-
-impl RankCtx {
-    /// Run a future to completion on this rank's runtime.
-    pub fn block_on<F: Future>(&self, f: F) -> F::Output {
-        self.rt.block_on(f)
-    }
-
-    /// A device buffer holding `vals` as `dtype`.
-    ///
-    /// # Errors
-    /// Allocation or copy failures.
-    pub fn upload(&self, dtype: DType, vals: &[f64]) -> Result<Box<dyn DeviceMemory>, CaseError> {
-        let mut m = self.platform.alloc(dtype, vals.len())?;
-        self.platform.copy_from_host(m.as_mut(), &pattern::encode(vals, dtype))?;
-        Ok(m)
-    }
-
-    /// A zero-filled device buffer.
-    ///
-    /// # Errors
-    /// Allocation failures.
-    pub fn zeros(&self, dtype: DType, count: usize) -> Result<Box<dyn DeviceMemory>, CaseError> {
-        Ok(self.platform.alloc(dtype, count)?)
-    }
-
-    /// A device buffer's contents as values.
-    ///
-    /// # Errors
-    /// Copy failures.
-    pub fn download(&self, m: &dyn DeviceMemory) -> Result<Vec<f64>, CaseError> {
-        self.platform.synchronize()?;
-        let mut bytes = vec![0u8; m.count() * m.dtype().size()];
-        self.platform.copy_to_host(m, &mut bytes)?;
-        Ok(pattern::decode(&bytes, m.dtype()))
-    }
-
-    /// Wait for `w` with the case's timeout.
-    ///
-    /// # Errors
-    /// The operation's failure.
-    pub fn wait(&self, mut w: Work<'_>) -> CaseResult {
-        w.wait(self.timeout)?;
-        Ok(())
-    }
-
-    /// Tell the other ranks `key` happened (through the store).
-    ///
-    /// # Errors
-    /// Store failures.
-    pub fn signal(&self, key: &str) -> CaseResult {
-        self.block_on(self.store.set(&format!("case/{key}"), b"1"))?;
-        Ok(())
-    }
-
-    /// Whether some rank has signalled `key` by now (no waiting).
-    ///
-    /// # Errors
-    /// Store failures.
-    pub fn signalled(&self, key: &str) -> Result<bool, CaseError> {
-        Ok(self.block_on(self.store.get(&format!("case/{key}")))?.is_some())
-    }
-
-    /// After a passing body: wait (at most 5 s) until every rank's body has passed, so no
-    /// rank tears its communicator down while a peer's last operation is still finishing
-    /// (NCCL over sockets reports that as a remote error on the peer).
-    fn finish_together(&self, ranks: usize) {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        // A rank that never arrives failed: its own error reports the case.
-        let _ =
-            self.block_on(anyccl_core::store_barrier(self.store.as_ref(), "case/finished", self.rank, ranks, deadline));
-    }
-
-    /// Wait until some rank signalled `key`.
-    ///
-    /// # Errors
-    /// `Timeout` after the case's timeout.
-    pub fn await_signal(&self, key: &str) -> CaseResult {
-        self.block_on(self.store.wait(&format!("case/{key}"), Instant::now() + self.timeout))?;
-        Ok(())
-    }
-}
+/// What a case is written against, defined below the harness so that the registry's
+/// entries can name it.
+pub use crate::rank::{CaseError, CaseResult, RankCtx};
 
 /// Result of one case at one world size.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -413,7 +281,13 @@ fn rand_token() -> u64 {
 /// In a child process started by the process-mode harness, run the requested case and
 /// return the exit code; `None` in any other process.
 pub fn child_main(backend: &Arc<dyn Backend>, cases: &[Case]) -> Option<std::process::ExitCode> {
-    let name = std::env::var(CHILD_ENV).ok()?;
+    let name = match anyccl_core::env_string(CHILD_ENV) {
+        Ok(name) => name?,
+        Err(e) => {
+            eprintln!("conformance child: {e}");
+            return Some(std::process::ExitCode::from(1));
+        }
+    };
     let code = match child_run(backend, cases, &name) {
         Ok(()) => 0,
         Err(e) => {
@@ -427,10 +301,9 @@ pub fn child_main(backend: &Arc<dyn Backend>, cases: &[Case]) -> Option<std::pro
 fn child_run(backend: &Arc<dyn Backend>, cases: &[Case], name: &str) -> Result<(), String> {
     let case = cases.iter().find(|c| c.full_name() == name).ok_or_else(|| format!("no case named {name}"))?;
     let env = LaunchEnv::from_env().map_err(|e| e.to_string())?;
-    let timeout = std::env::var("ANYCCL_CASE_TIMEOUT_MS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .map(Duration::from_millis)
+    let ms = |s: &str| s.parse::<u64>().ok().filter(|&ms| ms > 0).map(Duration::from_millis);
+    let timeout = anyccl_core::env_parse("ANYCCL_CASE_TIMEOUT_MS", "a whole number of milliseconds above 0", ms)
+        .map_err(|e| e.to_string())?
         .unwrap_or(Duration::from_secs(60));
     let rt = runtime()?;
     let (store, _server) = rt.block_on(env.connect_store()).map_err(|e| e.to_string())?;

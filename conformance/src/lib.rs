@@ -8,6 +8,11 @@
 //! (or, for kill tests, as child processes re-executing the test binary), and a deadline
 //! aborts every rank's communicator when a case hangs.
 //!
+//! The modules form a ladder, each importing only those below it: [`pattern`] and [`fault`]
+//! at the bottom, then [`rank`] (one rank's view, what a case is written against), the
+//! [`registry`]'s entry type over it, the [`harness`] that runs an entry, and the [`cases`],
+//! which list every entry, at the top.
+//!
 //! Each backend's test entry is one line: [`run_libtest`] for `cargo test`, or
 //! [`run_report`] for the `anyccl-conformance` program.
 #![forbid(unsafe_code)]
@@ -17,10 +22,13 @@ pub mod cases;
 pub mod fault;
 pub mod harness;
 pub mod pattern;
+pub mod rank;
 pub mod registry;
 
-pub use harness::{child_main, run, CaseError, CaseResult, Outcome, RankCtx};
-pub use registry::{all_cases, Case, Mode, DEFAULT_WORLDS};
+pub use cases::all_cases;
+pub use harness::{child_main, run, Outcome};
+pub use rank::{CaseError, CaseResult, RankCtx};
+pub use registry::{Case, Mode, DEFAULT_WORLDS};
 
 use anyccl_core::Backend;
 use std::io::Write;
@@ -29,13 +37,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// Per-case deadline (`ANYCCL_CASE_TIMEOUT_S`, default 60 s).
-pub fn case_timeout() -> Duration {
-    anyccl_core::env_secs("ANYCCL_CASE_TIMEOUT_S")
-        .unwrap_or_else(|e| {
-            eprintln!("{e}; using 60 s");
-            None
-        })
-        .unwrap_or(Duration::from_secs(60))
+///
+/// # Errors
+/// `InvalidArgument` naming the variable, its value and the rank when it is set to anything
+/// but a number of seconds: a run never silently falls back to the default.
+pub fn case_timeout() -> anyccl_core::Result<Duration> {
+    Ok(anyccl_core::env_secs("ANYCCL_CASE_TIMEOUT_S")?.unwrap_or(Duration::from_secs(60)))
+}
+
+/// [`case_timeout`], or the exit code of a run that cannot start because of it.
+fn timeout_or_exit() -> Result<Duration, ExitCode> {
+    case_timeout().map_err(|e| {
+        eprintln!("conformance: {e}");
+        ExitCode::from(2)
+    })
 }
 
 /// The (case, world size) runs for `worlds` (`None`: every case's own list).
@@ -75,7 +90,10 @@ pub fn run_libtest_as(backend: Arc<dyn Backend>, label: &str) -> ExitCode {
     }
     init_tracing(tracing::Level::ERROR);
     let args = libtest_mimic::Arguments::from_args();
-    let timeout = case_timeout();
+    let timeout = match timeout_or_exit() {
+        Ok(t) => t,
+        Err(code) => return code,
+    };
     let trials = runs(None)
         .into_iter()
         .map(|(case, w)| {
@@ -96,7 +114,10 @@ pub fn run_report(backend: Arc<dyn Backend>, worlds: Option<&[usize]>, filter: O
     if let Some(code) = child_main(&backend, &all_cases()) {
         return code;
     }
-    let timeout = case_timeout();
+    let timeout = match timeout_or_exit() {
+        Ok(t) => t,
+        Err(code) => return code,
+    };
     let (mut passed, mut failed, mut ignored) = (0, 0, 0);
     let out = std::io::stdout();
     for (case, w) in runs(worlds) {

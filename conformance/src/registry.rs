@@ -1,7 +1,7 @@
-//! The case registry: every case with the world sizes it runs at, what it needs from the
-//! backend, and how its ranks run.
+//! An entry of the case registry: a case with the world sizes it runs at, what it needs from
+//! the backend, and how its ranks run. The list of every case is `cases::all_cases`.
 
-use crate::harness::{CaseResult, RankCtx};
+use crate::rank::{CaseResult, RankCtx};
 use anyccl_core::Capabilities;
 use std::sync::Arc;
 
@@ -88,17 +88,3 @@ impl Case {
 
 /// World sizes every case is tried at unless it says otherwise.
 pub const DEFAULT_WORLDS: &[usize] = &[1, 2, 3, 4, 5, 8];
-
-/// Every registered case.
-pub fn all_cases() -> Vec<Case> {
-    let mut v = Vec::new();
-    crate::cases::collectives::register(&mut v);
-    crate::cases::p2p::register(&mut v);
-    crate::cases::groups::register(&mut v);
-    crate::cases::errors::register(&mut v);
-    crate::cases::lifecycle::register(&mut v);
-    crate::cases::warmup::register(&mut v);
-    crate::cases::register::register(&mut v);
-    crate::cases::window::register(&mut v);
-    v
-}

@@ -5,7 +5,7 @@
 //! then [`lead`] for those it leads, then [`verdict`]: no leader waits on anything but its
 //! members' values, so ranks in several groups cannot wait on each other in a cycle.
 
-use crate::run::{decode, encode, Session};
+use crate::session::{comm_ctx, decode, encode, waited, Session};
 use anyccl_core::{Communicator, Error, Result};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -73,17 +73,16 @@ pub(crate) async fn verdict<V: DeserializeOwned>(
     let key = format!("{}/verdict", topic_key(s, topic, comm));
     match s.store.wait(&key, deadline + VERDICT_GRACE).await {
         Ok(v) => decode(&key, &v),
-        Err(Error::Timeout { .. }) => Err(Error::Timeout {
-            op: what.into(),
-            rank: comm.rank(),
-            group: comm.spec().name.clone(),
-            after: crate::run::waited(),
-            detail: format!(
-                "the group's leader (group rank 0, rank {} of the job) published no verdict",
-                comm.spec().ranks.first().copied().unwrap_or(0)
-            ),
-            source: None,
-        }),
+        Err(e @ Error::Timeout { .. }) => Err(comm_ctx(comm)
+            .timeout(
+                what,
+                waited(),
+                format!(
+                    "the group's leader (group rank 0, rank {} of the job) published no verdict",
+                    comm.spec().ranks.first().copied().unwrap_or(0)
+                ),
+            )
+            .with_source(e)),
         Err(e) => Err(e),
     }
 }

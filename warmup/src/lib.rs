@@ -38,20 +38,40 @@
 //!
 //! Call it where memory is light: after a colocated inference engine has released its
 //! memory, before loading the checkpoint and running the first step.
+//!
+//! # Module ladder
+//! Each module imports only modules below it. At the bottom, data and settings with no
+//! imports of their own: `plan`, `report`, `session` (store keys and the warmup's clock) and
+//! `watchdog`; then `config` and `plan_file` over them; the store agreements through a group's
+//! leader (`gather`), with `outcome` beside it; the steps that use `gather` (`agree` on plans,
+//! `source` of each plan, `record` of a real step); `execute`, which runs an agreed plan;
+//! `run`, one whole warmup; and `saved`, the warmup from a plan file, at the top.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod agree;
+mod config;
+mod execute;
 mod gather;
+mod outcome;
 mod plan;
+mod plan_file;
+mod record;
 mod report;
 mod run;
 mod saved;
+mod session;
+mod source;
 mod watchdog;
 
+pub use config::WarmupConfig;
 pub use plan::{
     exclusion, merge, pipeline_pairs, plan_for, plan_from_recording, role_kinds, GroupPlan, Kind, Sizes, Step, Target,
     TargetOptions,
 };
-pub use report::{MemSource, Report, StepReport};
-pub use run::{warmup, warmup_plans, Session, WarmupConfig};
-pub use saved::{warmup_saved, PlanFile, PlanIdentity, RecordedStep, StepCost, StepRecorder, PLAN_FORMAT};
+pub use plan_file::{PlanFile, PlanIdentity, PLAN_FORMAT};
+pub use record::{RecordedStep, StepRecorder};
+pub use report::{MemSource, Report, StepCost, StepReport};
+pub use run::{warmup, warmup_plans};
+pub use saved::warmup_saved;
+pub use session::Session;

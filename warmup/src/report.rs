@@ -1,6 +1,5 @@
 //! The warmup report: per group and step, the op, bytes, time and device-memory delta.
 
-use crate::saved::StepCost;
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
 
@@ -44,6 +43,18 @@ impl MemSource {
             MemSource::FreeMemory => "the device's free memory before and after each step",
         }
     }
+}
+
+/// Device memory one step took while connecting, per group and in all.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepCost {
+    /// Per group: bytes the step left allocated on that group's communicator (present only
+    /// where the communicator keeps a count of its own).
+    pub groups: Vec<(String, i64)>,
+    /// Bytes in all.
+    pub total: i64,
+    /// How `total` was counted.
+    pub source: MemSource,
 }
 
 /// What a warmup did on this rank.

@@ -4,6 +4,7 @@
 use anyccl_core::{DType, Role};
 use anyccl_warmup::{GroupPlan, Kind, MemSource, PlanFile, PlanIdentity, Step, StepCost};
 use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
 fn dir(case: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("anyccl-plan-file-{case}-{}", std::process::id()));
@@ -100,6 +101,61 @@ mod warmup {
                 std::fs::write(&path, &bytes).unwrap();
                 let e = PlanFile::read(&path).unwrap_err();
                 assert!(e.contains(&path.display().to_string()) && e.contains(want), "want '{want}': {e}");
+            }
+            let _ = std::fs::remove_dir_all(&d);
+        }
+
+        /// `read` of `path` on a thread, so a read that blocks or never ends fails the test
+        /// after `limit` instead of hanging it.
+        fn read_within(path: &std::path::Path, limit: Duration) -> Result<PlanFile, String> {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let p = path.to_path_buf();
+            std::thread::spawn(move || {
+                let _ = tx.send(PlanFile::read(&p));
+            });
+            match rx.recv_timeout(limit) {
+                Ok(r) => r,
+                Err(_) => panic!("reading {} did not return within {limit:?}", path.display()),
+            }
+        }
+
+        #[test]
+        fn a_link_to_dev_zero_is_refused_at_once() {
+            let d = dir("dev-zero");
+            std::fs::create_dir_all(&d).unwrap();
+            let path = d.join("warmup-plan-rank0.json");
+            std::os::unix::fs::symlink("/dev/zero", &path).unwrap();
+            let t = Instant::now();
+            let e = read_within(&path, Duration::from_secs(10)).unwrap_err();
+            assert!(e.contains(&path.display().to_string()) && e.contains("not a regular file"), "{e}");
+            assert!(t.elapsed() < Duration::from_secs(2), "took {:?}", t.elapsed());
+            let _ = std::fs::remove_dir_all(&d);
+        }
+
+        #[test]
+        fn a_fifo_is_refused_without_waiting_for_a_writer() {
+            let d = dir("fifo");
+            std::fs::create_dir_all(&d).unwrap();
+            let path = d.join("warmup-plan-rank0.json");
+            let made = std::process::Command::new("mkfifo").arg(&path).status().expect("run mkfifo");
+            assert!(made.success(), "mkfifo {}: {made}", path.display());
+            let t = Instant::now();
+            let e = read_within(&path, Duration::from_secs(10)).unwrap_err();
+            assert!(e.contains(&path.display().to_string()) && e.contains("FIFO"), "{e}");
+            assert!(t.elapsed() < Duration::from_secs(2), "took {:?}", t.elapsed());
+            let _ = std::fs::remove_dir_all(&d);
+        }
+
+        #[test]
+        fn a_file_above_the_cap_is_refused_naming_both_sizes() {
+            let d = dir("cap");
+            let path = d.join("p.json");
+            file().write(&path).expect("write");
+            let len = std::fs::metadata(&path).unwrap().len();
+            assert!(PlanFile::read_at_most(&path, len).is_ok());
+            let e = PlanFile::read_at_most(&path, len - 1).unwrap_err();
+            for part in [path.display().to_string(), format!("{len} bytes"), format!("{}", len - 1)] {
+                assert!(e.contains(&part), "'{part}' missing: {e}");
             }
             let _ = std::fs::remove_dir_all(&d);
         }

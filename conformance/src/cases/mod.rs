@@ -1,4 +1,5 @@
-//! The cases, by group. Each is a plain function of one rank's view.
+//! The cases, by group, and the list of them all ([`all_cases`]). Each is a plain function
+//! of one rank's view.
 
 pub mod collectives;
 pub mod errors;
@@ -9,7 +10,22 @@ pub mod register;
 pub mod warmup;
 pub mod window;
 
+use crate::registry::Case;
 use anyccl_core::{Capabilities, DType, ReduceOp};
+
+/// Every registered case: each group's `register`, one line each.
+pub fn all_cases() -> Vec<Case> {
+    let mut v = Vec::new();
+    collectives::register(&mut v);
+    p2p::register(&mut v);
+    groups::register(&mut v);
+    errors::register(&mut v);
+    lifecycle::register(&mut v);
+    warmup::register(&mut v);
+    register::register(&mut v);
+    window::register(&mut v);
+    v
+}
 
 /// Element counts every data case runs through: empty, one, odd, prime, and more than a
 /// ring step's worth.
