@@ -57,7 +57,9 @@ pub fn step_dir(dir: &Path, step: u64) -> PathBuf {
     dir.join(format!("ckpt/step{step:06}"))
 }
 
-/// Write a shard atomically: temporary file, fsync, rename, fsync the folder.
+/// Write a shard atomically: temporary file, fsync, rename, fsync the folder. When any
+/// step fails (a full disk, an fsync or rename error) the temporary file is removed: a
+/// failed write leaves the folder as it found it.
 ///
 /// # Errors
 /// I/O errors, naming the file.
@@ -77,12 +79,18 @@ pub fn write_shard(path: &Path, id: &ShardId, params: &[f32]) -> Result<()> {
     let crc = crc32fast::hash(&body);
     body.extend_from_slice(&crc.to_le_bytes());
     let tmp = path.with_extension("tmp");
-    {
-        let mut f = std::fs::File::create(&tmp).map_err(io)?;
-        f.write_all(&body).map_err(io)?;
-        f.sync_all().map_err(io)?;
+    let written = std::fs::File::create(&tmp)
+        .and_then(|mut f| f.write_all(&body).and_then(|()| f.sync_all()))
+        .and_then(|()| std::fs::rename(&tmp, path));
+    if let Err(e) = written {
+        let mut msg = format!("checkpoint {}: {e}", path.display());
+        match std::fs::remove_file(&tmp) {
+            Ok(()) => msg.push_str(&format!(" (its partial file {} was removed)", tmp.display())),
+            Err(r) if r.kind() == std::io::ErrorKind::NotFound => {}
+            Err(r) => msg.push_str(&format!(" (and its partial file {} could not be removed: {r})", tmp.display())),
+        }
+        return Err(err(msg));
     }
-    std::fs::rename(&tmp, path).map_err(io)?;
     std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io)?;
     Ok(())
 }
