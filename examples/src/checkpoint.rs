@@ -10,7 +10,7 @@
 
 use anyccl::{Error, Recovery, Result, Store};
 use serde::{Deserialize, Serialize};
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -95,34 +95,113 @@ pub fn write_shard(path: &Path, id: &ShardId, params: &[f32]) -> Result<()> {
     Ok(())
 }
 
-/// Read a shard and check its checksum and sizes (not whose it is: see [`ShardId`]).
+/// What a file that is not a regular one is, for an error.
+fn file_kind(t: std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if t.is_dir() {
+        "a folder"
+    } else if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_char_device() {
+        "a character device"
+    } else if t.is_block_device() {
+        "a block device"
+    } else if t.is_socket() {
+        "a socket"
+    } else {
+        "not a regular file"
+    }
+}
+
+/// Open `path` for reading only if it is a regular file (a link is followed to what it
+/// names): opened non-blocking, so that a FIFO cannot hold the open, then checked by
+/// `fstat` on what was opened. Its size.
+fn open_regular(path: &Path, what: &str) -> Result<(std::fs::File, u64)> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let unreadable = |e: std::io::Error| err(format!("{what} {} is missing or unreadable: {e}", path.display()));
+    let f =
+        std::fs::OpenOptions::new().read(true).custom_flags(nix::libc::O_NONBLOCK).open(path).map_err(unreadable)?;
+    let meta = f.metadata().map_err(unreadable)?;
+    if !meta.file_type().is_file() {
+        let kind = file_kind(meta.file_type());
+        return Err(err(format!("{what} {} is not a regular file ({kind})", path.display())));
+    }
+    Ok((f, meta.len()))
+}
+
+/// Bytes of a shard whose header is `hlen` bytes and which holds `count` parameters; `None`
+/// past `u64`.
+fn shard_bytes(hlen: u64, count: u64) -> Option<u64> {
+    count.checked_mul(4)?.checked_add(12 + 4)?.checked_add(hlen)
+}
+
+/// Read a shard and check its checksum and sizes (not whose it is: see [`ShardId`]). Only
+/// a regular file is read, and only when its size is the one its header gives; a reader
+/// that knows how many parameters to expect caps the file by that ([`read_shard_expecting`]).
 ///
 /// # Errors
-/// A missing, unreadable or corrupt file, naming it and what is wrong.
+/// A missing, unreadable, irregular or corrupt file, naming it and what is wrong.
 pub fn read_shard(path: &Path) -> Result<(ShardId, Vec<f32>)> {
-    let body = std::fs::read(path)
-        .map_err(|e| err(format!("checkpoint shard {} is missing or unreadable: {e}", path.display())))?;
+    read_shard_within(path, None)
+}
+
+/// [`read_shard`] of a shard that should hold `count` parameters: a file larger than such a
+/// shard can be is refused before anything is read, naming both sizes.
+///
+/// # Errors
+/// As [`read_shard`]; a file too large for `count` parameters.
+pub fn read_shard_expecting(path: &Path, count: u64) -> Result<(ShardId, Vec<f32>)> {
+    read_shard_within(path, Some(count))
+}
+
+fn read_shard_within(path: &Path, expect: Option<u64>) -> Result<(ShardId, Vec<f32>)> {
+    let (mut f, size) = open_regular(path, "checkpoint shard")?;
+    if let Some(count) = expect {
+        let max = shard_bytes(MAX_HEADER as u64, count).unwrap_or(u64::MAX);
+        if size > max {
+            return Err(err(format!(
+                "checkpoint shard {} is {size} bytes, more than a shard of {count} parameters can be ({max} bytes)",
+                path.display()
+            )));
+        }
+    }
     let corrupt = |why: String| err(format!("checkpoint shard {} is corrupt: {why}", path.display()));
-    if body.len() < 16 || &body[..4] != MAGIC {
+    let unreadable = |e: std::io::Error| err(format!("checkpoint shard {} is unreadable: {e}", path.display()));
+    let mut head = [0u8; 12];
+    if size < 16 || f.read_exact(&mut head).is_err() || &head[..4] != MAGIC {
         return Err(corrupt("not an anyccl checkpoint shard (bad magic)".into()));
     }
-    let (data, crc) = body.split_at(body.len() - 4);
-    if crc32fast::hash(data) != u32::from_le_bytes([crc[0], crc[1], crc[2], crc[3]]) {
-        return Err(corrupt("checksum mismatch".into()));
-    }
-    let format = u32::from_le_bytes([data[4], data[5], data[6], data[7]]);
+    let format = u32::from_le_bytes([head[4], head[5], head[6], head[7]]);
     if format != FORMAT {
         return Err(corrupt(format!("format {format}, this program reads format {FORMAT}")));
     }
-    let hlen = u32::from_le_bytes([data[8], data[9], data[10], data[11]]) as usize;
-    if hlen > MAX_HEADER || 12 + hlen > data.len() {
+    let hlen = u32::from_le_bytes([head[8], head[9], head[10], head[11]]) as usize;
+    if hlen > MAX_HEADER || 12 + 4 + hlen as u64 > size {
         return Err(corrupt(format!("header of {hlen} bytes does not fit")));
     }
-    let id: ShardId =
-        serde_json::from_slice(&data[12..12 + hlen]).map_err(|e| corrupt(format!("unreadable header: {e}")))?;
-    let payload = &data[12 + hlen..];
-    if payload.len() as u64 != id.count.saturating_mul(4) {
-        return Err(corrupt(format!("{} bytes of parameters, the header says {} parameters", payload.len(), id.count)));
+    let mut header = vec![0u8; hlen];
+    f.read_exact(&mut header).map_err(unreadable)?;
+    let id: ShardId = serde_json::from_slice(&header).map_err(|e| corrupt(format!("unreadable header: {e}")))?;
+    // The whole size is known now: a file of any other size is refused before its
+    // parameters are read.
+    let want = shard_bytes(hlen as u64, id.count);
+    if want != Some(size) {
+        let want = want.map_or("more than 2^64 bytes".into(), |w| format!("{w} bytes"));
+        return Err(corrupt(format!("{size} bytes, its header ({} parameters) makes it {want}", id.count)));
+    }
+    let rest_len = size - 12 - hlen as u64;
+    let mut rest = Vec::with_capacity(rest_len as usize);
+    (&mut f).take(rest_len + 1).read_to_end(&mut rest).map_err(unreadable)?;
+    if rest.len() as u64 != rest_len {
+        return Err(corrupt(format!("it changed while read ({} bytes after the header, not {rest_len})", rest.len())));
+    }
+    let (payload, crc) = rest.split_at(rest.len() - 4);
+    let mut sum = crc32fast::Hasher::new();
+    sum.update(&head);
+    sum.update(&header);
+    sum.update(payload);
+    if sum.finalize() != u32::from_le_bytes([crc[0], crc[1], crc[2], crc[3]]) {
+        return Err(corrupt("checksum mismatch".into()));
     }
     Ok((id, payload.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()))
 }
@@ -178,7 +257,7 @@ struct Verdict {
 /// Check one shard against what this rank expects of step `step`.
 fn check(dir: &Path, step: u64, want: &Expect) -> std::result::Result<(ShardId, Vec<f32>), String> {
     let path = shard_path(dir, step, want.rank);
-    let (id, params) = read_shard(&path).map_err(|e| e.to_string())?;
+    let (id, params) = read_shard_expecting(&path, want.count).map_err(|e| e.to_string())?;
     let mut wrong = Vec::new();
     if id.step != step {
         wrong.push(format!("holds step {} (its folder is step {step})", id.step));
