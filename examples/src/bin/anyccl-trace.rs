@@ -7,13 +7,23 @@
 //! it are behind (a rank that left no dump at all is named first: it was killed, or stopped
 //! until it was). When every member issued it, the ranks' own errors say whom they waited
 //! for, and the rank most of them name is the suspect.
+//!
+//! A dump is read only when it is a regular file no larger than `--max-dump-bytes`, and
+//! what it claims is bounded before anything is sized by it: its rank and world size (at
+//! most [`MAX_WORLD`]) and its records per recorder (at most [`MAX_RECORDS`]). A dump
+//! outside these bounds is an error naming the file and the field.
 #![forbid(unsafe_code)]
 
 use anyccl::trace::{TraceDump, TraceRecord, TRACE_FORMAT};
+use anyccl::MAX_RECORDS;
 use clap::Parser;
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
+use std::io::Read;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+
+/// The largest world a dump may claim: the largest any program here runs (`anyccl-sim`'s).
+const MAX_WORLD: usize = 1 << 20;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -26,6 +36,13 @@ struct Args {
     /// Print every rank's last operations too.
     #[arg(long)]
     verbose: bool,
+    /// The largest dump read, in bytes (K, M, G suffixes): a larger one is an error.
+    #[arg(long, default_value = "1G", value_parser = parse_size)]
+    max_dump_bytes: u64,
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    anyccl::parse_bytes(s).map(|b| b as u64).ok_or_else(|| format!("'{s}' is not a size in bytes (K, M, G suffixes)"))
 }
 
 fn main() -> ExitCode {
@@ -39,19 +56,96 @@ fn main() -> ExitCode {
     }
 }
 
-fn load(dir: &PathBuf) -> Result<BTreeMap<usize, TraceDump>, String> {
+/// What a file that is not a regular one is, for an error.
+fn file_kind(t: std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if t.is_dir() {
+        "a folder"
+    } else if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_char_device() {
+        "a character device"
+    } else if t.is_block_device() {
+        "a block device"
+    } else if t.is_socket() {
+        "a socket"
+    } else {
+        "not a regular file"
+    }
+}
+
+/// The bytes of `path`, only when it is a regular file of at most `max` bytes: opened
+/// non-blocking so that a FIFO cannot hold the open, then checked by `fstat`.
+fn read_dump_file(path: &Path, max: u64) -> Result<Vec<u8>, String> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let cannot = |e: std::io::Error| format!("cannot read {}: {e}", path.display());
+    let mut f =
+        std::fs::OpenOptions::new().read(true).custom_flags(nix::libc::O_NONBLOCK).open(path).map_err(cannot)?;
+    let meta = f.metadata().map_err(cannot)?;
+    if !meta.file_type().is_file() {
+        return Err(format!("{} is not a regular file ({})", path.display(), file_kind(meta.file_type())));
+    }
+    let too_large = |size: u64| {
+        format!("{} is {size} bytes, more than the {max} bytes a dump may be (--max-dump-bytes)", path.display())
+    };
+    if meta.len() > max {
+        return Err(too_large(meta.len()));
+    }
+    let mut text = Vec::with_capacity(meta.len() as usize);
+    (&mut f).take(max + 1).read_to_end(&mut text).map_err(cannot)?;
+    if text.len() as u64 > max {
+        return Err(too_large(text.len() as u64));
+    }
+    Ok(text)
+}
+
+/// What a dump claims, within bounds: its world size and rank, and its records per
+/// recorder (one recorder per group and group rank keeps at most [`MAX_RECORDS`]).
+fn check_claims(path: &Path, d: &TraceDump) -> Result<(), String> {
+    let bad = |field: &str, what: String| format!("{}: field {field} {what}", path.display());
+    if d.world_size == 0 || d.world_size > MAX_WORLD {
+        return Err(bad("world_size", format!("is {}, not between 1 and {MAX_WORLD}", d.world_size)));
+    }
+    if d.rank >= d.world_size {
+        return Err(bad("rank", format!("is {}, not below its world_size {}", d.rank, d.world_size)));
+    }
+    let mut per_recorder: BTreeMap<(&str, usize), usize> = BTreeMap::new();
+    for r in &d.records {
+        let n = per_recorder.entry((r.group.as_str(), r.group_rank)).or_default();
+        *n += 1;
+        if *n > MAX_RECORDS {
+            return Err(bad(
+                "records",
+                format!(
+                    "holds more than {MAX_RECORDS} records of group '{}' rank {}, more than a recorder keeps",
+                    r.group, r.group_rank
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn load(dir: &Path, max_bytes: u64) -> Result<BTreeMap<usize, TraceDump>, String> {
     let rd = std::fs::read_dir(dir).map_err(|e| format!("cannot read {}: {e}", dir.display()))?;
     let mut dumps = BTreeMap::new();
+    let mut from: BTreeMap<usize, PathBuf> = BTreeMap::new();
     for e in rd.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
         if !(name.starts_with("rank") && name.ends_with(".json")) {
             continue;
         }
-        let text = std::fs::read(e.path()).map_err(|err| format!("cannot read {}: {err}", e.path().display()))?;
+        let path = e.path();
+        let text = read_dump_file(&path, max_bytes)?;
         let d: TraceDump = serde_json::from_slice(&text)
-            .map_err(|err| format!("{} is not a flight-recorder dump: {err}", e.path().display()))?;
+            .map_err(|err| format!("{} is not a flight-recorder dump: {err}", path.display()))?;
+        drop(text);
         if d.format != TRACE_FORMAT {
-            return Err(format!("{} has format {}, this tool reads {TRACE_FORMAT}", e.path().display(), d.format));
+            return Err(format!("{} has format {}, this tool reads {TRACE_FORMAT}", path.display(), d.format));
+        }
+        check_claims(&path, &d)?;
+        if let Some(other) = from.insert(d.rank, path.clone()) {
+            return Err(format!("{} and {} both claim rank {}", other.display(), path.display(), d.rank));
         }
         dumps.insert(d.rank, d);
     }
@@ -117,7 +211,7 @@ fn late_noticers(dumps: &BTreeMap<usize, TraceDump>, ranks: impl Iterator<Item =
 }
 
 fn run(args: &Args) -> Result<(), String> {
-    let dumps = load(&args.dir)?;
+    let dumps = load(&args.dir, args.max_dump_bytes)?;
     let world = dumps.values().map(|d| d.world_size).max().unwrap_or(1).max(dumps.keys().max().map_or(0, |m| m + 1));
     println!("anyccl-trace: {} of {world} ranks left a dump in {}", dumps.len(), args.dir.display());
     for d in dumps.values() {
