@@ -14,11 +14,10 @@
 //! outside these bounds is an error naming the file and the field.
 #![forbid(unsafe_code)]
 
+use anyccl::raw::{parse_bytes, read_regular_file, Ctx, MAX_RECORDS};
 use anyccl::trace::{TraceDump, TraceRecord, TRACE_FORMAT};
-use anyccl::MAX_RECORDS;
 use clap::Parser;
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -42,7 +41,7 @@ struct Args {
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
-    anyccl::parse_bytes(s).map(|b| b as u64).ok_or_else(|| format!("'{s}' is not a size in bytes (K, M, G suffixes)"))
+    parse_bytes(s).map(|b| b as u64).ok_or_else(|| format!("'{s}' is not a size in bytes (K, M, G suffixes)"))
 }
 
 fn main() -> ExitCode {
@@ -54,49 +53,6 @@ fn main() -> ExitCode {
             ExitCode::from(1)
         }
     }
-}
-
-/// What a file that is not a regular one is, for an error.
-fn file_kind(t: std::fs::FileType) -> &'static str {
-    use std::os::unix::fs::FileTypeExt;
-    if t.is_dir() {
-        "a folder"
-    } else if t.is_fifo() {
-        "a FIFO"
-    } else if t.is_char_device() {
-        "a character device"
-    } else if t.is_block_device() {
-        "a block device"
-    } else if t.is_socket() {
-        "a socket"
-    } else {
-        "not a regular file"
-    }
-}
-
-/// The bytes of `path`, only when it is a regular file of at most `max` bytes: opened
-/// non-blocking so that a FIFO cannot hold the open, then checked by `fstat`.
-fn read_dump_file(path: &Path, max: u64) -> Result<Vec<u8>, String> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let cannot = |e: std::io::Error| format!("cannot read {}: {e}", path.display());
-    let mut f =
-        std::fs::OpenOptions::new().read(true).custom_flags(nix::libc::O_NONBLOCK).open(path).map_err(cannot)?;
-    let meta = f.metadata().map_err(cannot)?;
-    if !meta.file_type().is_file() {
-        return Err(format!("{} is not a regular file ({})", path.display(), file_kind(meta.file_type())));
-    }
-    let too_large = |size: u64| {
-        format!("{} is {size} bytes, more than the {max} bytes a dump may be (--max-dump-bytes)", path.display())
-    };
-    if meta.len() > max {
-        return Err(too_large(meta.len()));
-    }
-    let mut text = Vec::with_capacity(meta.len() as usize);
-    (&mut f).take(max + 1).read_to_end(&mut text).map_err(cannot)?;
-    if text.len() as u64 > max {
-        return Err(too_large(text.len() as u64));
-    }
-    Ok(text)
 }
 
 /// What a dump claims, within bounds: its world size and rank, and its records per
@@ -128,6 +84,7 @@ fn check_claims(path: &Path, d: &TraceDump) -> Result<(), String> {
 
 fn load(dir: &Path, max_bytes: u64) -> Result<BTreeMap<usize, TraceDump>, String> {
     let rd = std::fs::read_dir(dir).map_err(|e| format!("cannot read {}: {e}", dir.display()))?;
+    let ctx = Ctx::process("anyccl-trace");
     let mut dumps = BTreeMap::new();
     let mut from: BTreeMap<usize, PathBuf> = BTreeMap::new();
     for e in rd.flatten() {
@@ -136,7 +93,14 @@ fn load(dir: &Path, max_bytes: u64) -> Result<BTreeMap<usize, TraceDump>, String
             continue;
         }
         let path = e.path();
-        let text = read_dump_file(&path, max_bytes)?;
+        let text = read_regular_file(&ctx, "read flight-recorder dump", &path, max_bytes).map_err(|e| {
+            let over = std::fs::metadata(&path).is_ok_and(|m| m.is_file() && m.len() > max_bytes);
+            if over {
+                format!("{e} (--max-dump-bytes raises the limit)")
+            } else {
+                e.to_string()
+            }
+        })?;
         let d: TraceDump = serde_json::from_slice(&text)
             .map_err(|err| format!("{} is not a flight-recorder dump: {err}", path.display()))?;
         drop(text);
