@@ -8,7 +8,8 @@
 //! which files are wrong and why, and all fall back together to the newest checkpoint
 //! that is consistent; when none is, every rank fails with the same list of files.
 
-use anyccl::{Error, Recovery, Result, Store};
+use anyccl::raw::{read_regular_file, Ctx};
+use anyccl::{Error, Result, Store};
 use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -18,6 +19,14 @@ const MAGIC: &[u8; 4] = b"ACK2";
 const FORMAT: u32 = 2;
 /// Largest header accepted (it is a few hundred bytes of JSON).
 const MAX_HEADER: usize = 64 << 10;
+/// Largest shard [`read_shard`] reads (a billion parameters): a reader that knows how many
+/// parameters to expect caps the file by that instead ([`read_shard_expecting`]).
+pub const MAX_SHARD_BYTES: u64 = 4 << 30;
+/// The tool named by errors about shard files, and what they were doing.
+const BACKEND: &str = "checkpoint";
+const LOAD: &str = "load checkpoint shard";
+const WRITE: &str = "write checkpoint shard";
+const LOAD_ANY: &str = "load a checkpoint";
 
 /// Who a shard belongs to.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -36,17 +45,6 @@ pub struct ShardId {
     pub count: u64,
 }
 
-fn err(msg: String) -> Error {
-    Error::Backend {
-        backend: "checkpoint",
-        op: "shard".into(),
-        code: -1,
-        text: msg,
-        recovery: Recovery::Fatal,
-        source: None,
-    }
-}
-
 /// Where rank `rank`'s shard of step `step` lives under the run directory `dir`.
 pub fn shard_path(dir: &Path, step: u64, rank: usize) -> PathBuf {
     step_dir(dir, step).join(format!("rank{rank}.bin"))
@@ -57,15 +55,17 @@ pub fn step_dir(dir: &Path, step: u64) -> PathBuf {
     dir.join(format!("ckpt/step{step:06}"))
 }
 
-/// Write a shard atomically: temporary file, fsync, rename, fsync the folder.
+/// Write a shard atomically: temporary file, fsync, rename, fsync the folder. When any
+/// step fails (a full disk, an fsync or rename error) the temporary file is removed: a
+/// failed write leaves the folder as it found it.
 ///
 /// # Errors
 /// I/O errors, naming the file.
 pub fn write_shard(path: &Path, id: &ShardId, params: &[f32]) -> Result<()> {
-    let io = |e: std::io::Error| err(format!("checkpoint {}: {e}", path.display()));
-    let dir = path.parent().ok_or_else(|| err(format!("{} has no folder", path.display())))?;
-    std::fs::create_dir_all(dir).map_err(io)?;
-    let header = serde_json::to_vec(id).map_err(|e| err(format!("checkpoint header: {e}")))?;
+    let ctx = Ctx::process(BACKEND);
+    let dir = path.parent().ok_or_else(|| ctx.file(WRITE, path, "the path has no folder"))?;
+    std::fs::create_dir_all(dir).map_err(|e| ctx.io(WRITE, dir, e))?;
+    let header = serde_json::to_vec(id).map_err(|e| ctx.file(WRITE, path, format!("cannot encode its header: {e}")))?;
     let mut body = Vec::with_capacity(params.len() * 4 + header.len() + 16);
     body.extend_from_slice(MAGIC);
     body.extend_from_slice(&FORMAT.to_le_bytes());
@@ -77,31 +77,58 @@ pub fn write_shard(path: &Path, id: &ShardId, params: &[f32]) -> Result<()> {
     let crc = crc32fast::hash(&body);
     body.extend_from_slice(&crc.to_le_bytes());
     let tmp = path.with_extension("tmp");
-    {
-        let mut f = std::fs::File::create(&tmp).map_err(io)?;
-        f.write_all(&body).map_err(io)?;
-        f.sync_all().map_err(io)?;
+    let written = std::fs::File::create(&tmp)
+        .and_then(|mut f| f.write_all(&body).and_then(|()| f.sync_all()))
+        .and_then(|()| std::fs::rename(&tmp, path));
+    if let Err(e) = written {
+        let e = ctx.io(WRITE, path, e);
+        return Err(match std::fs::remove_file(&tmp) {
+            Ok(()) => e.context(format!("its partial file {} was removed", tmp.display())),
+            Err(r) if r.kind() == std::io::ErrorKind::NotFound => e,
+            Err(r) => e.context(format!("its partial file {} could not be removed ({r})", tmp.display())),
+        });
     }
-    std::fs::rename(&tmp, path).map_err(io)?;
-    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io)?;
+    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(|e| ctx.io(WRITE, dir, e))?;
     Ok(())
 }
 
-/// Read a shard and check its checksum and sizes (not whose it is: see [`ShardId`]).
+/// Bytes of a shard whose header is `hlen` bytes and which holds `count` parameters; `None`
+/// past `u64`.
+fn shard_bytes(hlen: u64, count: u64) -> Option<u64> {
+    count.checked_mul(4)?.checked_add(12 + 4)?.checked_add(hlen)
+}
+
+/// Read a shard and check its checksum and sizes (not whose it is: see [`ShardId`]). Only
+/// a regular file of at most [`MAX_SHARD_BYTES`] is read (never a FIFO or a device, which
+/// are refused at once); a reader that knows how many parameters the shard holds caps it
+/// by that ([`read_shard_expecting`]).
 ///
 /// # Errors
-/// A missing, unreadable or corrupt file, naming it and what is wrong.
+/// `Io` naming the file: missing, unreadable, not a regular file, too large, or corrupt.
 pub fn read_shard(path: &Path) -> Result<(ShardId, Vec<f32>)> {
-    let body = std::fs::read(path)
-        .map_err(|e| err(format!("checkpoint shard {} is missing or unreadable: {e}", path.display())))?;
-    let corrupt = |why: String| err(format!("checkpoint shard {} is corrupt: {why}", path.display()));
+    read_shard_within(&Ctx::process(BACKEND), path, MAX_SHARD_BYTES)
+}
+
+/// [`read_shard`] of a shard that should hold `count` parameters: a file larger than such a
+/// shard can be is refused before anything is read, naming both sizes.
+///
+/// # Errors
+/// As [`read_shard`]; a file too large for `count` parameters.
+pub fn read_shard_expecting(path: &Path, count: u64) -> Result<(ShardId, Vec<f32>)> {
+    read_shard_of(&Ctx::process(BACKEND), path, count)
+}
+
+fn read_shard_of(ctx: &Ctx, path: &Path, count: u64) -> Result<(ShardId, Vec<f32>)> {
+    read_shard_within(ctx, path, shard_bytes(MAX_HEADER as u64, count).unwrap_or(u64::MAX))
+}
+
+fn read_shard_within(ctx: &Ctx, path: &Path, max_bytes: u64) -> Result<(ShardId, Vec<f32>)> {
+    let body = read_regular_file(ctx, LOAD, path, max_bytes)?;
+    let corrupt = |why: String| ctx.file(LOAD, path, format!("corrupt: {why}"));
     if body.len() < 16 || &body[..4] != MAGIC {
         return Err(corrupt("not an anyccl checkpoint shard (bad magic)".into()));
     }
     let (data, crc) = body.split_at(body.len() - 4);
-    if crc32fast::hash(data) != u32::from_le_bytes([crc[0], crc[1], crc[2], crc[3]]) {
-        return Err(corrupt("checksum mismatch".into()));
-    }
     let format = u32::from_le_bytes([data[4], data[5], data[6], data[7]]);
     if format != FORMAT {
         return Err(corrupt(format!("format {format}, this program reads format {FORMAT}")));
@@ -112,10 +139,15 @@ pub fn read_shard(path: &Path) -> Result<(ShardId, Vec<f32>)> {
     }
     let id: ShardId =
         serde_json::from_slice(&data[12..12 + hlen]).map_err(|e| corrupt(format!("unreadable header: {e}")))?;
-    let payload = &data[12 + hlen..];
-    if payload.len() as u64 != id.count.saturating_mul(4) {
-        return Err(corrupt(format!("{} bytes of parameters, the header says {} parameters", payload.len(), id.count)));
+    let want = shard_bytes(hlen as u64, id.count);
+    if want != Some(body.len() as u64) {
+        let want = want.map_or("more than 2^64 bytes".into(), |w| format!("{w} bytes"));
+        return Err(corrupt(format!("{} bytes, its header ({} parameters) makes it {want}", body.len(), id.count)));
     }
+    if crc32fast::hash(data) != u32::from_le_bytes([crc[0], crc[1], crc[2], crc[3]]) {
+        return Err(corrupt("checksum mismatch".into()));
+    }
+    let payload = &data[12 + hlen..];
     Ok((id, payload.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()))
 }
 
@@ -124,8 +156,8 @@ pub fn read_shard(path: &Path) -> Result<(ShardId, Vec<f32>)> {
 /// # Errors
 /// The checkpoint folder cannot be read.
 pub fn complete_steps(dir: &Path) -> Result<Vec<u64>> {
-    let rd =
-        std::fs::read_dir(dir.join("ckpt")).map_err(|e| err(format!("no checkpoints under {}: {e}", dir.display())))?;
+    let ckpt = dir.join("ckpt");
+    let rd = std::fs::read_dir(&ckpt).map_err(|e| Ctx::process(BACKEND).io("list checkpoints", &ckpt, e))?;
     let mut steps: Vec<u64> = rd
         .flatten()
         .filter(|e| e.path().join("COMPLETE").exists())
@@ -167,10 +199,20 @@ struct Verdict {
     problem: Option<String>,
 }
 
+/// What is wrong with a shard that could not be read, as every rank is told: the file
+/// first, then what it is (`... rank3.bin is corrupt: checksum mismatch`).
+fn problem(e: &Error) -> String {
+    match e {
+        Error::Io { path, detail, source: Some(_), .. } => format!("checkpoint shard {path} cannot be read: {detail}"),
+        Error::Io { path, detail, .. } => format!("checkpoint shard {path} is {detail}"),
+        e => e.to_string(),
+    }
+}
+
 /// Check one shard against what this rank expects of step `step`.
-fn check(dir: &Path, step: u64, want: &Expect) -> std::result::Result<(ShardId, Vec<f32>), String> {
+fn check(ctx: &Ctx, dir: &Path, step: u64, want: &Expect) -> std::result::Result<(ShardId, Vec<f32>), String> {
     let path = shard_path(dir, step, want.rank);
-    let (id, params) = read_shard(&path).map_err(|e| e.to_string())?;
+    let (id, params) = read_shard_of(ctx, &path, want.count).map_err(|e| problem(&e))?;
     let mut wrong = Vec::new();
     if id.step != step {
         wrong.push(format!("holds step {} (its folder is step {step})", id.step));
@@ -209,6 +251,7 @@ pub async fn agree_and_load(
     want: &Expect,
     timeout: Duration,
 ) -> Result<Loaded> {
+    let ctx = Ctx::new(BACKEND, want.rank, "");
     let deadline = anyccl::raw::deadline_in(timeout);
     let steps_key = format!("{key}/steps");
     if want.rank == 0 {
@@ -220,34 +263,40 @@ pub async fn agree_and_load(
                 Vec::new()
             }
         };
-        let v = serde_json::to_vec(&steps).map_err(|e| err(e.to_string()))?;
+        let v =
+            serde_json::to_vec(&steps).map_err(|e| Error::store_fatal(format!("cannot encode {steps_key}: {e}")))?;
         store.set(&steps_key, &v).await?;
     }
     let raw = store
         .wait(&steps_key, deadline)
         .await
-        .map_err(|e| named_timeout(e, want.rank, "the list of checkpoints from rank 0"))?;
-    let steps: Vec<u64> = serde_json::from_slice(&raw).map_err(|e| err(format!("bad value under {steps_key}: {e}")))?;
+        .map_err(|e| named_timeout(&ctx, e, "the list of checkpoints from rank 0"))?;
+    let steps: Vec<u64> =
+        serde_json::from_slice(&raw).map_err(|e| Error::store_fatal(format!("bad value under {steps_key}: {e}")))?;
     if steps.is_empty() {
         let why = store.get(&format!("{key}/none")).await?.map(|b| String::from_utf8_lossy(&b).into_owned());
-        return Err(err(why.unwrap_or_else(|| format!("no complete checkpoint under {}", dir.display()))));
+        let why = why.map_or_else(|| "no complete checkpoint".to_string(), |w| format!("rank 0 found none: {w}"));
+        return Err(ctx.file(LOAD_ANY, dir, why));
     }
     let mut skipped = Vec::new();
     for step in steps {
-        let mine = check(dir, step, want);
+        let mine = check(&ctx, dir, step, want);
         let verdict = match &mine {
             Ok((id, _)) => Verdict { job: Some(id.job.clone()), problem: None },
             Err(p) => Verdict { job: None, problem: Some(p.clone()) },
         };
-        let v = serde_json::to_vec(&verdict).map_err(|e| err(e.to_string()))?;
+        let v =
+            serde_json::to_vec(&verdict).map_err(|e| Error::store_fatal(format!("cannot encode a verdict: {e}")))?;
         store.set(&format!("{key}/{step}/{}", want.rank), &v).await?;
         let mut problems = Vec::new();
         let mut jobs: Vec<(usize, String)> = Vec::new();
         for r in 0..want.world_size {
-            let raw = store.wait(&format!("{key}/{step}/{r}"), deadline).await.map_err(|e| {
-                named_timeout(e, want.rank, &format!("rank {r}'s verdict on the checkpoint of step {step}"))
-            })?;
-            let v: Verdict = serde_json::from_slice(&raw).map_err(|e| err(format!("bad verdict of rank {r}: {e}")))?;
+            let raw = store
+                .wait(&format!("{key}/{step}/{r}"), deadline)
+                .await
+                .map_err(|e| named_timeout(&ctx, e, &format!("rank {r}'s verdict on the checkpoint of step {step}")))?;
+            let v: Verdict = serde_json::from_slice(&raw)
+                .map_err(|e| Error::store_fatal(format!("bad verdict of rank {r} under {key}: {e}")))?;
             match (v.problem, v.job) {
                 (Some(p), _) => problems.push(format!("rank {r}: {p}")),
                 (None, Some(j)) => jobs.push((r, j)),
@@ -270,19 +319,16 @@ pub async fn agree_and_load(
             }
         }
     }
-    Err(err(format!("no consistent checkpoint under {}: {}", dir.display(), skipped.join(" | "))))
+    Err(ctx.file(LOAD_ANY, dir, format!("no consistent checkpoint: {}", skipped.join(" | "))))
 }
 
-fn named_timeout(e: Error, rank: usize, what: &str) -> Error {
-    match e {
-        Error::Timeout { op, after, .. } => Error::Timeout {
-            op,
-            rank,
-            group: String::new(),
-            after,
-            detail: format!("waiting for {what}"),
-            source: None,
-        },
-        e => e,
+/// A store's timeout, said as this agreement's: what this rank waited for.
+fn named_timeout(ctx: &Ctx, e: Error, what: &str) -> Error {
+    match &e {
+        Error::Timeout { op, after, .. } => {
+            let (op, after) = (op.clone(), *after);
+            ctx.timeout(op, after, format!("waiting for {what}")).with_source(e)
+        }
+        _ => e,
     }
 }

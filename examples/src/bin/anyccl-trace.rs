@@ -7,13 +7,22 @@
 //! it are behind (a rank that left no dump at all is named first: it was killed, or stopped
 //! until it was). When every member issued it, the ranks' own errors say whom they waited
 //! for, and the rank most of them name is the suspect.
+//!
+//! A dump is read only when it is a regular file no larger than `--max-dump-bytes`, and
+//! what it claims is bounded before anything is sized by it: its rank and world size (at
+//! most [`MAX_WORLD`] ranks) and its records per recorder (at most [`MAX_RECORDS`]). A dump
+//! outside these bounds is an error naming the file and the field.
 #![forbid(unsafe_code)]
 
+use anyccl::raw::{parse_bytes, read_regular_file, Ctx, MAX_RECORDS};
 use anyccl::trace::{TraceDump, TraceRecord, TRACE_FORMAT};
 use clap::Parser;
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+
+/// The largest world a dump may claim: the largest any program here runs (`anyccl-sim`'s).
+const MAX_WORLD: usize = 1 << 20;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -26,6 +35,13 @@ struct Args {
     /// Print every rank's last operations too.
     #[arg(long)]
     verbose: bool,
+    /// The largest dump read, in bytes (K, M, G suffixes): a larger one is an error.
+    #[arg(long, default_value = "1G", value_parser = parse_size)]
+    max_dump_bytes: u64,
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    parse_bytes(s).map(|b| b as u64).ok_or_else(|| format!("'{s}' is not a size in bytes (K, M, G suffixes)"))
 }
 
 fn main() -> ExitCode {
@@ -39,19 +55,64 @@ fn main() -> ExitCode {
     }
 }
 
-fn load(dir: &PathBuf) -> Result<BTreeMap<usize, TraceDump>, String> {
+/// What a dump claims, within bounds: its world size and rank, and its records per
+/// recorder (one recorder per group and group rank keeps at most [`MAX_RECORDS`]).
+fn check_claims(path: &Path, d: &TraceDump) -> Result<(), String> {
+    let bad = |field: &str, what: String| format!("{}: field {field} {what}", path.display());
+    if d.world_size == 0 || d.world_size > MAX_WORLD {
+        return Err(bad("world_size", format!("is {}, not between 1 and {MAX_WORLD}", d.world_size)));
+    }
+    // A rank at or past its own world_size is read as before (a process given RANK without
+    // WORLD_SIZE dumps world_size 1; the analyzer takes the world from the highest rank), but
+    // within the same bound.
+    if d.rank >= MAX_WORLD {
+        return Err(bad("rank", format!("is {}, not below {MAX_WORLD}", d.rank)));
+    }
+    let mut per_recorder: BTreeMap<(&str, usize), usize> = BTreeMap::new();
+    for r in &d.records {
+        let n = per_recorder.entry((r.group.as_str(), r.group_rank)).or_default();
+        *n += 1;
+        if *n > MAX_RECORDS {
+            return Err(bad(
+                "records",
+                format!(
+                    "holds more than {MAX_RECORDS} records of group '{}' rank {}, more than a recorder keeps",
+                    r.group, r.group_rank
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn load(dir: &Path, max_bytes: u64) -> Result<BTreeMap<usize, TraceDump>, String> {
     let rd = std::fs::read_dir(dir).map_err(|e| format!("cannot read {}: {e}", dir.display()))?;
+    let ctx = Ctx::process("anyccl-trace");
     let mut dumps = BTreeMap::new();
+    let mut from: BTreeMap<usize, PathBuf> = BTreeMap::new();
     for e in rd.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
         if !(name.starts_with("rank") && name.ends_with(".json")) {
             continue;
         }
-        let text = std::fs::read(e.path()).map_err(|err| format!("cannot read {}: {err}", e.path().display()))?;
+        let path = e.path();
+        let text = read_regular_file(&ctx, "read flight-recorder dump", &path, max_bytes).map_err(|e| {
+            let over = std::fs::metadata(&path).is_ok_and(|m| m.is_file() && m.len() > max_bytes);
+            if over {
+                format!("{e} (--max-dump-bytes raises the limit)")
+            } else {
+                e.to_string()
+            }
+        })?;
         let d: TraceDump = serde_json::from_slice(&text)
-            .map_err(|err| format!("{} is not a flight-recorder dump: {err}", e.path().display()))?;
+            .map_err(|err| format!("{} is not a flight-recorder dump: {err}", path.display()))?;
+        drop(text);
         if d.format != TRACE_FORMAT {
-            return Err(format!("{} has format {}, this tool reads {TRACE_FORMAT}", e.path().display(), d.format));
+            return Err(format!("{} has format {}, this tool reads {TRACE_FORMAT}", path.display(), d.format));
+        }
+        check_claims(&path, &d)?;
+        if let Some(other) = from.insert(d.rank, path.clone()) {
+            return Err(format!("{} and {} both claim rank {}", other.display(), path.display(), d.rank));
         }
         dumps.insert(d.rank, d);
     }
@@ -117,7 +178,7 @@ fn late_noticers(dumps: &BTreeMap<usize, TraceDump>, ranks: impl Iterator<Item =
 }
 
 fn run(args: &Args) -> Result<(), String> {
-    let dumps = load(&args.dir)?;
+    let dumps = load(&args.dir, args.max_dump_bytes)?;
     let world = dumps.values().map(|d| d.world_size).max().unwrap_or(1).max(dumps.keys().max().map_or(0, |m| m + 1));
     println!("anyccl-trace: {} of {world} ranks left a dump in {}", dumps.len(), args.dir.display());
     for d in dumps.values() {
