@@ -100,5 +100,6 @@ pub fn all_cases() -> Vec<Case> {
     crate::cases::warmup::register(&mut v);
     crate::cases::register::register(&mut v);
     crate::cases::window::register(&mut v);
+    crate::cases::streams::register(&mut v);
     v
 }

@@ -6,6 +6,7 @@ pub mod groups;
 pub mod lifecycle;
 pub mod p2p;
 pub mod register;
+pub mod streams;
 pub mod warmup;
 pub mod window;
 
