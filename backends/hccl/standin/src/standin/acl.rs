@@ -49,8 +49,12 @@ pub(crate) fn allocs() -> &'static Mutex<HashMap<usize, (usize, i32)>> {
 extern "C" {
     fn mmap(addr: *mut c_void, len: usize, prot: i32, flags: i32, fd: i32, off: i64) -> *mut c_void;
     fn munmap(addr: *mut c_void, len: usize) -> i32;
+    fn madvise(addr: *mut c_void, len: usize, advice: i32) -> i32;
+    fn sysconf(name: i32) -> i64;
 }
 
+const MADV_DONTNEED: i32 = 4;
+const SC_PAGESIZE: i32 = 30;
 const PROT_READ: i32 = 0x1;
 const PROT_WRITE: i32 = 0x2;
 const MAP_PRIVATE: i32 = 0x02;
@@ -88,6 +92,39 @@ pub(crate) fn reserve(bytes: usize) -> Option<*mut u8> {
 pub(crate) unsafe fn release(p: *mut u8, bytes: usize) {
     // SAFETY: per the caller, the whole mapping, unmapped once.
     let _ = unsafe { munmap(p as *mut c_void, bytes.max(1)) };
+}
+
+/// Zero `count` bytes at `dst` (`aclrtMemset` to 0, which the backend does on every
+/// allocation, as ACL's memory is not zeroed): inside an allocation, its whole pages go back
+/// to the kernel (`MADV_DONTNEED`: a private anonymous page reads as zero again and costs
+/// nothing until written) and only the ragged ends are written; elsewhere every byte is.
+///
+/// # Safety
+/// `dst` addresses `count` writable bytes.
+pub(crate) unsafe fn zero(dst: *mut u8, count: usize) {
+    let (start, end) = (dst as usize, dst as usize + count);
+    // SAFETY: a plain query.
+    let page = usize::try_from(unsafe { sysconf(SC_PAGESIZE) }).unwrap_or(0).max(1);
+    let (first, last) = (start.next_multiple_of(page), end / page * page);
+    let ours = allocs()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .any(|(&base, &(size, _))| start >= base && end <= base + size);
+    if ours && first < last {
+        // SAFETY: whole pages of one of our private anonymous mappings (`reserve`): they
+        // read as zero after this; the caller owns the bytes.
+        if unsafe { madvise(first as *mut c_void, last - first, MADV_DONTNEED) } == 0 {
+            // SAFETY: the ends, inside `[dst, dst + count)`.
+            unsafe {
+                std::ptr::write_bytes(dst, 0, first - start);
+                std::ptr::write_bytes(last as *mut u8, 0, end - last);
+            }
+            return;
+        }
+    }
+    // SAFETY: per the caller.
+    unsafe { std::ptr::write_bytes(dst, 0, count) };
 }
 
 pub(crate) fn current() -> Option<i32> {
@@ -222,7 +259,11 @@ pub unsafe extern "C" fn aclrtMemset(dst: *mut c_void, max: usize, value: i32, c
     if count > max || (count > 0 && dst.is_null()) {
         return ACL_ERROR_INVALID_PARAM;
     }
-    std::ptr::write_bytes(dst as *mut u8, value as u8, count);
+    if value as u8 == 0 {
+        zero(dst as *mut u8, count);
+    } else {
+        std::ptr::write_bytes(dst as *mut u8, value as u8, count);
+    }
     ACL_SUCCESS
 }
 
