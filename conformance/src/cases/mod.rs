@@ -7,6 +7,7 @@ pub mod groups;
 pub mod lifecycle;
 pub mod p2p;
 pub mod register;
+pub mod streams;
 pub mod warmup;
 pub mod window;
 
@@ -24,6 +25,7 @@ pub fn all_cases() -> Vec<Case> {
     warmup::register(&mut v);
     register::register(&mut v);
     window::register(&mut v);
+    streams::register(&mut v);
     v
 }
 

@@ -8,7 +8,9 @@
 //! What it models: the HCCL and ACL symbols the backend uses with their real signatures
 //! and type sizes (`HcclCommConfigInit` is not exported, as in HCCL); device memory from a
 //! fixed pool per device (`ANYCCL_STANDIN_DEVICE_MEMORY`, default 64 GiB as on an Ascend 910B; `ANYCCL_STANDIN_DEVICES`
-//! devices, default 8) reported by `aclrtGetMemInfo`; the current device per thread; streams
+//! devices, default 8) reported by `aclrtGetMemInfo`, each allocation a mapping of host
+//! address space that costs host memory only for the pages written (so the default pool fits
+//! any machine, and a rank's RSS is what it wrote); the current device per thread; streams
 //! that execute in order on a worker thread, and wait for each other's events
 //! (`aclrtStreamWaitEvent`; the test hook `anyccl_standin_stream_sleep` delays a stream as
 //! an engine's long kernel would); collectives that exchange data between

@@ -1,5 +1,6 @@
 //! The HCCL and ACL stand-in (built by build.rs as `libhccl.so`; see lib.rs for what it
-//! models). Standard library only. "Device memory" is host memory counted against a pool.
+//! models). Standard library only. "Device memory" is host memory counted against a pool,
+//! reserved as address space that costs host memory only where it is written (`acl.rs`).
 //! Here: return codes, error injection and communicators (init, split, destroy, queries);
 //! by API family in `standin/`: ACL (`acl.rs`), graph capture (`graph.rs`), the hub that
 //! moves the data (`hub.rs`), the operations (`ops.rs`) and buffer registration

@@ -42,6 +42,91 @@ pub(crate) fn allocs() -> &'static Mutex<HashMap<usize, (usize, i32)>> {
     A.get_or_init(Default::default)
 }
 
+// Device memory is host memory that costs only what is written: a private anonymous
+// mapping without swap reservation, never touched here (the kernel hands out zeroed pages
+// at the first write, and reads of untouched pages share the zero page). A pool of 64 GiB
+// per device is then address space, not resident memory.
+extern "C" {
+    fn mmap(addr: *mut c_void, len: usize, prot: i32, flags: i32, fd: i32, off: i64) -> *mut c_void;
+    fn munmap(addr: *mut c_void, len: usize) -> i32;
+    fn madvise(addr: *mut c_void, len: usize, advice: i32) -> i32;
+    fn sysconf(name: i32) -> i64;
+}
+
+const MADV_DONTNEED: i32 = 4;
+const SC_PAGESIZE: i32 = 30;
+const PROT_READ: i32 = 0x1;
+const PROT_WRITE: i32 = 0x2;
+const MAP_PRIVATE: i32 = 0x02;
+#[cfg(not(any(target_arch = "mips", target_arch = "mips64")))]
+const MAP_ANONYMOUS: i32 = 0x20;
+#[cfg(any(target_arch = "mips", target_arch = "mips64"))]
+const MAP_ANONYMOUS: i32 = 0x800;
+#[cfg(not(any(
+    target_arch = "mips",
+    target_arch = "mips64",
+    target_arch = "powerpc",
+    target_arch = "powerpc64",
+    target_arch = "sparc64"
+)))]
+const MAP_NORESERVE: i32 = 0x4000;
+#[cfg(any(target_arch = "mips", target_arch = "mips64"))]
+const MAP_NORESERVE: i32 = 0x400;
+#[cfg(any(target_arch = "powerpc", target_arch = "powerpc64", target_arch = "sparc64"))]
+const MAP_NORESERVE: i32 = 0x40;
+
+/// `bytes` (at least one) of zeroed, page-aligned memory, reserved and not touched.
+pub(crate) fn reserve(bytes: usize) -> Option<*mut u8> {
+    let flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE;
+    // SAFETY: a new anonymous mapping at an address the kernel picks: nothing else is
+    // affected.
+    let p = unsafe { mmap(std::ptr::null_mut(), bytes.max(1), PROT_READ | PROT_WRITE, flags, -1, 0) };
+    // MAP_FAILED is (void *)-1.
+    (p as isize != -1 && !p.is_null()).then_some(p as *mut u8)
+}
+
+/// Unmap what [`reserve`] gave for `bytes`.
+///
+/// # Safety
+/// `p` came from `reserve(bytes)` and is not used again.
+pub(crate) unsafe fn release(p: *mut u8, bytes: usize) {
+    // SAFETY: per the caller, the whole mapping, unmapped once.
+    let _ = unsafe { munmap(p as *mut c_void, bytes.max(1)) };
+}
+
+/// Zero `count` bytes at `dst` (`aclrtMemset` to 0, which the backend does on every
+/// allocation, as ACL's memory is not zeroed): inside an allocation, its whole pages go back
+/// to the kernel (`MADV_DONTNEED`: a private anonymous page reads as zero again and costs
+/// nothing until written) and only the ragged ends are written; elsewhere every byte is.
+///
+/// # Safety
+/// `dst` addresses `count` writable bytes.
+pub(crate) unsafe fn zero(dst: *mut u8, count: usize) {
+    let (start, end) = (dst as usize, dst as usize + count);
+    // SAFETY: a plain query.
+    let page = usize::try_from(unsafe { sysconf(SC_PAGESIZE) }).unwrap_or(0).max(1);
+    let (first, last) = (start.next_multiple_of(page), end / page * page);
+    let ours = allocs()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .any(|(&base, &(size, _))| start >= base && end <= base + size);
+    if ours && first < last {
+        // SAFETY: whole pages of one of our private anonymous mappings (`reserve`): they
+        // read as zero after this; the caller owns the bytes.
+        if unsafe { madvise(first as *mut c_void, last - first, MADV_DONTNEED) } == 0 {
+            // SAFETY: the ends, inside `[dst, dst + count)`.
+            unsafe {
+                std::ptr::write_bytes(dst, 0, first - start);
+                std::ptr::write_bytes(last as *mut u8, 0, end - last);
+            }
+            return;
+        }
+    }
+    // SAFETY: per the caller.
+    unsafe { std::ptr::write_bytes(dst, 0, count) };
+}
+
 pub(crate) fn current() -> Option<i32> {
     let d = DEVICE.with(|d| d.get());
     (d >= 0).then_some(d)
@@ -109,12 +194,11 @@ pub unsafe extern "C" fn aclrtMalloc(ptr: *mut *mut c_void, size: usize, _policy
         set_error(format!("aclrtMalloc: {size} bytes do not fit in device {dev}'s free memory"));
         return ACL_ERROR_RT_MEMORY_ALLOCATION;
     }
-    let layout = std::alloc::Layout::from_size_align(size.max(1), 64).expect("layout");
-    let p = std::alloc::alloc_zeroed(layout);
-    if p.is_null() {
+    let Some(p) = reserve(size) else {
         give(dev, size as u64);
+        set_error(format!("aclrtMalloc: cannot reserve {size} bytes of address space for device {dev}"));
         return ACL_ERROR_RT_MEMORY_ALLOCATION;
-    }
+    };
     allocs().lock().unwrap_or_else(|e| e.into_inner()).insert(p as usize, (size, dev));
     *ptr = p as *mut c_void;
     ACL_SUCCESS
@@ -125,7 +209,7 @@ pub unsafe extern "C" fn aclrtFree(ptr: *mut c_void) -> i32 {
     let Some((size, dev)) = allocs().lock().unwrap_or_else(|e| e.into_inner()).remove(&(ptr as usize)) else {
         return ACL_ERROR_INVALID_PARAM;
     };
-    std::alloc::dealloc(ptr as *mut u8, std::alloc::Layout::from_size_align(size.max(1), 64).expect("layout"));
+    release(ptr as *mut u8, size);
     give(dev, size as u64);
     ACL_SUCCESS
 }
@@ -175,7 +259,11 @@ pub unsafe extern "C" fn aclrtMemset(dst: *mut c_void, max: usize, value: i32, c
     if count > max || (count > 0 && dst.is_null()) {
         return ACL_ERROR_INVALID_PARAM;
     }
-    std::ptr::write_bytes(dst as *mut u8, value as u8, count);
+    if value as u8 == 0 {
+        zero(dst as *mut u8, count);
+    } else {
+        std::ptr::write_bytes(dst as *mut u8, value as u8, count);
+    }
     ACL_SUCCESS
 }
 
