@@ -77,7 +77,10 @@ impl Agreement<'_> {
                 );
                 return Err(ctx(me).timeout(format!("agreement of epoch {e}"), started.elapsed(), msg));
             }
-            match store.wait(&keys.decision(e), (Instant::now() + self.cfg.beat).min(deadline)).await {
+            // A third of the liveness limit between looks at the leader: a stale one is
+            // noticed within the limit plus a third, and waiting costs few requests.
+            let look = (self.cfg.stale_after / 3).max(self.cfg.beat);
+            match store.wait(&keys.decision(e), (Instant::now() + look).min(deadline)).await {
                 Ok(d) => return self.interpret(e, &d),
                 Err(Error::Timeout { .. }) => {}
                 Err(err) => return Err(err),

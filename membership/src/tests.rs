@@ -283,7 +283,8 @@ fn membership_an_agreement_costs_the_store_o_n_requests() {
     };
     let (small, large) = (per_member(8), per_member(32));
     eprintln!("store requests per member in one agreement: {small:.1} at 8 members, {large:.1} at 32");
-    // Each member proposes, arrives and reads the decision, plus a look a beat while it
-    // waits; the leader's gathering is one multi-key request a beat.
-    assert!(large < small * 2.0 && large < 40.0, "requests per member: {small:.1} at 8, {large:.1} at 32");
+    // Each member proposes, arrives and reads the decision, plus a few looks while it
+    // waits; the leader's gathering is one multi-key request a beat. A protocol in which
+    // every member reads every other's record would need 32 or more a member at 32.
+    assert!(large < 32.0, "requests per member: {small:.1} at 8, {large:.1} at 32");
 }
