@@ -17,8 +17,15 @@
 //!    flight-recorder dumps on signals ([`trace::dump_on_signals`]) are the program's to
 //!    turn on.
 //!
-//! The user API of `anyccl-core` is re-exported here (the [`Communicator`], buffers, errors,
-//! groups, the store, configuration), and the warmup as [`warmup`].
+//! # Two faces
+//! The root holds what a program that *uses* collectives needs, by name: the
+//! [`Communicator`] and its [`Work`], buffers and dtypes, errors, groups, configuration, the
+//! store, platforms, logging, rank start-up and backend picking, with the warmup as
+//! [`warmup`], flight-recorder dumps as [`trace`] and the backends as [`backends`]. What a
+//! program that *implements* a backend, a store or a tool needs (the [`raw::Collective`]
+//! contract, [`raw::WorkImpl`], error context, the checked environment parser, clocks,
+//! store generations, test patterns) is under [`raw`]. Benchmark tools (raw NCCL, an
+//! engine's stream) are under `bench`, with the feature of that name.
 //!
 //! # Examples
 //! A rank of a job started by `anyccl-run`, `torchrun` or Slurm:
@@ -35,27 +42,57 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
-pub use anyccl_core::*;
+pub use anyccl_core::{
+    abort_all, bf16, f16, init_logging, store_barrier, AllToAllSplits, Backend, BackendInfo, Buf, BufMut, Capabilities,
+    Captured, CasOutcome, CommConfig, Communicator, DType, Device, DeviceKind, DeviceMemory, Element, Error, EtcdStore,
+    GraphOp, GroupRegistry, GroupSpec, HostMemory, HostPlatform, LaunchEnv, MemInfo, MemoryStore, OpSignature, P2POp,
+    Platform, PrefixStore, Recovery, ReduceOp, RegHandle, Registered, Result, Role, Store, StoreStats, StreamRef,
+    TcpStore, TcpStoreOptions, TcpStoreServer, Work, WorkInfo,
+};
 
 /// The communicator warmup: plans, agreement and strategies (`anyccl-warmup`).
 pub mod warmup {
     pub use anyccl_warmup::*;
 }
 
-#[cfg(feature = "cpu")]
-pub use anyccl_cpu::Cpu;
-#[cfg(feature = "hccl")]
-pub use anyccl_hccl::Hccl;
-#[cfg(feature = "nccl")]
-pub use anyccl_nccl::Nccl;
-/// NCCL called directly (one communicator, one stream, calls back to back), for measuring
-/// what anyccl adds: `anyccl-bench --vs-raw`.
-#[cfg(feature = "nccl")]
-pub use anyccl_nccl::RawNccl;
-/// An engine's own CUDA stream with a spin kernel (its stand-in for compute), for
-/// `Communicator::wait_stream` / `signal_stream`: `anyccl-bench --overlap-us`.
-#[cfg(feature = "nccl")]
-pub use anyccl_nccl::{EngineStream, Graph};
+/// Flight-recorder dumps, and the recorder's records.
+pub mod trace {
+    pub use anyccl_core::trace::*;
+    pub use anyccl_core::{FlightRecorder, OpRecord, OpState};
+}
+
+/// The backends compiled into this build (by feature); [`crate::pick_backend`] chooses
+/// among them at run time.
+pub mod backends {
+    #[cfg(feature = "cpu")]
+    pub use anyccl_cpu::Cpu;
+    #[cfg(feature = "hccl")]
+    pub use anyccl_hccl::Hccl;
+    #[cfg(feature = "nccl")]
+    pub use anyccl_nccl::Nccl;
+}
+
+/// What implementers of a backend, a store or a tool need beyond the user API: the
+/// [`Collective`](raw::Collective) contract and its `Work`, error context, the checked
+/// environment parser, clocks, store generations and the conformance suite's data pattern.
+pub mod raw {
+    pub use anyccl_core::{abandon_generation, connect_generation, in_new_generation, joined_generation};
+    pub use anyccl_core::{
+        agree_window, async_trait, bad_env, coarse_now_ns, deadline_in, env_bytes, env_choice, env_flag, env_parse,
+        env_parse_at, env_rank, env_secs, env_string, env_world_size, overlaps, parse_bytes, parse_flag, parse_secs,
+        read_regular_file, stable_hash, Collective, CommInfo, ConnectOptions, Ctx, Source, Ticket, WorkImpl,
+        MAX_RECORDS, MAX_TIMEOUT,
+    };
+    pub use anyccl_core::{pattern, store};
+}
+
+/// Tools for benchmarks (`bench` feature): NCCL called directly, for measuring what anyccl
+/// adds (`anyccl-bench --vs-raw`), and an engine's own CUDA stream with a spin kernel and
+/// graph capture (`anyccl-bench --overlap-us`, `--graph`).
+#[cfg(feature = "bench")]
+pub mod bench {
+    pub use anyccl_nccl::{EngineStream, Graph, RawNccl, RawTiming};
+}
 
 /// The level below which [`init_logging`] drops messages when `ANYCCL_LOG` is unset.
 pub use tracing::Level as LogLevel;
@@ -87,17 +124,15 @@ pub fn backend_by_name(name: &str) -> Result<Arc<dyn Backend>> {
         return Ok(b.clone());
     }
     let known: Vec<&str> = all.iter().map(|b| b.name()).collect();
-    Err(Error::InvalidArgument {
-        op: "backend_by_name",
-        arg: "backend",
-        rank: env_rank(),
-        group: String::new(),
-        msg: format!(
+    Err(raw::Ctx::process("anyccl").invalid(
+        "backend_by_name",
+        "backend",
+        format!(
             "no backend '{name}' in this build (it has: {}); backends are added by the anyccl crate's features \
              (cpu, nccl, hccl)",
             known.join(", ")
         ),
-    })
+    ))
 }
 
 /// The backend to use: `requested`, else `ANYCCL_BACKEND`, else the first compiled-in
@@ -108,7 +143,8 @@ pub fn backend_by_name(name: &str) -> Result<Arc<dyn Backend>> {
 /// A requested backend that is not compiled in or cannot run here (its probe's
 /// `Unavailable`, listing what it looked for); `Unavailable` when no backend can run.
 pub fn pick_backend(requested: Option<&str>) -> Result<Arc<dyn Backend>> {
-    if let Some(name) = requested.map(str::to_string).or_else(|| std::env::var("ANYCCL_BACKEND").ok()) {
+    let from_env = || raw::env_string("ANYCCL_BACKEND");
+    if let Some(name) = requested.map(str::to_string).map_or_else(from_env, |n| Ok(Some(n)))? {
         let b = backend_by_name(&name)?;
         b.probe()?;
         return Ok(b);
@@ -132,14 +168,14 @@ pub fn pick_backend(requested: Option<&str>) -> Result<Arc<dyn Backend>> {
             tracing::info!("using the {} backend: {} device(s), {}", b.name(), info.devices, info.version);
             Ok(b)
         }
-        None => Err(Error::Unavailable {
-            backend: "any",
-            reason: if why.is_empty() {
+        None => Err(Error::unavailable(
+            "any",
+            if why.is_empty() {
                 "this build has no backend (enable the cpu, nccl or hccl feature)".into()
             } else {
                 why.join("; ")
             },
-        }),
+        )),
     }
 }
 

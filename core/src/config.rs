@@ -1,7 +1,8 @@
 //! Configuration: launcher variables read the way PyTorch reads them (with Slurm and Open
 //! MPI fallbacks), typed settings with `ANYCCL_*` overrides, and the store bootstrap.
 
-use crate::error::{Error, Result};
+use crate::env::{env_flag, env_parse, env_parse_at, env_secs, first_var, host_name, parse_flag};
+use crate::error::{Ctx, Error, Result};
 use crate::store::{Store, TcpStore, TcpStoreOptions, TcpStoreServer};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -30,22 +31,18 @@ pub struct LaunchEnv {
     pub restart: usize,
 }
 
-fn var(names: &[&str]) -> Option<(String, String)> {
-    names.iter().find_map(|n| std::env::var(n).ok().filter(|v| !v.is_empty()).map(|v| (n.to_string(), v)))
-}
+const OP_LAUNCH: &str = "LaunchEnv::from_env";
+const OP_STORE: &str = "LaunchEnv::connect_store";
+const OP_CONFIG: &str = "CommConfig::from_env";
 
 fn parse_num(names: &[&str]) -> Result<Option<usize>> {
-    match var(names) {
+    match first_var(names) {
         None => Ok(None),
         Some((name, v)) => {
             // Slurm writes tasks-per-node as e.g. "4(x2)".
             let head = v.split('(').next().unwrap_or("").split(',').next().unwrap_or("");
-            head.trim().parse::<usize>().map(Some).map_err(|_| Error::InvalidArgument {
-                op: "LaunchEnv::from_env",
-                arg: "environment",
-                rank: 0,
-                group: String::new(),
-                msg: format!("{name}={v:?} is not a non-negative integer"),
+            head.trim().parse::<usize>().map(Some).map_err(|_| {
+                crate::env::bad_env(&Ctx::process("anyccl"), OP_LAUNCH, &name, &v, "a non-negative integer")
             })
         }
     }
@@ -87,25 +84,20 @@ impl LaunchEnv {
             "SLURM_NTASKS_PER_NODE",
         ])?
         .unwrap_or(world_size);
+        let ctx = Ctx::new("anyccl", rank, "");
         let master_addr =
-            var(&["ANYCCL_MASTER_ADDR", "MASTER_ADDR"]).map(|x| x.1).unwrap_or_else(|| "127.0.0.1".into());
-        let master_port = match var(&["ANYCCL_MASTER_PORT", "MASTER_PORT"]) {
+            first_var(&["ANYCCL_MASTER_ADDR", "MASTER_ADDR"]).map(|x| x.1).unwrap_or_else(|| "127.0.0.1".into());
+        let master_port = match first_var(&["ANYCCL_MASTER_PORT", "MASTER_PORT"]) {
             None => 29500,
-            Some((n, v)) => v.parse::<u16>().map_err(|_| Error::InvalidArgument {
-                op: "LaunchEnv::from_env",
-                arg: "environment",
-                rank,
-                group: String::new(),
-                msg: format!("{n}={v:?} is not a port number"),
-            })?,
+            // Port 0 would bind a port no other rank can know, and connect to nothing.
+            Some((n, v)) => v
+                .trim()
+                .parse::<u16>()
+                .ok()
+                .filter(|p| *p != 0)
+                .ok_or_else(|| crate::env::bad_env(&ctx, OP_LAUNCH, &n, &v, "a port number from 1 to 65535"))?,
         };
-        let bad = |msg: String| Error::InvalidArgument {
-            op: "LaunchEnv::from_env",
-            arg: "environment",
-            rank,
-            group: String::new(),
-            msg,
-        };
+        let bad = |msg: String| ctx.invalid(OP_LAUNCH, "environment", msg);
         if world_size == 0 {
             return Err(bad("WORLD_SIZE is 0".into()));
         }
@@ -115,7 +107,7 @@ impl LaunchEnv {
         if local_rank >= local_world_size.max(1) {
             return Err(bad(format!("LOCAL_RANK {local_rank} is not below LOCAL_WORLD_SIZE {local_world_size}")));
         }
-        let job_id = var(&["ANYCCL_JOB_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID"]).map(|x| x.1);
+        let job_id = first_var(&["ANYCCL_JOB_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID"]).map(|x| x.1);
         let restart =
             parse_num(&["ANYCCL_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT"])?.unwrap_or(0);
         Ok(LaunchEnv { rank, world_size, local_rank, local_world_size, master_addr, master_port, job_id, restart })
@@ -129,7 +121,9 @@ impl LaunchEnv {
     /// # Errors
     /// `InvalidArgument` naming the malformed entry.
     pub fn rank_env(rank: usize) -> Result<Vec<(String, String)>> {
-        let Ok(spec) = std::env::var("ANYCCL_RANK_ENV") else { return Ok(Vec::new()) };
+        let Some(spec) = env_parse("ANYCCL_RANK_ENV", "NAME=VALUE pairs", |s| Some(s.to_string()))? else {
+            return Ok(Vec::new());
+        };
         parse_rank_env(&spec, rank)
     }
 
@@ -145,14 +139,10 @@ impl LaunchEnv {
     /// identity; `Store` when the server cannot be bound or reached.
     pub async fn connect_store(&self) -> Result<(Arc<dyn Store>, Option<TcpStoreServer>)> {
         let opts = TcpStoreOptions::from_env()?;
-        if let Some(spec) = std::env::var("ANYCCL_STORE").ok().filter(|s| !s.is_empty() && s != "tcp") {
-            let bad = |msg: String| Error::InvalidArgument {
-                op: "LaunchEnv::connect_store",
-                arg: "ANYCCL_STORE",
-                rank: self.rank,
-                group: String::new(),
-                msg,
-            };
+        let ctx = Ctx::new("anyccl", self.rank, "");
+        let store = env_parse_at(&ctx, OP_STORE, "ANYCCL_STORE", "tcp or etcd://...", |s| Some(s.to_string()))?;
+        if let Some(spec) = store.filter(|s| s != "tcp") {
+            let bad = |msg: String| ctx.invalid(OP_STORE, "ANYCCL_STORE", msg);
             let endpoints = spec
                 .strip_prefix("etcd://")
                 .ok_or_else(|| bad(format!("{spec:?}: expected tcp or etcd://host:port[,host:port...]")))?;
@@ -167,12 +157,10 @@ impl LaunchEnv {
             self.join(client.as_ref(), &spec).await?;
             return Ok((Arc::new(ClaimedStore::watch(client, self.duplicate_key(), self.rank)), None));
         }
-        let external = std::env::var("ANYCCL_STORE_EXTERNAL").map(|v| v == "1").unwrap_or(false);
+        let external = env_parse_at(&ctx, OP_STORE, "ANYCCL_STORE_EXTERNAL", "0 or 1", parse_flag)?.unwrap_or(false);
+        let bind = env_parse_at(&ctx, OP_STORE, "ANYCCL_STORE_BIND", "an IP address", |h| h.parse::<IpAddr>().ok())?;
         let server = if self.rank == 0 && !external {
-            let host: IpAddr = std::env::var("ANYCCL_STORE_BIND")
-                .ok()
-                .and_then(|h| h.parse().ok())
-                .unwrap_or(IpAddr::from([127, 0, 0, 1]));
+            let host = bind.unwrap_or(IpAddr::from([127, 0, 0, 1]));
             Some(TcpStoreServer::start(SocketAddr::new(host, self.master_port), opts.clone())?)
         } else {
             None
@@ -193,13 +181,7 @@ impl LaunchEnv {
     /// Two jobs started by hand on one port thus fail at once with an error naming both,
     /// instead of one job's rank finishing the other's work.
     async fn join(&self, store: &dyn Store, addr: &str) -> Result<()> {
-        let refuse = |msg: String| Error::InvalidArgument {
-            op: "LaunchEnv::connect_store",
-            arg: "environment",
-            rank: self.rank,
-            group: String::new(),
-            msg,
-        };
+        let refuse = |msg: String| Ctx::new("anyccl", self.rank, "").invalid(OP_STORE, "environment", msg);
         let job = self.job_id.clone().unwrap_or_default();
         let cas = store.compare_set("anyccl/job", None, job.as_bytes()).await?;
         let theirs = cas.current.map(|c| String::from_utf8_lossy(&c).into_owned()).unwrap_or_default();
@@ -279,16 +261,14 @@ impl ClaimedStore {
     fn check(&self) -> Result<()> {
         match self.duplicate.0.get() {
             None => Ok(()),
-            Some(who) => Err(Error::InvalidArgument {
-                op: "store",
-                arg: "environment",
-                rank: self.rank,
-                group: String::new(),
-                msg: format!(
+            Some(who) => Err(Ctx::new("anyccl", self.rank, "").invalid(
+                "store",
+                "environment",
+                format!(
                     "another process claimed this rank after this one ({who}): two jobs on one MASTER_PORT, or a \
                      rank started twice; this rank stops rather than run another job's work (set ANYCCL_JOB_ID)"
                 ),
-            }),
+            )),
         }
     }
 }
@@ -344,13 +324,11 @@ fn parse_rank_env(spec: &str, rank: usize) -> Result<Vec<(String, String)>> {
                 out.push((name.trim().to_string(), value.replace("{rank}", &rank.to_string())))
             }
             _ => {
-                return Err(Error::InvalidArgument {
-                    op: "LaunchEnv::rank_env",
-                    arg: "ANYCCL_RANK_ENV",
-                    rank,
-                    group: String::new(),
-                    msg: format!("entry {entry:?} is not NAME=VALUE with NAME a variable name"),
-                })
+                return Err(Ctx::new("anyccl", rank, "").invalid(
+                    "LaunchEnv::rank_env",
+                    "ANYCCL_RANK_ENV",
+                    format!("entry {entry:?} is not NAME=VALUE with NAME a variable name"),
+                ))
             }
         }
     }
@@ -463,118 +441,6 @@ impl Default for CommConfig {
     }
 }
 
-/// The longest timeout a variable may set (one year): every wait has a deadline that the
-/// clock can represent.
-pub const MAX_TIMEOUT: Duration = Duration::from_secs(365 * 24 * 3600);
-
-/// Nanoseconds on a monotonic clock read for bookkeeping that needs only milliseconds (a
-/// watchdog's "how long has this call been inside the library"): on Linux the coarse
-/// clock, a load from the vDSO page where the precise clock costs tens of nanoseconds a
-/// read, a fair share of what anyccl adds to a small operation; elsewhere the precise
-/// clock. Its tick is the kernel's (1-4 ms); never 0.
-pub fn coarse_now_ns() -> u64 {
-    #[cfg(target_os = "linux")]
-    {
-        let t = rustix::time::clock_gettime(rustix::time::ClockId::MonotonicCoarse);
-        (t.tv_sec.max(0) as u64).saturating_mul(1_000_000_000).saturating_add(t.tv_nsec.max(0) as u64).max(1)
-    }
-    #[cfg(not(target_os = "linux"))]
-    {
-        static BASE: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-        (BASE.get_or_init(Instant::now).elapsed().as_nanos() as u64).max(1)
-    }
-}
-
-/// `now + d`, or the latest instant the clock represents when that overflows: a caller's
-/// `Duration::MAX` means "no practical limit", never a panic.
-pub fn deadline_in(d: Duration) -> Instant {
-    let now = Instant::now();
-    now.checked_add(d).or_else(|| now.checked_add(MAX_TIMEOUT * 100)).unwrap_or(now)
-}
-
-/// Bytes written as a whole number with an optional binary suffix: `K`, `M`, `G` (or
-/// `KiB`, `MiB`, `GiB`), either case, as the tools' size flags and the backends' byte
-/// settings take them. `None` when malformed or too large.
-pub fn parse_bytes(s: &str) -> Option<usize> {
-    let s = s.trim();
-    let digits = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let n: usize = s[..digits].parse().ok()?;
-    let shift = match s[digits..].to_ascii_lowercase().as_str() {
-        "" => 0,
-        "k" | "kib" => 10,
-        "m" | "mib" => 20,
-        "g" | "gib" => 30,
-        _ => return None,
-    };
-    n.checked_mul(1 << shift)
-}
-
-/// This process's rank as the launcher's variables give it, for errors raised before
-/// [`LaunchEnv::from_env`] has run or when it failed (0 when unknown).
-pub fn env_rank() -> usize {
-    var(&["ANYCCL_RANK", "RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"])
-        .and_then(|(_, v)| v.trim().parse().ok())
-        .unwrap_or(0)
-}
-
-/// This machine's name, for errors and dumps that say where a process runs ("" when unknown).
-pub(crate) fn host_name() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_default()
-}
-
-/// Ranks in the job as the launcher's variables give it (1 when unknown).
-pub fn env_world_size() -> usize {
-    var(&["ANYCCL_WORLD_SIZE", "WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"])
-        .and_then(|(_, v)| v.trim().parse().ok())
-        .unwrap_or(1)
-}
-
-/// A switch from the environment variable `name`: `0` or `1` (spaces around allowed),
-/// `None` when it is unset.
-///
-/// # Errors
-/// `InvalidArgument` naming the variable, `op`, `rank` and `group` when it is set to anything
-/// else (a value that is not UTF-8 included).
-pub fn env_flag(name: &str, op: &'static str, rank: usize, group: &str) -> Result<Option<bool>> {
-    match std::env::var(name) {
-        Err(std::env::VarError::NotPresent) => Ok(None),
-        Ok(v) if v.trim() == "0" => Ok(Some(false)),
-        Ok(v) if v.trim() == "1" => Ok(Some(true)),
-        v => Err(Error::InvalidArgument {
-            op,
-            arg: "environment",
-            rank,
-            group: group.into(),
-            msg: format!("{name}={} is not 0 or 1", v.map_or_else(|e| e.to_string(), |v| format!("{v:?}"))),
-        }),
-    }
-}
-
-/// A positive number of seconds, at most [`MAX_TIMEOUT`], from the environment variable
-/// `name` (`None` when it is unset).
-///
-/// # Errors
-/// `InvalidArgument` naming the variable and this process's rank when it is set to anything
-/// else.
-pub fn env_secs(name: &str) -> Result<Option<Duration>> {
-    match std::env::var(name) {
-        Err(_) => Ok(None),
-        Ok(v) => v
-            .trim()
-            .parse::<f64>()
-            .ok()
-            .filter(|s| *s > 0.0 && *s <= MAX_TIMEOUT.as_secs_f64())
-            .map(|s| Some(Duration::from_secs_f64(s)))
-            .ok_or_else(|| Error::InvalidArgument {
-                op: "env_secs",
-                arg: "environment",
-                rank: env_rank(),
-                group: String::new(),
-                msg: format!("{name}={v:?} is not a number of seconds above 0 and at most {}", MAX_TIMEOUT.as_secs()),
-            }),
-    }
-}
-
 impl CommConfig {
     /// Defaults with `ANYCCL_*` overrides applied.
     ///
@@ -588,64 +454,37 @@ impl CommConfig {
         if let Some(d) = env_secs("ANYCCL_INIT_TIMEOUT_S")? {
             c.init_timeout = d;
         }
-        match std::env::var("ANYCCL_DEBUG").as_deref().map(str::trim) {
-            Err(_) | Ok("" | "off" | "info") => {}
-            Ok("detail") => c.detail = true,
-            Ok(v) => {
-                return Err(Error::InvalidArgument {
-                    op: "CommConfig::from_env",
-                    arg: "environment",
-                    rank: env_rank(),
-                    group: String::new(),
-                    msg: format!("ANYCCL_DEBUG={v:?} is not one of off, info, detail"),
-                })
-            }
+        if let Some(mode) = crate::env::env_choice("ANYCCL_DEBUG", &["off", "info", "detail"])? {
+            c.detail = mode == "detail";
         }
-        if let Ok(v) = std::env::var("ANYCCL_BUFFER_MB") {
-            let mb = v.trim().parse::<u32>().ok().filter(|m| (1..u32::MAX).contains(m));
-            c.buffer_mb = Some(mb.ok_or_else(|| Error::InvalidArgument {
-                op: "CommConfig::from_env",
-                arg: "environment",
-                rank: env_rank(),
-                group: String::new(),
-                msg: format!("ANYCCL_BUFFER_MB={v:?} is not a whole number of MiB from 1 to {}", u32::MAX - 1),
-            })?);
-        }
-        for (var, slot, most) in [
-            ("ANYCCL_MIN_CTAS", &mut c.min_ctas, 64u32),
-            ("ANYCCL_MAX_CTAS", &mut c.max_ctas, 64),
-            ("ANYCCL_CGA_CLUSTER_SIZE", &mut c.cga_cluster_size, 8),
-        ] {
-            if let Ok(v) = std::env::var(var) {
-                let least = u32::from(var != "ANYCCL_CGA_CLUSTER_SIZE");
-                let n = v.trim().parse::<u32>().ok().filter(|n| (least..=most).contains(n));
-                *slot = Some(n.ok_or_else(|| Error::InvalidArgument {
-                    op: "CommConfig::from_env",
-                    arg: "environment",
-                    rank: env_rank(),
-                    group: String::new(),
-                    msg: format!("{var}={v:?} is not a whole number from {least} to {most}"),
-                })?);
-            }
-        }
-        c.check().map_err(|msg| Error::InvalidArgument {
-            op: "CommConfig::from_env",
-            arg: "environment",
-            rank: env_rank(),
-            group: String::new(),
-            msg: format!("{msg} (ANYCCL_MIN_CTAS, ANYCCL_MAX_CTAS)"),
+        let most = u32::MAX - 1;
+        c.buffer_mb = env_parse("ANYCCL_BUFFER_MB", &format!("a whole number of MiB from 1 to {most}"), |v| {
+            v.parse::<u32>().ok().filter(|m| (1..=most).contains(m))
         })?;
-        if let Some(on) = env_flag("ANYCCL_SHARED_COMPLETION", "CommConfig::from_env", env_rank(), "")? {
+        for (var, slot, least, most) in [
+            ("ANYCCL_MIN_CTAS", &mut c.min_ctas, 1u32, 64u32),
+            ("ANYCCL_MAX_CTAS", &mut c.max_ctas, 1, 64),
+            ("ANYCCL_CGA_CLUSTER_SIZE", &mut c.cga_cluster_size, 0, 8),
+        ] {
+            let expected = format!("a whole number from {least} to {most}");
+            if let Some(n) =
+                env_parse(var, &expected, |v| v.parse::<u32>().ok().filter(|n| (least..=most).contains(n)))?
+            {
+                *slot = Some(n);
+            }
+        }
+        c.check().map_err(|msg| {
+            Ctx::process("anyccl").invalid(
+                OP_CONFIG,
+                "environment",
+                format!("{msg} (ANYCCL_MIN_CTAS, ANYCCL_MAX_CTAS)"),
+            )
+        })?;
+        if let Some(on) = env_flag("ANYCCL_SHARED_COMPLETION")? {
             c.shared_completion = on;
         }
-        if let Ok(v) = std::env::var("ANYCCL_FLIGHT_RECORDER") {
-            c.flight_recorder = v.parse().map_err(|_| Error::InvalidArgument {
-                op: "CommConfig::from_env",
-                arg: "environment",
-                rank: env_rank(),
-                group: String::new(),
-                msg: format!("ANYCCL_FLIGHT_RECORDER={v:?} is not a count"),
-            })?;
+        if let Some(n) = env_parse("ANYCCL_FLIGHT_RECORDER", "a count", |v| v.parse().ok())? {
+            c.flight_recorder = n;
         }
         Ok(c)
     }
@@ -653,18 +492,7 @@ impl CommConfig {
 
 #[cfg(test)]
 mod tests {
-    use super::{parse_bytes, parse_rank_env};
-
-    #[test]
-    fn byte_settings_take_binary_suffixes() {
-        assert_eq!(parse_bytes("65536"), Some(65536));
-        assert_eq!(parse_bytes(" 64K "), Some(64 << 10));
-        assert_eq!(parse_bytes("16m"), Some(16 << 20));
-        assert_eq!(parse_bytes("1GiB"), Some(1 << 30));
-        for bad in ["", "K", "1.5M", "-1", "12 M", "4T", "99999999999999999999G"] {
-            assert_eq!(parse_bytes(bad), None, "{bad:?}");
-        }
-    }
+    use super::parse_rank_env;
 
     #[test]
     fn rank_env_substitutes_the_rank() {

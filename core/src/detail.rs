@@ -92,13 +92,9 @@ async fn compare(req: &Request) -> Result<Vec<(usize, String)>> {
         }
     }
     if !missing.is_empty() && differ.is_empty() {
-        return Err(Error::Timeout {
-            op: String::new(),
-            rank: req.rank,
-            group: String::new(),
-            after: Duration::ZERO,
-            detail: format!("ranks {missing:?} never issued it"),
-        });
+        // The caller names the group and how long it waited (see `check`).
+        let ctx = crate::Ctx::new("detail", req.rank, "");
+        return Err(ctx.timeout("", Duration::ZERO, format!("ranks {missing:?} never issued it")));
     }
     Ok(differ)
 }
@@ -172,13 +168,11 @@ impl Detail {
                     differ.iter().map(|(r, f)| format!("rank {r} calls {f}")).collect::<Vec<_>>().join(", ")
                 ),
             }),
-            Err(Error::Timeout { detail, .. }) => Err(Error::Timeout {
-                op: format!("{op} (collective #{n}, detail-mode check)"),
-                rank: self.rank,
-                group: self.group.clone(),
-                after: started.elapsed(),
+            Err(Error::Timeout { detail, .. }) => Err(crate::Ctx::new("detail", self.rank, self.group.clone()).timeout(
+                format!("{op} (collective #{n}, detail-mode check)"),
+                started.elapsed(),
                 detail,
-            }),
+            )),
             Err(e) => Err(e),
         }
     }

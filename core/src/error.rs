@@ -1,6 +1,14 @@
-//! The one public error type, split by what the caller does next.
+//! The one public error type, split by what the caller does next, and [`Ctx`], the one
+//! way to build it: who an error happens to (backend, rank, group) is said once, and every
+//! constructor adds it.
 
+use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
+
+/// The cause an error keeps (its [`std::error::Error::source`]): a library's error, an I/O
+/// error, a store's socket error.
+pub type Source = Arc<dyn std::error::Error + Send + Sync + 'static>;
 
 /// What a caller should do after an [`Error`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -66,6 +74,9 @@ pub enum Error {
         after: Duration,
         /// Extra context, e.g. which peers never arrived.
         detail: String,
+        /// What reported the timeout (a library's error), when something did.
+        #[source]
+        source: Option<Source>,
     },
     /// A peer died, closed its connection or reported a failure.
     #[error("peer failure seen by rank {rank} of group '{group}'{}: {detail}", fmt_peer(.peer))]
@@ -78,6 +89,9 @@ pub enum Error {
         peer: Option<usize>,
         /// What happened.
         detail: String,
+        /// The error that showed it (a closed socket, a library's remote error), when known.
+        #[source]
+        source: Option<Source>,
     },
     /// The communicator was aborted (locally, or because it failed earlier).
     #[error("communicator of group '{group}' on rank {rank} was aborted{}", fmt_detail(.detail))]
@@ -104,7 +118,7 @@ pub enum Error {
         recovery: Recovery,
         /// The library's own error value, when there is one (see [`std::error::Error::source`]).
         #[source]
-        source: Option<std::sync::Arc<dyn std::error::Error + Send + Sync + 'static>>,
+        source: Option<Source>,
     },
     /// The rendezvous store failed (connection, protocol or authentication).
     #[error("store error: {msg}")]
@@ -113,6 +127,28 @@ pub enum Error {
         msg: String,
         /// What the caller should do next.
         recovery: Recovery,
+        /// The socket's or server's error, when there is one.
+        #[source]
+        source: Option<Source>,
+    },
+    /// Reading or writing a file (a checkpoint shard, a saved plan, a dump, a lock) failed, or
+    /// its content is not what it must be.
+    #[error("{op}{} failed on rank {rank}: {detail}", fmt_path(.path))]
+    Io {
+        /// What was being done (`load checkpoint shard`, `save plan`).
+        op: String,
+        /// The file.
+        path: String,
+        /// The rank that failed.
+        rank: usize,
+        /// What is wrong (the system's words are also in `source`).
+        detail: String,
+        /// What the caller should do next: `Retry` for transient system errors, `Fatal` for a
+        /// file whose content or kind is wrong.
+        recovery: Recovery,
+        /// The system's error, when there is one.
+        #[source]
+        source: Option<Source>,
     },
 }
 
@@ -121,6 +157,14 @@ fn fmt_detail(d: &str) -> String {
         String::new()
     } else {
         format!(": {d}")
+    }
+}
+
+fn fmt_path(p: &str) -> String {
+    if p.is_empty() {
+        String::new()
+    } else {
+        format!(" of '{p}'")
     }
 }
 
@@ -137,7 +181,7 @@ impl Error {
         match self {
             Error::Unavailable { .. } | Error::InvalidArgument { .. } | Error::Unsupported { .. } => Recovery::Fatal,
             Error::Timeout { .. } | Error::PeerFailed { .. } | Error::Aborted { .. } => Recovery::Rebuild,
-            Error::Backend { recovery, .. } | Error::Store { recovery, .. } => *recovery,
+            Error::Backend { recovery, .. } | Error::Store { recovery, .. } | Error::Io { recovery, .. } => *recovery,
         }
     }
 
@@ -152,28 +196,179 @@ impl Error {
             Error::Aborted { .. } => "Aborted",
             Error::Backend { .. } => "Backend",
             Error::Store { .. } => "Store",
+            Error::Io { .. } => "Io",
         }
+    }
+
+    /// A backend that cannot run here, with what was looked for and where.
+    pub fn unavailable(backend: &'static str, reason: impl Into<String>) -> Self {
+        Error::Unavailable { backend, reason: reason.into() }
     }
 
     /// A store error that a retry may fix.
     pub fn store(msg: impl Into<String>) -> Self {
-        Error::Store { msg: msg.into(), recovery: Recovery::Retry }
+        Error::Store { msg: msg.into(), recovery: Recovery::Retry, source: None }
     }
 
     /// A store error that no retry fixes (protocol or authentication).
     pub fn store_fatal(msg: impl Into<String>) -> Self {
-        Error::Store { msg: msg.into(), recovery: Recovery::Fatal }
+        Error::Store { msg: msg.into(), recovery: Recovery::Fatal, source: None }
+    }
+
+    /// The same error keeping `cause` as its [`std::error::Error::source`], on the variants
+    /// that keep one (timeout, peer failure, backend, store, I/O); the others are returned as
+    /// they are.
+    #[must_use]
+    pub fn with_source(mut self, cause: impl std::error::Error + Send + Sync + 'static) -> Self {
+        match &mut self {
+            Error::Timeout { source, .. }
+            | Error::PeerFailed { source, .. }
+            | Error::Backend { source, .. }
+            | Error::Store { source, .. }
+            | Error::Io { source, .. } => *source = Some(Arc::new(cause)),
+            _ => {}
+        }
+        self
+    }
+
+    /// The same error, with `what` before its detail (timeouts, peer failures, aborts, I/O,
+    /// store and invalid arguments; the others are returned as they are): for a caller that
+    /// knows more of the story than the place that raised it.
+    #[must_use]
+    pub fn context(mut self, what: impl std::fmt::Display) -> Self {
+        match &mut self {
+            Error::Timeout { detail, .. }
+            | Error::PeerFailed { detail, .. }
+            | Error::Aborted { detail, .. }
+            | Error::Io { detail, .. }
+            | Error::InvalidArgument { msg: detail, .. }
+            | Error::Store { msg: detail, .. } => {
+                *detail = if detail.is_empty() { what.to_string() } else { format!("{what}: {detail}") }
+            }
+            _ => {}
+        }
+        self
     }
 
     /// A platform copy whose host slice (`arg`: `src` or `dst`) is not the device buffer's
     /// length; a platform has no rank or group.
     pub fn length_mismatch(op: &'static str, arg: &'static str, device_bytes: usize, host_bytes: usize) -> Self {
-        Error::InvalidArgument {
+        Ctx::new("platform", 0, "").invalid(
             op,
             arg,
-            rank: 0,
-            group: String::new(),
-            msg: format!("device buffer holds {device_bytes} bytes, host buffer {host_bytes}"),
+            format!("device buffer holds {device_bytes} bytes, host buffer {host_bytes}"),
+        )
+    }
+}
+
+/// Who errors happen to: the backend (or tool), the rank and the group, said once and added
+/// by every constructor.
+///
+/// # Examples
+/// ```
+/// use anyccl_core::{Ctx, Recovery};
+/// let ctx = Ctx::new("cpu", 3, "dp");
+/// let e = ctx.invalid("all_reduce", "count", "must be a multiple of 4");
+/// assert_eq!(e.to_string(), "invalid argument `count` to all_reduce on rank 3 of group 'dp': must be a multiple of 4");
+/// assert_eq!(e.recovery(), Recovery::Fatal);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ctx {
+    /// Backend or tool name (`nccl`, `cpu`, `anyccl-recover`).
+    pub backend: &'static str,
+    /// Rank in the group (in the job where there is no group yet).
+    pub rank: usize,
+    /// Group name (empty where there is no group yet).
+    pub group: String,
+}
+
+impl Ctx {
+    /// The context of rank `rank` of group `group` on `backend`.
+    pub fn new(backend: &'static str, rank: usize, group: impl Into<String>) -> Self {
+        Ctx { backend, rank, group: group.into() }
+    }
+
+    /// The same backend for another group (a split's child).
+    pub fn child(&self, rank: usize, group: &str) -> Ctx {
+        Ctx { backend: self.backend, rank, group: group.to_string() }
+    }
+
+    /// A call rejected before any communication: `arg` of `op` is wrong because `msg`.
+    pub fn invalid(&self, op: &'static str, arg: &'static str, msg: impl Into<String>) -> Error {
+        Error::InvalidArgument { op, arg, rank: self.rank, group: self.group.clone(), msg: msg.into() }
+    }
+
+    /// The backend lacks `op` (`what` says which part).
+    pub fn unsupported(&self, op: &'static str, what: impl Into<String>) -> Error {
+        Error::Unsupported { backend: self.backend, op, what: what.into() }
+    }
+
+    /// A deadline that passed in `op` after waiting `after`.
+    pub fn timeout(&self, op: impl Into<String>, after: Duration, detail: impl Into<String>) -> Error {
+        Error::Timeout {
+            op: op.into(),
+            rank: self.rank,
+            group: self.group.clone(),
+            after,
+            detail: detail.into(),
+            source: None,
+        }
+    }
+
+    /// A peer (`peer`, when known) died, closed its connection or reported a failure.
+    pub fn peer_failed(&self, peer: Option<usize>, detail: impl Into<String>) -> Error {
+        Error::PeerFailed { rank: self.rank, group: self.group.clone(), peer, detail: detail.into(), source: None }
+    }
+
+    /// The communicator is no longer usable, because of `detail`.
+    pub fn aborted(&self, detail: impl Into<String>) -> Error {
+        Error::Aborted { rank: self.rank, group: self.group.clone(), detail: detail.into() }
+    }
+
+    /// The library returned `code` in `op`, with its own `text`.
+    pub fn backend_error(&self, op: &str, code: i64, text: impl Into<String>, recovery: Recovery) -> Error {
+        Error::Backend { backend: self.backend, op: self.located(op), code, text: text.into(), recovery, source: None }
+    }
+
+    /// `op` on the file or device at `path` failed with the system's error `cause` (kept as
+    /// the source); interrupted, would-block and timed-out errors are `Retry`, the rest
+    /// `Fatal`.
+    pub fn io(&self, op: impl Into<String>, path: impl AsRef<Path>, cause: std::io::Error) -> Error {
+        use std::io::ErrorKind as K;
+        let recovery = match cause.kind() {
+            K::Interrupted | K::WouldBlock | K::TimedOut => Recovery::Retry,
+            _ => Recovery::Fatal,
+        };
+        Error::Io {
+            op: op.into(),
+            path: path.as_ref().display().to_string(),
+            rank: self.rank,
+            detail: cause.to_string(),
+            recovery,
+            source: Some(Arc::new(cause)),
+        }
+    }
+
+    /// The file at `path` is not what `op` needs (corrupt, too large, not a regular file):
+    /// `detail` says how. Fatal: reading it again gives the same.
+    pub fn file(&self, op: impl Into<String>, path: impl AsRef<Path>, detail: impl Into<String>) -> Error {
+        Error::Io {
+            op: op.into(),
+            path: path.as_ref().display().to_string(),
+            rank: self.rank,
+            detail: detail.into(),
+            recovery: Recovery::Fatal,
+            source: None,
+        }
+    }
+
+    /// `op` with this context's place, for text that names it (`all_reduce on rank 1 of group
+    /// 'dp'`).
+    pub fn located(&self, op: &str) -> String {
+        if self.group.is_empty() {
+            format!("{op} on rank {}", self.rank)
+        } else {
+            format!("{op} on rank {} of group '{}'", self.rank, self.group)
         }
     }
 }

@@ -30,12 +30,15 @@
 #[allow(unsafe_code)]
 mod buffer;
 mod capability;
+mod clock;
 mod collective;
 mod communicator;
 mod config;
 mod detail;
 mod dtype;
+mod env;
 mod error;
+mod file;
 mod group;
 mod logging;
 pub mod pattern;
@@ -47,16 +50,19 @@ mod work;
 
 pub use buffer::{overlaps, Buf, BufMut, Device, DeviceKind, StreamRef};
 pub use capability::Capabilities;
+pub use clock::{coarse_now_ns, deadline_in};
 pub use collective::{
     abort_all, AllToAllSplits, Backend, BackendInfo, Collective, CommInfo, ConnectOptions, GraphOp, P2POp, RegHandle,
 };
 pub use communicator::{agree_window, stable_hash, Captured, Communicator, OpSignature, Registered};
-pub use config::{
-    coarse_now_ns, deadline_in, env_flag, env_rank, env_secs, env_world_size, parse_bytes, CommConfig, LaunchEnv,
-    MAX_TIMEOUT,
-};
+pub use config::{CommConfig, LaunchEnv};
 pub use dtype::{DType, Element, ReduceOp};
-pub use error::{Error, Recovery, Result};
+pub use env::{
+    bad_env, env_bytes, env_choice, env_flag, env_parse, env_parse_at, env_rank, env_secs, env_string, env_world_size,
+    parse_bytes, parse_flag, parse_secs, MAX_TIMEOUT,
+};
+pub use error::{Ctx, Error, Recovery, Result, Source};
+pub use file::read_regular_file;
 pub use group::{GroupRegistry, GroupSpec, Role};
 pub use logging::init_logging;
 pub use platform::{DeviceMemory, HostMemory, HostPlatform, MemInfo, Platform};

@@ -78,6 +78,9 @@ pub struct FlightRecorder {
 /// connect (`CommConfig::check`) and cut to this where a recorder is made directly.
 pub const MAX_RECORDS: usize = 1 << 20;
 
+/// Every live flight recorder of the process.
+static LIVE: Mutex<Vec<std::sync::Weak<FlightRecorder>>> = Mutex::new(Vec::new());
+
 /// Operation names a recorder tells apart (any more are shown as `?`).
 const MAX_OPS: usize = 32;
 
@@ -197,8 +200,16 @@ impl FlightRecorder {
             names: Mutex::new(Names::default()),
             ops: std::array::from_fn(|_| OnceLock::new()),
         });
-        crate::trace::register(&r);
+        if let Ok(mut live) = LIVE.lock() {
+            live.retain(|w| w.strong_count() > 0);
+            live.push(Arc::downgrade(&r));
+        }
         r
+    }
+
+    /// Every live recorder of the process, for a dump.
+    pub(crate) fn live() -> Vec<Arc<FlightRecorder>> {
+        LIVE.lock().map(|l| l.iter().filter_map(std::sync::Weak::upgrade).collect()).unwrap_or_default()
     }
 
     fn names(&self) -> std::sync::MutexGuard<'_, Names> {

@@ -8,7 +8,7 @@ use crate::recorder::{FlightRecorder, OpState};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::Mutex;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 /// Version of the dump format.
@@ -69,19 +69,10 @@ pub struct TraceRecord {
     pub elapsed_ms: Option<f64>,
 }
 
-/// Every live flight recorder of the process.
-static LIVE: Mutex<Vec<Weak<FlightRecorder>>> = Mutex::new(Vec::new());
 /// When an error last caused a dump (ms since the epoch), to write one per burst.
 static LAST_ERROR_DUMP: AtomicU64 = AtomicU64::new(0);
 /// The first reason this process dumped for, and when.
 static FIRST: std::sync::OnceLock<(u64, String)> = std::sync::OnceLock::new();
-
-pub(crate) fn register(r: &Arc<FlightRecorder>) {
-    if let Ok(mut live) = LIVE.lock() {
-        live.retain(|w| w.strong_count() > 0);
-        live.push(Arc::downgrade(r));
-    }
-}
 
 fn unix_ms(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
@@ -91,10 +82,8 @@ fn unix_ms(t: SystemTime) -> u64 {
 pub fn snapshot(reason: &str) -> TraceDump {
     let (now, wall) = (Instant::now(), SystemTime::now());
     let first = FIRST.get_or_init(|| (unix_ms(wall), reason.to_string())).clone();
-    let recorders: Vec<Arc<FlightRecorder>> =
-        LIVE.lock().map(|l| l.iter().filter_map(Weak::upgrade).collect()).unwrap_or_default();
     let mut records = Vec::new();
-    for r in recorders {
+    for r in FlightRecorder::live() {
         for o in r.snapshot() {
             let (state, error) = match o.state {
                 OpState::Pending => ("pending", None),
@@ -120,10 +109,10 @@ pub fn snapshot(reason: &str) -> TraceDump {
     }
     TraceDump {
         format: TRACE_FORMAT,
-        rank: crate::config::env_rank(),
-        world_size: crate::config::env_world_size(),
+        rank: crate::env::env_rank(),
+        world_size: crate::env::env_world_size(),
         pid: std::process::id(),
-        host: crate::config::host_name(),
+        host: crate::env::host_name(),
         reason: reason.to_string(),
         unix_ms: unix_ms(wall),
         first_reason: first.1,
@@ -136,7 +125,13 @@ pub fn snapshot(reason: &str) -> TraceDump {
 /// when the variable is set; where it went. Failures are logged, never raised: a dump is
 /// written while something else already went wrong.
 pub fn dump(reason: &str) -> Option<PathBuf> {
-    let dir = PathBuf::from(std::env::var_os("ANYCCL_TRACE_DIR").filter(|d| !d.is_empty())?);
+    let dir = match crate::env::env_string("ANYCCL_TRACE_DIR") {
+        Ok(d) => PathBuf::from(d?),
+        Err(e) => {
+            tracing::warn!("no flight recorder dump: {e}");
+            return None;
+        }
+    };
     // One writer at a time: a signal's dump and an error's may race in one process, and
     // share the temporary file.
     static WRITING: Mutex<()> = Mutex::new(());
@@ -180,9 +175,8 @@ pub(crate) fn dump_error(reason: &str) {
 /// `Unavailable` when the handlers or their thread cannot be set up.
 pub fn dump_on_signals() -> crate::Result<()> {
     use signal_hook::consts::{SIGTERM, SIGUSR1};
-    let unavailable = |e: std::io::Error| crate::Error::Unavailable {
-        backend: "trace",
-        reason: format!("cannot handle SIGTERM and SIGUSR1 for flight-recorder dumps: {e}"),
+    let unavailable = |e: std::io::Error| {
+        crate::Error::unavailable("trace", format!("cannot handle SIGTERM and SIGUSR1 for flight-recorder dumps: {e}"))
     };
     let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGUSR1]).map_err(unavailable)?;
     std::thread::Builder::new()

@@ -193,16 +193,14 @@ impl<'a> Work<'a> {
             Some(None) => "no operation of the group had completed here yet (a member may never have joined)".into(),
             None => String::new(),
         };
-        Error::Timeout {
-            op: format!("{} #{}", info.op, info.seq),
-            rank: info.rank,
-            group: info.group.to_string(),
+        crate::Ctx::new("anyccl", info.rank, info.group.to_string()).timeout(
+            format!("{} #{}", info.op, info.seq),
             after,
-            detail: format!(
+            format!(
                 "the operation is still pending{}{history}; abort the communicator before dropping it",
                 if history.is_empty() { "" } else { "; " }
             ),
-        }
+        )
     }
 }
 

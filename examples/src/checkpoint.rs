@@ -209,7 +209,7 @@ pub async fn agree_and_load(
     want: &Expect,
     timeout: Duration,
 ) -> Result<Loaded> {
-    let deadline = anyccl::deadline_in(timeout);
+    let deadline = anyccl::raw::deadline_in(timeout);
     let steps_key = format!("{key}/steps");
     if want.rank == 0 {
         let steps = match complete_steps(dir) {
@@ -275,9 +275,14 @@ pub async fn agree_and_load(
 
 fn named_timeout(e: Error, rank: usize, what: &str) -> Error {
     match e {
-        Error::Timeout { op, after, .. } => {
-            Error::Timeout { op, rank, group: String::new(), after, detail: format!("waiting for {what}") }
-        }
+        Error::Timeout { op, after, .. } => Error::Timeout {
+            op,
+            rank,
+            group: String::new(),
+            after,
+            detail: format!("waiting for {what}"),
+            source: None,
+        },
         e => e,
     }
 }

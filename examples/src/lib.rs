@@ -50,5 +50,5 @@ pub async fn start_world(owner: &str, backend: Option<&str>, config: CommConfig)
 /// # Errors
 /// `Timeout` naming the ranks that never arrived; store errors.
 pub async fn meet(store: &dyn Store, key: &str, rank: usize, n: usize, timeout: Duration) -> Result<()> {
-    anyccl::store_barrier(store, key, rank, n, anyccl::deadline_in(timeout)).await
+    anyccl::store_barrier(store, key, rank, n, anyccl::raw::deadline_in(timeout)).await
 }

@@ -82,6 +82,7 @@ pub(crate) async fn verdict<V: DeserializeOwned>(
                 "the group's leader (group rank 0, rank {} of the job) published no verdict",
                 comm.spec().ranks.first().copied().unwrap_or(0)
             ),
+            source: None,
         }),
         Err(e) => Err(e),
     }

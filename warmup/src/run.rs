@@ -357,6 +357,7 @@ async fn run_claimed(
             group,
             after: waited(),
             detail: format!("{why}; communicators aborted"),
+            source: None,
         }
     } else {
         Error::PeerFailed {
@@ -364,6 +365,7 @@ async fn run_claimed(
             group,
             peer: None,
             detail: format!("warmup failed: {why}; communicators aborted"),
+            source: None,
         }
     })
 }
@@ -535,6 +537,7 @@ async fn agree(
                     group: plan.group.clone(),
                     after: waited(),
                     detail: format!("group ranks {missing:?} never published their plan"),
+                    source: None,
                 })
             }
             PlanVerdict::Differ(differ, fp) => {
@@ -630,12 +633,12 @@ async fn failure_on_record(s: &Session<'_>, what: &str, group: &str, rank: usize
     Ok(Some(if kind == "Timeout" {
         warmup_timeout(what, rank, group, detail)
     } else {
-        Error::PeerFailed { rank, group: group.into(), peer: None, detail }
+        Error::PeerFailed { rank, group: group.into(), peer: None, detail, source: None }
     }))
 }
 
 fn warmup_timeout(what: &str, rank: usize, group: &str, detail: String) -> Error {
-    Error::Timeout { op: format!("warmup {what}"), rank, group: group.into(), after: waited(), detail }
+    Error::Timeout { op: format!("warmup {what}"), rank, group: group.into(), after: waited(), detail, source: None }
 }
 
 fn op_name(k: Kind) -> &'static str {

@@ -325,6 +325,7 @@ async fn merged_recording(
             group: comm.spec().name.clone(),
             after: crate::run::waited(),
             detail: format!("group ranks {missing:?} never published their recorded step"),
+            source: None,
         }),
     }
 }
@@ -455,6 +456,7 @@ pub(crate) async fn choose(
             group: plan.group.clone(),
             after: crate::run::waited(),
             detail: format!("group ranks {missing:?} never said whether they have a saved plan"),
+            source: None,
         })?;
         match found {
             Ok((saved, what)) if lacking.is_empty() => {

@@ -230,6 +230,7 @@ impl CpuComm {
                         q.held(),
                         q.limit
                     ),
+                    source: None,
                 });
             }
             if q.take_within(bytes, (deadline - now).min(Duration::from_millis(100))) {
@@ -720,6 +721,7 @@ impl Collective for CpuComm {
                         group: self.mesh.label.clone(),
                         after,
                         detail: format!("rank {r} never entered the split"),
+                        source: None,
                     })
                 }
                 Err(e) => return Err(e),
@@ -770,6 +772,7 @@ impl Collective for CpuComm {
                     group: self.mesh.label.clone(),
                     after: Duration::ZERO,
                     detail: "pending operations did not finish; the communicator was aborted".into(),
+                    source: None,
                 });
             }
             tokio::time::sleep(Duration::from_millis(1)).await;

@@ -35,7 +35,10 @@ impl CpuPlatform {
     /// `InvalidArgument` naming the setting when `ANYCCL_CPU_HUGE_PAGES` is neither `0` nor
     /// `1` or `ANYCCL_CPU_HUGE_PAGES_MIN` is not a number of bytes.
     pub fn from_env(rank: usize) -> Result<CpuPlatform> {
-        let huge = anyccl_core::env_flag("ANYCCL_CPU_HUGE_PAGES", "platform", rank, "")?.unwrap_or(true);
+        let ctx = anyccl_core::Ctx::new("cpu", rank, "");
+        let huge =
+            anyccl_core::env_parse_at(&ctx, "platform", "ANYCCL_CPU_HUGE_PAGES", "0 or 1", anyccl_core::parse_flag)?;
+        let huge = huge.unwrap_or(true);
         let min = crate::algo::env_bytes_for("platform", "ANYCCL_CPU_HUGE_PAGES_MIN", HUGE_PAGES_MIN, rank, "")?;
         Ok(CpuPlatform { huge_min: if huge { min.max(1) } else { usize::MAX } })
     }

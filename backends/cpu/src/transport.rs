@@ -177,6 +177,7 @@ fn timeout(label: &str, rank: usize, what: &str, missing: &[usize], started: Ins
         group: label.to_string(),
         after: started.elapsed(),
         detail: format!("{what}: ranks {missing:?} never arrived"),
+        source: None,
     }
 }
 
@@ -269,6 +270,7 @@ impl Mesh {
                             group: label.into(),
                             peer: Some(peer),
                             detail: format!("cannot connect to {addr}: {e}"),
+                            source: None,
                         })
                     }
                 }
@@ -279,6 +281,7 @@ impl Mesh {
                 group: label.into(),
                 peer: Some(peer),
                 detail: format!("hello to {addr} failed: {e}"),
+                source: None,
             })?;
             streams[peer] = Some(into_std(s, rank, label, op_timeout)?);
         }
@@ -362,14 +365,20 @@ impl Mesh {
     }
 
     fn peer_err(&self, peer: usize, detail: String) -> Error {
-        Error::PeerFailed { rank: self.rank, group: self.label.clone(), peer: Some(peer), detail }
+        Error::PeerFailed { rank: self.rank, group: self.label.clone(), peer: Some(peer), detail, source: None }
     }
 
     pub(crate) fn dead_err(&self, d: Dead) -> Error {
         if d.aborted {
             Error::Aborted { rank: self.rank, group: self.label.clone(), detail: d.detail }
         } else {
-            Error::PeerFailed { rank: self.rank, group: self.label.clone(), peer: d.peer, detail: d.detail }
+            Error::PeerFailed {
+                rank: self.rank,
+                group: self.label.clone(),
+                peer: d.peer,
+                detail: d.detail,
+                source: None,
+            }
         }
     }
 
@@ -413,6 +422,7 @@ impl Mesh {
                         "rank {peer} accepted no data for {:?}: it stopped reading (a stopped or stuck process)",
                         self.op_timeout
                     ),
+                    source: None,
                 }
             }
             None => self.peer_err(peer, format!("send failed: {e}")),
@@ -457,6 +467,7 @@ impl Mesh {
                         "nothing arrived from rank {peer} for {t:?}: it has not reached this operation (a stopped, \
                          stuck or slower rank, or one that issued other operations)"
                     ),
+                    source: None,
                 },
             });
         }
@@ -475,6 +486,7 @@ impl Mesh {
                     op_name(op),
                     op_name(m_op),
                 ),
+                source: None,
             });
         }
         if len != expect {
@@ -665,6 +677,7 @@ fn into_std(s: tokio::net::TcpStream, rank: usize, label: &str, op_timeout: Dura
             group: label.into(),
             peer: None,
             detail: format!("socket setup: {e}"),
+            source: None,
         })?;
     Ok(s)
 }

@@ -5,10 +5,11 @@
 //! so that an abort from another thread gets through. `Drop` frees a communicator that was
 //! not shut down and never panics.
 
-use crate::error::{Ctx, LibError};
+use crate::error::LibError;
 use crate::library::{Launched, Library, Op, Plane, Poll, Settings};
 use crate::runtime::Runtime;
 use crate::watchdog::{self, Watched};
+use anyccl_core::Ctx;
 
 mod collective;
 mod launch;
@@ -164,7 +165,7 @@ async fn drive<L: Library>(
             Err(e) => {
                 lib.abandon(p);
                 return Err(match e {
-                    Some(e) => ctx.error(op, e),
+                    Some(e) => e.into_error(ctx, op, started.elapsed()),
                     None => ctx.aborted(format!("{op} was interrupted: the parent communicator was released")),
                 });
             }
@@ -193,7 +194,7 @@ async fn exchange_root_id<L: Library>(
 ) -> Result<Vec<u8>> {
     if first {
         rt.bind()?;
-        let id = lib.root_id(rt).map_err(|e| ctx.error("connect", e))?;
+        let id = lib.root_id(rt).map_err(|e| e.into_error(ctx, "connect", Duration::ZERO))?;
         store.set(key, &id).await?;
         return Ok(id);
     }
@@ -218,6 +219,38 @@ async fn exchange_root_id<L: Library>(
     Ok(id)
 }
 
+/// The layer's "new communicator from a fresh id" step, which connect, a split the library
+/// cannot do itself, and a rebuild share: the group's first rank (`rank` 0) makes a root id
+/// and publishes it under `key`, every member inits rank `rank` of `size` from it and polls
+/// the init to its end within `deadline`. The device is bound to the calling thread.
+///
+/// # Errors
+/// `Timeout` (naming `op`) when the first rank never publishes or not every member joins in
+/// time, the half-built communicator abandoned; the library's errors, in `ctx`.
+#[allow(clippy::too_many_arguments)] // One step of a protocol: every argument is a part of it.
+pub async fn fresh_comm<L: Library>(
+    lib: &'static L,
+    rt: &Arc<L::Runtime>,
+    store: &dyn Store,
+    key: &str,
+    rank: usize,
+    size: usize,
+    settings: &Settings,
+    deadline: Instant,
+    ctx: &Ctx,
+    op: &str,
+) -> Result<L::Comm> {
+    let id = exchange_root_id(lib, rt, store, key, rank == 0, deadline, ctx).await?;
+    rt.bind()?;
+    let p = lib.init_start(rt, &id, rank, size, settings).map_err(|e| e.into_error(ctx, op, Duration::ZERO))?;
+    let comm = drive(lib, p, deadline, ctx, op, |p| {
+        rt.bind().ok();
+        lib.poll(p).map_err(Some)
+    })
+    .await?;
+    comm.ok_or_else(|| ctx.aborted(format!("{op}: the library built no communicator")))
+}
+
 impl<L: Library> DeviceComm<L> {
     /// Create the communicator of `opts.rank` among `opts.size` over the store, within
     /// `opts.timeout`; every rank calls it.
@@ -233,19 +266,11 @@ impl<L: Library> DeviceComm<L> {
         let (st, group) = (store.clone(), namespace.clone());
         anyccl_core::in_new_generation(st.as_ref(), &base, rank, &group, deadline, |ns| async move {
             let st = store.as_ref();
-            let ctx = Ctx { backend: lib.backend(), rank, group: namespace.clone() };
+            let ctx = Ctx::new(lib.backend(), rank, namespace.clone());
             let settings =
                 Settings::from_config(&namespace, &opts.config, enqueue_timeout(lib.backend(), opts.op_timeout)?);
-            let id = exchange_root_id(lib, &rt, st, &format!("{ns}/root-id"), rank == 0, deadline, &ctx).await?;
-            rt.bind()?;
-            let p = lib.init_start(&rt, &id, rank, size, &settings).map_err(|e| ctx.error("connect", e))?;
-            let r2 = rt.clone();
-            let comm = drive(lib, p, deadline, &ctx, "connect", |p| {
-                r2.bind().ok();
-                lib.poll(p).map_err(Some)
-            })
-            .await?;
-            let Some(comm) = comm else { return Err(ctx.aborted("the library built no communicator")) };
+            let key = format!("{ns}/root-id");
+            let comm = fresh_comm(lib, &rt, st, &key, rank, size, &settings, deadline, &ctx, "connect").await?;
             let caps = lib.capabilities(&rt);
             Self::wrap(lib, rt, comm, ctx, size, caps, settings, store.clone(), ns)
         })
@@ -454,7 +479,7 @@ impl<L: Library> DeviceComm<L> {
         match self.lib.async_error(&self.comm, plane) {
             Ok(b) => Ok(b),
             Err(e) => {
-                let e = self.ctx.error(op, e);
+                let e = e.into_error(&self.ctx, op, Duration::ZERO);
                 drop(g);
                 self.fail(&e);
                 Err(e)
@@ -538,10 +563,7 @@ impl<L: Library> DeviceComm<L> {
         match r {
             Ok(v) => Ok((g, v)),
             Err(e) => {
-                let mut e = self.ctx.error(op, e);
-                if let Error::Timeout { after, .. } = &mut e {
-                    *after = took();
-                }
+                let e = e.into_error(&self.ctx, op, took());
                 drop(g);
                 self.fail(&e);
                 Err(e)

@@ -1,7 +1,7 @@
-//! A library's error ([`LibError`]) and the context that turns it into anyccl's ([`Ctx`]).
+//! A library's error ([`LibError`]) and how it becomes anyccl's, in a communicator's
+//! context (core's `Ctx`).
 
-use anyccl_core::{Error, Recovery};
-use std::sync::Arc;
+use anyccl_core::{Ctx, Error, Recovery};
 use std::time::Duration;
 
 /// What a library's error means for the caller; each adapter maps its codes into this in
@@ -51,59 +51,23 @@ impl std::fmt::Display for LibError {
 
 impl std::error::Error for LibError {}
 
-/// Who errors happen to: the backend, the rank and the group, added once to every error a
-/// communicator raises.
-#[derive(Debug, Clone)]
-pub struct Ctx {
-    /// Backend name (`nccl`, `hccl`).
-    pub backend: &'static str,
-    /// Rank in the group.
-    pub rank: usize,
-    /// Group name.
-    pub group: String,
-}
-
-impl Ctx {
-    /// `e`, raised by `op`, as anyccl's error; the `LibError` stays reachable as the source
-    /// of `Backend` errors and its words are in every variant's text.
-    pub fn error(&self, op: &str, e: LibError) -> Error {
-        let (rank, group) = (self.rank, self.group.clone());
-        match e.kind {
-            ErrorKind::Timeout => {
-                Error::Timeout { op: op.to_string(), rank, group, after: Duration::ZERO, detail: e.to_string() }
-            }
-            ErrorKind::Remote => Error::PeerFailed { rank, group, peer: None, detail: format!("{op}: {e}") },
-            kind => Error::Backend {
-                backend: self.backend,
-                op: format!("{op} on rank {rank} of group '{group}'"),
-                code: e.code,
-                text: format!("{} ({})", e.name, e.text),
-                recovery: match kind {
+impl LibError {
+    /// This error, raised by `op` after waiting `waited` (how long the failing call or the
+    /// init it belongs to ran), as anyccl's, in `ctx`'s backend, rank and group. The
+    /// `LibError` stays reachable as the source and its words are in every variant's text.
+    pub fn into_error(self, ctx: &Ctx, op: &str, waited: Duration) -> Error {
+        let text = self.to_string();
+        match self.kind {
+            ErrorKind::Timeout => ctx.timeout(op, waited, text).with_source(self),
+            ErrorKind::Remote => ctx.peer_failed(None, format!("{op}: {text}")).with_source(self),
+            kind => {
+                let recovery = match kind {
                     ErrorKind::Usage | ErrorKind::Unsupported => Recovery::Fatal,
                     _ => Recovery::Rebuild,
-                },
-                source: Some(Arc::new(e)),
-            },
+                };
+                let words = format!("{} ({})", self.name, self.text);
+                ctx.backend_error(op, self.code, words, recovery).with_source(self)
+            }
         }
-    }
-
-    /// A deadline that passed in `op` after `after`.
-    pub fn timeout(&self, op: &str, after: Duration, detail: impl Into<String>) -> Error {
-        Error::Timeout { op: op.to_string(), rank: self.rank, group: self.group.clone(), after, detail: detail.into() }
-    }
-
-    /// The communicator is no longer usable, because of `detail`.
-    pub fn aborted(&self, detail: impl Into<String>) -> Error {
-        Error::Aborted { rank: self.rank, group: self.group.clone(), detail: detail.into() }
-    }
-
-    /// The backend lacks `op` (`what` says which part).
-    pub fn unsupported(&self, op: &'static str, what: impl Into<String>) -> Error {
-        Error::Unsupported { backend: self.backend, op, what: what.into() }
-    }
-
-    /// The same context for another group (a split's child).
-    pub fn child(&self, rank: usize, group: &str) -> Ctx {
-        Ctx { backend: self.backend, rank, group: group.to_string() }
     }
 }

@@ -25,19 +25,24 @@
 //!   each call, or, with `CommConfig::shared_completion`, at a `Work`'s first look, so calls
 //!   issued back to back and then waited share one event.
 //! - **Errors keep their cause.** Libraries report [`LibError`] (code, name, text, kind);
-//!   [`Ctx`] adds op, rank and group once and keeps the `LibError` as the source.
+//!   [`LibError::into_error`] turns one into anyccl's in a communicator's context (core's `Ctx`), keeping
+//!   the `LibError` as the source.
 //! - **Loading at run time.** [`loader`] opens the first of a list of candidates and
 //!   reports every place looked; newer symbols are optional.
 #![warn(missing_docs)]
 
+mod backend;
 mod comm;
 mod error;
 mod library;
 pub mod loader;
 mod runtime;
+#[cfg(feature = "testing")]
+pub mod testing;
 mod watchdog;
 
-pub use comm::{DeviceComm, Lifecycle};
-pub use error::{Ctx, ErrorKind, LibError};
+pub use backend::{Adapter, DeviceBackend, Loaded};
+pub use comm::{fresh_comm, DeviceComm, Lifecycle};
+pub use error::{ErrorKind, LibError};
 pub use library::{Ctas, Launched, Library, Op, Plane, Poll, RawP2P, Settings, SplitRequest, SplitStart};
 pub use runtime::{DevicePlatform, Runtime};

@@ -3,13 +3,9 @@
 //! says it is done: a library standing in for one counts every call, event and stream
 //! operation made while its launch is pending, and each case checks there was none.
 
-use anyccl_core::{
-    Capabilities, CommConfig, Communicator, ConnectOptions, DType, Device, DeviceKind, DeviceMemory, GroupSpec,
-    HostMemory, MemInfo, MemoryStore, ReduceOp, Result, Store,
-};
-use anyccl_device::{
-    DeviceComm, Launched, LibError, Library, Op, Plane, Poll, Runtime, Settings, SplitRequest, SplitStart,
-};
+use anyccl_core::{CommConfig, Communicator, DType, DeviceMemory, HostMemory, ReduceOp, Result};
+use anyccl_device::testing::{Hooks, NullLibrary, NullRuntime};
+use anyccl_device::{Launched, Op};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -17,7 +13,7 @@ use std::time::{Duration, Instant};
 /// How long the library keeps a launch in progress.
 const PENDING_FOR: Duration = Duration::from_millis(150);
 
-/// What the stand-in saw.
+/// What the stand-in saw, and its one switch: the next launch answers "in progress".
 #[derive(Debug, Default)]
 struct Seen {
     /// When the launch in progress is done; `None` when none is.
@@ -42,187 +38,48 @@ impl Seen {
             None => false,
         }
     }
-    /// Note `what` if a launch is pending.
-    fn call(&self, what: &'static str) {
-        if self.pending() {
-            self.violations.lock().unwrap_or_else(|e| e.into_inner()).push(what);
-        }
-    }
     fn violations(&self) -> Vec<&'static str> {
         self.violations.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 }
 
-/// A runtime whose streams run nothing (events are done when recorded); it notes events
-/// recorded while the library's launch is pending, which would precede that launch.
-#[derive(Debug)]
-struct NullRuntime {
-    seen: &'static Seen,
-}
-
-impl Runtime for NullRuntime {
-    type Stream = ();
-    type Event = ();
-    type Memory = HostMemory;
-    fn device(&self) -> Device {
-        Device { kind: DeviceKind::Cpu, ordinal: 0 }
-    }
-    fn bind(&self) -> Result<()> {
-        Ok(())
-    }
-    fn stream(self: &Arc<Self>) -> Result<()> {
-        Ok(())
-    }
-    fn record(&self, _stream: &()) -> Result<()> {
-        self.seen.call("record an event");
-        Ok(())
-    }
-    fn done(&self, _event: &()) -> Result<bool> {
-        Ok(true)
-    }
-    fn alloc(self: &Arc<Self>, dtype: DType, count: usize) -> Result<HostMemory> {
-        Ok(HostMemory::new(dtype, count))
-    }
-    unsafe fn copy_to_device(&self, _dst: *mut u8, _src: &[u8]) -> Result<()> {
-        Ok(())
-    }
-    unsafe fn copy_to_host(&self, _dst: &mut [u8], _src: *const u8) -> Result<()> {
-        Ok(())
-    }
-    fn synchronize(&self) -> Result<()> {
-        Ok(())
-    }
-    fn mem_info(&self) -> Result<MemInfo> {
-        Ok(MemInfo { free: 1 << 40, total: 1 << 40 })
-    }
-}
-
 /// A library of one rank whose launches answer "in progress" when told to, for
 /// [`PENDING_FOR`]; `async_error` (the one call allowed meanwhile) says when it is done.
-#[derive(Debug)]
-struct PendingLibrary {
-    seen: &'static Seen,
-}
-
-impl Library for PendingLibrary {
-    type Runtime = NullRuntime;
-    type Comm = ();
-    type Pending = ();
-    fn backend(&self) -> &'static str {
-        "pending"
-    }
-    fn capabilities(&self, _rt: &NullRuntime) -> Capabilities {
-        Capabilities {
-            device_kind: DeviceKind::Cpu,
-            dtypes: DType::ALL.to_vec(),
-            reduce_ops: vec![ReduceOp::Sum],
-            all_to_all: false,
-            all_to_all_v: false,
-            p2p_group: false,
-            abort_in_flight: true,
-            split: false,
-            lazy_connect: false,
-            memory_stats: true,
-            warmup_small_bytes: 8,
-            warmup_large_bytes: 8,
-            max_world_size: 1,
-            detects_peer_failure: false,
-            first_call_may_block: false,
-            detects_mismatch: false,
-            max_local_ranks: 1,
-            streams: false,
-            graphs: false,
-            cta_settings: false,
-            buffer_registration: true,
-            windows: false,
+/// Every other call, and every event recorded, while it is pending is noted.
+impl Hooks for Seen {
+    fn call(&self, what: &'static str) {
+        if self.pending() {
+            self.violations.lock().unwrap_or_else(|e| e.into_inner()).push(what);
+        }
+        if what == "deregister" {
+            self.deregistered.fetch_add(1, Ordering::Relaxed);
         }
     }
-    fn root_id_len(&self) -> usize {
-        8
-    }
-    fn root_id(&self, _rt: &Arc<NullRuntime>) -> std::result::Result<Vec<u8>, LibError> {
-        Ok(vec![0; 8])
-    }
-    fn init_start(
-        &self,
-        _rt: &Arc<NullRuntime>,
-        _id: &[u8],
-        _rank: usize,
-        _size: usize,
-        _settings: &Settings,
-    ) -> std::result::Result<(), LibError> {
-        Ok(())
-    }
-    fn poll(&self, _pending: &mut ()) -> std::result::Result<Poll<Option<()>>, LibError> {
-        Ok(Poll::Ready(Some(())))
-    }
-    fn abandon(&self, _pending: ()) {}
-    fn split_needs_members(&self) -> bool {
-        false
-    }
-    fn split_start(&self, _parent: &(), _req: &SplitRequest<'_>) -> std::result::Result<SplitStart<()>, LibError> {
-        Ok(SplitStart::ViaRootId)
-    }
-    fn rank_size(&self, _comm: &()) -> std::result::Result<(usize, usize), LibError> {
-        Ok((0, 1))
-    }
-    unsafe fn launch(&self, _comm: &(), _stream: &(), _op: &Op) -> std::result::Result<Launched, LibError> {
-        self.seen.call("launch");
-        self.seen.launches.fetch_add(1, Ordering::Relaxed);
-        if self.seen.in_progress_next.swap(false, Ordering::AcqRel) {
-            *self.seen.pending_until.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now() + PENDING_FOR);
-            return Ok(Launched::InProgress);
+    fn launch(&self, _op: &Op) -> Launched {
+        self.launches.fetch_add(1, Ordering::Relaxed);
+        if self.in_progress_next.swap(false, Ordering::AcqRel) {
+            *self.pending_until.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now() + PENDING_FOR);
+            return Launched::InProgress;
         }
-        Ok(Launched::Enqueued)
+        Launched::Enqueued
     }
-    fn async_error(&self, _comm: &(), _plane: Plane) -> std::result::Result<bool, LibError> {
-        Ok(self.seen.pending())
+    fn in_progress(&self) -> bool {
+        self.pending()
     }
-    fn can_stop_blocked(&self) -> bool {
-        true
-    }
-    fn destroy(&self, _comm: &()) {
-        self.seen.call("destroy");
-    }
-    fn memory_held(&self, _comm: &()) -> Option<u64> {
-        self.seen.call("memory_held");
+    fn memory_held(&self) -> Option<u64> {
         Some(0)
-    }
-    unsafe fn register(
-        &self,
-        _comm: &(),
-        _ptr: *mut std::ffi::c_void,
-        _bytes: usize,
-    ) -> std::result::Result<Option<usize>, LibError> {
-        self.seen.call("register");
-        Ok(Some(1))
-    }
-    fn deregister(&self, _comm: &(), _handle: usize) -> std::result::Result<(), LibError> {
-        self.seen.call("deregister");
-        self.seen.deregistered.fetch_add(1, Ordering::Relaxed);
-        Ok(())
     }
 }
 
 /// A communicator of one rank over a fresh stand-in, and what the stand-in sees.
-fn start(rt: &tokio::runtime::Runtime, name: &str) -> std::result::Result<(Communicator, &'static Seen), String> {
-    let seen: &'static Seen = Box::leak(Box::default());
-    let lib: &'static PendingLibrary = Box::leak(Box::new(PendingLibrary { seen }));
-    let runtime = Arc::new(NullRuntime { seen });
-    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+fn start(rt: &tokio::runtime::Runtime, name: &str) -> std::result::Result<(Communicator, Arc<Seen>), String> {
+    let seen = Arc::new(Seen::default());
+    let mut lib = NullLibrary::with_hooks(seen.clone());
+    lib.capabilities.memory_stats = true;
+    lib.capabilities.buffer_registration = true;
+    let runtime = Arc::new(NullRuntime::with_hooks(seen.clone()));
     let config = CommConfig { op_timeout: Duration::from_secs(10), ..CommConfig::default() };
-    let opts = ConnectOptions {
-        rank: 0,
-        size: 1,
-        store,
-        namespace: name.into(),
-        device: runtime.device(),
-        timeout: Duration::from_secs(10),
-        op_timeout: config.op_timeout,
-        config: config.clone(),
-    };
-    let dc = rt.block_on(DeviceComm::connect(lib, runtime, opts)).map_err(|e| e.to_string())?;
-    let comm = Communicator::new(dc, GroupSpec::world(1, name), config).map_err(|e| e.to_string())?;
+    let comm = rt.block_on(lib.leak().communicator(runtime, name, config)).map_err(|e| e.to_string())?;
     Ok((comm, seen))
 }
 
@@ -239,7 +96,7 @@ fn case(name: &str, then: impl FnOnce(&tokio::runtime::Runtime, &Communicator, &
     let t = Instant::now();
     let mut w = comm.all_reduce(None, buf.view_mut(), ReduceOp::Sum).expect("the first all_reduce is accepted");
     assert!(seen.pending(), "the stand-in answered in progress");
-    then(&rt, &comm, seen).unwrap_or_else(|e| panic!("{name}: {e}"));
+    then(&rt, &comm, &seen).unwrap_or_else(|e| panic!("{name}: {e}"));
     let during = seen.violations();
     assert!(during.is_empty(), "{name}: called while the first launch was pending: {during:?}");
     // Whatever `then` did came after the pending launch was done (or did not call the library).

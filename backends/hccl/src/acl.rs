@@ -62,7 +62,7 @@ impl Acl {
     /// # Errors
     /// `Unavailable` without ACL; `Backend` on an ACL error.
     pub fn new(ordinal: i32) -> Result<Arc<Acl>> {
-        let (lib, _) = probe().map_err(|reason| Error::Unavailable { backend: "hccl", reason })?;
+        let (lib, _) = probe().map_err(|reason| Error::unavailable("hccl", reason))?;
         let a = Arc::new(Acl { lib, ordinal, waits: Mutex::new(Vec::new()), captured: Mutex::new(Vec::new()) });
         anyccl_device::Runtime::bind(&*a)?;
         Ok(a)
@@ -175,11 +175,8 @@ impl Acl {
     /// Both are live streams of this device.
     unsafe fn order(&self, first: aclrtStream, waiter: aclrtStream) -> Result<()> {
         let Some(wait) = self.lib.StreamWaitEvent else {
-            return Err(Error::Unsupported {
-                backend: "hccl",
-                op: "wait_stream",
-                what: "events between streams (this ACL has no aclrtStreamWaitEvent)".into(),
-            });
+            let what = "events between streams (this ACL has no aclrtStreamWaitEvent)";
+            return Err(anyccl_core::Ctx::process("hccl").unsupported("wait_stream", what));
         };
         anyccl_device::Runtime::bind(self)?;
         // SAFETY: per the caller.

@@ -34,7 +34,6 @@
 //! - **Errors** carry `HcclGetErrorString` and ACL's most recent message; asynchronous
 //!   errors come from `HcclGetCommAsyncError`.
 #![warn(missing_docs)]
-#![allow(missing_docs)] // sys-level field names mirror hccl_types.h and acl_rt.h
 
 mod acl;
 mod library;
@@ -45,68 +44,42 @@ pub use acl::{Acl, AclMemory, AclPlatform};
 pub use library::{hccl_capabilities, HcclHandle, HcclLibrary};
 pub use result::HcclError;
 
-use anyccl_core::{
-    async_trait, Backend, BackendInfo, Capabilities, Collective, ConnectOptions, DeviceKind, Error, Platform, Result,
-};
+use anyccl_core::Result;
+use anyccl_device::{Adapter, DeviceBackend, Loaded};
 use std::sync::Arc;
 
 /// The HCCL backend's communicator: the device layer's over [`HcclLibrary`].
 pub type HcclComm = anyccl_device::DeviceComm<HcclLibrary>;
 
-/// The HCCL backend.
+/// The HCCL backend: the device layer's backend over [`HcclAdapter`].
+pub type Hccl = DeviceBackend<HcclAdapter>;
+
+/// The HCCL backend, as a value (`Arc::new(Hccl)`, `Hccl.probe()`).
+#[allow(non_upper_case_globals)] // Named as the type, as a unit struct's value is.
+pub const Hccl: Hccl = DeviceBackend(HcclAdapter);
+
+/// What HCCL adds to the device layer: loading libhccl and libascendcl, and Ascend NPUs.
 #[derive(Debug, Default, Clone, Copy)]
-pub struct Hccl;
+pub struct HcclAdapter;
 
-fn unavailable(reason: String) -> Error {
-    Error::Unavailable { backend: "hccl", reason }
-}
+impl Adapter for HcclAdapter {
+    type Lib = HcclLibrary;
+    const NAME: &'static str = "hccl";
 
-impl Hccl {
-    fn ready() -> Result<(&'static HcclLibrary, usize)> {
-        let lib = sys::hccl();
-        let acl = acl::probe();
-        let (lib, devices) = match (lib, acl) {
-            (Ok(l), Ok((_, n))) => (l, n),
-            (Err(h), Ok(_)) => return Err(unavailable(h)),
-            (Ok(_), Err(a)) => return Err(unavailable(a)),
-            (Err(h), Err(a)) => return Err(unavailable(format!("{h}; {a}"))),
+    fn load(&self) -> std::result::Result<Loaded<HcclLibrary>, String> {
+        let (lib, (acl, devices)) = match (sys::hccl(), acl::probe()) {
+            (Ok(l), Ok(a)) => (l, a),
+            (Err(h), Ok(_)) => return Err(h),
+            (Ok(_), Err(a)) => return Err(a),
+            (Err(h), Err(a)) => return Err(format!("{h}; {a}")),
         };
         static L: std::sync::OnceLock<HcclLibrary> = std::sync::OnceLock::new();
-        Ok((L.get_or_init(|| HcclLibrary { lib, devices }), devices))
+        let lib = L.get_or_init(|| HcclLibrary { lib, devices });
+        let version = format!("{} with {}", lib.lib.path, acl.path);
+        Ok(Loaded { lib, devices, version, capabilities: hccl_capabilities(lib.lib, devices) })
     }
-}
 
-#[async_trait]
-impl Backend for Hccl {
-    fn name(&self) -> &'static str {
-        "hccl"
-    }
-    fn probe(&self) -> Result<BackendInfo> {
-        let (lib, devices) = Hccl::ready()?;
-        let acl = acl::probe().map(|(a, _)| a.path.clone()).unwrap_or_default();
-        Ok(BackendInfo { name: "hccl", version: format!("{} with {acl}", lib.lib.path), devices })
-    }
-    fn capabilities(&self) -> Result<Capabilities> {
-        let (lib, devices) = Hccl::ready()?;
-        Ok(hccl_capabilities(lib.lib, devices))
-    }
-    fn platform(&self, local_rank: usize) -> Result<Arc<dyn Platform>> {
-        let (_, devices) = Hccl::ready()?;
-        Ok(Arc::new(AclPlatform::new(Acl::new((local_rank % devices) as i32)?)))
-    }
-    async fn connect(&self, opts: ConnectOptions) -> Result<Arc<dyn Collective>> {
-        let (lib, _) = Hccl::ready()?;
-        if opts.device.kind != DeviceKind::Npu {
-            return Err(Error::InvalidArgument {
-                op: "connect",
-                arg: "device",
-                rank: opts.rank,
-                group: opts.namespace.clone(),
-                msg: format!("the hccl backend needs an Ascend NPU device, got {}", opts.device),
-            });
-        }
-        let acl = Acl::new(opts.device.ordinal)?;
-        let c: Arc<dyn Collective> = HcclComm::connect(lib, acl, opts).await?;
-        Ok(c)
+    fn runtime(&self, ordinal: i32) -> Result<Arc<Acl>> {
+        Acl::new(ordinal)
     }
 }

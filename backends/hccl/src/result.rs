@@ -9,7 +9,6 @@ use crate::sys::{
 use anyccl_core::{Error, Recovery};
 use anyccl_device::{ErrorKind, LibError};
 use std::ffi::{c_int, c_void, CStr};
-use std::sync::Arc;
 
 /// An HCCL call's error.
 pub type HcclError = LibError;
@@ -107,14 +106,9 @@ pub fn acl_error(acl: &AclLib, call: &str, code: Code) -> Error {
         text: text.clone(),
         kind: ErrorKind::Internal,
     };
-    Error::Backend {
-        backend: "hccl",
-        op: call.to_string(),
-        code: code as i64,
-        text: format!("ACL error {code}: {text}"),
-        recovery: if code == sys::ACL_ERROR_RT_MEMORY_ALLOCATION { Recovery::Retry } else { Recovery::Fatal },
-        source: Some(Arc::new(e)),
-    }
+    let recovery = if code == sys::ACL_ERROR_RT_MEMORY_ALLOCATION { Recovery::Retry } else { Recovery::Fatal };
+    let words = format!("ACL error {code}: {text}");
+    anyccl_core::Ctx::process("hccl").backend_error(call, code as i64, words, recovery).with_source(e)
 }
 
 /// `Ok` for `ACL_SUCCESS`.

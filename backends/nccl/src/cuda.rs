@@ -2,7 +2,7 @@
 //! driver `result` layer, plus the `Platform` implementation.
 
 use crate::result::cuda as cuda_err;
-use anyccl_core::{Buf, BufMut, DType, Device, DeviceKind, DeviceMemory, Error, MemInfo, Result};
+use anyccl_core::{Buf, BufMut, Ctx, DType, Device, DeviceKind, DeviceMemory, Error, MemInfo, Recovery, Result};
 use cudarc::driver::{result as cu, sys};
 use std::sync::{Arc, OnceLock};
 
@@ -72,7 +72,7 @@ impl Cuda {
     /// # Errors
     /// `Unavailable` without a driver; `Backend` on a driver error.
     pub fn new(ordinal: i32) -> Result<Arc<Cuda>> {
-        probe().map_err(|reason| Error::Unavailable { backend: "nccl", reason })?;
+        probe().map_err(|reason| Error::unavailable("nccl", reason))?;
         let dev = cu::device::get(ordinal).map_err(|e| cuda_err("cuDeviceGet", e))?;
         // SAFETY: `dev` is a valid device handle; the context is released in Drop.
         let ctx = unsafe { cu::primary_ctx::retain(dev) }.map_err(|e| cuda_err("cuDevicePrimaryCtxRetain", e))?;
@@ -105,6 +105,7 @@ impl Cuda {
     }
 
     /// The device handle.
+    #[cfg(feature = "bench")]
     pub(crate) fn dev(&self) -> sys::CUdevice {
         self.dev
     }
@@ -156,14 +157,8 @@ impl Cuda {
     /// The error every call gets once the context is lost.
     pub(crate) fn lost_error(&self, op: &str) -> Error {
         let why = self.lost.get().cloned().unwrap_or_default();
-        Error::Backend {
-            backend: "nccl",
-            op: op.to_string(),
-            code: -1,
-            text: self.lost_text(&why),
-            recovery: anyccl_core::Recovery::Fatal,
-            source: None,
-        }
+        // No code: the driver's own error is in the text.
+        Ctx::process("nccl").backend_error(op, -1, self.lost_text(&why), Recovery::Fatal)
     }
 
     /// `Err` once the context is lost.
@@ -272,6 +267,7 @@ impl Event {
 
     /// An event at the current end of a stream that is not one of ours (`raw`, a live
     /// stream of `cuda`'s device, which must be current); destroyed on drop.
+    #[cfg(feature = "bench")]
     pub(crate) fn record_raw(cuda: &Arc<Cuda>, raw: sys::CUstream) -> Result<Event> {
         let ev =
             cu::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING).map_err(|e| cuda_err("cuEventCreate", e))?;
@@ -279,6 +275,32 @@ impl Event {
         // SAFETY: both handles are live (the stream per the caller).
         unsafe { cu::event::record(ev.raw, raw) }.map_err(|e| cuda_err("cuEventRecord", e))?;
         Ok(ev)
+    }
+
+    /// Wait until the work before the event has finished, within `timeout`, calling `check`
+    /// (a library's asynchronous error) between looks. The device must be current.
+    ///
+    /// # Errors
+    /// `Timeout` in `ctx` naming `op` and `why` when it has not finished in time; `check`'s
+    /// error; `Backend` when the device reports an error.
+    #[cfg(feature = "bench")]
+    pub(crate) fn wait(
+        &self,
+        timeout: std::time::Duration,
+        ctx: &anyccl_core::Ctx,
+        op: &str,
+        why: &str,
+        mut check: impl FnMut() -> Result<()>,
+    ) -> Result<()> {
+        let deadline = anyccl_core::deadline_in(timeout);
+        while !self.done()? {
+            check()?;
+            if std::time::Instant::now() >= deadline {
+                return Err(ctx.timeout(op, timeout, why));
+            }
+            std::hint::spin_loop();
+        }
+        Ok(())
     }
 
     /// Whether the work before the event has finished. The device must be current on the
@@ -370,6 +392,7 @@ unsafe impl Sync for CudaMemory {}
 
 impl CudaMemory {
     /// The device address.
+    #[cfg(feature = "bench")]
     pub(crate) fn ptr(&self) -> u64 {
         self.ptr
     }
@@ -413,18 +436,12 @@ impl CudaMemory {
             Ok(Some(p)) => p as sys::CUdeviceptr,
             Ok(None) => return Ok(None),
             Err(e) => {
-                return Err(Error::Backend {
-                    backend: "nccl",
-                    op: format!("ncclMemAlloc of {bytes} bytes on {}", cuda.device()),
-                    code: e.code,
-                    text: e.to_string(),
-                    recovery: if e.kind == anyccl_device::ErrorKind::OutOfMemory {
-                        anyccl_core::Recovery::Retry
-                    } else {
-                        anyccl_core::Recovery::Fatal
-                    },
-                    source: Some(Arc::new(e)),
-                })
+                let recovery = match e.kind {
+                    anyccl_device::ErrorKind::OutOfMemory => Recovery::Retry,
+                    _ => Recovery::Fatal,
+                };
+                let op = format!("ncclMemAlloc of {bytes} bytes on {}", cuda.device());
+                return Err(Ctx::process("nccl").backend_error(&op, e.code, e.to_string(), recovery).with_source(e));
             }
         };
         // Owned from here: an error below frees it on drop.

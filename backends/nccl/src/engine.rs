@@ -5,11 +5,11 @@
 
 use crate::cuda::{Cuda, Event};
 use crate::result::cuda as cuda_err;
-use anyccl_core::{Device, DeviceKind, Error, Result, StreamRef};
+use anyccl_core::{Ctx, Device, DeviceKind, Error, Result, StreamRef};
 use cudarc::driver::{result as cu, sys};
 use std::ffi::{c_void, CString};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The kernels, PTX ISA 7.0 for sm_70 and newer (the driver compiles it for the device).
 const PTX: &str = r#"
@@ -87,13 +87,8 @@ impl EngineStream {
     /// `Backend` on a driver error (e.g. a driver too old for the PTX).
     pub fn new(device: Device) -> Result<EngineStream> {
         if device.kind != DeviceKind::Cuda {
-            return Err(Error::InvalidArgument {
-                op: "EngineStream::new",
-                arg: "device",
-                rank: anyccl_core::env_rank(),
-                group: String::new(),
-                msg: format!("an engine stream needs a CUDA device, got {device}"),
-            });
+            let msg = format!("an engine stream needs a CUDA device, got {device}");
+            return Err(Ctx::process("nccl").invalid("EngineStream::new", "device", msg));
         }
         let cuda = Cuda::new(device.ordinal)?;
         cuda.bind()?;
@@ -210,20 +205,8 @@ impl EngineStream {
     pub fn synchronize(&self, timeout: Duration) -> Result<()> {
         self.cuda.bind()?;
         let ev = Event::record_raw(&self.cuda, self.raw)?;
-        let deadline = anyccl_core::deadline_in(timeout);
-        while !ev.done()? {
-            if Instant::now() >= deadline {
-                return Err(Error::Timeout {
-                    op: "engine stream synchronize".into(),
-                    rank: anyccl_core::env_rank(),
-                    group: String::new(),
-                    after: timeout,
-                    detail: "the engine's stream did not finish".into(),
-                });
-            }
-            std::hint::spin_loop();
-        }
-        Ok(())
+        let ctx = Ctx::process("nccl");
+        ev.wait(timeout, &ctx, "engine stream synchronize", "the engine's stream did not finish", || Ok(()))
     }
 }
 
@@ -263,12 +246,6 @@ impl Drop for Graph {
 }
 
 fn cuda_err_text(op: &str, text: String) -> Error {
-    Error::Backend {
-        backend: "nccl",
-        op: op.into(),
-        code: -1,
-        text,
-        recovery: anyccl_core::Recovery::Fatal,
-        source: None,
-    }
+    // No code: a driver call that failed says why in `text`.
+    Ctx::process("nccl").backend_error(op, -1, text, anyccl_core::Recovery::Fatal)
 }

@@ -19,52 +19,54 @@
 //! - **One rank per GPU.** A process may hold several ranks (one thread each) on
 //!   different GPUs; the device is `LOCAL_RANK` modulo the devices visible.
 #![warn(missing_docs)]
-#![allow(missing_docs)] // sys-level field names mirror nccl.h
 
 mod cuda;
+#[cfg(feature = "bench")]
 mod engine;
 mod library;
+#[cfg(feature = "bench")]
 mod raw;
 mod result;
 mod sys;
 
 pub use cuda::{Cuda, CudaMemory, CudaPlatform};
+#[cfg(feature = "bench")]
 pub use engine::{EngineStream, Graph};
 pub use library::{nccl_capabilities, NcclHandles, NcclLibrary};
+#[cfg(feature = "bench")]
 pub use raw::{RawNccl, RawTiming};
 pub use result::NcclError;
+
+use anyccl_core::Result;
+use anyccl_device::{Adapter, DeviceBackend, Loaded};
+use std::sync::Arc;
 
 /// The NCCL backend's communicator: the device layer's over [`NcclLibrary`].
 pub type NcclComm = anyccl_device::DeviceComm<NcclLibrary>;
 
-use anyccl_core::{
-    async_trait, Backend, BackendInfo, Capabilities, Collective, ConnectOptions, DeviceKind, Error, Platform, Result,
-};
-use std::sync::Arc;
+/// The NCCL backend: the device layer's backend over [`NcclAdapter`].
+pub type Nccl = DeviceBackend<NcclAdapter>;
 
-/// The NCCL backend.
+/// The NCCL backend, as a value (`Arc::new(Nccl)`, `Nccl.probe()`).
+#[allow(non_upper_case_globals)] // Named as the type, as a unit struct's value is.
+pub const Nccl: Nccl = DeviceBackend(NcclAdapter);
+
+/// What NCCL adds to the device layer: loading libcuda and libnccl, and CUDA devices.
 #[derive(Debug, Default, Clone, Copy)]
-pub struct Nccl;
+pub struct NcclAdapter;
 
-fn unavailable(reason: String) -> Error {
-    Error::Unavailable { backend: "nccl", reason }
-}
-
-impl Nccl {
-    fn ready() -> Result<(&'static sys::NcclLib, usize)> {
-        match (cuda::probe(), sys::lib()) {
-            (Ok(devices), Ok(lib)) => Ok((lib, devices)),
-            (Err(c), Ok(_)) => Err(unavailable(c)),
-            (Ok(_), Err(n)) => Err(unavailable(n)),
-            (Err(c), Err(n)) => Err(unavailable(format!("{c}; {n}"))),
-        }
+impl NcclAdapter {
+    /// NCCL loaded and the CUDA devices counted, or every place looked.
+    fn ready() -> std::result::Result<(&'static NcclLibrary, usize), String> {
+        let (lib, devices) = match (cuda::probe(), sys::lib()) {
+            (Ok(devices), Ok(lib)) => (lib, devices),
+            (Err(c), Ok(_)) => return Err(c),
+            (Ok(_), Err(n)) => return Err(n),
+            (Err(c), Err(n)) => return Err(format!("{c}; {n}")),
+        };
+        static L: std::sync::OnceLock<NcclLibrary> = std::sync::OnceLock::new();
+        Ok((L.get_or_init(|| NcclLibrary { lib }), devices))
     }
-}
-
-/// The process-wide adapter over the loaded NCCL.
-fn library(lib: &'static sys::NcclLib) -> &'static NcclLibrary {
-    static L: std::sync::OnceLock<NcclLibrary> = std::sync::OnceLock::new();
-    L.get_or_init(|| NcclLibrary { lib })
 }
 
 /// `22803` as `2.28.3`.
@@ -72,36 +74,17 @@ fn version_text(v: i32) -> String {
     format!("{}.{}.{}", v / 10000, (v % 10000) / 100, v % 100)
 }
 
-#[async_trait]
-impl Backend for Nccl {
-    fn name(&self) -> &'static str {
-        "nccl"
+impl Adapter for NcclAdapter {
+    type Lib = NcclLibrary;
+    const NAME: &'static str = "nccl";
+
+    fn load(&self) -> std::result::Result<Loaded<NcclLibrary>, String> {
+        let (lib, devices) = Self::ready()?;
+        let version = format!("{} ({})", version_text(lib.lib.version), lib.lib.path);
+        Ok(Loaded { lib, devices, version, capabilities: nccl_capabilities(lib.lib, devices) })
     }
-    fn probe(&self) -> Result<BackendInfo> {
-        let (lib, devices) = Nccl::ready()?;
-        Ok(BackendInfo { name: "nccl", version: format!("{} ({})", version_text(lib.version), lib.path), devices })
-    }
-    fn capabilities(&self) -> Result<Capabilities> {
-        let (lib, devices) = Nccl::ready()?;
-        Ok(nccl_capabilities(lib, devices))
-    }
-    fn platform(&self, local_rank: usize) -> Result<Arc<dyn Platform>> {
-        let (_, devices) = Nccl::ready()?;
-        Ok(Arc::new(CudaPlatform::new(Cuda::new((local_rank % devices) as i32)?)))
-    }
-    async fn connect(&self, opts: ConnectOptions) -> Result<Arc<dyn Collective>> {
-        let (lib, _) = Nccl::ready()?;
-        if opts.device.kind != DeviceKind::Cuda {
-            return Err(Error::InvalidArgument {
-                op: "connect",
-                arg: "device",
-                rank: opts.rank,
-                group: opts.namespace.clone(),
-                msg: format!("the nccl backend needs a CUDA device, got {}", opts.device),
-            });
-        }
-        let cuda = Cuda::new(opts.device.ordinal)?;
-        let c: Arc<dyn Collective> = NcclComm::connect(library(lib), cuda, opts).await?;
-        Ok(c)
+
+    fn runtime(&self, ordinal: i32) -> Result<Arc<Cuda>> {
+        Cuda::new(ordinal)
     }
 }

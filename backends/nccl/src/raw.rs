@@ -5,10 +5,10 @@
 //! `Communicator`, interleaved.
 
 use crate::cuda::{Cuda, CudaMemory, Event, Stream};
-use crate::library::{NcclHandles, NcclLibrary, NcclPending};
-use crate::Nccl;
-use anyccl_core::{CommConfig, DType, Error, ReduceOp, Result, Store};
-use anyccl_device::{Library, Plane, Poll, Settings};
+use crate::library::{NcclHandles, NcclLibrary};
+use crate::NcclAdapter;
+use anyccl_core::{CommConfig, Ctx, DType, Error, ReduceOp, Result, Store};
+use anyccl_device::{fresh_comm, Library, Plane, Settings};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -32,8 +32,9 @@ pub struct RawNccl {
     timeout: Duration,
 }
 
-fn ctx_err(e: crate::NcclError, op: &str, rank: usize) -> Error {
-    anyccl_device::Ctx { backend: "nccl", rank, group: "raw".into() }.error(op, e)
+/// The raw communicator's place in errors.
+fn ctx(rank: usize) -> Ctx {
+    Ctx::new("nccl", rank, "raw")
 }
 
 impl RawNccl {
@@ -52,43 +53,12 @@ impl RawNccl {
         local_rank: usize,
         config: &CommConfig,
     ) -> Result<RawNccl> {
-        let (lib, devices) = Nccl::ready()?;
-        let lib = crate::library(lib);
+        let (lib, devices) = NcclAdapter::ready().map_err(|why| Error::unavailable("nccl", why))?;
         let cuda = Cuda::new((local_rank % devices) as i32)?;
         let deadline = anyccl_core::deadline_in(config.init_timeout);
-        if rank == 0 {
-            let id = lib.root_id(&cuda).map_err(|e| ctx_err(e, "ncclGetUniqueId", rank))?;
-            store.set(key, &id).await?;
-        }
-        let id = store.wait(key, deadline).await?;
         let settings = Settings::from_config("raw", config, config.op_timeout);
-        cuda.bind()?;
-        let mut pending: NcclPending = lib
-            .init_start(&cuda, &id, rank, size, &settings)
-            .map_err(|e| ctx_err(e, "ncclCommInitRankConfig", rank))?;
-        let handles = loop {
-            match lib.poll(&mut pending) {
-                Ok(Poll::Ready(Some(h))) => break h,
-                Ok(Poll::Ready(None)) => {
-                    return Err(Error::Unavailable { backend: "nccl", reason: "NCCL made no communicator".into() })
-                }
-                Ok(Poll::Pending) if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(1)).await,
-                Ok(Poll::Pending) => {
-                    lib.abandon(pending);
-                    return Err(Error::Timeout {
-                        op: "raw init".into(),
-                        rank,
-                        group: "raw".into(),
-                        after: config.init_timeout,
-                        detail: "the other ranks did not join the raw NCCL communicator".into(),
-                    });
-                }
-                Err(e) => {
-                    lib.abandon(pending);
-                    return Err(ctx_err(e, "ncclCommInitRankConfig", rank));
-                }
-            }
-        };
+        let handles =
+            fresh_comm(lib, &cuda, store, key, rank, size, &settings, deadline, &ctx(rank), "raw init").await?;
         let stream = Stream::new(&cuda)?;
         Ok(RawNccl { lib, cuda, handles: Some(handles), stream, rank, timeout: config.op_timeout })
     }
@@ -241,11 +211,7 @@ impl RawNccl {
     }
 
     fn all_reduce(&self, send: &CudaMemory, recv: &CudaMemory, count: usize, dtype: DType) -> Result<()> {
-        let h = self.handles.as_ref().ok_or_else(|| Error::Aborted {
-            rank: self.rank,
-            group: "raw".into(),
-            detail: "the raw communicator is gone".into(),
-        })?;
+        let h = self.handles.as_ref().ok_or_else(|| ctx(self.rank).aborted("the raw communicator is gone"))?;
         let op = anyccl_device::Op::AllReduce {
             send: send.ptr() as *const std::ffi::c_void,
             recv: recv.ptr() as *mut std::ffi::c_void,
@@ -256,29 +222,23 @@ impl RawNccl {
         // SAFETY: the buffers hold `count` elements and outlive the timing (the caller waits
         // for the stream before they drop); the communicator is ours alone; the device is
         // current.
-        unsafe { self.lib.launch(h, &self.stream, &op) }.map_err(|e| ctx_err(e, "ncclAllReduce", self.rank))?;
+        unsafe { self.lib.launch(h, &self.stream, &op) }
+            .map_err(|e| e.into_error(&ctx(self.rank), "ncclAllReduce", Duration::ZERO))?;
         Ok(())
     }
 
     /// Wait for the stream, checking NCCL's async error, within the operation timeout.
     fn wait(&self) -> Result<()> {
         let ev = Event::record(&self.stream)?;
-        let deadline = anyccl_core::deadline_in(self.timeout);
-        while !ev.done()? {
-            if let Some(h) = &self.handles {
-                self.lib.async_error(h, Plane::Data).map_err(|e| ctx_err(e, "ncclCommGetAsyncError", self.rank))?;
-            }
-            if Instant::now() >= deadline {
-                return Err(Error::Timeout {
-                    op: "raw all_reduce".into(),
-                    rank: self.rank,
-                    group: "raw".into(),
-                    after: self.timeout,
-                    detail: "the raw NCCL calls did not finish".into(),
-                });
-            }
-        }
-        Ok(())
+        let check = || match &self.handles {
+            Some(h) => self
+                .lib
+                .async_error(h, Plane::Data)
+                .map(|_| ())
+                .map_err(|e| e.into_error(&ctx(self.rank), "ncclCommGetAsyncError", Duration::ZERO)),
+            None => Ok(()),
+        };
+        ev.wait(self.timeout, &ctx(self.rank), "raw all_reduce", "the raw NCCL calls did not finish", check)
     }
 }
 

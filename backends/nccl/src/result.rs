@@ -340,16 +340,9 @@ pub fn group(lib: &NcclLib, body: impl FnOnce() -> Result<bool, NcclError>) -> R
 pub fn cuda(op: &str, e: cudarc::driver::DriverError) -> Error {
     let s = e.error_string().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
     let n = e.error_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
-    Error::Backend {
-        backend: "nccl",
-        op: op.to_string(),
-        code: e.0 as i64,
-        text: format!("CUDA {n}: {s}"),
-        recovery: if e.0 == cudarc::driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
-            Recovery::Retry
-        } else {
-            Recovery::Fatal
-        },
-        source: Some(std::sync::Arc::new(e)),
-    }
+    let recovery = match e.0 {
+        cudarc::driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => Recovery::Retry,
+        _ => Recovery::Fatal,
+    };
+    anyccl_core::Ctx::process("nccl").backend_error(op, e.0 as i64, format!("CUDA {n}: {s}"), recovery).with_source(e)
 }

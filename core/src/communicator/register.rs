@@ -202,13 +202,8 @@ pub async fn agree_window(
     let theirs = store.wait_many(&keys, deadline).await?;
     let missing: Vec<usize> = others.iter().zip(&theirs).filter(|(_, v)| v.is_none()).map(|(&r, _)| r).collect();
     if !missing.is_empty() {
-        return Err(crate::Error::Timeout {
-            op: OP.into(),
-            rank,
-            group: group.to_string(),
-            after: started.elapsed(),
-            detail: format!("ranks {missing:?} never registered window #{seq}"),
-        });
+        let ctx = crate::Ctx::new("anyccl", rank, group);
+        return Err(ctx.timeout(OP, started.elapsed(), format!("ranks {missing:?} never registered window #{seq}")));
     }
     let mut problems: Vec<String> =
         refusal.map(|why| format!("this rank cannot register it: {why}")).into_iter().collect();

@@ -114,7 +114,7 @@ impl EtcdStore {
                     .map_err(|e| Error::store_fatal(format!("etcd at {ep}: {path}: unreadable answer: {e}"))),
             };
         }
-        Err(Error::Store { msg: format!("cannot reach etcd ({last})"), recovery: Recovery::Retry })
+        Err(Error::store(format!("cannot reach etcd ({last})")))
     }
 
     /// Connect, send the request, read the answer's head: the stream, positioned at the
@@ -229,7 +229,7 @@ impl EtcdStore {
                 pending.drain(..used);
             }
         }
-        Err(Error::Store { msg: format!("cannot reach etcd to watch ({last})"), recovery: Recovery::Retry })
+        Err(Error::store(format!("cannot reach etcd to watch ({last})")))
     }
 
     /// Every key in `[key, end)` with the store's revision when read.

@@ -11,7 +11,7 @@ mod tcp;
 pub use etcd::EtcdStore;
 pub use tcp::{StoreStats, TcpStore, TcpStoreOptions, TcpStoreServer, DEFAULT_MAX_FRAME};
 
-use crate::error::{Error, Result};
+use crate::error::{Ctx, Error, Result};
 use async_trait::async_trait;
 use std::collections::HashMap;
 use std::fmt;
@@ -98,13 +98,11 @@ pub async fn store_barrier(store: &dyn Store, key: &str, rank: usize, n: usize, 
     let marks = || (0..n).map(mark).collect::<Vec<String>>();
     let timeout = |arrived: &[Option<Vec<u8>>]| {
         let missing: Vec<usize> = arrived.iter().enumerate().filter(|(_, a)| a.is_none()).map(|(r, _)| r).collect();
-        Error::Timeout {
-            op: format!("store barrier '{key}'"),
-            rank,
-            group: String::new(),
-            after: started.elapsed(),
-            detail: format!("ranks {missing:?} never arrived"),
-        }
+        Ctx::new("store", rank, "").timeout(
+            format!("store barrier '{key}'"),
+            started.elapsed(),
+            format!("ranks {missing:?} never arrived"),
+        )
     };
     if rank == 0 {
         let arrived = store.wait_many(&marks(), deadline).await?;
@@ -150,13 +148,7 @@ pub async fn connect_generation(
             .ok_or_else(|| Error::store_fatal(format!("value under '{joined_key}' is not a generation")))?,
     };
     let started = Instant::now();
-    let timeout = |detail: String| Error::Timeout {
-        op: "connect".into(),
-        rank,
-        group: group.into(),
-        after: started.elapsed(),
-        detail,
-    };
+    let timeout = |detail: String| Ctx::new("store", rank, group).timeout("connect", started.elapsed(), detail);
     // Wait for a generation after the last joined one; take the newest rank 0 has started,
     // unless rank 0 has given it up already: then wait for the one after it.
     let mut want = joined + 1;
@@ -267,13 +259,7 @@ fn poisoned() -> Error {
 }
 
 pub(crate) fn wait_timeout(key: &str, started: Instant) -> Error {
-    Error::Timeout {
-        op: format!("store wait for '{key}'"),
-        rank: 0,
-        group: String::new(),
-        after: started.elapsed(),
-        detail: "the key was never set".into(),
-    }
+    Ctx::new("store", 0, "").timeout(format!("store wait for '{key}'"), started.elapsed(), "the key was never set")
 }
 
 impl KvCore {

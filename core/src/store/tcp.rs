@@ -608,13 +608,10 @@ impl TcpStore {
                 Ok(Err(e)) => e.to_string(),
             };
             if Instant::now() + pause > deadline {
-                return Err(Error::Store {
-                    msg: format!(
-                        "cannot reach the store at {} within {:?}: {err}",
-                        self.addr, self.opts.connect_timeout
-                    ),
-                    recovery: Recovery::Retry,
-                });
+                return Err(Error::store(format!(
+                    "cannot reach the store at {} within {:?}: {err}",
+                    self.addr, self.opts.connect_timeout
+                )));
             }
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(Duration::from_millis(500));

@@ -494,7 +494,7 @@ async fn new_job_id(store: &dyn anyccl::Store, me: usize, timeout: Duration) -> 
             .unwrap_or_else(|| format!("{:016x}", rand::random::<u64>()));
         store.set(key, id.as_bytes()).await?;
     }
-    let v = store.wait(key, anyccl::deadline_in(timeout)).await?;
+    let v = store.wait(key, anyccl::raw::deadline_in(timeout)).await?;
     Ok(String::from_utf8_lossy(&v).into_owned())
 }
 

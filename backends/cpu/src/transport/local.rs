@@ -543,6 +543,7 @@ impl Mesh {
                     "rank {peer} made no progress for {t:?} (over shared memory): it has not reached this operation \
                      (a stopped, stuck or slower rank, or one that issued other operations)"
                 ),
+                source: None,
             });
         }
         Ok(())

@@ -1,7 +1,7 @@
 //! `Collective` for [`DeviceComm`]: each operation as an [`Op`] with device addresses
 //! (in-place offsets worked out once here), and the lifecycle calls.
 
-use super::{backoff, drive, exchange_root_id, DeviceComm, Lifecycle};
+use super::{backoff, fresh_comm, DeviceComm, Lifecycle};
 use crate::library::{Library, Op, Plane, RawP2P, Settings, SplitRequest, SplitStart};
 use crate::runtime::Runtime;
 use anyccl_core::{
@@ -113,7 +113,7 @@ impl<L: Library> Collective for DeviceComm<L> {
         // `Registered` owns that memory until it has called `deregister`.
         let h = unsafe { self.lib.register(&self.comm, buf.ptr() as *mut c_void, buf.bytes()) };
         // A refused registration leaves the communicator as it was: only this call fails.
-        h.map(|h| h.map(RegHandle)).map_err(|e| self.ctx.error("register", e))
+        h.map(|h| h.map(RegHandle)).map_err(|e| e.into_error(&self.ctx, "register", Duration::ZERO))
     }
 
     fn deregister(&self, handle: RegHandle) -> Result<()> {
@@ -123,7 +123,7 @@ impl<L: Library> Collective for DeviceComm<L> {
             // Destroying the communicator dropped its registrations.
             return Ok(());
         }
-        self.lib.deregister(&self.comm, handle.0).map_err(|e| self.ctx.error("deregister", e))
+        self.lib.deregister(&self.comm, handle.0).map_err(|e| e.into_error(&self.ctx, "deregister", Duration::ZERO))
     }
 
     async fn register_window(
@@ -351,27 +351,16 @@ impl<L: Library> Collective for DeviceComm<L> {
             self.lib.split_start(&self.comm, &req)
         };
         let ctx = self.ctx.child(new_rank.unwrap_or(self.info.rank), name);
-        let start = start.map_err(|e| ctx.error("split", e))?;
+        let start = start.map_err(|e| e.into_error(&ctx, "split", Duration::ZERO))?;
         let child = match start {
             SplitStart::Started(p) => self.drive_split(p, deadline, &ctx).await?,
             SplitStart::ViaRootId => match (color, new_rank) {
                 (None, _) => None,
                 (Some(c), Some(r)) => {
                     let key = format!("{base}/c{c}/root-id");
-                    let id =
-                        exchange_root_id(self.lib, &self.rt, self.store.as_ref(), &key, r == 0, deadline, &ctx).await?;
-                    self.rt.bind()?;
-                    let p = self
-                        .lib
-                        .init_start(&self.rt, &id, r, members.len(), &settings)
-                        .map_err(|e| ctx.error("split", e))?;
-                    let rt = self.rt.clone();
-                    let lib = self.lib;
-                    drive(lib, p, deadline, &ctx, "split", |p| {
-                        rt.bind().ok();
-                        lib.poll(p).map_err(Some)
-                    })
-                    .await?
+                    let store = self.store.as_ref();
+                    let n = members.len();
+                    Some(fresh_comm(self.lib, &self.rt, store, &key, r, n, &settings, deadline, &ctx, "split").await?)
                 }
                 (Some(c), None) => {
                     return Err(
@@ -385,7 +374,7 @@ impl<L: Library> Collective for DeviceComm<L> {
             Ok(v) => v,
             Err(e) => {
                 self.lib.destroy(&child);
-                return Err(ctx.error("split", e));
+                return Err(e.into_error(&ctx, "split", Duration::ZERO));
             }
         };
         let ctx = ctx.child(r, name);

@@ -10,7 +10,7 @@ mod op;
 
 use op::{counts, in_place_layout, issue, Op};
 
-use anyccl::pattern;
+use anyccl::raw::pattern;
 use anyccl::{CommConfig, Communicator, DType, DeviceKind, DeviceMemory, Platform, ReduceOp, Result};
 use clap::Parser;
 use std::process::ExitCode;
@@ -103,7 +103,7 @@ fn parse_us(s: &str) -> std::result::Result<f64, String> {
 }
 
 fn parse_size(s: &str) -> std::result::Result<usize, String> {
-    match anyccl::parse_bytes(s) {
+    match anyccl::raw::parse_bytes(s) {
         Some(b) if b <= MAX_BYTES => Ok(b),
         Some(_) => Err(format!("'{s}' is larger than the 64 GiB this tool measures")),
         None => Err(format!("'{s}' is not a size (bytes, with K, M or G)")),
@@ -318,7 +318,7 @@ impl StoreBarrier<'_> {
         if self.me == 0 {
             self.store.set(&key, &value.to_le_bytes()).await?;
         }
-        let v = self.store.wait(&key, anyccl::deadline_in(self.timeout)).await?;
+        let v = self.store.wait(&key, anyccl::raw::deadline_in(self.timeout)).await?;
         let bytes: [u8; 8] = v.as_slice().try_into().map_err(|_| bad_arg("store", format!("bad value under {key}")))?;
         Ok(u64::from_le_bytes(bytes))
     }
@@ -355,7 +355,7 @@ async fn main() -> ExitCode {
 }
 
 fn bad_arg(arg: &'static str, msg: String) -> anyccl::Error {
-    anyccl::Error::InvalidArgument { op: "anyccl-bench", arg, rank: anyccl::env_rank(), group: String::new(), msg }
+    anyccl::Error::InvalidArgument { op: "anyccl-bench", arg, rank: anyccl::raw::env_rank(), group: String::new(), msg }
 }
 
 async fn run(args: Args) -> Result<()> {

@@ -36,7 +36,7 @@ struct Ctx<'a> {
     args: &'a Args,
     comm: &'a Communicator,
     platform: &'a Arc<dyn Platform>,
-    engine: anyccl::EngineStream,
+    engine: anyccl::bench::EngineStream,
     sync: StoreBarrier<'a>,
     dtype: DType,
     rop: ReduceOp,
@@ -107,7 +107,7 @@ pub(super) async fn run(
 ) -> Result<()> {
     let timeout = comm.config().op_timeout;
     let sync = StoreBarrier { store, n: comm.size(), me: comm.rank(), calls: 0, timeout };
-    let engine = anyccl::EngineStream::new(platform.device())?;
+    let engine = anyccl::bench::EngineStream::new(platform.device())?;
     let mut cx = Ctx { args, comm, platform, engine, sync, dtype, rop, timeout };
     let raw = match mode {
         // The raw side keeps NCCL's defaults: anyccl's thread-block settings are compared to them.
@@ -115,8 +115,15 @@ pub(super) async fn run(
             let defaults =
                 CommConfig { min_ctas: None, max_ctas: None, cga_cluster_size: None, ..comm.config().clone() };
             Some(
-                anyccl::RawNccl::connect(store, "bench/raw-id", comm.rank(), comm.size(), env.local_rank, &defaults)
-                    .await?,
+                anyccl::bench::RawNccl::connect(
+                    store,
+                    "bench/raw-id",
+                    comm.rank(),
+                    comm.size(),
+                    env.local_rank,
+                    &defaults,
+                )
+                .await?,
             )
         }
         _ => None,
@@ -154,7 +161,7 @@ fn worst(v: &[f64]) -> f64 {
     v.iter().copied().fold(f64::NAN, f64::max)
 }
 
-fn vs_raw_header(cx: &Ctx<'_>, raw: &anyccl::RawNccl, pairs: usize) -> Result<()> {
+fn vs_raw_header(cx: &Ctx<'_>, raw: &anyccl::bench::RawNccl, pairs: usize) -> Result<()> {
     if cx.comm.rank() != 0 || cx.args.json {
         return Ok(());
     }
@@ -179,7 +186,7 @@ fn vs_raw_header(cx: &Ctx<'_>, raw: &anyccl::RawNccl, pairs: usize) -> Result<()
 /// place, `iters` back to back after `warmup`), then the medians, the median of the
 /// per-pair ratios and the worst pair; also raw with an event per call, and the same calls
 /// in stream order only (no Work, one signal of the engine's stream, one wait).
-async fn vs_raw(cx: &mut Ctx<'_>, raw: &anyccl::RawNccl, count: usize, pairs: usize) -> Result<()> {
+async fn vs_raw(cx: &mut Ctx<'_>, raw: &anyccl::bench::RawNccl, count: usize, pairs: usize) -> Result<()> {
     let (a, dtype) = (cx.args, cx.dtype);
     let mut b = cx.bufs(count).await?;
     let (shared_send, shared_recv): (Arc<dyn DeviceMemory>, Arc<dyn DeviceMemory>) =

@@ -4,9 +4,10 @@
 //! group that lives in this process has issued it; a rank can be told to fail, hang or kill
 //! its process at its first operation.
 
+use anyccl::raw::{async_trait, Collective, CommInfo, WorkImpl};
 use anyccl::{
-    async_trait, AllToAllSplits, Backend, Buf, BufMut, Capabilities, Collective, CommInfo, DType, Device, DeviceKind,
-    DeviceMemory, Error, HostMemory, MemInfo, P2POp, Platform, Recovery, ReduceOp, Result, Work, WorkImpl,
+    AllToAllSplits, Backend, Buf, BufMut, Capabilities, DType, Device, DeviceKind, DeviceMemory, Error, HostMemory,
+    MemInfo, P2POp, Platform, Recovery, ReduceOp, Result, Work,
 };
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -76,7 +77,7 @@ pub struct SimComm {
 /// lazy connects, memory counted per communicator, small probes (nothing moves, so size
 /// only selects the connection), any rank count, and none of the CPU backend's checks.
 pub fn capabilities() -> Result<Capabilities> {
-    let host = anyccl::Cpu.capabilities()?;
+    let host = anyccl::backends::Cpu.capabilities()?;
     Ok(Capabilities {
         split: false,
         lazy_connect: true,

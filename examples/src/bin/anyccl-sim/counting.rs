@@ -1,7 +1,8 @@
 //! A store wrapper that counts each request by warmup phase (told by its key) and notes when
 //! each phase's requests began and ended, across the ranks of a process.
 
-use anyccl::{async_trait, CasOutcome, Result, Store};
+use anyccl::raw::async_trait;
+use anyccl::{CasOutcome, Result, Store};
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

@@ -1,0 +1,121 @@
+//! The backend every device library gets from the layer ([`DeviceBackend`]): an adapter
+//! supplies only how to load its library and make a device runtime ([`Adapter`]); probing,
+//! capabilities, the platform and connect are written once here.
+
+use crate::comm::DeviceComm;
+use crate::library::Library;
+use crate::runtime::DevicePlatform;
+use anyccl_core::{
+    async_trait, Backend, BackendInfo, Capabilities, Collective, ConnectOptions, Ctx, Error, Platform, Result,
+};
+use std::fmt;
+use std::sync::Arc;
+
+/// A library an [`Adapter`] loaded: what its backend's probe reports.
+#[derive(Debug)]
+pub struct Loaded<L: 'static> {
+    /// The process-wide library (loaded once, kept for the process's life).
+    pub lib: &'static L,
+    /// Devices it can use on this machine.
+    pub devices: usize,
+    /// Its version and where it was loaded from, for the probe's report.
+    pub version: String,
+    /// What its communicators support; `device_kind` is the kind of device connect accepts.
+    pub capabilities: Capabilities,
+}
+
+/// What a device library's adapter supplies to become a backend ([`DeviceBackend`]).
+///
+/// # Examples
+/// An adapter over the testing library (`testing` feature), loaded once:
+/// ```
+/// # #[cfg(feature = "testing")] {
+/// use anyccl_device::testing::{NullLibrary, NullRuntime};
+/// use anyccl_device::{Adapter, DeviceBackend, Library, Loaded};
+/// use anyccl_core::{Backend, Result};
+/// use std::sync::{Arc, OnceLock};
+///
+/// #[derive(Debug, Default, Clone, Copy)]
+/// struct NullAdapter;
+///
+/// impl Adapter for NullAdapter {
+///     type Lib = NullLibrary;
+///     const NAME: &'static str = "null";
+///     fn load(&self) -> std::result::Result<Loaded<NullLibrary>, String> {
+///         static LIB: OnceLock<NullLibrary> = OnceLock::new();
+///         let lib = LIB.get_or_init(NullLibrary::default);
+///         let capabilities = lib.capabilities(&NullRuntime::new());
+///         Ok(Loaded { lib, devices: 1, version: "null 1.0 (built in)".into(), capabilities })
+///     }
+///     fn runtime(&self, _ordinal: i32) -> Result<Arc<NullRuntime>> {
+///         Ok(Arc::new(NullRuntime::new()))
+///     }
+/// }
+///
+/// let backend = DeviceBackend(NullAdapter);
+/// assert_eq!(backend.probe()?.devices, 1);
+/// # }
+/// # Ok::<(), anyccl_core::Error>(())
+/// ```
+pub trait Adapter: Send + Sync + fmt::Debug + 'static {
+    /// The collective library.
+    type Lib: Library;
+    /// The backend's name (`nccl`, `hccl`).
+    const NAME: &'static str;
+    /// Load the library and count the devices, once per process; on failure, everything
+    /// looked for and where (never a panic).
+    ///
+    /// # Errors
+    /// The text of the backend's `Unavailable`.
+    fn load(&self) -> std::result::Result<Loaded<Self::Lib>, String>;
+    /// The runtime of device `ordinal` (below [`Loaded::devices`]).
+    ///
+    /// # Errors
+    /// The runtime's, when the device cannot be opened.
+    fn runtime(&self, ordinal: i32) -> Result<Arc<<Self::Lib as Library>::Runtime>>;
+}
+
+/// The backend of a device library: `anyccl-core`'s `Backend` over an [`Adapter`].
+#[derive(Debug, Default, Clone, Copy)]
+pub struct DeviceBackend<A>(pub A);
+
+impl<A: Adapter> DeviceBackend<A> {
+    fn loaded(&self) -> Result<Loaded<A::Lib>> {
+        self.0.load().map_err(|reason| Error::unavailable(A::NAME, reason))
+    }
+}
+
+#[async_trait]
+impl<A: Adapter> Backend for DeviceBackend<A> {
+    fn name(&self) -> &'static str {
+        A::NAME
+    }
+
+    fn probe(&self) -> Result<BackendInfo> {
+        let l = self.loaded()?;
+        Ok(BackendInfo { name: A::NAME, version: l.version, devices: l.devices })
+    }
+
+    fn capabilities(&self) -> Result<Capabilities> {
+        Ok(self.loaded()?.capabilities)
+    }
+
+    fn platform(&self, local_rank: usize) -> Result<Arc<dyn Platform>> {
+        let l = self.loaded()?;
+        let ordinal = (local_rank % l.devices.max(1)) as i32;
+        Ok(Arc::new(DevicePlatform::new(self.0.runtime(ordinal)?)))
+    }
+
+    async fn connect(&self, opts: ConnectOptions) -> Result<Arc<dyn Collective>> {
+        let l = self.loaded()?;
+        let kind = l.capabilities.device_kind;
+        if opts.device.kind != kind {
+            let ctx = Ctx::new(A::NAME, opts.rank, opts.namespace.clone());
+            let msg = format!("the {} backend needs a {kind:?} device, got {}", A::NAME, opts.device);
+            return Err(ctx.invalid("connect", "device", msg));
+        }
+        let rt = self.0.runtime(opts.device.ordinal)?;
+        let c: Arc<dyn Collective> = DeviceComm::connect(l.lib, rt, opts).await?;
+        Ok(c)
+    }
+}
