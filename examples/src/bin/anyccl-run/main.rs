@@ -64,19 +64,9 @@ fn seconds(what: &'static str, max: f64) -> impl Fn(&str) -> Result<f64, String>
 
 /// A size in bytes, with an optional K, M or G suffix (powers of 1024), up to 1 GiB.
 fn line_bytes(s: &str) -> Result<usize, String> {
-    let bad = || format!("--max-line must be a size in bytes such as 4096 or 64K, between 1 and 1G, not {s:?}");
-    let (digits, shift) = match s.char_indices().last() {
-        Some((i, 'K' | 'k')) => (&s[..i], 10),
-        Some((i, 'M' | 'm')) => (&s[..i], 20),
-        Some((i, 'G' | 'g')) => (&s[..i], 30),
-        _ => (s, 0),
-    };
-    let n: usize = digits.parse().map_err(|_| bad())?;
-    let n = n.checked_mul(1 << shift).ok_or_else(bad)?;
-    if !(1..=1 << 30).contains(&n) {
-        return Err(bad());
-    }
-    Ok(n)
+    anyccl::raw::parse_bytes(s)
+        .filter(|n| (1..=1 << 30).contains(n))
+        .ok_or_else(|| format!("--max-line must be a size in bytes such as 4096 or 64K, between 1 and 1G, not {s:?}"))
 }
 
 fn ranks(s: &str) -> Result<usize, String> {
@@ -182,9 +172,8 @@ fn stop_all(pids: &[i32], done: &mut [bool], rx: &mpsc::Receiver<Event>, grace: 
 /// The job's reaper (see the crate doc): reads the job's identity (`job ID`) and the ranks'
 /// process groups, one a line, from standard input; `done` means the launcher finished and
 /// stopped them itself.
-fn reaper(grace: &str) -> ExitCode {
+fn reaper(grace: Duration) -> ExitCode {
     let _ = nix::sys::prctl::set_name(c"anyccl-reaper");
-    let grace = grace.parse::<f64>().ok().and_then(|g| Duration::try_from_secs_f64(g).ok()).unwrap_or_default();
     let mut groups = Vec::new();
     let mut job = procs::Job::default();
     for line in std::io::stdin().lock().lines() {
@@ -205,8 +194,14 @@ fn reaper(grace: &str) -> ExitCode {
 }
 
 fn main() -> ExitCode {
-    if let Ok(grace) = std::env::var(REAPER_ENV) {
-        return reaper(&grace);
+    let secs = |s: &str| s.parse::<f64>().ok().and_then(|g| Duration::try_from_secs_f64(g).ok());
+    match anyccl::raw::env_parse(REAPER_ENV, "the job's grace in seconds", secs) {
+        Ok(Some(grace)) => return reaper(grace),
+        Ok(None) => {}
+        Err(e) => {
+            eprintln!("anyccl-run: {e}");
+            return ExitCode::from(2);
+        }
     }
     let args = Args::parse();
     match launch(&args) {
