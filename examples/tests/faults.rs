@@ -203,10 +203,22 @@ fn kill9_launcher() -> Outcome {
     let mut job = Job::start(&mut launcher(4, WRAPPED_SLEEP));
     let groups = rank_groups(job.pid(), 4)?;
     std::thread::sleep(Duration::from_millis(300));
+    let reaper = processes().into_iter().find(|p| p.1 == job.pid() && comm(p.0) == "anyccl-reaper").map(|p| p.0);
+    let t = Instant::now();
     signal(job.pid(), "KILL");
     let took = gone_within(&groups, Duration::from_secs(5))?;
     let _ = job.finish(Duration::from_secs(5));
-    println!("    kill -9 of the launcher: every rank and its children gone after {took:.2?}");
+    // The reaper too ends once the ranks are gone, not after its grace (it used to wait on
+    // ranks that had ended but were not reaped yet).
+    let reaper = reaper.ok_or("the launcher's reaper was not found")?;
+    while stat(reaper).is_some_and(|p| p.3 != 'Z') && t.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let all = t.elapsed();
+    check(all < Duration::from_secs(1), || format!("the reaper still ran {all:.2?} after kill -9 of the launcher"))?;
+    println!(
+        "    kill -9 of the launcher: every rank and its children gone after {took:.2?}, the reaper after {all:.2?}"
+    );
     Ok(())
 }
 
