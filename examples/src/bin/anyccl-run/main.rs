@@ -186,10 +186,11 @@ fn reaper(grace: Duration) -> ExitCode {
             Err(_) => break,
         }
     }
-    // Every group is signalled before anything slower (reading environments) is done.
-    let alive = procs::live_groups(&groups);
-    eprintln!("anyccl-run: the launcher died; stopping the job ({} rank(s) still running)", alive.len());
-    procs::stop_job(&alive, &job, grace);
+    // The groups are signalled first, before anything that reads /proc.
+    if groups.iter().any(|&g| kill(Pid::from_raw(-g), None).is_ok()) {
+        eprintln!("anyccl-run: the launcher died; stopping the job");
+    }
+    procs::stop_job(&groups, &job, grace);
     ExitCode::from(1)
 }
 
