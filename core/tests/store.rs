@@ -150,29 +150,37 @@ async fn tcp_store_reads_no_large_frame_before_authentication() {
     st.set("k", b"v").await.expect("set");
 }
 
-/// Connections that never say hello are bounded: past the limit the server closes new ones
-/// at once (each also ends at the hello timeout), and it serves clients again as they go.
+/// Connections that never say hello are bounded: past the limit the oldest of them is
+/// closed to make room, so a newcomer that says hello is served at once.
 #[tokio::test]
 async fn tcp_store_bounds_connections_that_never_authenticate() {
     let srv = server(Some("tok"));
     let addr = srv.local_addr();
-    let closed_at_once = tokio::task::spawn_blocking(move || {
+    let (oldest, newcomer) = tokio::task::spawn_blocking(move || {
         let idle: Vec<std::net::TcpStream> =
             (0..256).map(|_| std::net::TcpStream::connect(addr).expect("connect")).collect();
         std::thread::sleep(Duration::from_millis(300));
         let mut extra = std::net::TcpStream::connect(addr).expect("connect");
         extra.set_read_timeout(Some(Duration::from_secs(3))).expect("timeout");
-        let r = extra.read(&mut [0u8; 8]).map_err(|e| e.kind());
-        drop(idle);
-        r
+        let mut hello = vec![1u8, 0, 0, 0, 2, 0, 0, 0, 3];
+        hello.extend_from_slice(b"tok");
+        extra.write_all(&frame(&hello)).expect("hello");
+        let mut answer = [0u8; 5];
+        let newcomer = extra.read_exact(&mut answer).map(|_| answer).map_err(|e| e.kind());
+        let mut first = &idle[0];
+        first.set_read_timeout(Some(Duration::from_secs(3))).expect("timeout");
+        let oldest = first.read(&mut [0u8; 8]).map_err(|e| e.kind());
+        (oldest, newcomer)
     })
     .await
     .expect("join");
+    assert_eq!(newcomer, Ok([0, 0, 0, 1, 0]), "the 257th connection, which said hello, was not served");
     assert!(
-        matches!(closed_at_once, Ok(0) | Err(std::io::ErrorKind::ConnectionReset)),
-        "the 257th unauthenticated connection was kept: {closed_at_once:?}"
+        matches!(oldest, Ok(0) | Err(std::io::ErrorKind::ConnectionReset)),
+        "the oldest silent connection was kept past the limit: {oldest:?}"
     );
-    let st = TcpStore::connect(addr.to_string(), client_opts(Some("tok"))).await.expect("serves once they leave");
+    assert!(srv.stats().hellos_evicted >= 1, "{:?}", srv.stats());
+    let st = TcpStore::connect(addr.to_string(), client_opts(Some("tok"))).await.expect("serves");
     st.set("k", b"v").await.expect("set");
 }
 

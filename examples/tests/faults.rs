@@ -107,9 +107,14 @@ impl Job {
             [Box::new(child.stdout.take().expect("stdout")), Box::new(child.stderr.take().expect("stderr"))];
         for r in out {
             let tx = tx.clone();
+            // Bytes, not text: a line that is not UTF-8 must not end the reading.
             std::thread::spawn(move || {
-                for l in BufReader::new(r).lines().map_while(Result::ok) {
-                    let _ = tx.send((Instant::now(), l));
+                let mut r = BufReader::new(r);
+                let mut line = Vec::new();
+                while matches!(r.read_until(b'\n', &mut line), Ok(n) if n > 0) {
+                    let text = String::from_utf8_lossy(line.strip_suffix(b"\n").unwrap_or(&line)).into_owned();
+                    let _ = tx.send((Instant::now(), text));
+                    line.clear();
                 }
             });
         }
@@ -198,10 +203,22 @@ fn kill9_launcher() -> Outcome {
     let mut job = Job::start(&mut launcher(4, WRAPPED_SLEEP));
     let groups = rank_groups(job.pid(), 4)?;
     std::thread::sleep(Duration::from_millis(300));
+    let reaper = processes().into_iter().find(|p| p.1 == job.pid() && comm(p.0) == "anyccl-reaper").map(|p| p.0);
+    let t = Instant::now();
     signal(job.pid(), "KILL");
     let took = gone_within(&groups, Duration::from_secs(5))?;
     let _ = job.finish(Duration::from_secs(5));
-    println!("    kill -9 of the launcher: every rank and its children gone after {took:.2?}");
+    // The reaper too ends once the ranks are gone, not after its grace (it used to wait on
+    // ranks that had ended but were not reaped yet).
+    let reaper = reaper.ok_or("the launcher's reaper was not found")?;
+    while stat(reaper).is_some_and(|p| p.3 != 'Z') && t.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let all = t.elapsed();
+    check(all < Duration::from_secs(1), || format!("the reaper still ran {all:.2?} after kill -9 of the launcher"))?;
+    println!(
+        "    kill -9 of the launcher: every rank and its children gone after {took:.2?}, the reaper after {all:.2?}"
+    );
     Ok(())
 }
 
@@ -290,6 +307,149 @@ fn kill9_rank() -> Outcome {
     let suspect = trace_suspect(&dir)?;
     check(suspect.contains("ranks [2] left no dump"), || format!("anyccl-trace blamed another rank: {suspect}"))?;
     println!("    kill -9 of rank 2 mid all_reduce: the launcher named it and exited {took:.2?} later; anyccl-trace: {suspect}");
+    Ok(())
+}
+
+/// A name for this run's processes, set in the launcher's environment (so in every process
+/// of the job): what a test looks for in `/proc/PID/environ`.
+fn mark(case: &str) -> String {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    format!("{case}-{}-{nanos}", std::process::id())
+}
+
+/// Processes (not zombies) whose environment has `FAULTS_MARK=mark`.
+fn marked(mark: &str) -> Vec<i32> {
+    let entry = format!("FAULTS_MARK={mark}");
+    processes()
+        .into_iter()
+        .filter(|p| p.3 != 'Z')
+        .map(|p| p.0)
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ"))
+                .map(|e| e.split(|&b| b == 0).any(|v| v == entry.as_bytes()))
+                .unwrap_or(false)
+        })
+        .collect()
+}
+
+/// Wait until no process carries `mark`; how long that took. Whatever is left at `limit` is
+/// killed (by pid) after the failure is noted.
+fn marked_gone_within(mark: &str, limit: Duration) -> Result<Duration, Failed> {
+    let t = Instant::now();
+    loop {
+        let left = marked(mark);
+        if left.is_empty() {
+            return Ok(t.elapsed());
+        }
+        if t.elapsed() > limit {
+            let what: Vec<String> = left.iter().map(|&p| format!("{p} ({})", comm(p))).collect();
+            for &p in &left {
+                signal(p, "KILL");
+            }
+            return Err(format!("processes {what:?} of the job still run {limit:?} after the launcher").into());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A rank starts a child in a session of its own (so in no group the launcher signals) and
+/// fails: the launcher, which inherited the child as a subreaper, stops it before it exits.
+fn child_in_own_session_goes_with_the_job() -> Outcome {
+    let m = mark("setsid");
+    let mut job = Job::start(launcher(2, &["sh", "-c", "setsid sleep 3002 & sleep 1; exit 1"]).env("FAULTS_MARK", &m));
+    let got = job.finish(Duration::from_secs(20))?;
+    let left = marked_gone_within(&m, Duration::ZERO);
+    check(got == Some(1), || format!("exit code {got:?}:\n{}", job.text()))?;
+    left?;
+    println!("    a rank's child in a session of its own: gone when the launcher exited");
+    Ok(())
+}
+
+/// kill -9 of the launcher while each rank has a child in a session of its own: the reaper
+/// stops those too (they carry the job's identity).
+fn kill9_launcher_leaves_no_child_in_own_session() -> Outcome {
+    let m = mark("setsid9");
+    let mut job = Job::start(launcher(2, &["sh", "-c", "setsid sleep 3003 & sleep 300 & wait"]).env("FAULTS_MARK", &m));
+    let t = Instant::now();
+    while marked(&m).into_iter().filter(|&p| comm(p) == "sleep").count() < 4 {
+        if t.elapsed() > Duration::from_secs(20) {
+            let _ = marked_gone_within(&m, Duration::ZERO);
+            return Err("the ranks' children did not start".into());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    signal(job.pid(), "KILL");
+    let took = marked_gone_within(&m, Duration::from_secs(5))?;
+    let _ = job.finish(Duration::from_secs(5));
+    println!("    kill -9 of the launcher: the ranks' children in sessions of their own gone after {took:.2?}");
+    Ok(())
+}
+
+/// A line that is not UTF-8 is passed through as it is, and the rank's output after it
+/// (stdout and stderr) still arrives: the rank is not stopped by a closed pipe.
+fn output_not_utf8_passes_through() -> Outcome {
+    let script = "printf 'a\\377b\\n'; i=0; while [ $i -lt 2000 ]; do echo line $i; i=$((i+1)); done; echo late >&2";
+    let out = launcher(2, &["sh", "-c", script]).output()?;
+    let (o, e) = (&out.stdout, String::from_utf8_lossy(&out.stderr));
+    let has = |hay: &[u8], needle: &[u8]| hay.windows(needle.len()).any(|w| w == needle);
+    check(out.status.success(), || format!("{:?}\n{e}", out.status))?;
+    for r in 0..2 {
+        check(has(o, &[format!("[rank {r}] a").as_bytes(), b"\xffb\n"].concat()), || {
+            format!("rank {r}'s line that is not UTF-8 is not passed through as it is")
+        })?;
+        check(has(o, format!("[rank {r}] line 1999\n").as_bytes()) && e.contains(&format!("[rank {r}] late")), || {
+            format!("rank {r}'s output after the line that is not UTF-8 is missing:\n{e}")
+        })?;
+    }
+    Ok(())
+}
+
+/// A 64 MiB line without a newline: the launcher writes it in prefixed pieces of at most
+/// `--max-line` bytes (64 KiB by default) and its peak memory stays far below the line.
+fn long_line_in_bounded_memory() -> Outcome {
+    const LINE: usize = 64 << 20;
+    let script = format!("head -c {LINE} /dev/zero | tr '\\0' x; echo; echo done; sleep 2");
+    let mut child = launcher(1, &["sh", "-c", &script]).stdout(Stdio::piped()).stderr(Stdio::null()).spawn()?;
+    let pid = child.id();
+    let stdout = child.stdout.take().ok_or("no stdout")?;
+    let (tx, rx) = mpsc::channel();
+    // Counts the bytes of the long line and the longest record, and says when `done` came.
+    let reader = std::thread::spawn(move || {
+        let (mut xs, mut longest, mut bad) = (0usize, 0usize, 0usize);
+        let mut r = BufReader::new(stdout);
+        let mut line = Vec::new();
+        while matches!(r.read_until(b'\n', &mut line), Ok(n) if n > 0) {
+            longest = longest.max(line.len());
+            match line.strip_prefix(b"[rank 0] ") {
+                Some(b"done\n") => {
+                    let _ = tx.send(());
+                }
+                Some(rest) => xs += rest.iter().filter(|&&b| b == b'x').count(),
+                None => bad += 1,
+            }
+            line.clear();
+        }
+        (xs, longest, bad)
+    });
+    let came = rx.recv_timeout(Duration::from_secs(60));
+    // The launcher's peak resident memory, read while it still runs (the rank sleeps).
+    let hwm_kib = std::fs::read_to_string(format!("/proc/{pid}/status")).ok().and_then(|s| {
+        s.lines().find_map(|l| l.strip_prefix("VmHWM:")?.trim().strip_suffix("kB")?.trim().parse::<u64>().ok())
+    });
+    let status = child.wait()?;
+    let (xs, longest, bad) = reader.join().map_err(|_| "reader panicked")?;
+    check(came.is_ok() && status.success(), || format!("{status:?}: the rank's last line did not come"))?;
+    check(xs == LINE && bad == 0, || format!("{xs} of {LINE} bytes came through; {bad} records without the prefix"))?;
+    let hwm = hwm_kib.ok_or("the launcher's peak memory could not be read")?;
+    check(hwm < 32 << 10, || {
+        format!("the launcher's peak memory was {} MiB for a {} MiB line", hwm >> 10, LINE >> 20)
+    })?;
+    check(longest <= (64 << 10) + 10, || format!("a record of {longest} bytes, longer than --max-line"))?;
+    println!(
+        "    a {} MiB line: written in pieces of {longest} bytes, launcher peak memory {} MiB",
+        LINE >> 20,
+        hwm >> 10
+    );
     Ok(())
 }
 
@@ -663,6 +823,13 @@ fn main() -> std::process::ExitCode {
         t("launcher::faults::failing_rank_under_a_wrapper_shell[w=4]", failing_rank_under_wrapper),
         t("launcher::faults::kill9_rank_is_named[w=4]", kill9_rank),
         t("launcher::faults::rank_count_is_bounded", rank_count_bounds),
+        t("launcher::faults::child_in_own_session_goes_with_the_job[w=2]", child_in_own_session_goes_with_the_job),
+        t(
+            "launcher::faults::kill9_launcher_leaves_no_child_in_own_session[w=2]",
+            kill9_launcher_leaves_no_child_in_own_session,
+        ),
+        t("launcher::faults::output_not_utf8_passes_through[w=2]", output_not_utf8_passes_through),
+        t("launcher::faults::long_line_in_bounded_memory[w=1]", long_line_in_bounded_memory),
         t("cpu::faults::stopped_rank_64kib_errors_within_timeout[w=4]", || stopped_rank(16 << 10)),
         t("cpu::faults::stopped_rank_4mib_errors_within_timeout[w=4]", || stopped_rank(1 << 20)),
         t("cpu::faults::huge_environment_timeouts_are_errors", huge_timeouts_are_errors),

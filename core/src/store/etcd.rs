@@ -11,7 +11,7 @@
 //!   `etcdctl del --prefix <prefix>/`.
 
 use super::{wait_timeout, CasOutcome, Store};
-use crate::error::{Error, Recovery, Result};
+use crate::error::{Ctx, Error, Recovery, Result};
 use async_trait::async_trait;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
@@ -41,13 +41,8 @@ impl EtcdStore {
     /// `InvalidArgument` for an empty endpoint list, an `https://` endpoint (TLS is not
     /// supported) or an empty prefix; `Store` when no endpoint answers in time.
     pub async fn connect(endpoints: &str, prefix: &str, timeout: Duration) -> Result<Self> {
-        let bad = |msg: String| Error::InvalidArgument {
-            op: "EtcdStore::connect",
-            arg: "endpoints",
-            rank: 0,
-            group: String::new(),
-            msg,
-        };
+        let ctx = Ctx::process("etcd");
+        let bad = |msg: String| ctx.invalid("EtcdStore::connect", "endpoints", msg);
         let mut list = Vec::new();
         for e in endpoints.split(',').map(str::trim).filter(|e| !e.is_empty()) {
             if e.starts_with("https://") {
@@ -64,13 +59,11 @@ impl EtcdStore {
         }
         let prefix = prefix.trim_end_matches('/');
         if prefix.is_empty() {
-            return Err(Error::InvalidArgument {
-                op: "EtcdStore::connect",
-                arg: "prefix",
-                rank: 0,
-                group: String::new(),
-                msg: "an empty prefix would mix this job's keys with every other's".into(),
-            });
+            return Err(ctx.invalid(
+                "EtcdStore::connect",
+                "prefix",
+                "an empty prefix would mix this job's keys with every other's",
+            ));
         }
         let st = EtcdStore { endpoints: list, prefix: prefix.to_string() };
         let deadline = crate::deadline_in(timeout);
@@ -95,6 +88,7 @@ impl EtcdStore {
     /// JSON.
     async fn call(&self, path: &str, body: Value, deadline: Instant) -> Result<Value> {
         let mut last = String::new();
+        let mut cause = None;
         for ep in &self.endpoints {
             let mut r = match tokio::time::timeout_at(deadline.into(), self.open(ep, path, &body)).await {
                 Err(_) => {
@@ -103,18 +97,24 @@ impl EtcdStore {
                 }
                 Ok(Err(e)) => {
                     last = format!("{ep}: {e}");
+                    cause = Some(e);
                     continue;
                 }
                 Ok(Ok(r)) => r,
             };
             return match tokio::time::timeout_at(deadline.into(), read_body(&mut r)).await {
                 Err(_) => Err(Error::store(format!("etcd at {ep}: no answer to {path} in time"))),
-                Ok(Err(e)) => Err(Error::store(format!("etcd at {ep}: {path}: {e}"))),
-                Ok(Ok(b)) => serde_json::from_slice(&b)
-                    .map_err(|e| Error::store_fatal(format!("etcd at {ep}: {path}: unreadable answer: {e}"))),
+                Ok(Err(e)) => Err(Error::store(format!("etcd at {ep}: {path}: {e}")).with_source(e)),
+                Ok(Ok(b)) => serde_json::from_slice(&b).map_err(|e| {
+                    Error::store_fatal(format!("etcd at {ep}: {path}: unreadable answer: {e}")).with_source(e)
+                }),
             };
         }
-        Err(Error::store(format!("cannot reach etcd ({last})")))
+        let e = Error::store(format!("cannot reach etcd ({last})"));
+        Err(match cause {
+            Some(c) => e.with_source(c),
+            None => e,
+        })
     }
 
     /// Connect, send the request, read the answer's head: the stream, positioned at the
@@ -188,11 +188,13 @@ impl EtcdStore {
         }
         let body = json!({ "create_request": req });
         let mut last = String::new();
+        let mut cause = None;
         for ep in &self.endpoints {
             let mut a = match tokio::time::timeout_at(deadline.into(), self.open(ep, "/v3/watch", &body)).await {
                 Err(_) => return Ok(false),
                 Ok(Err(e)) => {
                     last = format!("{ep}: {e}");
+                    cause = Some(e);
                     continue;
                 }
                 Ok(Ok(a)) => a,
@@ -201,7 +203,7 @@ impl EtcdStore {
             loop {
                 let piece = match tokio::time::timeout_at(deadline.into(), a.next_piece()).await {
                     Err(_) => return Ok(false),
-                    Ok(Err(e)) => return Err(Error::store(format!("etcd at {ep}: watch: {e}"))),
+                    Ok(Err(e)) => return Err(Error::store(format!("etcd at {ep}: watch: {e}")).with_source(e)),
                     Ok(Ok(None)) => return Ok(false),
                     Ok(Ok(Some(p))) => p,
                 };
@@ -229,7 +231,11 @@ impl EtcdStore {
                 pending.drain(..used);
             }
         }
-        Err(Error::store(format!("cannot reach etcd to watch ({last})")))
+        let e = Error::store(format!("cannot reach etcd to watch ({last})"));
+        Err(match cause {
+            Some(c) => e.with_source(c),
+            None => e,
+        })
     }
 
     /// Every key in `[key, end)` with the store's revision when read.

@@ -82,13 +82,11 @@ pub trait Store: Send + Sync + fmt::Debug {
 /// to no communicator); store errors.
 pub async fn store_barrier(store: &dyn Store, key: &str, rank: usize, n: usize, deadline: Instant) -> Result<()> {
     if rank >= n {
-        return Err(Error::InvalidArgument {
-            op: "store_barrier",
-            arg: "rank",
-            rank,
-            group: String::new(),
-            msg: format!("rank {rank} is not one of the barrier's {n} ranks"),
-        });
+        return Err(Ctx::new("store", rank, "").invalid(
+            "store_barrier",
+            "rank",
+            format!("rank {rank} is not one of the barrier's {n} ranks"),
+        ));
     }
     let started = Instant::now();
     let done = format!("{key}/done");

@@ -12,8 +12,18 @@
 //!   `--grace`) before it exits;
 //! - a reaper process, started first and in a group of its own, holds the read end of a pipe
 //!   whose write end only the launcher has: when the launcher dies in a way it cannot
-//!   handle (SIGKILL), the reaper reads end of file and stops every rank's group.
+//!   handle (SIGKILL), the reaper reads end of file and stops every rank's group and every
+//!   process that carries the job's identity (`ANYCCL_JOB_ID`) in its environment;
+//! - when the launcher exits, whatever else of the job is left (a rank's child in a group
+//!   or session of its own, which the launcher inherited as a subreaper) is stopped too.
+//!
+//! Output is copied as bytes, cut into lines of at most `--max-line` bytes (see `output`).
 #![forbid(unsafe_code)]
+
+mod output;
+mod procs;
+
+use output::{Copying, Outputs};
 
 use anyccl::{LaunchEnv, TcpStoreOptions, TcpStoreServer};
 use clap::Parser;
@@ -22,11 +32,12 @@ use nix::sys::signal::{kill, Signal};
 use nix::sys::wait::{waitpid, WaitStatus};
 use nix::unistd::Pid;
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, Write};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, ExitCode, Stdio};
-use std::sync::mpsc;
+use std::sync::atomic::AtomicU64;
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 /// The most ranks one launcher starts (the CPU backend's largest world).
@@ -35,8 +46,11 @@ const MAX_RANKS: usize = 4096;
 const REAPER_ENV: &str = "ANYCCL_RUN_REAPER";
 /// Stack of the launcher's helper threads: they only copy lines.
 const THREAD_STACK: usize = 128 << 10;
-/// How long the output of stopped ranks may take to drain before the launcher returns.
+/// How long the ranks' output may stay still (no stream ends, no byte moves) before the
+/// launcher stops waiting for the rest of it.
 const DRAIN: Duration = Duration::from_secs(2);
+/// The longest piece of a line held by default (64 KiB).
+const MAX_LINE: usize = 64 << 10;
 
 fn seconds(what: &'static str, max: f64) -> impl Fn(&str) -> Result<f64, String> + Clone {
     move |s: &str| {
@@ -46,6 +60,13 @@ fn seconds(what: &'static str, max: f64) -> impl Fn(&str) -> Result<f64, String>
         }
         Ok(v)
     }
+}
+
+/// A size in bytes, with an optional K, M or G suffix (powers of 1024), up to 1 GiB.
+fn line_bytes(s: &str) -> Result<usize, String> {
+    anyccl::raw::parse_bytes(s)
+        .filter(|n| (1..=1 << 30).contains(n))
+        .ok_or_else(|| format!("--max-line must be a size in bytes such as 4096 or 64K, between 1 and 1G, not {s:?}"))
 }
 
 fn ranks(s: &str) -> Result<usize, String> {
@@ -71,6 +92,10 @@ struct Args {
     /// Do not prefix output lines with the rank.
     #[arg(long)]
     no_prefix: bool,
+    /// Longest piece of an output line held before it is written out (K, M, G: powers of
+    /// 1024); a longer line is written in pieces, each with the rank's prefix.
+    #[arg(long, default_value_t = MAX_LINE, value_parser = line_bytes)]
+    max_line: usize,
     /// The program and its arguments.
     #[arg(last = true, required = true)]
     command: Vec<String>,
@@ -118,16 +143,10 @@ enum Event {
     ReaperGone,
 }
 
-/// The rank's state letter from `/proc/PID/stat` (`T`: stopped), when readable.
-fn proc_state(pid: i32) -> Option<char> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name is in parentheses and may hold spaces; the state follows it.
-    stat.rsplit_once(')')?.1.trim_start().chars().next()
-}
-
 /// "; rank 2 is stopped (...)" for each running rank that is stopped, else "".
 fn stopped_note(pids: &[i32], done: &[bool]) -> String {
-    let stopped: Vec<usize> = (0..pids.len()).filter(|&r| !done[r] && proc_state(pids[r]) == Some('T')).collect();
+    let stopped: Vec<usize> =
+        (0..pids.len()).filter(|&r| !done[r] && procs::stat(pids[r]).is_some_and(|p| p.state == 'T')).collect();
     match stopped.as_slice() {
         [] => String::new(),
         [r] => format!("; rank {r} is stopped (SIGSTOP or a debugger), the likely cause"),
@@ -135,103 +154,10 @@ fn stopped_note(pids: &[i32], done: &[bool]) -> String {
     }
 }
 
-/// Copy a rank's output, prefixed; report when it ends. An exiting process closes its
-/// standard streams before its sockets, so the end of its output comes before any peer can
-/// notice its death: the earliest end among failed ranks names the rank that failed first,
-/// even when a peer that noticed is reaped before it.
-fn pump(
-    rank: usize,
-    prefix: bool,
-    r: impl std::io::Read + Send + 'static,
-    to_err: bool,
-    ended: mpsc::Sender<(usize, Instant)>,
-) -> std::io::Result<()> {
-    let run = move || {
-        let _guard = EndGuard(rank, ended);
-        for line in BufReader::new(r).lines() {
-            let Ok(line) = line else { break };
-            let text = if prefix { format!("[rank {rank}] {line}\n") } else { format!("{line}\n") };
-            if to_err {
-                let _ = std::io::stderr().lock().write_all(text.as_bytes());
-            } else {
-                let _ = std::io::stdout().lock().write_all(text.as_bytes());
-            }
-        }
-    };
-    std::thread::Builder::new().name(format!("rank{rank}-out")).stack_size(THREAD_STACK).spawn(run).map(|_| ())
-}
-
-/// Reports the end of a rank's output, however the pump ends.
-struct EndGuard(usize, mpsc::Sender<(usize, Instant)>);
-impl Drop for EndGuard {
-    fn drop(&mut self) {
-        let _ = self.1.send((self.0, Instant::now()));
-    }
-}
-
-/// The ends of the ranks' output streams, as their pumps report them.
-struct Outputs {
-    rx: mpsc::Receiver<(usize, Instant)>,
-    /// Streams whose end has been seen.
-    seen: usize,
-    /// The earliest end of each rank's output.
-    first_end: Vec<Option<Instant>>,
-}
-
-impl Outputs {
-    fn note(&mut self, (r, t): (usize, Instant)) {
-        self.seen += 1;
-        if let Some(e) = self.first_end.get_mut(r) {
-            *e = Some(e.map_or(t, |e| e.min(t)));
-        }
-    }
-    /// Note every end reported so far.
-    fn poll(&mut self) {
-        while let Ok(x) = self.rx.try_recv() {
-            self.note(x);
-        }
-    }
-    /// Wait until `streams` ends are seen, or `until`.
-    fn drain(&mut self, streams: usize, until: Instant) {
-        while self.seen < streams {
-            let Some(left) = until.checked_duration_since(Instant::now()) else { break };
-            match self.rx.recv_timeout(left) {
-                Ok(x) => self.note(x),
-                Err(_) => break,
-            }
-        }
-    }
-}
-
-/// Whether the process group `pgid` still has a member.
-fn group_alive(pgid: i32) -> bool {
-    kill(Pid::from_raw(-pgid), None).is_ok()
-}
-
-/// SIGTERM to every group in `groups`; SIGKILL to those still alive after `grace`.
-fn stop_groups(groups: &[i32], grace: Duration) {
-    for &g in groups {
-        let _ = kill(Pid::from_raw(-g), Signal::SIGTERM);
-    }
-    let until = Instant::now() + grace;
-    while groups.iter().any(|&g| group_alive(g)) && Instant::now() < until {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    for &g in groups {
-        if group_alive(g) {
-            let _ = kill(Pid::from_raw(-g), Signal::SIGKILL);
-        }
-    }
-}
-
 /// Stop every rank still running (its whole group), and note their exits.
 fn stop_all(pids: &[i32], done: &mut [bool], rx: &mpsc::Receiver<Event>, grace: Duration) {
     let running: Vec<i32> = (0..pids.len()).filter(|&r| !done[r]).map(|r| pids[r]).collect();
-    for &g in &running {
-        // A stopped rank cannot act on SIGTERM until it runs again.
-        let _ = kill(Pid::from_raw(-g), Signal::SIGCONT);
-    }
-    stop_groups(&running, grace);
+    procs::stop_job(&running, &procs::Job::default(), grace);
     let until = Instant::now() + Duration::from_secs(5);
     while done.iter().any(|d| !d) {
         let Some(left) = until.checked_duration_since(Instant::now()) else { break };
@@ -243,33 +169,40 @@ fn stop_all(pids: &[i32], done: &mut [bool], rx: &mpsc::Receiver<Event>, grace: 
     }
 }
 
-/// The job's reaper (see the crate doc): reads the ranks' process groups, one a line, from
-/// standard input; `done` means the launcher finished and stopped them itself.
-fn reaper(grace: &str) -> ExitCode {
+/// The job's reaper (see the crate doc): reads the job's identity (`job ID`) and the ranks'
+/// process groups, one a line, from standard input; `done` means the launcher finished and
+/// stopped them itself.
+fn reaper(grace: Duration) -> ExitCode {
     let _ = nix::sys::prctl::set_name(c"anyccl-reaper");
-    let grace = grace.parse::<f64>().ok().and_then(|g| Duration::try_from_secs_f64(g).ok()).unwrap_or_default();
     let mut groups = Vec::new();
+    let mut job = procs::Job::default();
     for line in std::io::stdin().lock().lines() {
         match line.as_deref().map(str::trim) {
             Ok("done") => return ExitCode::SUCCESS,
-            Ok(l) => groups.extend(l.parse::<i32>().ok().filter(|&g| g > 1)),
+            Ok(l) => match l.strip_prefix("job ") {
+                Some(id) => job.mark = Some(format!("ANYCCL_JOB_ID={id}").into_bytes()),
+                None => groups.extend(l.parse::<i32>().ok().filter(|&g| g > 1)),
+            },
             Err(_) => break,
         }
     }
-    let alive: Vec<i32> = groups.into_iter().filter(|&g| group_alive(g)).collect();
-    if !alive.is_empty() {
-        eprintln!("anyccl-run: the launcher died; stopping the {} rank(s) still running", alive.len());
-        for &g in &alive {
-            let _ = kill(Pid::from_raw(-g), Signal::SIGCONT);
-        }
-        stop_groups(&alive, grace);
+    // The groups are signalled first, before anything that reads /proc.
+    if groups.iter().any(|&g| kill(Pid::from_raw(-g), None).is_ok()) {
+        eprintln!("anyccl-run: the launcher died; stopping the job");
     }
+    procs::stop_job(&groups, &job, grace);
     ExitCode::from(1)
 }
 
 fn main() -> ExitCode {
-    if let Ok(grace) = std::env::var(REAPER_ENV) {
-        return reaper(&grace);
+    let secs = |s: &str| s.parse::<f64>().ok().and_then(|g| Duration::try_from_secs_f64(g).ok());
+    match anyccl::raw::env_parse(REAPER_ENV, "the job's grace in seconds", secs) {
+        Ok(Some(grace)) => return reaper(grace),
+        Ok(None) => {}
+        Err(e) => {
+            eprintln!("anyccl-run: {e}");
+            return ExitCode::from(2);
+        }
     }
     let args = Args::parse();
     match launch(&args) {
@@ -347,6 +280,12 @@ fn launch(args: &Args) -> Result<(), (String, u8)> {
         .map_err(|e| setup(format!("cannot start the job's reaper: {e}")))?;
     let reaper_pid = reaper.id() as i32;
     let mut reaper_in = reaper.stdin.take();
+    // The job's identity first: once the launcher is gone, it is how the reaper knows the
+    // processes that left their rank's group.
+    if let Some(w) = reaper_in.as_mut() {
+        let _ = writeln!(w, "job {job_id}");
+    }
+    let copying = Copying { prefix: !args.no_prefix, max_line: args.max_line, moved: Arc::new(AtomicU64::new(0)) };
 
     let program = resolve(&args.command[0]);
     let (ended_tx, ended_rx) = mpsc::channel::<(usize, Instant)>();
@@ -392,7 +331,7 @@ fn launch(args: &Args) -> Result<(), (String, u8)> {
         ];
         for (stream, to_err) in outs {
             let Some(stream) = stream else { continue };
-            match pump(rank, !args.no_prefix, stream, to_err, ended_tx.clone()) {
+            match output::pump(rank, &copying, stream, to_err, ended_tx.clone()) {
                 Ok(()) => pumps += 1,
                 Err(e) => start_err = Some(format!("cannot start a thread for rank {rank}'s output: {e}")),
             }
@@ -433,7 +372,8 @@ fn launch(args: &Args) -> Result<(), (String, u8)> {
     }
 
     let mut done = vec![false; pids.len()];
-    let mut outputs = Outputs { rx: ended_rx, seen: 0, first_end: vec![None; pids.len()] };
+    let mut outputs =
+        Outputs { rx: ended_rx, seen: 0, first_end: vec![None; pids.len()], moved: copying.moved.clone() };
     let verdict: Result<(), (String, u8)> = if let Some(msg) = start_err {
         eprintln!("anyccl-run: {msg}; stopping the ranks started");
         stop_all(&pids, &mut done, &rx, Duration::ZERO);
@@ -442,15 +382,21 @@ fn launch(args: &Args) -> Result<(), (String, u8)> {
         supervise(args, &pids, &mut done, &rx, &mut outputs, grace)
     };
 
-    // Whatever the verdict, no process of the job stays: every rank's group is stopped
-    // (a rank that exited may have left children behind).
-    stop_groups(&pids, grace.min(Duration::from_secs(2)));
+    // Whatever the verdict, no process of the job stays: every rank's group is stopped (a
+    // rank that exited may have left children behind), and so is every other process that
+    // descends from the launcher but the reaper (a rank's child in a group or session of its
+    // own, which the launcher inherited as a subreaper when its parent ended).
+    let job = procs::Job { root: Some(std::process::id() as i32), mark: None, keep: Some(reaper_pid) };
+    let (pids_left, groups_left) = procs::stop_job(&pids, &job, grace.min(Duration::from_secs(2)));
+    if !pids_left.is_empty() || !groups_left.is_empty() {
+        eprintln!("anyccl-run: processes {pids_left:?} and groups {groups_left:?} of the job outlived SIGKILL");
+    }
     if let Some(mut w) = reaper_in.take() {
         let _ = writeln!(w, "done");
     }
     let _ = kill(Pid::from_raw(reaper_pid), None);
-    // Output still buffered in the pipes of stopped ranks, for a bounded time.
-    outputs.drain(pumps, Instant::now() + DRAIN);
+    // What is still in the ranks' pipes, for as long as it moves.
+    outputs.drain(pumps, DRAIN);
     drop(server);
     verdict
 }
