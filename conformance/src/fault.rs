@@ -2,8 +2,8 @@
 //! what is issued through it, so timeout, abort and warmup-failure cases run without GPUs.
 
 use anyccl_core::{
-    async_trait, AllToAllSplits, Buf, BufMut, Capabilities, Collective, CommInfo, Error, P2POp, Recovery, ReduceOp,
-    Result, Work, WorkImpl,
+    async_trait, AllToAllSplits, Buf, BufMut, Capabilities, Collective, CommInfo, P2POp, Recovery, ReduceOp, Result,
+    Work, WorkImpl,
 };
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -39,14 +39,10 @@ impl Faulty {
     fn gate<'a>(&'a self, op: &'static str, call: impl FnOnce() -> Result<Work<'a>>) -> Result<Work<'a>> {
         let k = self.issued.fetch_add(1, Ordering::Relaxed);
         match self.fault {
-            Fault::FailAt(f) if f == k => Err(Error::Backend {
-                backend: "fault",
-                op: op.into(),
-                code: -99,
-                text: format!("injected failure of operation #{k}"),
-                recovery: Recovery::Rebuild,
-                source: None,
-            }),
+            Fault::FailAt(f) if f == k => {
+                let ctx = anyccl_core::Ctx::new("fault", self.inner.info().rank, "");
+                Err(ctx.backend_error(op, -99, format!("injected failure of operation #{k}"), Recovery::Rebuild))
+            }
             Fault::HangAt(h) if h == k => {
                 Ok(Work::new(Box::new(Hang { aborted: self.aborted.clone(), rank: self.inner.info().rank })))
             }
@@ -63,11 +59,7 @@ struct Hang {
 impl WorkImpl for Hang {
     fn poll(&mut self) -> Result<bool> {
         if self.aborted.load(Ordering::Acquire) {
-            return Err(Error::Aborted {
-                rank: self.rank,
-                group: String::new(),
-                detail: "aborted while hung (injected)".into(),
-            });
+            return Err(anyccl_core::Ctx::new("fault", self.rank, "").aborted("aborted while hung (injected)"));
         }
         Ok(false)
     }

@@ -574,7 +574,7 @@ mod tests {
         let start = std::time::Instant::now();
         let check = move || -> Result<(), anyccl_core::Error> {
             match start.elapsed() > std::time::Duration::from_secs(30) {
-                true => Err(anyccl_core::Error::Unavailable { backend: "cpu", reason: "ring test stuck".into() }),
+                true => Err(anyccl_core::Ctx::process("cpu").timeout("ring test", start.elapsed(), "stuck")),
                 false => Ok(()),
             }
         };

@@ -1,7 +1,7 @@
 //! The device runtime a collective library runs on ([`Runtime`]), and the `Platform` that
 //! every device backend offers over it ([`DevicePlatform`]).
 
-use anyccl_core::{Buf, DType, Device, DeviceKind, DeviceMemory, Error, MemInfo, Platform, Result};
+use anyccl_core::{Buf, Ctx, DType, Device, DeviceKind, DeviceMemory, Error, MemInfo, Platform, Result};
 use std::fmt;
 use std::sync::Arc;
 
@@ -115,7 +115,7 @@ pub trait Runtime: Send + Sync + fmt::Debug + 'static {
     /// `Unsupported` where the runtime has no such ordering; a runtime error.
     unsafe fn wait_raw(&self, stream: &Self::Stream, raw: *mut std::ffi::c_void) -> Result<()> {
         let _ = (stream, raw);
-        Err(Error::Unsupported { backend: "device", op: "wait_stream", what: "events between streams".into() })
+        Err(Ctx::new("device", 0, "").unsupported("wait_stream", "events between streams"))
     }
     /// Whether the engine's stream `raw` is recording a graph (a stream capture).
     ///
@@ -148,7 +148,7 @@ pub trait Runtime: Send + Sync + fmt::Debug + 'static {
     /// `Unsupported` where the runtime has no such ordering; a runtime error.
     unsafe fn signal_raw(&self, stream: &Self::Stream, raw: *mut std::ffi::c_void) -> Result<()> {
         let _ = (stream, raw);
-        Err(Error::Unsupported { backend: "device", op: "signal_stream", what: "events between streams".into() })
+        Err(Ctx::new("device", 0, "").unsupported("signal_stream", "events between streams"))
     }
 }
 
@@ -169,13 +169,8 @@ impl<R: Runtime> DevicePlatform<R> {
     }
     fn check_device(&self, op: &'static str, b: &Buf<'_>) -> Result<()> {
         if b.device() != self.rt.device() {
-            return Err(Error::InvalidArgument {
-                op,
-                arg: "buffer",
-                rank: 0,
-                group: String::new(),
-                msg: format!("buffer on {}, platform is {}", b.device(), self.rt.device()),
-            });
+            let msg = format!("buffer on {}, platform is {}", b.device(), self.rt.device());
+            return Err(Ctx::new("platform", 0, "").invalid(op, "buffer", msg));
         }
         Ok(())
     }

@@ -88,14 +88,9 @@ async fn run(args: &Args) -> anyccl::Result<ExitCode> {
         let want = |i: usize| n * (n - 1.0) / 2.0 + n * (i + step) as f32;
         let got = |i: usize| f32::from_le_bytes([bytes[4 * i], bytes[4 * i + 1], bytes[4 * i + 2], bytes[4 * i + 3]]);
         if let Some(i) = (0..args.count).find(|&i| got(i) != want(i)) {
-            return Err(anyccl::Error::Backend {
-                backend: comm.info().backend,
-                op: "all_reduce".into(),
-                code: -1,
-                text: format!("step {step}: element {i} is {}, expected {}", got(i), want(i)),
-                recovery: anyccl::Recovery::Fatal,
-                source: None,
-            });
+            // A wrong result: the communicator cannot be trusted after it.
+            let msg = format!("all_reduce of step {step}: element {i} is {}, expected {}", got(i), want(i));
+            return Err(comm.ctx().aborted(msg));
         }
         if env.rank == 0 {
             println!(

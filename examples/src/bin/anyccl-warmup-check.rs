@@ -175,12 +175,5 @@ async fn run(args: &Args) -> Result<()> {
 }
 
 fn no_group() -> anyccl::Error {
-    anyccl::Error::Backend {
-        backend: "split",
-        op: "split".into(),
-        code: -1,
-        text: "member got no group".into(),
-        recovery: anyccl::Recovery::Fatal,
-        source: None,
-    }
+    anyccl::raw::Ctx::process("anyccl-warmup-check").aborted("split: a member got no group")
 }

@@ -60,15 +60,12 @@ impl<L: Library> Collective for DeviceComm<L> {
         let g = self.lock_settled("capture")?;
         // SAFETY: the caller vouched for the stream (`StreamRef::from_raw`).
         if !unsafe { self.rt.capturing(raw) }? {
-            return Err(anyccl_core::Error::InvalidArgument {
-                op: "capture",
-                arg: "stream",
-                rank: self.info.rank,
-                group: self.ctx.group.clone(),
-                msg: "the stream is not capturing a graph (begin the capture first; an invalidated capture records \
-                      nothing more)"
-                    .into(),
-            });
+            return Err(self.ctx.invalid(
+                "capture",
+                "stream",
+                "the stream is not capturing a graph (begin the capture first; an invalidated capture records \
+                 nothing more)",
+            ));
         }
         // Operations not followed by a mark yet get one now: recorded once this stream has
         // joined the capture, it would be part of the graph.
