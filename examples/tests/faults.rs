@@ -501,6 +501,37 @@ fn stopped_rank(count: usize) -> Outcome {
     Ok(())
 }
 
+/// A rank stopped in the benchmark's default pipelined mode: the others fail with their
+/// enqueue timed out (the queue full of operations that cannot progress), and each writes
+/// its dump, so `anyccl-trace` names the stopped rank, not the healthy ones that waited for
+/// it (before, an enqueue timeout wrote no dump and the analyzer blamed every other rank).
+fn stopped_rank_pipelined(victim: usize) -> Outcome {
+    const TIMEOUT_S: u64 = 3;
+    let program = [bin("anyccl-bench"), "all_reduce", "-b", "64K", "-e", "64K", "-n", "100000000", "-w", "5"];
+    let mut cmd = launcher(4, &program);
+    let dir = trace_dir(&format!("stop-pipelined{victim}"));
+    cmd.env("ANYCCL_TIMEOUT_S", TIMEOUT_S.to_string()).env("ANYCCL_TRACE_DIR", &dir);
+    let mut job = Job::start(&mut cmd);
+    job.expect("(B)    (elements)", Duration::from_secs(30))?;
+    // Past the cold first call (a connect and a store barrier) and well into the timed
+    // calls, with operations in flight.
+    std::thread::sleep(Duration::from_secs(3));
+    let pid = rank_pid(job.pid(), victim).ok_or_else(|| format!("rank {victim} not found"))?;
+    signal(pid, "STOP");
+    let got = job.finish(Duration::from_secs(TIMEOUT_S + 20))?;
+    check(got == Some(1), || {
+        format!(
+            "exit code {got:?}:
+{}",
+            job.text()
+        )
+    })?;
+    let suspect = trace_suspect(&dir)?;
+    check(suspect.contains(&format!("[{victim}]")), || format!("anyccl-trace blamed another rank: {suspect}"))?;
+    println!("    pipelined 64 KiB all_reduce, rank {victim} stopped: {suspect}");
+    Ok(())
+}
+
 /// `ANYCCL_DEBUG=detail`: rank 1 calls all_gather while the others call all_reduce; every
 /// rank fails within 10 s naming both calls.
 fn detail_mode_mismatch() -> Outcome {
@@ -832,6 +863,8 @@ fn main() -> std::process::ExitCode {
         t("launcher::faults::long_line_in_bounded_memory[w=1]", long_line_in_bounded_memory),
         t("cpu::faults::stopped_rank_64kib_errors_within_timeout[w=4]", || stopped_rank(16 << 10)),
         t("cpu::faults::stopped_rank_4mib_errors_within_timeout[w=4]", || stopped_rank(1 << 20)),
+        t("cpu::faults::stopped_rank_0_pipelined_is_named[w=4]", || stopped_rank_pipelined(0)),
+        t("cpu::faults::stopped_rank_2_pipelined_is_named[w=4]", || stopped_rank_pipelined(2)),
         t("cpu::faults::huge_environment_timeouts_are_errors", huge_timeouts_are_errors),
         t("cpu::faults::detail_mode_names_both_calls[w=3]", detail_mode_mismatch),
         t("store::faults::unresolvable_master_addr_ends_at_init_timeout", unresolvable_master_addr),

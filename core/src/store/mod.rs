@@ -96,11 +96,14 @@ pub async fn store_barrier(store: &dyn Store, key: &str, rank: usize, n: usize, 
     let marks = || (0..n).map(mark).collect::<Vec<String>>();
     let timeout = |arrived: &[Option<Vec<u8>>]| {
         let missing: Vec<usize> = arrived.iter().enumerate().filter(|(_, a)| a.is_none()).map(|(r, _)| r).collect();
-        Ctx::new("store", rank, "").timeout(
+        let e = Ctx::new("store", rank, "").timeout(
             format!("store barrier '{key}'"),
             started.elapsed(),
             format!("ranks {missing:?} never arrived"),
-        )
+        );
+        // A failure path like any other: the flight recorder's dump says this rank waited.
+        crate::trace::dump_error(&e.to_string());
+        e
     };
     if rank == 0 {
         let arrived = store.wait_many(&marks(), deadline).await?;

@@ -127,12 +127,12 @@ fn name(r: &TraceRecord) -> String {
 }
 
 /// Ranks that the failures of `texts` blame: "nothing arrived from rank N", "rank N
-/// accepted no data", "ranks [..] never ...".
+/// accepted no data", "rank N made no progress" (a shared-memory wait).
 fn blamed(texts: &[&str]) -> BTreeMap<usize, usize> {
     let mut votes = BTreeMap::new();
     for t in texts {
         let mut seen = BTreeSet::new();
-        for (pat, after) in [("from rank ", true), (" accepted no data", false)] {
+        for (pat, after) in [("from rank ", true), (" accepted no data", false), (" made no progress", false)] {
             let mut rest = *t;
             while let Some(i) = rest.find(pat) {
                 let n = if after {
@@ -224,7 +224,15 @@ fn run(args: &Args) -> Result<(), String> {
         let mut completed = Vec::new();
         let mut stuck = Vec::new();
         let mut never = Vec::new();
+        // Members whose recorder's oldest record came after it: they issued it and went on
+        // (a pipelined rank can be thousands of operations ahead, past its recorder's
+        // window), so they are not behind.
+        let mut past = Vec::new();
         let mut texts = Vec::new();
+        // Members that failed it with a timeout of their own: they waited for a peer, so
+        // they are not the cause (in a ring each waits on the one before, and the errors
+        // name one rank each; the cause is the one named that waited for nobody).
+        let mut waited = Vec::new();
         let mut what = String::new();
         for (rank, rs) in by_rank {
             match rs.iter().find(|r| r.seq == seq) {
@@ -237,7 +245,13 @@ fn run(args: &Args) -> Result<(), String> {
                     }
                     if let Some(e) = &r.error {
                         texts.push(e.as_str());
+                        if e.contains("timed out") {
+                            waited.push(*rank);
+                        }
                     }
+                }
+                None if rs.iter().all(|r| r.seq > seq) => {
+                    past.push((*rank, rs.iter().map(|r| r.seq).min().unwrap_or(seq)));
                 }
                 None => {
                     let last = rs.iter().filter(|r| r.seq < seq).max_by_key(|r| r.seq);
@@ -257,6 +271,10 @@ fn run(args: &Args) -> Result<(), String> {
             let b: Vec<String> = never.iter().map(|(r, last)| format!("{r} (its last: {last})")).collect();
             line.push_str(&format!("; never issued by ranks {}", b.join(", ")));
         }
+        if !past.is_empty() {
+            let b: Vec<String> = past.iter().map(|(r, oldest)| format!("{r} (its oldest record: #{oldest})")).collect();
+            line.push_str(&format!("; issued and gone past by ranks {}", b.join(", ")));
+        }
         // Members that never issued it are behind; so are those that did not finish what
         // others finished. Only when every member is stuck in it do their errors decide.
         // Members that never issued it are behind. Otherwise the cause is among those stuck
@@ -266,9 +284,26 @@ fn run(args: &Args) -> Result<(), String> {
         let never_ranks: Vec<usize> = never.iter().map(|(r, _)| *r).collect();
         let stuck_ranks: Vec<usize> = stuck.iter().map(|(r, _)| *r).collect();
         // Timing is judged against every member: the ranks that waited time out together.
-        let late: Vec<usize> =
-            late_noticers(&dumps, by_rank.keys().copied()).into_iter().filter(|r| stuck_ranks.contains(r)).collect();
-        let votes = blamed(&texts);
+        // A rank past it may be stuck further on (a pipelined rank stopped with operations
+        // queued): it counts for timing as the stuck ones do.
+        let late: Vec<usize> = late_noticers(&dumps, by_rank.keys().copied())
+            .into_iter()
+            .filter(|r| stuck_ranks.contains(r) || past.iter().any(|p| p.0 == *r))
+            .collect();
+        // Where no record of it carries an error (the failed operation fell out of the
+        // recorders, as thousands queued behind it), the ranks' first troubles speak.
+        if texts.is_empty() {
+            for d in dumps.values().filter(|d| by_rank.contains_key(&d.rank)) {
+                texts.push(d.first_reason.as_str());
+                if d.first_reason.contains("timed out") {
+                    waited.push(d.rank);
+                }
+            }
+        }
+        let mut votes = blamed(&texts);
+        if votes.keys().any(|r| !waited.contains(r)) {
+            votes.retain(|r, _| !waited.contains(r));
+        }
         if !never_ranks.is_empty() {
             suspects.push(format!("rank(s) {never_ranks:?} behind in group '{g}' at {what}"));
         } else if stuck_ranks.len() == 1 && !completed.is_empty() {
@@ -280,6 +315,10 @@ fn run(args: &Args) -> Result<(), String> {
             suspects.push(format!(
                 "rank(s) {late:?}: stuck in {what} of group '{g}' like the others, but noticed the trouble only after \
                  them (a stopped or busy process)"
+            ));
+        } else if stuck_ranks.len() == 1 && !past.is_empty() {
+            suspects.push(format!(
+                "rank(s) {stuck_ranks:?} behind in group '{g}' at {what} (the others issued later ones)"
             ));
         } else if let Some((&r, &v)) = votes.iter().max_by_key(|(_, v)| **v) {
             line.push_str(&format!("; their errors name rank {r} ({v} of {})", texts.len()));
