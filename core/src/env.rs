@@ -85,7 +85,7 @@ pub fn env_parse_at<T>(
 /// # Errors
 /// As [`env_parse_at`].
 pub fn env_parse<T>(name: &str, expected: &str, parse: impl FnOnce(&str) -> Option<T>) -> Result<Option<T>> {
-    env_parse_at(&Ctx::process("anyccl"), "environment", name, expected, parse)
+    env_parse_at(&Ctx::process("anyccl"), "settings", name, expected, parse)
 }
 
 /// A switch: `0` or `1`; `None` when unset.

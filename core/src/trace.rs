@@ -125,13 +125,8 @@ pub fn snapshot(reason: &str) -> TraceDump {
 /// when the variable is set; where it went. Failures are logged, never raised: a dump is
 /// written while something else already went wrong.
 pub fn dump(reason: &str) -> Option<PathBuf> {
-    let dir = match crate::env::env_string("ANYCCL_TRACE_DIR") {
-        Ok(d) => PathBuf::from(d?),
-        Err(e) => {
-            tracing::warn!("no flight recorder dump: {e}");
-            return None;
-        }
-    };
+    // A path, read as the OS gives it (any bytes a path may hold).
+    let dir = PathBuf::from(std::env::var_os("ANYCCL_TRACE_DIR").filter(|d| !d.is_empty())?);
     // One writer at a time: a signal's dump and an error's may race in one process, and
     // share the temporary file.
     static WRITING: Mutex<()> = Mutex::new(());
