@@ -80,8 +80,8 @@ pub mod raw {
     pub use anyccl_core::{
         agree_window, async_trait, bad_env, coarse_now_ns, deadline_in, env_bytes, env_choice, env_flag, env_parse,
         env_parse_at, env_rank, env_secs, env_string, env_world_size, overlaps, parse_bytes, parse_flag, parse_secs,
-        read_regular_file, stable_hash, Collective, CommInfo, ConnectOptions, Ctx, Source, Ticket, WorkImpl,
-        MAX_RECORDS, MAX_TIMEOUT,
+        read_regular_file, stable_hash, write_file_atomically, Collective, CommInfo, ConnectOptions, Ctx, Source,
+        Ticket, WorkImpl, MAX_RECORDS, MAX_TIMEOUT,
     };
     pub use anyccl_core::{pattern, store};
 }

@@ -1,9 +1,10 @@
-//! Reading a file that a program trusts only so far (a checkpoint shard, a saved plan, a
-//! dump): only a regular file, never more than its caller expects, and an error that names
-//! the file at once, never a read that blocks on a FIFO or fills memory from `/dev/zero`.
+//! Files a job keeps (a checkpoint shard, a saved plan, a dump): written atomically, so a
+//! reader sees the old file or the new one and a failed write leaves nothing behind; read
+//! only when regular and never more than the caller expects, with an error that names the
+//! file at once, never a read that blocks on a FIFO or fills memory from `/dev/zero`.
 
 use crate::error::{Ctx, Result};
-use std::io::Read;
+use std::io::{Read, Write};
 use std::path::Path;
 
 /// The bytes of the regular file at `path`, at most `max_bytes` of them, for `op` in `ctx`.
@@ -41,6 +42,39 @@ pub fn read_regular_file(ctx: &Ctx, op: &str, path: impl AsRef<Path>, max_bytes:
         return Err(ctx.file(op, path, format!("grew past the {max_bytes} bytes expected while it was read")));
     }
     Ok(out)
+}
+
+/// Write `parts`, one after another, as the file at `path` for `op` in `ctx`, atomically: a
+/// temporary file beside it (`.<name>.tmp<pid>`), fsync, rename over `path`, fsync of the
+/// folder (made when missing). A reader sees the old file or the new one, never a part;
+/// when a step fails (a full disk, an fsync or a rename error) the temporary file is
+/// removed and the error says so.
+///
+/// # Errors
+/// `Io` naming the file, its temporary file or its folder, whichever failed, with the
+/// system's error as the source.
+pub fn write_file_atomically(ctx: &Ctx, op: &str, path: impl AsRef<Path>, parts: &[&[u8]]) -> Result<()> {
+    let path = path.as_ref();
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).map_err(|e| ctx.io(op, dir, e))?;
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "file".into());
+    let tmp = dir.join(format!(".{name}.tmp{}", std::process::id()));
+    let written = std::fs::File::create(&tmp)
+        .and_then(|mut f| parts.iter().try_for_each(|p| f.write_all(p)).and_then(|()| f.sync_all()))
+        .and_then(|()| std::fs::rename(&tmp, path));
+    if let Err(e) = written {
+        let mut e = ctx.io(op, path, e);
+        let note = match std::fs::remove_file(&tmp) {
+            Ok(()) => format!("; its partial file {} was removed", tmp.display()),
+            Err(r) if r.kind() == std::io::ErrorKind::NotFound => String::new(),
+            Err(r) => format!("; its partial file {} could not be removed ({r})", tmp.display()),
+        };
+        if let crate::Error::Io { detail, .. } = &mut e {
+            detail.push_str(&note);
+        }
+        return Err(e);
+    }
+    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(|e| ctx.io(op, dir, e))
 }
 
 #[cfg(unix)]
@@ -89,6 +123,28 @@ mod tests {
         let d = std::env::temp_dir().join(format!("anyccl-file-{}-{}", std::process::id(), rand::random::<u32>()));
         std::fs::create_dir_all(&d).unwrap();
         d
+    }
+
+    #[test]
+    fn an_atomic_write_replaces_the_file_and_a_failed_one_leaves_nothing() {
+        let d = dir();
+        let ctx = Ctx::new("test", 0, "");
+        let p = d.join("sub/f");
+        write_file_atomically(&ctx, "save", &p, &[b"ab", b"cd"]).unwrap();
+        write_file_atomically(&ctx, "save", &p, &[b"new"]).unwrap();
+        assert_eq!(std::fs::read(&p).unwrap(), b"new");
+        // A folder in the file's place: the rename fails, the temporary file goes.
+        let q = d.join("sub/occupied");
+        std::fs::create_dir_all(q.join("x")).unwrap();
+        let e = write_file_atomically(&ctx, "save", &q, &[b"x"]).unwrap_err().to_string();
+        assert!(e.contains("occupied") && e.contains("was removed"), "{e}");
+        let mut left: Vec<String> = std::fs::read_dir(d.join("sub"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into())
+            .collect();
+        left.sort();
+        assert_eq!(left, vec!["f".to_string(), "occupied".to_string()]);
+        std::fs::remove_dir_all(d).unwrap();
     }
 
     #[test]

@@ -62,7 +62,7 @@ pub use env::{
     parse_bytes, parse_flag, parse_secs, MAX_TIMEOUT,
 };
 pub use error::{Ctx, Error, Recovery, Result, Source};
-pub use file::read_regular_file;
+pub use file::{read_regular_file, write_file_atomically};
 pub use group::{stable_hash, GroupRegistry, GroupSpec, Role};
 pub use logging::init_logging;
 pub use platform::{DeviceMemory, HostMemory, HostPlatform, MemInfo, Platform};

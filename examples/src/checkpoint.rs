@@ -8,10 +8,9 @@
 //! which files are wrong and why, and all fall back together to the newest checkpoint
 //! that is consistent; when none is, every rank fails with the same list of files.
 
-use anyccl::raw::{read_regular_file, Ctx};
+use anyccl::raw::{read_regular_file, write_file_atomically, Ctx};
 use anyccl::{Error, Result, Store};
 use serde::{Deserialize, Serialize};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -63,8 +62,6 @@ pub fn step_dir(dir: &Path, step: u64) -> PathBuf {
 /// I/O errors, naming the file.
 pub fn write_shard(path: &Path, id: &ShardId, params: &[f32]) -> Result<()> {
     let ctx = Ctx::process(BACKEND);
-    let dir = path.parent().ok_or_else(|| ctx.file(WRITE, path, "the path has no folder"))?;
-    std::fs::create_dir_all(dir).map_err(|e| ctx.io(WRITE, dir, e))?;
     let header = serde_json::to_vec(id).map_err(|e| ctx.file(WRITE, path, format!("cannot encode its header: {e}")))?;
     let mut body = Vec::with_capacity(params.len() * 4 + header.len() + 16);
     body.extend_from_slice(MAGIC);
@@ -76,20 +73,7 @@ pub fn write_shard(path: &Path, id: &ShardId, params: &[f32]) -> Result<()> {
     }
     let crc = crc32fast::hash(&body);
     body.extend_from_slice(&crc.to_le_bytes());
-    let tmp = path.with_extension("tmp");
-    let written = std::fs::File::create(&tmp)
-        .and_then(|mut f| f.write_all(&body).and_then(|()| f.sync_all()))
-        .and_then(|()| std::fs::rename(&tmp, path));
-    if let Err(e) = written {
-        let e = ctx.io(WRITE, path, e);
-        return Err(match std::fs::remove_file(&tmp) {
-            Ok(()) => e.context(format!("its partial file {} was removed", tmp.display())),
-            Err(r) if r.kind() == std::io::ErrorKind::NotFound => e,
-            Err(r) => e.context(format!("its partial file {} could not be removed ({r})", tmp.display())),
-        });
-    }
-    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(|e| ctx.io(WRITE, dir, e))?;
-    Ok(())
+    write_file_atomically(&ctx, WRITE, path, &[&body])
 }
 
 /// Bytes of a shard whose header is `hlen` bytes and which holds `count` parameters; `None`

@@ -6,10 +6,9 @@
 
 use crate::plan::GroupPlan;
 use crate::report::StepCost;
-use anyccl_core::{env_parse_at, parse_bytes, read_regular_file, Ctx, Error, Result};
+use anyccl_core::{env_parse_at, parse_bytes, read_regular_file, write_file_atomically, Ctx, Error, Result};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 /// First word of a plan file.
@@ -64,24 +63,8 @@ impl PlanFile {
         let cx = Ctx::new("warmup", self.identity.rank, "");
         let body = serde_json::to_vec_pretty(self).map_err(|e| cx.file(WRITE, path, format!("cannot encode: {e}")))?;
         let sum = hex(&Sha256::digest(&body));
-        let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-        std::fs::create_dir_all(dir).map_err(|e| cx.io(WRITE, dir, e))?;
-        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("plan");
-        let tmp = dir.join(format!(".{name}.tmp{}", std::process::id()));
-        let written = (|| {
-            let mut f = std::fs::File::create(&tmp).map_err(|e| cx.io(WRITE, &tmp, e))?;
-            f.write_all(format!("{MAGIC} {PLAN_FORMAT} sha256={sum}\n").as_bytes())
-                .and_then(|()| f.write_all(&body))
-                .and_then(|()| f.write_all(b"\n"))
-                .and_then(|()| f.sync_all())
-                .map_err(|e| cx.io(WRITE, &tmp, e))?;
-            std::fs::rename(&tmp, path).map_err(|e| cx.io(WRITE, path, e))?;
-            std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(|e| cx.io(WRITE, dir, e))
-        })();
-        if written.is_err() {
-            let _ = std::fs::remove_file(&tmp);
-        }
-        written
+        let head = format!("{MAGIC} {PLAN_FORMAT} sha256={sum}\n");
+        write_file_atomically(&cx, WRITE, path, &[head.as_bytes(), &body, b"\n"])
     }
 
     /// Read and check a plan file: its format, its checksum, its JSON. Only a regular file is
