@@ -21,7 +21,7 @@
 //! The root holds what a program that *uses* collectives needs, by name: the
 //! [`Communicator`] and its [`Work`], buffers and dtypes, errors, groups, configuration, the
 //! store, platforms, logging, rank start-up and backend picking, with the warmup as
-//! [`warmup`], flight-recorder dumps as [`trace`] and the backends as [`backends`]. What a
+//! [`warmup`], flight-recorder dumps as [`trace`] and the backends as [`backends`](mod@backends). What a
 //! program that *implements* a backend, a store or a tool needs (the [`raw::Collective`]
 //! contract, [`raw::WorkImpl`], error context, the checked environment parser, clocks,
 //! store generations, test patterns) is under [`raw`]. Benchmark tools (raw NCCL, an
