@@ -154,6 +154,9 @@ pub fn pick_backend(requested: Option<&str>) -> Result<Arc<dyn Backend>> {
     for b in backends() {
         match b.probe() {
             Ok(info) => usable.push((b, info)),
+            // Installed but set up wrong (a malformed setting): an error, never a silent
+            // move to another backend.
+            Err(e) if !matches!(e, Error::Unavailable { .. }) => return Err(e),
             Err(e) => {
                 tracing::info!("not using {}: {e}", b.name());
                 why.push(e.to_string());

@@ -566,7 +566,9 @@ impl Communicator {
             // Not the library's error: this rank got a communicator where the spec says it
             // is no member, or none where it is one.
             (Some(_), None) | (None, Some(_)) => {
-                Err(self.ctx().aborted("split: the backend's split disagreed with the requested membership"))
+                // The same split would disagree again: fatal, as a library's usage error is.
+                let text = "the backend's split disagreed with the requested membership";
+                Err(self.ctx().backend_error("split", -1, text, crate::Recovery::Fatal))
             }
         }
     }

@@ -171,7 +171,9 @@ impl Detail {
             reply,
         };
         let ctx = crate::Ctx::new("detail", self.rank, self.group.clone());
-        let unavailable = |why: String| ctx.aborted(format!("{op}: detail mode cannot check it: {why}"));
+        // Process-wide and kept: no rebuild brings the checker back.
+        let unavailable =
+            |why: String| Error::unavailable("detail", format!("{op}: detail mode cannot check it: {why}"));
         checker().map_err(unavailable)?.send(req).map_err(|_| unavailable("the detail-mode thread ended".into()))?;
         // The checker's own store waits end at the deadline; a little more for its answer.
         let answer = answer

@@ -51,7 +51,7 @@ pub fn read_regular_file(ctx: &Ctx, op: &str, path: impl AsRef<Path>, max_bytes:
 /// removed and the error says so.
 ///
 /// # Errors
-/// `Io` naming the file, its temporary file or its folder, whichever failed, with the
+/// `Io` naming the file (or its folder, when that cannot be made or synced), with the
 /// system's error as the source.
 pub fn write_file_atomically(ctx: &Ctx, op: &str, path: impl AsRef<Path>, parts: &[&[u8]]) -> Result<()> {
     let path = path.as_ref();

@@ -12,6 +12,14 @@ use anyccl_core::{Ctx, Error, Result, Store};
 use std::collections::BTreeMap;
 use std::time::Instant;
 
+/// The decision of epoch `e` as the store holds it.
+///
+/// # Errors
+/// `Store` (fatal) when the bytes are not a decision.
+pub(crate) fn decode(e: u64, d: &[u8]) -> Result<Decision> {
+    serde_json::from_slice(d).map_err(|err| Error::store_fatal(format!("the decision of epoch {e} is not one: {err}")))
+}
+
 /// What an agreement needs to know about the caller.
 pub(crate) struct Agreement<'a> {
     pub(crate) store: &'a dyn Store,
@@ -22,7 +30,7 @@ pub(crate) struct Agreement<'a> {
     pub(crate) world: usize,
 }
 
-fn ctx(me: Member) -> Ctx {
+pub(crate) fn ctx(me: Member) -> Ctx {
     Ctx::new("membership", me.rank, "membership")
 }
 
@@ -35,9 +43,9 @@ impl Agreement<'_> {
     /// world is expected), proposed for `reason` unless another reason came first.
     ///
     /// # Errors
-    /// The decision's error (the same on every member): the agreement timed out, or this
-    /// process is not in the new view; store errors.
-    pub(crate) async fn run(&self, e: u64, prev: Option<&View>, reason: &str) -> Result<View> {
+    /// `Timeout` when no member could lead to a decision; store errors. The decision itself,
+    /// a failure included, is the `Ok` value.
+    pub(crate) async fn run(&self, e: u64, prev: Option<&View>, reason: &str) -> Result<Decision> {
         let (store, keys, me) = (self.store, self.keys, self.me);
         let started = Instant::now();
         let deadline = started + self.cfg.agree_timeout + self.cfg.stale_after;
@@ -49,17 +57,26 @@ impl Agreement<'_> {
         let mut watch = Staleness::new(self.cfg.stale_after);
         loop {
             if let Some(d) = store.get(&keys.decision(e)).await? {
-                return self.interpret(e, &d);
+                return decode(e, &d);
             }
             let leader = text(store.get(&keys.leader(e)).await?);
             let take = match &leader {
                 None => true,
                 Some(l) if *l == mine => true,
                 Some(l) => {
-                    // A leader is replaced only on evidence: its liveness record went stale.
-                    let rank = l.split_whitespace().next().and_then(|r| r.parse().ok()).unwrap_or(usize::MAX);
-                    let record = if rank < self.world { store.get(&keys.alive(rank)).await? } else { None };
-                    watch.stale(rank, record.as_deref())
+                    // A leader is replaced only on evidence: a record that it is gone, a
+                    // newer process of its rank, or its liveness record stale.
+                    let mut it = l.split_whitespace().map(|x| x.parse::<u64>().ok());
+                    let (rank, inc) = (it.next().flatten().unwrap_or(u64::MAX), it.next().flatten().unwrap_or(0));
+                    let rank = usize::try_from(rank).unwrap_or(usize::MAX);
+                    if rank >= self.world {
+                        true
+                    } else {
+                        let gone = store.get(&keys.gone(rank, inc)).await?.is_some();
+                        let record = store.get(&keys.alive(rank)).await?;
+                        let newer = record.as_deref().and_then(record_incarnation).is_some_and(|i| i > inc);
+                        gone || newer || watch.stale(rank, inc, record.as_deref())
+                    }
                 }
             };
             if take {
@@ -81,29 +98,10 @@ impl Agreement<'_> {
             // noticed within the limit plus a third, and waiting costs few requests.
             let look = (self.cfg.stale_after / 3).max(self.cfg.beat);
             match store.wait(&keys.decision(e), (Instant::now() + look).min(deadline)).await {
-                Ok(d) => return self.interpret(e, &d),
+                Ok(d) => return decode(e, &d),
                 Err(Error::Timeout { .. }) => {}
                 Err(err) => return Err(err),
             }
-        }
-    }
-
-    fn interpret(&self, e: u64, d: &[u8]) -> Result<View> {
-        let me = self.me;
-        let d: Decision = serde_json::from_slice(d)
-            .map_err(|err| Error::store_fatal(format!("the decision of epoch {e} is not one: {err}")))?;
-        match d {
-            Decision::Failed(msg) => {
-                Err(ctx(me).timeout(format!("agreement of epoch {e}"), self.cfg.agree_timeout, msg))
-            }
-            Decision::View(v) if v.contains(me) => Ok(v),
-            Decision::View(v) => Err(ctx(me).aborted(format!(
-                "rank {} (incarnation {}) is not a member of epoch {e} (members {:?}): the others went on without \
-                 it, having seen it gone (stopped, or killed and replaced)",
-                me.rank,
-                me.incarnation,
-                v.ranks()
-            ))),
         }
     }
 
@@ -153,7 +151,8 @@ impl Agreement<'_> {
                 let newer = record.as_deref().and_then(record_incarnation).zip(want).is_some_and(|(s, w)| s > w);
                 let stale = match (&record, want) {
                     (None, None) => false,
-                    _ => watch.stale(r, record.as_deref()),
+                    (_, Some(w)) => watch.stale(r, w, record.as_deref()),
+                    (Some(_), None) => watch.stale(r, 0, record.as_deref()),
                 };
                 if gone.is_some() || newer || stale {
                     continue;

@@ -42,11 +42,13 @@ pub use config::MembershipConfig;
 pub use view::{Member, View};
 
 use agree::Agreement;
-use anyccl_core::{Ctx, Error, Result, Store};
+use anyccl_core::{Ctx, Error, Recovery, Result, Store};
 use keys::Keys;
 use liveness::Shared;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
+use view::Decision;
 
 /// This process's place in the job's membership: its view, its liveness record (renewed
 /// while it lives), and the agreements it takes part in.
@@ -104,28 +106,39 @@ impl Membership {
     /// The job's start (no epoch decided yet), or this process's admission into a running
     /// job at its next epoch.
     async fn first_view(&mut self) -> Result<View> {
-        let current = self.store.get(&self.keys.current()).await?;
-        let current = current.and_then(|c| String::from_utf8_lossy(&c).trim().parse::<u64>().ok());
-        let Some(mut e) = current else {
-            return self.agreement().run(0, None, "the job starts").await;
+        let Some(current) = self.current().await? else {
+            let started = Instant::now();
+            let d = self.agreement().run(0, None, "the job starts").await?;
+            return self.outcome(0, d, started);
         };
         // A replacement: say so, then agree on the next epochs until one admits it.
         let me = self.me;
         self.store.set(&self.keys.joining(me.rank), me.incarnation.to_string().as_bytes()).await?;
-        let started = std::time::Instant::now();
+        let started = Instant::now();
+        let mut e = current + 1;
         loop {
-            let prev = self.decided(e).await?;
+            // The newest view decided (a failed epoch decides none) is what the epoch follows.
+            let latest = self.current().await?.unwrap_or(current);
+            let prev = self.decided(latest).await?;
+            e = e.max(latest + 1);
             let why = format!("rank {} (incarnation {}) joins", me.rank, me.incarnation);
-            match self.agreement().run(e + 1, Some(&prev), &why).await {
-                Ok(v) => return Ok(v),
-                // Decided before this process arrived: ask again at the next one.
-                Err(err) if started.elapsed() < self.cfg.agree_timeout && !matches!(err, Error::Timeout { .. }) => {
-                    tracing::info!("rank {} not admitted at epoch {}: {err}", me.rank, e + 1);
+            match self.agreement().run(e, Some(&prev), &why).await? {
+                Decision::View(v) if v.contains(me) => return Ok(v),
+                // Decided without this process (before it arrived), or failed: ask again at
+                // the next epoch, within the agreement timeout.
+                d if started.elapsed() < self.cfg.agree_timeout => {
+                    tracing::info!("rank {} not admitted at epoch {e}: {d:?}", me.rank);
                     e += 1;
                 }
-                Err(err) => return Err(err),
+                d => return self.outcome(e, d, started),
             }
         }
+    }
+
+    /// The newest epoch whose decision is a view.
+    async fn current(&self) -> Result<Option<u64>> {
+        let c = self.store.get(&self.keys.current()).await?;
+        Ok(c.and_then(|c| String::from_utf8_lossy(&c).trim().parse::<u64>().ok()))
     }
 
     /// The view decided at epoch `e`.
@@ -133,12 +146,44 @@ impl Membership {
         let d = self.store.get(&self.keys.decision(e)).await?;
         let d =
             d.ok_or_else(|| Error::store_fatal(format!("the store names epoch {e} current but holds no decision")))?;
-        match serde_json::from_slice::<view::Decision>(&d) {
-            Ok(view::Decision::View(v)) => Ok(v),
-            Ok(view::Decision::Failed(msg)) => {
-                Err(Ctx::new("membership", self.me.rank, format!("epoch {e}")).aborted(msg))
+        match agree::decode(e, &d)? {
+            Decision::View(v) => Ok(v),
+            Decision::Failed(msg) => {
+                Err(Error::store_fatal(format!("the store names failed epoch {e} current: {msg}")))
             }
-            Err(err) => Err(Error::store_fatal(format!("the decision of epoch {e} is not one: {err}"))),
+        }
+    }
+
+    /// What the decision of epoch `e` means for this process, which waited since `started`:
+    /// its view; or, when the agreement failed, a `Timeout` after which its view moves on to
+    /// `e` (members unchanged), so the next agreement is a new epoch and not this failed
+    /// one again; or, when the others went on without it, a fatal error (this process must
+    /// start again as a new incarnation), after which it stops beating, so its record does
+    /// not stand for a replacement of its rank.
+    fn outcome(&self, e: u64, d: Decision, started: Instant) -> Result<View> {
+        let me = self.me;
+        match d {
+            Decision::View(v) if v.contains(me) => Ok(v),
+            Decision::View(v) => {
+                self.shared.stop.store(true, Ordering::Release);
+                let text = format!(
+                    "rank {} (incarnation {}) is not a member of epoch {e} (members {:?}): the others went on \
+                     without it, having seen it gone (stopped, or killed and replaced); start it again as a new \
+                     process",
+                    me.rank,
+                    me.incarnation,
+                    v.ranks()
+                );
+                Err(agree::ctx(me).backend_error(&format!("agreement of epoch {e}"), 0, text, Recovery::Fatal))
+            }
+            Decision::Failed(msg) => {
+                let mut moved = self.view();
+                if moved.epoch < e {
+                    moved = View { epoch: e, left: Vec::new(), joined: Vec::new(), reason: msg.clone(), ..moved };
+                    self.set_view(moved);
+                }
+                Err(agree::ctx(me).timeout(format!("agreement of epoch {e}"), started.elapsed(), msg))
+            }
         }
     }
 
@@ -184,14 +229,18 @@ impl Membership {
     /// alone when the others went on without it.
     pub async fn agree(&self, reason: &str) -> Result<View> {
         let prev = self.view();
-        let v = self.agreement().run(prev.epoch + 1, Some(&prev), reason).await?;
+        let started = Instant::now();
+        let d = self.agreement().run(prev.epoch + 1, Some(&prev), reason).await?;
+        let v = self.outcome(prev.epoch + 1, d, started)?;
         self.set_view(v.clone());
         Ok(v)
     }
 
     /// Record that incarnation `incarnation` of `rank` is gone (the launcher saw it exit, a
-    /// backend saw its connection close for good) and propose the next epoch after `epoch`.
-    /// For callers that are not members (a launcher); members call [`Membership::agree`].
+    /// backend saw its connection close for good) and propose the next epoch. For callers
+    /// that are not members (a launcher); members call [`Membership::agree`]. Without an
+    /// incarnation it is the rank's newest: call it before the rank's replacement starts
+    /// (the replacement takes the next one).
     ///
     /// # Errors
     /// Store errors.

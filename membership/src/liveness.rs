@@ -26,11 +26,15 @@ impl Staleness {
         Staleness { seen: HashMap::new(), limit }
     }
 
-    /// Note `rank`'s record as read now; whether it has been unchanged for the limit.
-    pub(crate) fn stale(&mut self, rank: usize, record: Option<&[u8]>) -> bool {
+    /// Note `rank`'s record as read now; whether incarnation `inc` of the rank has not
+    /// renewed it for the limit. Only a renewal by that very process counts (`inc` 0: by
+    /// any): an older process of the rank that resumed and still beats, or a newer one, does
+    /// not keep it alive.
+    pub(crate) fn stale(&mut self, rank: usize, inc: u64, record: Option<&[u8]>) -> bool {
         let now = Instant::now();
+        let record = record.filter(|r| inc == 0 || record_incarnation(r) == Some(inc));
         let e = self.seen.entry(rank).or_insert_with(|| (record.map(<[u8]>::to_vec), now));
-        if e.0.as_deref() != record {
+        if record.is_some() && e.0.as_deref() != record {
             *e = (record.map(<[u8]>::to_vec), now);
         }
         now.duration_since(e.1) >= self.limit
@@ -109,7 +113,7 @@ async fn beat(store: &dyn Store, keys: &Keys, me: Member, shared: &Shared, watch
         Err(_) => return,
     };
     let replaced = record.as_deref().and_then(record_incarnation).is_some_and(|i| i > peer.incarnation);
-    if replaced || watch.stale(peer.rank, record.as_deref()) {
+    if replaced || watch.stale(peer.rank, peer.incarnation, record.as_deref()) {
         let what = if replaced {
             format!("a newer process of rank {} renews its record", peer.rank)
         } else {

@@ -150,8 +150,11 @@ fn membership_a_stopped_member_is_excluded_and_told_so_when_it_resumes() {
         assert!(vs.iter().all(|v| v.as_ref().is_ok_and(|v| ranks(v) == vec![0, 2])));
         // It resumes and takes part in the agreement it missed: it is not a member.
         stopped.shared.paused.store(false, std::sync::atomic::Ordering::Release);
-        let e = stopped.agree("resumed").await.unwrap_err().to_string();
-        assert!(e.contains("rank 1 (incarnation 1) is not a member of epoch 1"), "{e}");
+        let e = stopped.agree("resumed").await.unwrap_err();
+        assert!(e.to_string().contains("rank 1 (incarnation 1) is not a member of epoch 1"), "{e}");
+        // It must start again as a new process, and stops beating meanwhile.
+        assert_eq!(e.recovery(), anyccl_core::Recovery::Fatal);
+        assert!(stopped.shared.stop.load(std::sync::atomic::Ordering::Acquire));
     });
 }
 
@@ -165,8 +168,10 @@ fn membership_a_member_that_beats_but_never_arrives_fails_everyone_the_same_way(
         let t = Instant::now();
         let tasks: Vec<_> = ms.into_iter().map(|m| tokio::spawn(async move { (m.agree("test").await, m) })).collect();
         let mut errs = Vec::new();
+        let mut back = Vec::new();
         for task in tasks {
-            let (r, _m) = task.await.expect("task");
+            let (r, m) = task.await.expect("task");
+            back.push(m);
             let e = r.expect_err("cannot agree").to_string();
             // The decision's words, after the rank that reports them.
             errs.push(e.split_once("'membership': ").map(|x| x.1.to_string()).unwrap_or(e));
@@ -174,7 +179,42 @@ fn membership_a_member_that_beats_but_never_arrives_fails_everyone_the_same_way(
         assert_eq!(errs[0], errs[1], "the same error on every member");
         assert!(errs[0].contains("ranks [0] are alive") && errs[0].contains("epoch 1"), "{}", errs[0]);
         assert!(t.elapsed() < Duration::from_secs(4), "{:?}", t.elapsed());
+        // The failed epoch is behind them: once the absent member is gone, the next
+        // agreement is a new epoch and succeeds without it.
         drop(absent);
+        let tasks: Vec<_> =
+            back.into_iter().map(|m| tokio::spawn(async move { (m.agree("again").await, m) })).collect();
+        for task in tasks {
+            let (r, _m) = task.await.expect("task");
+            let v = r.expect("a new epoch, without the absent member");
+            assert_eq!((v.epoch, ranks(&v)), (2, vec![1, 2]));
+        }
+    });
+}
+
+/// The leader of an epoch is killed and its rank restarted at once: the new process renews
+/// the rank's liveness record, so the dead leader never goes stale; it is replaced on the
+/// evidence of the newer process, and the new process is admitted.
+#[test]
+fn membership_a_leader_killed_and_restarted_at_once_is_replaced() {
+    rt().block_on(async {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let c = MembershipConfig { agree_timeout: Duration::from_secs(20), ..cfg() };
+        let mut ms = start(&store, 4, &c).await;
+        let m3 = ms.remove(3);
+        store.compare_set(&format!("{}/epoch/1/proposed", c.prefix), None, b"test").await.unwrap();
+        store.compare_set(&format!("{}/epoch/1/leader", c.prefix), None, b"3 1").await.unwrap();
+        drop(m3);
+        let t = Instant::now();
+        let joiner = tokio::spawn(Membership::join(store.clone(), 3, 4, c.clone()));
+        let (_ms, vs) = agree_all(ms).await;
+        let joiner = joiner.await.expect("task").expect("the restarted rank is admitted");
+        for v in vs {
+            let v = v.expect("agreed past the dead leader");
+            assert_eq!(v.member(3), Some(Member { rank: 3, incarnation: 2 }), "{v:?}");
+        }
+        assert_eq!(joiner.view().epoch, 1);
+        assert!(t.elapsed() < Duration::from_secs(10), "{:?}: waited for the agreement timeout", t.elapsed());
     });
 }
 

@@ -5,9 +5,7 @@
 use crate::comm::DeviceComm;
 use crate::library::Library;
 use crate::runtime::DevicePlatform;
-use anyccl_core::{
-    async_trait, Backend, BackendInfo, Capabilities, Collective, ConnectOptions, Ctx, Error, Platform, Result,
-};
+use anyccl_core::{async_trait, Backend, BackendInfo, Capabilities, Collective, ConnectOptions, Ctx, Platform, Result};
 use std::fmt;
 use std::sync::Arc;
 
@@ -41,7 +39,7 @@ pub struct Loaded<L: 'static> {
 /// impl Adapter for NullAdapter {
 ///     type Lib = NullLibrary;
 ///     const NAME: &'static str = "null";
-///     fn load(&self) -> std::result::Result<Loaded<NullLibrary>, String> {
+///     fn load(&self) -> Result<Loaded<NullLibrary>> {
 ///         static LIB: OnceLock<NullLibrary> = OnceLock::new();
 ///         let lib = LIB.get_or_init(NullLibrary::default);
 ///         let capabilities = lib.capabilities(&NullRuntime::new());
@@ -62,12 +60,13 @@ pub trait Adapter: Send + Sync + fmt::Debug + 'static {
     type Lib: Library;
     /// The backend's name (`nccl`, `hccl`).
     const NAME: &'static str;
-    /// Load the library and count the devices, once per process; on failure, everything
-    /// looked for and where (never a panic).
+    /// Load the library and count the devices, once per process (never a panic).
     ///
     /// # Errors
-    /// The text of the backend's `Unavailable`.
-    fn load(&self) -> std::result::Result<Loaded<Self::Lib>, String>;
+    /// `Unavailable` listing everything looked for and where; `InvalidArgument` for a
+    /// setting of the backend that does not parse (the library is there, but set up wrong:
+    /// a program must not silently move to another backend).
+    fn load(&self) -> Result<Loaded<Self::Lib>>;
     /// The runtime of device `ordinal` (below [`Loaded::devices`]).
     ///
     /// # Errors
@@ -81,7 +80,7 @@ pub struct DeviceBackend<A>(pub A);
 
 impl<A: Adapter> DeviceBackend<A> {
     fn loaded(&self) -> Result<Loaded<A::Lib>> {
-        self.0.load().map_err(|reason| Error::unavailable(A::NAME, reason))
+        self.0.load()
     }
 }
 

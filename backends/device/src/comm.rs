@@ -149,15 +149,16 @@ fn backoff(spins: &mut u32) {
 }
 
 /// Drive an init or split to its end within `deadline`; abandons it on error or expiry.
+/// `started`: when the step that the init belongs to began (its root-id exchange
+/// included), for the time a timeout reports.
 async fn drive<L: Library>(
     lib: &'static L,
     mut p: L::Pending,
-    deadline: Instant,
+    (started, deadline): (Instant, Instant),
     ctx: &Ctx,
     op: &str,
     mut step: impl FnMut(&mut L::Pending) -> std::result::Result<Poll<Option<L::Comm>>, Option<LibError>>,
 ) -> Result<Option<L::Comm>> {
-    let started = Instant::now();
     loop {
         match step(&mut p) {
             Ok(Poll::Ready(c)) => return Ok(c),
@@ -190,11 +191,11 @@ async fn exchange_root_id<L: Library>(
     key: &str,
     first: bool,
     deadline: Instant,
-    ctx: &Ctx,
+    (ctx, op): (&Ctx, &str),
 ) -> Result<Vec<u8>> {
     if first {
         rt.bind()?;
-        let id = lib.root_id(rt).map_err(|e| e.into_error(ctx, "connect", Duration::ZERO))?;
+        let id = lib.root_id(rt).map_err(|e| e.into_error(ctx, op, Duration::ZERO))?;
         store.set(key, &id).await?;
         return Ok(id);
     }
@@ -202,7 +203,7 @@ async fn exchange_root_id<L: Library>(
         Ok(b) => b,
         Err(Error::Timeout { after, .. }) => {
             return Err(ctx.timeout(
-                "connect",
+                op,
                 after,
                 format!("the group's first rank never published the {} root id", ctx.backend),
             ))
@@ -241,10 +242,10 @@ pub async fn fresh_comm<L: Library>(
     op: &str,
 ) -> Result<L::Comm> {
     let started = Instant::now();
-    let id = exchange_root_id(lib, rt, store, key, rank == 0, deadline, ctx).await?;
+    let id = exchange_root_id(lib, rt, store, key, rank == 0, deadline, (ctx, op)).await?;
     rt.bind()?;
     let p = lib.init_start(rt, &id, rank, size, settings).map_err(|e| e.into_error(ctx, op, started.elapsed()))?;
-    let comm = drive(lib, p, deadline, ctx, op, |p| {
+    let comm = drive(lib, p, (started, deadline), ctx, op, |p| {
         rt.bind().ok();
         lib.poll(p).map_err(Some)
     })
@@ -577,7 +578,7 @@ impl<L: Library> DeviceComm<L> {
 
     /// Poll a split the library runs, under the lock and only while this communicator lives.
     async fn drive_split(&self, p: L::Pending, deadline: Instant, ctx: &Ctx) -> Result<Option<L::Comm>> {
-        drive(self.lib, p, deadline, ctx, "split", |p| {
+        drive(self.lib, p, (Instant::now(), deadline), ctx, "split", |p| {
             if self.dead().is_some() {
                 return Err(None);
             }

@@ -66,12 +66,13 @@ impl Adapter for HcclAdapter {
     type Lib = HcclLibrary;
     const NAME: &'static str = "hccl";
 
-    fn load(&self) -> std::result::Result<Loaded<HcclLibrary>, String> {
+    fn load(&self) -> Result<Loaded<HcclLibrary>> {
+        let unavailable = |why: String| anyccl_core::Error::unavailable("hccl", why);
         let (lib, (acl, devices)) = match (sys::hccl(), acl::probe()) {
             (Ok(l), Ok(a)) => (l, a),
-            (Err(h), Ok(_)) => return Err(h),
-            (Ok(_), Err(a)) => return Err(a),
-            (Err(h), Err(a)) => return Err(format!("{h}; {a}")),
+            (Err(h), Ok(_)) => return Err(unavailable(h)),
+            (Ok(_), Err(a)) => return Err(unavailable(a)),
+            (Err(h), Err(a)) => return Err(unavailable(format!("{h}; {a}"))),
         };
         static L: std::sync::OnceLock<HcclLibrary> = std::sync::OnceLock::new();
         let lib = L.get_or_init(|| HcclLibrary { lib, devices });

@@ -57,13 +57,14 @@ pub struct NcclAdapter;
 
 impl NcclAdapter {
     /// NCCL loaded and the CUDA devices counted, or every place looked.
-    fn ready() -> std::result::Result<(&'static NcclLibrary, usize), String> {
+    fn ready() -> Result<(&'static NcclLibrary, usize)> {
         library::blocking_setting()?;
+        let unavailable = |why: String| anyccl_core::Error::unavailable("nccl", why);
         let (lib, devices) = match (cuda::probe(), sys::lib()) {
             (Ok(devices), Ok(lib)) => (lib, devices),
-            (Err(c), Ok(_)) => return Err(c),
-            (Ok(_), Err(n)) => return Err(n),
-            (Err(c), Err(n)) => return Err(format!("{c}; {n}")),
+            (Err(c), Ok(_)) => return Err(unavailable(c)),
+            (Ok(_), Err(n)) => return Err(unavailable(n)),
+            (Err(c), Err(n)) => return Err(unavailable(format!("{c}; {n}"))),
         };
         static L: std::sync::OnceLock<NcclLibrary> = std::sync::OnceLock::new();
         Ok((L.get_or_init(|| NcclLibrary { lib }), devices))
@@ -79,7 +80,7 @@ impl Adapter for NcclAdapter {
     type Lib = NcclLibrary;
     const NAME: &'static str = "nccl";
 
-    fn load(&self) -> std::result::Result<Loaded<NcclLibrary>, String> {
+    fn load(&self) -> Result<Loaded<NcclLibrary>> {
         let (lib, devices) = Self::ready()?;
         let version = format!("{} ({})", version_text(lib.lib.version), lib.lib.path);
         Ok(Loaded { lib, devices, version, capabilities: nccl_capabilities(lib.lib, devices) })

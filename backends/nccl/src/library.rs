@@ -57,11 +57,10 @@ fn per_rank_host_ids() -> bool {
 
 /// Whether the data plane runs on a blocking communicator (`ANYCCL_NCCL_BLOCKING`, `0` or
 /// `1`, default on): read once; the backend's probe refuses a malformed value.
-pub(crate) fn blocking_setting() -> std::result::Result<bool, String> {
-    static SETTING: std::sync::OnceLock<std::result::Result<bool, String>> = std::sync::OnceLock::new();
-    SETTING
-        .get_or_init(|| Ok(anyccl_core::env_flag("ANYCCL_NCCL_BLOCKING").map_err(|e| e.to_string())?.unwrap_or(true)))
-        .clone()
+pub(crate) fn blocking_setting() -> anyccl_core::Result<bool> {
+    // Read each time it is asked (at the probe and at each capabilities query): a
+    // variable's read is cheap next to what follows, and the error is the parser's own.
+    Ok(anyccl_core::env_flag("ANYCCL_NCCL_BLOCKING")?.unwrap_or(true))
 }
 
 /// [`blocking_setting`] once the probe has accepted it.

@@ -7,7 +7,7 @@
 use crate::cuda::{Cuda, CudaMemory, Event, Stream};
 use crate::library::{NcclHandles, NcclLibrary};
 use crate::NcclAdapter;
-use anyccl_core::{CommConfig, Ctx, DType, Error, ReduceOp, Result, Store};
+use anyccl_core::{CommConfig, Ctx, DType, ReduceOp, Result, Store};
 use anyccl_device::{fresh_comm, Library, Plane, Settings};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -53,7 +53,7 @@ impl RawNccl {
         local_rank: usize,
         config: &CommConfig,
     ) -> Result<RawNccl> {
-        let (lib, devices) = NcclAdapter::ready().map_err(|why| Error::unavailable("nccl", why))?;
+        let (lib, devices) = NcclAdapter::ready()?;
         let cuda = Cuda::new((local_rank % devices) as i32)?;
         let deadline = anyccl_core::deadline_in(config.init_timeout);
         let settings = Settings::from_config("raw", config, config.op_timeout);

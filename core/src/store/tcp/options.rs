@@ -37,7 +37,7 @@ pub struct TcpStoreOptions {
     /// answers being written. A frame of more than 64 KiB waits for room (up to
     /// `request_timeout`) before its body is read; smaller ones never wait, so a few large
     /// frames cannot hold up the small requests that ranks mostly make. A frame larger than
-    /// this is read only while no other large one is held.
+    /// this is read only while nothing else is held (small requests are brief).
     pub max_buffered: usize,
 }
 
