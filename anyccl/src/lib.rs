@@ -21,9 +21,10 @@
 //! The root holds what a program that *uses* collectives needs, by name: the
 //! [`Communicator`] and its [`Work`], buffers and dtypes, errors, groups, configuration, the
 //! store, platforms, logging, rank start-up and backend picking, with the warmup as
-//! [`warmup`], flight-recorder dumps as [`trace`] and the backends as [`backends`](mod@backends). What a
-//! program that *implements* a backend, a store or a tool needs (the [`raw::Collective`]
-//! contract, [`raw::WorkImpl`], error context, the checked environment parser, clocks,
+//! [`warmup`], the membership of recovery in place as [`membership`], flight-recorder
+//! dumps as [`trace`] and the backends as [`backends`](mod@backends). What a program that
+//! *implements* a backend, a store or a tool needs (the [`raw::Collective`] contract,
+//! [`raw::WorkImpl`], error context, the checked environment parser, clocks,
 //! store generations, test patterns) is under [`raw`]. Benchmark tools (raw NCCL, an
 //! engine's stream) are under `bench`, with the feature of that name.
 //!
@@ -53,6 +54,12 @@ pub use anyccl_core::{
 /// The communicator warmup: plans, agreement and strategies (`anyccl-warmup`).
 pub mod warmup {
     pub use anyccl_warmup::*;
+}
+
+/// Who is in the job at which epoch, agreed through the store on evidence, for recovery in
+/// place (`anyccl-membership`).
+pub mod membership {
+    pub use anyccl_membership::*;
 }
 
 /// Flight-recorder dumps, and the recorder's records.

@@ -29,6 +29,11 @@ pub struct LaunchEnv {
     /// How often the job was restarted (`ANYCCL_RESTART_COUNT`, `TORCHELASTIC_RESTART_COUNT`,
     /// `SLURM_RESTART_COUNT`; default 0): a restarted rank claims its rank anew.
     pub restart: usize,
+    /// Which process of this rank this is within the restart (`ANYCCL_INCARNATION`, from 1;
+    /// default 1): an elastic launcher starts a failed rank's replacement as the next one,
+    /// which claims the rank anew while the others keep running (recovery in place). Two
+    /// processes of one rank and incarnation are still refused as "started twice".
+    pub incarnation: u64,
 }
 
 const OP_LAUNCH: &str = "LaunchEnv::from_env";
@@ -110,7 +115,21 @@ impl LaunchEnv {
         let job_id = first_var(&["ANYCCL_JOB_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID"]).map(|x| x.1);
         let restart =
             parse_num(&["ANYCCL_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT"])?.unwrap_or(0);
-        Ok(LaunchEnv { rank, world_size, local_rank, local_world_size, master_addr, master_port, job_id, restart })
+        let incarnation = env_parse_at(&ctx, OP_LAUNCH, "ANYCCL_INCARNATION", "a whole number from 1", |v| {
+            v.parse::<u64>().ok().filter(|i| *i >= 1)
+        })?
+        .unwrap_or(1);
+        Ok(LaunchEnv {
+            rank,
+            world_size,
+            local_rank,
+            local_world_size,
+            master_addr,
+            master_port,
+            job_id,
+            restart,
+            incarnation,
+        })
     }
 
     /// Variables a launcher sets for one rank only, from `ANYCCL_RANK_ENV`: `NAME=VALUE`
@@ -172,8 +191,16 @@ impl LaunchEnv {
         Ok((Arc::new(store), server))
     }
 
+    /// This process's claim on its rank: per restart, and per incarnation past the first.
+    fn claim_key(&self) -> String {
+        match self.incarnation {
+            1 => format!("anyccl/restart{}/rank{}", self.restart, self.rank),
+            i => format!("anyccl/restart{}/rank{}/incarnation{i}", self.restart, self.rank),
+        }
+    }
+
     fn duplicate_key(&self) -> String {
-        format!("anyccl/restart{}/rank{}/duplicate", self.restart, self.rank)
+        format!("{}/duplicate", self.claim_key())
     }
 
     /// Join the job in its store: the first rank to arrive records the job's identity and
@@ -194,16 +221,20 @@ impl LaunchEnv {
             )));
         }
         let me = format!("pid {} on {} ({:016x})", std::process::id(), host_name(), rand::random::<u64>());
-        let key = format!("anyccl/restart{}/rank{}", self.restart, self.rank);
-        let cas = store.compare_set(&key, None, me.as_bytes()).await?;
+        let cas = store.compare_set(&self.claim_key(), None, me.as_bytes()).await?;
         if !cas.swapped {
             let other = cas.current.map(|c| String::from_utf8_lossy(&c).into_owned()).unwrap_or_default();
             // The process that claimed the rank first hears of it too (see ClaimedStore).
             let _ = store.set(&self.duplicate_key(), format!("{me} claimed rank {} too", self.rank).as_bytes()).await;
             return Err(refuse(format!(
-                "rank {} of this job already joined the store at {addr} ({other}); this process ({me}) claims it \
-                 too: two jobs on one MASTER_PORT, or a rank started twice (set ANYCCL_JOB_ID to tell jobs apart)",
-                self.rank
+                "rank {}{} of this job already joined the store at {addr} ({other}); this process ({me}) claims \
+                 it too: two jobs on one MASTER_PORT, or a rank started twice (set ANYCCL_JOB_ID to tell jobs apart; \
+                 a replacement in the same restart needs the next ANYCCL_INCARNATION)",
+                self.rank,
+                match self.incarnation {
+                    1 => String::new(),
+                    i => format!(" (incarnation {i})"),
+                }
             )));
         }
         Ok(())

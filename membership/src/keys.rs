@@ -35,6 +35,11 @@ impl Keys {
     pub(crate) fn proposed(&self, e: u64) -> String {
         format!("{}/epoch/{e}/proposed", self.prefix)
     }
+    /// Present when epoch `e` is proposed because a process failed (its text: the first
+    /// failure reported); absent for an epoch that only admits a joiner.
+    pub(crate) fn failure(&self, e: u64) -> String {
+        format!("{}/epoch/{e}/failure", self.prefix)
+    }
     /// A member's arrival at epoch `e`: its incarnation.
     pub(crate) fn arrived(&self, e: u64, rank: usize) -> String {
         format!("{}/epoch/{e}/arrived/{rank}", self.prefix)

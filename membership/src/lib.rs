@@ -39,7 +39,7 @@ mod liveness;
 mod view;
 
 pub use config::MembershipConfig;
-pub use view::{Member, View};
+pub use view::{Member, Proposal, View};
 
 use agree::Agreement;
 use anyccl_core::{Ctx, Error, Recovery, Result, Store};
@@ -205,24 +205,26 @@ impl Membership {
         self.shared.view.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    /// The next epoch, and why, once some member proposed it (heard on the liveness beat,
-    /// without a store request): the caller should stop its step, abort its communicators
-    /// and call [`Membership::agree`].
-    pub fn proposed(&self) -> Option<(u64, String)> {
+    /// The next epoch, once some process proposed it (heard on the liveness beat, without a
+    /// store request). A failure: stop the step, abort the communicators and call
+    /// [`Membership::agree`]; a joiner: finish the step first.
+    pub fn proposed(&self) -> Option<Proposal> {
         let p = self.shared.proposed.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        p.filter(|(e, _)| *e > self.view().epoch)
+        p.filter(|p| p.epoch > self.view().epoch)
     }
 
-    /// Call `f(epoch, reason)` from the liveness thread once for each epoch proposed after
-    /// this one: the place to abort this process's communicators, so a rank blocked in a
-    /// collective of a "healthy" group returns instead of waiting for a peer that is itself
-    /// in recovery. `f` must not block.
-    pub fn on_proposal(&self, f: impl Fn(u64, &str) + Send + 'static) {
+    /// Call `f` from the liveness thread once for each epoch proposed after this one, and
+    /// again when a proposed epoch turns out to be a failure: the place to abort this
+    /// process's communicators on a failure, so a rank blocked in a collective of a
+    /// "healthy" group returns instead of waiting for a peer that is itself in recovery
+    /// (NCCL over NVLink reports no dead peer). `f` must not block.
+    pub fn on_proposal(&self, f: impl Fn(&Proposal) + Send + 'static) {
         *self.shared.on_proposal.lock().unwrap_or_else(|p| p.into_inner()) = Some(Box::new(f));
     }
 
-    /// Agree on the next epoch, proposing it for `reason` (a backend's `PeerFailed`, a closed
-    /// connection) unless another member proposed it first; every member calls it.
+    /// Agree on the next epoch, proposing it for `reason` unless another process proposed it
+    /// first; every member calls it (after [`Membership::proposed`] says so, or after a
+    /// failure of its own: then [`Membership::fail`]).
     ///
     /// # Errors
     /// The same error on every member when they cannot agree; an error on this process
@@ -234,6 +236,21 @@ impl Membership {
         let v = self.outcome(prev.epoch + 1, d, started)?;
         self.set_view(v.clone());
         Ok(v)
+    }
+
+    /// Agree on the next epoch after a failure this process saw (a backend's `PeerFailed`,
+    /// a closed connection, an operation that timed out): the epoch is marked a failure, so
+    /// every member hears to abort its communicators, then as [`Membership::agree`]. Who is
+    /// gone is still decided on evidence: a member that only saw an error does not exclude
+    /// the peer it blames.
+    ///
+    /// # Errors
+    /// As [`Membership::agree`].
+    pub async fn fail(&self, reason: &str) -> Result<View> {
+        let next = self.view().epoch + 1;
+        let why = format!("rank {}: {reason}", self.me.rank);
+        self.store.compare_set(&self.keys.failure(next), None, why.as_bytes()).await?;
+        self.agree(&why).await
     }
 
     /// Record that incarnation `incarnation` of `rank` is gone (the launcher saw it exit, a
@@ -259,6 +276,7 @@ impl Membership {
         store.compare_set(&keys.gone(rank, inc), None, why.as_bytes()).await?;
         if let Some(c) = store.get(&keys.current()).await? {
             if let Ok(e) = String::from_utf8_lossy(&c).trim().parse::<u64>() {
+                store.compare_set(&keys.failure(e + 1), None, why.as_bytes()).await?;
                 store.compare_set(&keys.proposed(e + 1), None, why.as_bytes()).await?;
             }
         }

@@ -4,7 +4,7 @@
 //! for the job), and hears of a proposed epoch on the same beat.
 
 use crate::keys::Keys;
-use crate::view::{Member, View};
+use crate::view::{Member, Proposal, View};
 use crate::MembershipConfig;
 use anyccl_core::Store;
 use std::collections::HashMap;
@@ -46,16 +46,17 @@ pub(crate) fn record_incarnation(record: &[u8]) -> Option<u64> {
     std::str::from_utf8(record).ok()?.split_whitespace().next()?.parse().ok()
 }
 
-/// What a member runs when it hears of a proposed epoch: `f(epoch, reason)`.
-pub(crate) type OnProposal = Box<dyn Fn(u64, &str) + Send>;
+/// What a member runs when it hears of a proposed epoch, or that a proposed one is a failure.
+pub(crate) type OnProposal = Box<dyn Fn(&Proposal) + Send>;
 
 /// What the heartbeat thread shares with the [`crate::Membership`].
 pub(crate) struct Shared {
     /// The view this member is in (the heartbeat watches its next member in it).
     pub(crate) view: Mutex<View>,
-    /// The newest proposed epoch heard of, and why.
-    pub(crate) proposed: Mutex<Option<(u64, String)>>,
-    /// Called once per proposed epoch, from the heartbeat thread.
+    /// The newest proposed epoch heard of.
+    pub(crate) proposed: Mutex<Option<Proposal>>,
+    /// Called once per proposed epoch, and again when it turns out to be a failure, from
+    /// the heartbeat thread.
     pub(crate) on_proposal: Mutex<Option<OnProposal>>,
     pub(crate) stop: AtomicBool,
     pub(crate) beats: AtomicU64,
@@ -92,18 +93,20 @@ async fn beat(store: &dyn Store, keys: &Keys, me: Member, shared: &Shared, watch
     let view = shared.view.lock().map(|v| v.clone()).unwrap_or_else(|p| p.into_inner().clone());
     let next = view.epoch + 1;
     if let Ok(Some(why)) = store.get(&keys.proposed(next)).await {
-        let why = String::from_utf8_lossy(&why).into_owned();
-        let first = {
+        let failure = matches!(store.get(&keys.failure(next)).await, Ok(Some(_)));
+        let heard = Proposal { epoch: next, reason: String::from_utf8_lossy(&why).into_owned(), failure };
+        let news = {
             let mut p = shared.proposed.lock().unwrap_or_else(|p| p.into_inner());
-            let first = p.as_ref().is_none_or(|(e, _)| *e < next);
-            if first {
-                *p = Some((next, why.clone()));
+            // News: a newer epoch, or the same one now known to be a failure.
+            let news = p.as_ref().is_none_or(|q| q.epoch < next || (q.epoch == next && failure && !q.failure));
+            if news {
+                *p = Some(heard.clone());
             }
-            first
+            news
         };
-        if first {
+        if news {
             if let Some(f) = shared.on_proposal.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
-                f(next, &why);
+                f(&heard);
             }
         }
     }
@@ -122,6 +125,7 @@ async fn beat(store: &dyn Store, keys: &Keys, me: Member, shared: &Shared, watch
         let why =
             format!("rank {} (incarnation {}) is gone: {what}, seen by rank {}", peer.rank, peer.incarnation, me.rank);
         let _ = store.compare_set(&keys.gone(peer.rank, peer.incarnation), None, why.as_bytes()).await;
+        let _ = store.compare_set(&keys.failure(next), None, why.as_bytes()).await;
         let _ = store.compare_set(&keys.proposed(next), None, why.as_bytes()).await;
     }
 }

@@ -119,6 +119,48 @@ fn membership_a_replacement_joins_with_a_new_incarnation() {
 }
 
 #[test]
+fn membership_a_failure_is_heard_as_one_and_a_join_is_not() {
+    rt().block_on(async {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let c = cfg();
+        let mut ms = start(&store, 3, &c).await;
+        let heard: Arc<std::sync::Mutex<Vec<crate::Proposal>>> = Arc::default();
+        for m in &ms {
+            let h = heard.clone();
+            m.on_proposal(move |p| h.lock().expect("lock").push(p.clone()));
+        }
+        // A member saw an error of its own: every member hears a failure, nobody is left
+        // out on that alone.
+        let failing = ms.remove(2);
+        let t = tokio::spawn(async move { (failing.fail("connection to rank 1 closed").await, failing) });
+        let (mut ms, vs) = agree_all(ms).await;
+        let (v2, failing) = t.await.expect("task");
+        ms.push(failing);
+        for v in vs.iter().chain([&v2]) {
+            assert_eq!(v.as_ref().map(ranks).expect("agreed"), vec![0, 1, 2]);
+        }
+        assert!(heard.lock().expect("lock").iter().any(|p| p.epoch == 1 && p.failure), "{heard:?}");
+        // A launcher reports rank 1 gone: a failure. Its replacement's epoch is not one.
+        drop(ms.remove(1));
+        Membership::report_gone(store.as_ref(), &c, 1, Some(1), "exited on signal 9").await.expect("report");
+        let (ms, vs) = agree_all(ms).await;
+        assert!(vs.iter().all(|v| v.as_ref().is_ok_and(|v| ranks(v) == vec![0, 2])));
+        heard.lock().expect("lock").clear();
+        let joiner = tokio::spawn(Membership::join(store.clone(), 1, 3, c.clone()));
+        let t0 = Instant::now();
+        while ms[0].proposed().is_none() && t0.elapsed() < Duration::from_secs(5) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let p = ms[0].proposed().expect("the join is heard");
+        assert_eq!((p.epoch, p.failure), (3, false), "{p:?}");
+        let (_ms, vs) = agree_all(ms).await;
+        joiner.await.expect("task").expect("admitted");
+        assert!(vs.iter().all(|v| v.as_ref().is_ok_and(|v| ranks(v) == vec![0, 1, 2])));
+        assert!(heard.lock().expect("lock").iter().all(|p| !p.failure), "{heard:?}");
+    });
+}
+
+#[test]
 fn membership_a_second_failure_during_the_agreement_is_decided_on_the_same_evidence() {
     rt().block_on(async {
         let store: Arc<dyn Store> = Arc::new(MemoryStore::new());

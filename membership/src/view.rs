@@ -44,6 +44,20 @@ impl View {
     }
 }
 
+/// A proposed next epoch, as a member hears of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Proposal {
+    /// The epoch proposed.
+    pub epoch: u64,
+    /// Why (the first reason given).
+    pub reason: String,
+    /// A process failed (a member's [`crate::Membership::fail`], a launcher's
+    /// [`crate::Membership::report_gone`], a liveness record gone stale): a member should
+    /// abort its communicators now, as a peer of some of them is gone. `false`: the epoch
+    /// only admits a joiner, and a member may finish its step before it agrees.
+    pub failure: bool,
+}
+
 /// What the leader of an epoch publishes: the same for every member.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) enum Decision {

@@ -25,8 +25,8 @@ pub(crate) enum Outcome {
 }
 
 /// This rank's part of the outcome (the last step of a run): the generation's verdict.
-/// Each rank reports (one request) and waits for the verdict (one); rank 0 tallies the
-/// reports in one multi-key wait, unless a failure stored the verdict first. Should rank 0
+/// Each rank reports (one request) and waits for the verdict (one); the first member tallies the
+/// reports in one multi-key wait, unless a failure stored the verdict first. Should it
 /// never decide (dead or stopped), one rank claims the naming at the deadline and stores
 /// which ranks never reported.
 pub(crate) async fn outcome(s: &Session<'_>, exec: &Result<()>, deadline: Instant) -> Outcome {
@@ -52,14 +52,15 @@ pub(crate) async fn outcome(s: &Session<'_>, exec: &Result<()>, deadline: Instan
         return cas(Outcome::Failed(format!("rank {} could not report its outcome: {e}", s.rank))).await;
     }
     // Every rank's report key: read by rank 0, or by the namer, only.
-    let reports = || (0..s.world_size).map(|r| s.key(&format!("outcome/{r}"))).collect::<Vec<String>>();
+    let ranks = s.ranks();
+    let reports = || ranks.iter().map(|r| s.key(&format!("outcome/{r}"))).collect::<Vec<String>>();
     let outcome_deadline = deadline.max(Instant::now()) + Duration::from_secs(1);
-    if s.rank == 0 {
+    if ranks.first() == Some(&s.rank) {
         let keys = reports();
         tokio::select! {
             Ok(v) = s.store.wait(key, outcome_deadline) => return read(v),
             all = s.store.wait_many(&keys, outcome_deadline) => if let Ok(all) = all {
-                return cas(tally(&keys, &all)).await;
+                return cas(tally(&ranks, &keys, &all)).await;
             },
         }
     }
@@ -67,13 +68,15 @@ pub(crate) async fn outcome(s: &Session<'_>, exec: &Result<()>, deadline: Instan
     if let Ok(v) = s.store.wait(key, outcome_deadline + grace).await {
         return read(v);
     }
-    // No verdict: rank 0 never decided. One rank names the ranks that never reported.
+    // No verdict: the first member never decided. One rank names the ranks that never reported.
     let namer = s.store.compare_set(&s.key("outcome/namer"), None, s.rank.to_string().as_bytes()).await;
     if namer.is_ok_and(|n| n.swapped) {
         let keys = reports();
         let local = match s.store.wait_many(&keys, Instant::now()).await {
-            Ok(all) => tally(&keys, &all),
-            Err(e) => Outcome::Timeout(format!("rank 0 decided nothing and the reports cannot be read ({e})")),
+            Ok(all) => tally(&ranks, &keys, &all),
+            Err(e) => {
+                Outcome::Timeout(format!("the first member decided nothing and the reports cannot be read ({e})"))
+            }
         };
         return cas(local).await;
     }
@@ -83,13 +86,13 @@ pub(crate) async fn outcome(s: &Session<'_>, exec: &Result<()>, deadline: Instan
     }
 }
 
-/// The verdict the reports `all` (of `keys`, one per rank) give.
-fn tally(keys: &[String], all: &[Option<Vec<u8>>]) -> Outcome {
+/// The verdict the reports `all` (of `keys`, one per rank of `ranks`) give.
+fn tally(ranks: &[usize], keys: &[String], all: &[Option<Vec<u8>>]) -> Outcome {
     let mut silent = Vec::new();
     let mut failed = Vec::new();
-    for (r, v) in all.iter().enumerate() {
-        match v.as_deref().map(|v| decode::<Outcome>(&keys[r], v)) {
-            None | Some(Err(_)) => silent.push(r),
+    for (i, v) in all.iter().enumerate() {
+        match v.as_deref().map(|v| decode::<Outcome>(&keys[i], v)) {
+            None | Some(Err(_)) => silent.push(ranks[i]),
             Some(Ok(Outcome::Ok)) => {}
             Some(Ok(Outcome::Failed(why) | Outcome::Timeout(why))) => failed.push(why),
         }

@@ -54,7 +54,7 @@ enum Final {
 ///         .filter(|c| train_step.iter().any(|g| g.name == c.spec().name))
 ///         .map(Target::new)
 ///         .collect();
-///     let session = Session { store, job: "trainer", generation: restarts, rank, world_size, platform };
+///     let session = Session { store, job: "trainer", generation: restarts, rank, world_size, members: None, platform };
 ///     let report = warmup(&session, &targets, &WarmupConfig::from_env(WarmupConfig::default())?).await?;
 ///     print!("{}", report.table());
 ///     Ok(())
@@ -112,6 +112,7 @@ pub(crate) async fn run_plans(
         report.skipped = Some("the backend connects every transport at init (no lazy connect)".into());
         return Ok(report);
     }
+    s.check()?;
     let deadline = anyccl_core::deadline_in(cfg.timeout);
 
     // 1. One run per (job, generation, rank): a retried call replays the outcome.

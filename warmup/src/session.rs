@@ -16,8 +16,12 @@ pub struct Session<'a> {
     pub generation: u64,
     /// This rank in the job.
     pub rank: usize,
-    /// Ranks in the job; every one of them calls the warmup.
+    /// Ranks in the job; every one of them calls the warmup, unless `members` names fewer.
     pub world_size: usize,
+    /// The ranks that call this warmup, when not every rank of the job does: after a
+    /// recovery in place, the members of the new epoch (in increasing order, this rank among
+    /// them; the first one tallies the outcome). `None`: ranks `0..world_size`.
+    pub members: Option<&'a [usize]>,
     /// This rank's device.
     pub platform: &'a dyn Platform,
 }
@@ -49,6 +53,30 @@ pub(crate) fn decode<T: serde::de::DeserializeOwned>(key: &str, v: &[u8]) -> Res
 impl Session<'_> {
     pub(crate) fn key(&self, rest: &str) -> String {
         format!("warmup/{}/{}/{rest}", self.job, self.generation)
+    }
+
+    /// The ranks that take part, in order.
+    pub(crate) fn ranks(&self) -> Vec<usize> {
+        match self.members {
+            Some(m) => m.to_vec(),
+            None => (0..self.world_size).collect(),
+        }
+    }
+
+    /// A session that cannot work, before anything is published.
+    pub(crate) fn check(&self) -> Result<()> {
+        let Some(m) = self.members else { return Ok(()) };
+        let bad = |msg: String| ctx(self.rank, "").invalid("warmup", "session.members", msg);
+        if !m.contains(&self.rank) {
+            return Err(bad(format!("rank {} is not among the members {m:?}", self.rank)));
+        }
+        if let Some(w) = m.windows(2).find(|w| w[0] >= w[1]) {
+            return Err(bad(format!("the members {m:?} are not in increasing order ({} before {})", w[0], w[1])));
+        }
+        if let Some(r) = m.iter().find(|&&r| r >= self.world_size) {
+            return Err(bad(format!("member {r} is not below the world size {}", self.world_size)));
+        }
+        Ok(())
     }
 }
 

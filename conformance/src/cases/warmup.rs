@@ -36,6 +36,7 @@ fn session<'a>(cx: &'a RankCtx, generation: u64) -> Session<'a> {
         generation,
         rank: cx.rank,
         world_size: cx.size,
+        members: None,
         platform: cx.platform.as_ref(),
     }
 }
@@ -156,6 +157,39 @@ fn repeated_generation(cx: &RankCtx) -> CaseResult {
     ensure!(again.replayed && shape(&again) == shape(&first), "the repeat did not return the recorded outcome");
     let next = cx.block_on(warmup(&session(cx, 8), &[Target::new(&g)], &cfg))?;
     ensure!(!next.replayed && g.issued() > issued, "a new generation should run again");
+    Ok(())
+}
+
+/// Recovery in place: the last rank has left; the others connect a new group among
+/// themselves under the next epoch's namespace and warm it as that epoch's members (a new
+/// generation), without the rank that left ever calling; the group then reduces correctly.
+/// A member list that leaves this rank out is refused before anything is published.
+fn rebuilt_among_members(cx: &RankCtx) -> CaseResult {
+    let survivors: Vec<usize> = (0..cx.size - 1).collect();
+    let mut alone = session(cx, 3);
+    alone.members = Some(&survivors);
+    if cx.rank == cx.size - 1 {
+        let refused = cx.block_on(warmup(&alone, &[], &config(Duration::from_secs(5))));
+        let ok = matches!(&refused, Err(Error::InvalidArgument { arg, .. }) if *arg == "session.members");
+        ensure!(ok, "a rank outside its members should be refused naming session.members: {refused:?}");
+        return Ok(());
+    }
+    let spec = GroupSpec::new("dp@e1", survivors.clone(), "conformance", Role::Data);
+    let dev = cx.platform.device();
+    let cfg = cx.comm.config().clone();
+    let g = cx.block_on(Communicator::connect(cx.backend.as_ref(), spec, cx.rank, cx.store.clone(), dev, cfg))?;
+    let r = cx.block_on(warmup(&alone, &[Target::new(&g)], &config(Duration::from_secs(30))))?;
+    if survivors.len() > 1 {
+        ensure!(!r.steps.is_empty() && g.issued() > 0, "the rebuilt group was not warmed: {r:?}");
+    }
+    ensure!(r.generation == 3 && !r.replayed, "expected a first run of generation 3: {r:?}");
+    let send = cx.upload(anyccl_core::DType::F32, &[(cx.rank + 1) as f64; 8])?;
+    let mut recv = cx.zeros(anyccl_core::DType::F32, 8)?;
+    cx.wait(g.all_reduce(Some(send.view()), recv.view_mut(), anyccl_core::ReduceOp::Sum)?)?;
+    let want = (1..=survivors.len()).sum::<usize>() as f64;
+    let got = cx.download(recv.as_ref())?;
+    ensure!(got.iter().all(|v| *v == want), "the rebuilt group reduced to {got:?}, expected {want}");
+    cx.block_on(g.shutdown())?;
     Ok(())
 }
 
@@ -333,6 +367,7 @@ pub fn register(v: &mut Vec<crate::registry::Case>) {
     v.push(Case::new("warmup", "probe_failure_aborts_everywhere", &[2, 3, 4], probe_fails));
     v.push(Case::new("warmup", "hung_rank_times_out_everywhere", &[2, 3], rank_hangs));
     v.push(Case::new("warmup", "repeated_generation_issues_nothing", &[2, 3], repeated_generation));
+    v.push(Case::new("warmup", "rebuilt_group_warmed_among_its_members", &[2, 3, 4, 8], rebuilt_among_members));
     v.push(Case::new("warmup", "cross_engine_group_never_touched", &[2, 3, 4], cross_engine));
     v.push(Case::new("warmup", "recorded_plan_replay", &[2, 3, 4], recorded));
     v.push(Case::new("warmup", "memory_precheck_refuses", &[2], memory_refusal));

@@ -224,6 +224,7 @@ async fn train(job: &Job) -> Res<ExitCode> {
             generation: 1,
             rank: me,
             world_size: n,
+            members: None,
             platform: rank.platform.as_ref(),
         };
         let wcfg = WarmupConfig { enabled: true, force: true, ..WarmupConfig::from_env(WarmupConfig::default())? };

@@ -70,6 +70,7 @@ async fn run(args: &Args) -> Result<()> {
         generation: 1,
         rank: me,
         world_size: n,
+        members: None,
         platform: platform.as_ref(),
     };
     // Whose plan a file is: this program's groups at this size, on this backend.

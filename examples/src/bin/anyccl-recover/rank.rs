@@ -171,6 +171,7 @@ impl<'j> Rank<'j> {
             generation: 1,
             rank: self.me(),
             world_size: self.env.world_size,
+            members: None,
             platform: self.platform.as_ref(),
         }
     }

@@ -144,8 +144,15 @@ async fn child(a: &Args, k: usize) -> Result<ExitCode, String> {
                 }
             }
             let targets: Vec<Target<'_>> = comms.iter().map(Target::new).collect();
-            let session =
-                Session { store: &*store, job: "sim", generation: 1, rank: r, world_size: world, platform: &platform };
+            let session = Session {
+                store: &*store,
+                job: "sim",
+                generation: 1,
+                rank: r,
+                world_size: world,
+                members: None,
+                platform: &platform,
+            };
             let cfg = WarmupConfig { enabled: true, timeout, sizes: Sizes::default(), ..WarmupConfig::default() };
             let run = || async {
                 if saved {
