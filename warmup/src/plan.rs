@@ -284,6 +284,41 @@ pub fn plan_from_recording(
     Some(GroupPlan::of(spec, n, steps, true))
 }
 
+impl GroupPlan {
+    /// This plan, recorded on a group of the same name before a recovery in place, re-made
+    /// for the group's rebuilt communicator `comm` (a new name per epoch, perhaps another
+    /// size): point-to-point pairs outside the new size are dropped (a pipeline's are
+    /// re-made for the new number of stages), all_to_all counts are made divisible by it,
+    /// and the result is checked. `None` when the group is excluded from warmups (one
+    /// member, cross-engine) or nothing of the plan can run on it.
+    pub fn rebuilt_for(&self, comm: &Communicator) -> Option<GroupPlan> {
+        if exclusion(comm, false).is_some() {
+            return None;
+        }
+        let n = comm.size();
+        let mut steps = Vec::new();
+        for s in &self.steps {
+            let mut s = s.clone();
+            if s.kind == Kind::AllToAll {
+                s.count = s.count.div_ceil(n).max(1) * n;
+            }
+            if !s.pairs.is_empty() {
+                s.pairs = if n != self.size && comm.spec().role == Role::Pipeline {
+                    pipeline_pairs(n)
+                } else {
+                    s.pairs.iter().copied().filter(|&(a, b)| a < n && b < n).collect()
+                };
+                if s.pairs.is_empty() {
+                    continue;
+                }
+            }
+            steps.push(s);
+        }
+        let plan = GroupPlan::of(comm.spec(), n, steps, false);
+        (!plan.steps.is_empty() && plan.check().is_ok()).then_some(plan)
+    }
+}
+
 /// Merge members' recorded plans: the union of their steps, point-to-point pairs of the
 /// same (kind, dtype, count) joined.
 pub fn merge(plans: &[GroupPlan]) -> Option<GroupPlan> {

@@ -40,6 +40,25 @@ pub(crate) struct Job {
     /// The last rank exits (code 17) when it reaches this step.
     #[arg(long)]
     pub(crate) crash_at: Option<u64>,
+    /// The last rank kills itself with SIGKILL in the middle of this step (its first
+    /// process only: a replacement does not). The demo's default: the step after 3/5 of
+    /// `--steps`.
+    #[arg(long)]
+    pub(crate) kill_at: Option<u64>,
+    /// Each step takes at least this long, in milliseconds (a stand-in for a real model's
+    /// compute; 0 to 60000). The in-place demo's default is 150, so that the replacement
+    /// rejoins before the run ends.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(0..=60_000))]
+    pub(crate) step_ms: Option<u64>,
+    /// Recover in place: survivors agree on who is in (anyccl's membership), rebuild and warm
+    /// their groups, and go on; a replacement (`anyccl-run --elastic`) rejoins and is fed
+    /// the parameters by a healthy replica. No checkpoint is read.
+    #[arg(long, conflicts_with_all = ["resume_from", "crash_at"])]
+    pub(crate) in_place: bool,
+    /// With `--in-place`: replay the participation record of an in-place run (which
+    /// replicas trained which steps) with no fault, as the reference it must equal.
+    #[arg(long, requires = "in_place")]
+    pub(crate) replay: Option<PathBuf>,
     /// Recover from the latest complete checkpoint under this run directory.
     #[arg(long)]
     pub(crate) resume_from: Option<PathBuf>,

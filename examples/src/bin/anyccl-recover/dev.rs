@@ -41,6 +41,15 @@ impl Dev<'_> {
         }
         Ok(())
     }
+    /// `data` from group rank `root` to every member of `c`, in place.
+    pub(crate) fn broadcast(&self, c: &Communicator, data: &mut [f32], root: usize) -> Result<()> {
+        if c.size() == 1 {
+            return Ok(());
+        }
+        let mut m = self.upload(data)?;
+        c.broadcast(None, m.view_mut(), root)?.wait(self.timeout)?;
+        self.download(m.as_ref(), data)
+    }
     pub(crate) fn send(&self, c: &Communicator, data: &[f32], peer: usize) -> Result<()> {
         let m = self.upload(data)?;
         let mut w = c.send(m.view(), peer)?;

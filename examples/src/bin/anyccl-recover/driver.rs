@@ -7,12 +7,13 @@ use anyccl::{DeviceKind, Result};
 use anyccl_examples::checkpoint as ckpt;
 use anyccl_examples::machine;
 use std::io::Write;
+use std::path::Path;
 use std::process::{Command, ExitCode};
 use std::time::Instant;
 
 /// The parallel layout: `--dp`, `--pp` or their defaults for this host, and whether the
 /// ranks run on an accelerator (else their device memory is host memory).
-fn layout(job: &Job) -> Result<(usize, usize, bool)> {
+pub(crate) fn layout(job: &Job) -> Result<(usize, usize, bool)> {
     // On an accelerator backend: how many ranks this host can run (one per device unless
     // the backend says otherwise) and the backend's name for messages.
     // A backend asked for by name must be usable here: say why not before launching ranks.
@@ -53,6 +54,9 @@ fn layout(job: &Job) -> Result<(usize, usize, bool)> {
 
 /// The demo: three launches of this host's `anyccl-run`, then the verdict.
 pub(crate) fn demo(job: &Job) -> Result<ExitCode> {
+    if job.in_place {
+        return crate::inplace_demo::demo(job);
+    }
     let (dp, pp, accel) = layout(job)?;
     let n = ranks(dp, pp)?;
     let ctx = Ctx::process("anyccl-recover");
@@ -86,36 +90,7 @@ pub(crate) fn demo(job: &Job) -> Result<ExitCode> {
     for run in ["ref", "crash", "recovered"] {
         let _ = std::fs::remove_dir_all(job.out.join(run));
     }
-    let launch = |title: &str, extra: &[String]| -> Result<bool> {
-        println!("\n=== {title} ===");
-        let _ = std::io::stdout().flush();
-        let mut args: Vec<String> = vec!["-n".into(), n.to_string(), "--timeout".into(), "600".into(), "--".into()];
-        args.push(here.display().to_string());
-        args.push("train".into());
-        let same: [(&str, String); 10] = [
-            ("--dp", dp.to_string()),
-            ("--pp", pp.to_string()),
-            ("--steps", job.steps.to_string()),
-            ("--ckpt-every", job.ckpt_every.to_string()),
-            ("--width", job.width.to_string()),
-            ("--layers", job.layers.to_string()),
-            ("--batch", job.batch.to_string()),
-            ("--lr", job.lr.to_string()),
-            ("--seed", job.seed.to_string()),
-            ("--colocated-mib", job.colocated_mib.to_string()),
-        ];
-        for (k, v) in same {
-            args.push(k.into());
-            args.push(v);
-        }
-        args.extend(["--out".into(), job.out.display().to_string()]);
-        if let Some(b) = &job.backend {
-            args.extend(["--backend".into(), b.clone()]);
-        }
-        args.extend(extra.iter().cloned());
-        let st = Command::new(&runner).args(&args).status().map_err(|e| ctx.io("demo: launch", &runner, e))?;
-        Ok(st.success())
-    };
+    let launch = |title: &str, extra: &[String]| launch_train(job, &runner, &here, n, (dp, pp), title, &[], extra);
     let t = Instant::now();
     println!(
         "anyccl-recover: dp {dp} x pp {pp} = {n} ranks, {} steps, checkpoint every {}, crash at step {crash_at}",
@@ -145,32 +120,87 @@ pub(crate) fn demo(job: &Job) -> Result<ExitCode> {
     if !launch("3/3 recovered run", &extra)? {
         return Ok(ended("the recovered run failed (the launcher said why, above)"));
     }
-    let mut same = 0;
-    for r in 0..n {
-        // The parameters, bit for bit (the shards' headers name different jobs).
-        let bits = |run: &str| -> Result<Vec<u32>> {
-            let (_, p) = ckpt::read_shard(&job.out.join(run).join("final").join(format!("rank{r}.bin")))?;
-            Ok(p.iter().map(|x| x.to_bits()).collect())
-        };
-        if bits("ref")? == bits("recovered")? {
-            same += 1;
-        } else {
-            println!("rank {r}: recovered parameters DIFFER from the uninterrupted run");
-        }
-    }
     println!("\n=== verdict ===");
-    if same == n {
+    if same_bits(&job.out, "ref", "recovered", n)? {
         println!("bit-for-bit match: the recovered run's parameters equal the uninterrupted run's on all {n} ranks ({:.1?} in all)", t.elapsed());
         Ok(ExitCode::SUCCESS)
     } else {
-        println!("MISMATCH on {} of {n} ranks", n - same);
+        println!("MISMATCH: the recovered run differs from the uninterrupted one");
         Ok(ExitCode::from(1))
     }
 }
 
+/// One launch of `anyccl-run` (`launcher` flags first) with every rank running `train` with
+/// the demo's model flags and `extra`. Whether it succeeded.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn launch_train(
+    job: &Job,
+    runner: &Path,
+    here: &Path,
+    n: usize,
+    (dp, pp): (usize, usize),
+    title: &str,
+    launcher: &[&str],
+    extra: &[String],
+) -> Result<bool> {
+    let ctx = Ctx::process("anyccl-recover");
+    println!("\n=== {title} ===");
+    let _ = std::io::stdout().flush();
+    let mut args: Vec<String> = vec!["-n".into(), n.to_string(), "--timeout".into(), "600".into()];
+    args.extend(launcher.iter().map(|a| a.to_string()));
+    args.push("--".into());
+    args.push(here.display().to_string());
+    args.push("train".into());
+    let same: [(&str, String); 10] = [
+        ("--dp", dp.to_string()),
+        ("--pp", pp.to_string()),
+        ("--steps", job.steps.to_string()),
+        ("--ckpt-every", job.ckpt_every.to_string()),
+        ("--width", job.width.to_string()),
+        ("--layers", job.layers.to_string()),
+        ("--batch", job.batch.to_string()),
+        ("--lr", job.lr.to_string()),
+        ("--seed", job.seed.to_string()),
+        ("--colocated-mib", job.colocated_mib.to_string()),
+    ];
+    for (k, v) in same {
+        args.push(k.into());
+        args.push(v);
+    }
+    args.extend(["--out".into(), job.out.display().to_string()]);
+    if let Some(ms) = job.step_ms {
+        args.extend(["--step-ms".into(), ms.to_string()]);
+    }
+    if let Some(b) = &job.backend {
+        args.extend(["--backend".into(), b.clone()]);
+    }
+    args.extend(extra.iter().cloned());
+    let st = Command::new(runner).args(&args).status().map_err(|e| ctx.io("demo: launch", runner, e))?;
+    Ok(st.success())
+}
+
+/// Whether run `a`'s final parameters equal run `b`'s bit for bit on all `n` ranks; the
+/// ranks that differ are printed.
+pub(crate) fn same_bits(out: &Path, a: &str, b: &str, n: usize) -> Result<bool> {
+    let mut same = 0;
+    for r in 0..n {
+        // The parameters, bit for bit (the shards' headers name different jobs).
+        let bits = |run: &str| -> Result<Vec<u32>> {
+            let (_, p) = ckpt::read_shard(&out.join(run).join("final").join(format!("rank{r}.bin")))?;
+            Ok(p.iter().map(|x| x.to_bits()).collect())
+        };
+        if bits(a)? == bits(b)? {
+            same += 1;
+        } else {
+            println!("rank {r}: the parameters of run '{a}' DIFFER from run '{b}'");
+        }
+    }
+    Ok(same == n)
+}
+
 /// The demo's end when one of its launches did not end as planned: what went wrong is the
 /// launcher's to say (it did, above); the demo says which launch, and fails.
-fn ended(what: &str) -> ExitCode {
+pub(crate) fn ended(what: &str) -> ExitCode {
     eprintln!("anyccl-recover: {what}");
     ExitCode::from(1)
 }

@@ -21,8 +21,12 @@
 mod cli;
 mod dev;
 mod driver;
+mod inplace;
+mod inplace_demo;
 mod model;
 mod rank;
+mod step;
+mod timeline;
 
 use anyccl::Error;
 use clap::Parser;
@@ -41,6 +45,7 @@ fn main() -> ExitCode {
     let r = match cmd {
         Cmd::Demo(job) => driver::demo(&job),
         Cmd::Train(job) => match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+            Ok(rt) if job.in_place => rt.block_on(inplace::train(&job)),
             Ok(rt) => rt.block_on(rank::train(&job)),
             Err(e) => Err(Error::unavailable("anyccl-recover", format!("cannot start a runtime: {e}"))),
         },

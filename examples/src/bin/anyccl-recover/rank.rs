@@ -6,7 +6,8 @@
 
 use crate::cli::{ranks, usage, Job, OWNER};
 use crate::dev::Dev;
-use crate::model::{batch, Stage};
+use crate::model::Stage;
+use crate::step::{kill_self, train_step, StepCtx};
 use anyccl::raw::Ctx;
 use anyccl::warmup::{warmup, warmup_saved, PlanFile, PlanIdentity, Session, StepRecorder, Target, WarmupConfig};
 use anyccl::{
@@ -155,6 +156,18 @@ impl<'j> Rank<'j> {
 
     fn me(&self) -> usize {
         self.env.rank
+    }
+
+    fn step_ctx(&self) -> StepCtx<'_> {
+        StepCtx {
+            job: self.job,
+            dev: Dev { p: self.platform.as_ref(), timeout: self.cfg.op_timeout },
+            dpc: &self.dpc,
+            ppc: &self.ppc,
+            pp: self.pp,
+            stage: self.stage,
+            replica: self.replica,
+        }
     }
 
     /// Rank 0 says it.
@@ -307,7 +320,17 @@ impl<'j> Rank<'j> {
                 std::process::exit(17);
             }
             let t = Instant::now();
-            let loss = self.step(model, step)?;
+            let kill = self.job.kill_at == Some(step) && me == self.env.world_size - 1 && self.env.incarnation == 1;
+            let mid_step = || {
+                if kill {
+                    kill_self(&self.run_dir, me, step);
+                }
+            };
+            let loss = train_step(&self.step_ctx(), model, step, &mid_step)?;
+            if step == start.step {
+                // When the first good step of this launch ended: the restart path's recovery time.
+                crate::timeline::mark(&self.run_dir, me, self.env.incarnation, "first step", 0, step + 1);
+            }
             // The first step of every launch is recorded; its plan is saved with each checkpoint.
             if let Some(r) = recorder.take() {
                 saved_plan = Some(self.first_step_plan(r, start, job_id).await?);
@@ -325,50 +348,6 @@ impl<'j> Rank<'j> {
             }
         }
         Ok(())
-    }
-
-    /// One training step of this stage: forward (receiving from the stage before, sending to
-    /// the one after), the loss on the last stage, backward, the data group's gradient
-    /// average, the update. Returns the loss (0 off the last stage).
-    fn step(&self, model: &mut Stage, step: u64) -> Result<f32> {
-        let (h, rows, stage) = (self.job.width as usize, self.job.batch as usize, self.stage);
-        let dev = Dev { p: self.platform.as_ref(), timeout: self.cfg.op_timeout };
-        let x = if stage == 0 {
-            batch(self.job.seed, step, self.replica, rows, h)
-        } else {
-            let mut x = vec![0f32; rows * h];
-            dev.recv(&self.ppc, &mut x, stage - 1)?;
-            x
-        };
-        let acts = model.forward(&x, rows);
-        let out = acts.last().cloned().unwrap_or_default();
-        let mut loss = 0f32;
-        let dout = if stage + 1 < self.pp {
-            dev.send(&self.ppc, &out, stage + 1)?;
-            let mut d = vec![0f32; rows * h];
-            dev.recv(&self.ppc, &mut d, stage + 1)?;
-            d
-        } else {
-            let input = batch(self.job.seed, step, self.replica, rows, h);
-            let scale = 2.0 / (rows * h) as f32;
-            out.iter()
-                .zip(&input)
-                .map(|(y, x)| {
-                    let e = y - (3.0 * x).sin() * 0.5;
-                    loss += e * e / (rows * h) as f32;
-                    e * scale
-                })
-                .collect()
-        };
-        let (mut grads, dx) = model.backward(&acts, &dout, rows);
-        if stage > 0 {
-            dev.send(&self.ppc, &dx, stage - 1)?;
-        }
-        dev.all_reduce_avg(&self.dpc, &mut grads)?;
-        for (p, g) in model.params.iter_mut().zip(&grads) {
-            *p -= self.job.lr * g;
-        }
-        Ok(loss)
     }
 
     /// The plan the first step recorded, merged across each group's members, with the cost

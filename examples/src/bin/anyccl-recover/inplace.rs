@@ -1,0 +1,703 @@
+//! `anyccl-recover train --in-place`: one rank of a job that recovers without a restart.
+//!
+//! Every process is a member of the job's membership (anyccl's `membership`). A failure
+//! (a peer's connection closed, an operation aborted or timed out, the launcher's report
+//! of a rank's exit, a liveness record gone stale) starts the next epoch: every rank aborts
+//! its communicators (at once, on the membership's beat, so none waits on a peer that is
+//! itself recovering) and the members agree on who is in. Each epoch's groups are new
+//! communicators (`<group>@e<epoch>`) among the replicas whose every stage is a member; a
+//! replica that lost a stage waits. A replacement (`anyccl-run --elastic`) joins at the
+//! next epoch, which the others take at a step boundary; its replica is fed the parameters
+//! by a healthy replica over the rebuilt data groups (no checkpoint is read).
+//!
+//! Steps are transactional: a rank keeps the parameters from before its last two steps, and
+//! the members of an epoch start it from the fewest steps any of them completed (a kill in
+//! the middle of a step can complete one stage's all_reduce and fail another's), so a step
+//! counts on every rank or on none. Each rank records which replicas trained from which
+//! step (`participation/`); `--replay` runs that record with no fault, and must end equal
+//! bit for bit. Every rebuilt group is warmed before its first step, from the plan the
+//! first step recorded (kept in the store, where a replacement finds its rank's plan).
+
+use crate::cli::{ranks, usage, Job, OWNER};
+use crate::dev::Dev;
+use crate::model::Stage;
+use crate::step::{kill_self, train_step, StepCtx};
+use crate::timeline::mark;
+use anyccl::membership::{Membership, MembershipConfig, Proposal, View};
+use anyccl::raw::{Collective, Ctx};
+use anyccl::warmup::{warmup, warmup_plans, GroupPlan, Session, StepRecorder, Target, WarmupConfig};
+use anyccl::{
+    Backend, CommConfig, Communicator, DeviceKind, Error, GroupSpec, LaunchEnv, Platform, Recovery, Result, Role, Store,
+};
+use anyccl_examples::checkpoint as ckpt;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, VecDeque};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// One stretch of steps with one set of replicas training: what a run records, and what a
+/// reference run replays.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Segment {
+    /// The membership epoch.
+    pub(crate) epoch: u64,
+    /// The step it starts from (every training rank has completed this many).
+    pub(crate) from_step: u64,
+    /// The replicas that train, in order (each data group's member order).
+    pub(crate) active: Vec<usize>,
+    /// Replicas that (re)joined at its start, fed the parameters by `source`.
+    pub(crate) fresh: Vec<usize>,
+    /// The replica whose parameters the fresh ones receive.
+    pub(crate) source: Option<usize>,
+}
+
+/// How an epoch's training ended.
+enum EpochEnd {
+    /// Every step is done.
+    Done,
+    /// A process joins: the step finished, agree now.
+    Join(Proposal),
+    /// Something failed: the epoch's communicators are to be aborted and the next agreed.
+    Failed(Error),
+}
+
+/// An epoch's groups.
+struct Groups {
+    dpc: Communicator,
+    ppc: Communicator,
+}
+
+/// One rank of an in-place job.
+pub(crate) async fn train(job: &Job) -> Result<ExitCode> {
+    let (env, store, _server) = anyccl_examples::start_rank().await?;
+    let backend = anyccl_examples::pick_backend(job.backend.as_deref())?;
+    let platform = backend.platform(env.local_rank)?;
+    job.check_memory(env.local_world_size, platform.kind() == DeviceKind::Cpu)?;
+    let (dp, pp) = (job.dp.unwrap_or(2), job.pp.unwrap_or(2));
+    let n = ranks(dp, pp)?;
+    if n != env.world_size {
+        let msg = format!("dp {dp} x pp {pp} needs {n} ranks, the launcher started {}", env.world_size);
+        return Err(usage("--dp", msg));
+    }
+    let (replica, stage) = (env.rank / pp, env.rank % pp);
+    let model = Stage::new(job.width as usize, job.layers as usize, job.seed, stage)
+        .map_err(|e| usage("--width", format!("the model of --width {} --layers {}: {e}", job.width, job.layers)))?;
+    let cfg = CommConfig::from_env()?;
+    let run_dir = job.out.join(job.run_name());
+    let mut r = InPlace {
+        job,
+        env,
+        store,
+        backend,
+        platform,
+        cfg,
+        dp,
+        pp,
+        replica,
+        stage,
+        run_dir,
+        model,
+        applied: 0,
+        history: VecDeque::new(),
+        segments: Vec::new(),
+        plans: None,
+        live: Arc::default(),
+    };
+    mark(&r.run_dir, r.me(), r.env.incarnation, "started", 0, 0);
+    match &job.replay {
+        Some(path) => {
+            let record = read_record(path)?;
+            r.replay(&record).await?;
+        }
+        None => r.run().await?,
+    }
+    r.finish()
+}
+
+struct InPlace<'j> {
+    job: &'j Job,
+    env: LaunchEnv,
+    store: Arc<dyn Store>,
+    backend: Arc<dyn Backend>,
+    platform: Arc<dyn Platform>,
+    cfg: CommConfig,
+    dp: usize,
+    pp: usize,
+    replica: usize,
+    stage: usize,
+    run_dir: PathBuf,
+    model: Stage,
+    /// Steps this rank's parameters have completed.
+    applied: u64,
+    /// The parameters from before the last steps: (steps completed then, parameters).
+    history: VecDeque<(u64, Vec<f32>)>,
+    /// The stretches this rank trained in.
+    segments: Vec<Segment>,
+    /// The plan the first step recorded, one per group (by the group's name before `@`).
+    plans: Option<Vec<GroupPlan>>,
+    /// The communicators a failure heard on the membership's beat aborts.
+    live: Arc<Mutex<Vec<Arc<dyn Collective>>>>,
+}
+
+/// Whether the in-place recovery takes `e` (a peer failed, an operation was aborted or
+/// timed out, a communicator must be rebuilt); anything else ends the rank.
+fn recoverable(e: &Error) -> bool {
+    matches!(e.recovery(), Recovery::Rebuild | Recovery::Retry)
+}
+
+impl InPlace<'_> {
+    fn me(&self) -> usize {
+        self.env.rank
+    }
+
+    fn mark(&self, what: &str, epoch: u64) {
+        mark(&self.run_dir, self.me(), self.env.incarnation, what, epoch, self.applied);
+    }
+
+    /// A store key of this run's recovery.
+    fn key(&self, rest: &str) -> String {
+        format!("anyccl-recover/{}/inplace/{rest}", self.job.run_name())
+    }
+
+    fn ranks_of(&self, replicas: &[usize]) -> Vec<usize> {
+        replicas.iter().flat_map(|d| (0..self.pp).map(move |s| d * self.pp + s)).collect()
+    }
+
+    /// The stretch an epoch's view starts: the replicas whose every stage is a member train;
+    /// those that were not training before, or have a member that just joined, are fed the
+    /// parameters by the first one that kept them.
+    fn segment(&self, view: &View, prev: Option<&Segment>) -> Result<Segment> {
+        let pp = self.pp;
+        let active: Vec<usize> = (0..self.dp).filter(|d| (0..pp).all(|s| view.member(d * pp + s).is_some())).collect();
+        let fresh: Vec<usize> = match prev {
+            None => Vec::new(),
+            Some(p) => active
+                .iter()
+                .copied()
+                .filter(|d| !p.active.contains(d) || view.joined.iter().any(|r| r / pp == *d))
+                .collect(),
+        };
+        let source = active.iter().copied().find(|d| !fresh.contains(d));
+        if !fresh.is_empty() && source.is_none() {
+            return Err(Ctx::new("anyccl-recover", self.me(), "").aborted(format!(
+                "epoch {}: no replica kept its parameters (members {:?}): recovery in place cannot go on; \
+                 restart the job from its last checkpoint",
+                view.epoch,
+                view.ranks()
+            )));
+        }
+        Ok(Segment { epoch: view.epoch, from_step: 0, active, fresh, source })
+    }
+
+    /// The epoch's stretch, the same on every member: the members that were in the previous
+    /// epoch work it out and publish it (the first write stands, the others must match); a
+    /// replacement, which never saw the previous epoch, reads it.
+    async fn agreed_segment(&self, m: &Membership, view: &View, prev: Option<&Segment>) -> Result<Segment> {
+        if view.epoch == 0 {
+            return self.segment(view, None);
+        }
+        let key = self.key(&format!("e{}/segment", view.epoch));
+        let ctx = Ctx::new("anyccl-recover", self.me(), "");
+        let decode = |v: &[u8]| -> Result<Segment> {
+            serde_json::from_slice(v).map_err(|e| Error::store_fatal(format!("'{key}' is not a stretch of steps: {e}")))
+        };
+        match prev {
+            Some(p) => {
+                let seg = self.segment(view, Some(p))?;
+                let bytes = serde_json::to_vec(&seg).unwrap_or_default();
+                let cas = self.store.compare_set(&key, None, &bytes).await?;
+                if let Some(theirs) = cas.current.filter(|_| !cas.swapped) {
+                    let theirs = decode(&theirs)?;
+                    if theirs != seg {
+                        return Err(ctx.aborted(format!(
+                            "epoch {}: this rank works out {seg:?} but another member published {theirs:?}",
+                            view.epoch
+                        )));
+                    }
+                }
+                Ok(seg)
+            }
+            None => {
+                let deadline = anyccl::raw::deadline_in(self.cfg.op_timeout);
+                let v = until_failure(m, self.store.wait(&key, deadline)).await?;
+                decode(&v)
+            }
+        }
+    }
+
+    /// The recovery loop: agree, rebuild, warm, train, until every step is done.
+    async fn run(&mut self) -> Result<()> {
+        let mcfg = MembershipConfig::from_env()?;
+        let m = Membership::join(self.store.clone(), self.me(), self.env.world_size, mcfg).await?;
+        self.mark("agreed", m.view().epoch);
+        let (live, dir, me, inc) = (self.live.clone(), self.run_dir.clone(), self.me(), self.env.incarnation);
+        m.on_proposal(move |p| {
+            if !p.failure {
+                return;
+            }
+            mark(&dir, me, inc, "failure heard", p.epoch, 0);
+            // Abort off the beat's thread: the callback must not block.
+            let comms: Vec<Arc<dyn Collective>> = live.lock().map(|v| v.clone()).unwrap_or_default();
+            let _ = std::thread::Builder::new().name("anyccl-recover-abort".into()).spawn(move || {
+                for c in comms {
+                    let _ = futures::executor::block_on(c.abort(Instant::now() + Duration::from_secs(5)));
+                }
+            });
+        });
+        let mut prev: Option<Segment> = None;
+        // Epochs in a row that changed no member and completed no step: a failure that a
+        // rebuild does not cure is an error, not a loop.
+        let mut fruitless = 0;
+        loop {
+            let view = m.view();
+            let mut seg = self.agreed_segment(&m, &view, prev.as_ref()).await?;
+            if !seg.active.contains(&self.replica) {
+                // This replica lost a stage: wait for its replacement (or the job's end).
+                self.mark("waiting for the replica", view.epoch);
+                match self.idle(&m).await? {
+                    None => return Ok(()),
+                    Some(p) => {
+                        self.agree(&m, &p.reason, false).await?;
+                        prev = Some(seg);
+                        continue;
+                    }
+                }
+            }
+            let before = self.applied;
+            let end = match self.epoch(&m, &mut seg).await {
+                Ok(end) => end,
+                Err(e) if recoverable(&e) => EpochEnd::Failed(e),
+                Err(e) => return Err(e),
+            };
+            let comms: Vec<Arc<dyn Collective>> =
+                self.live.lock().map(|mut v| v.drain(..).collect()).unwrap_or_default();
+            match end {
+                EpochEnd::Done => {
+                    self.store.set(&self.key("done"), self.applied.to_string().as_bytes()).await?;
+                    return Ok(());
+                }
+                EpochEnd::Join(p) => {
+                    self.mark("join heard", p.epoch);
+                    self.agree(&m, &p.reason, false).await?;
+                }
+                EpochEnd::Failed(e) => {
+                    self.mark("failure seen", view.epoch + 1);
+                    for c in &comms {
+                        let _ = c.abort(Instant::now() + Duration::from_secs(5)).await;
+                    }
+                    let why = format!("rank {} at step {}: {e}", self.me(), self.applied);
+                    let fresh = m.proposed().is_some();
+                    let next = self.agree(&m, &why, !fresh).await?;
+                    let same = next.members == view.members;
+                    fruitless = if same && self.applied == before { fruitless + 1 } else { 0 };
+                    if fruitless >= 3 {
+                        return Err(e);
+                    }
+                }
+            }
+            drop(comms);
+            prev = Some(seg);
+        }
+    }
+
+    /// Agree on the next epoch (as a failure, when this rank saw one first); the timeline
+    /// says when.
+    async fn agree(&self, m: &Membership, why: &str, failure: bool) -> Result<View> {
+        let v = if failure { m.fail(why).await? } else { m.agree(why).await? };
+        self.mark("agreed", v.epoch);
+        if self.me() == v.ranks().first().copied().unwrap_or(0) {
+            println!(
+                "membership: epoch {} members {:?} (left {:?}, joined {:?}): {}",
+                v.epoch,
+                v.ranks(),
+                v.left,
+                v.joined,
+                v.reason
+            );
+        }
+        Ok(v)
+    }
+
+    /// A rank whose replica lost a stage: wait until a process joins (the proposal to take)
+    /// or the training ranks finish (`None`), for at most the operation timeout.
+    async fn idle(&self, m: &Membership) -> Result<Option<Proposal>> {
+        let started = Instant::now();
+        loop {
+            if let Some(p) = m.proposed() {
+                return Ok(Some(p));
+            }
+            if self.store.get(&self.key("done")).await?.is_some() {
+                println!("rank {}: the job finished while its replica waited for a replacement", self.me());
+                return Ok(None);
+            }
+            if started.elapsed() >= self.cfg.op_timeout {
+                let ctx = Ctx::new("anyccl-recover", self.me(), "");
+                let why = "no replacement joined this rank's replica and the job did not finish";
+                return Err(ctx.timeout("wait for a replacement", started.elapsed(), why));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// One epoch: rebuild the groups, agree where to start, feed fresh replicas, warm, train.
+    async fn epoch(&mut self, m: &Membership, seg: &mut Segment) -> Result<EpochEnd> {
+        let tag = format!("e{}", seg.epoch);
+        let groups = until_failure(m, self.connect(seg, &tag)).await?;
+        if let Ok(mut v) = self.live.lock() {
+            *v = vec![groups.dpc.collective().clone(), groups.ppc.collective().clone()];
+        }
+        self.mark("rebuilt", seg.epoch);
+        seg.from_step = until_failure(m, self.start_step(seg)).await?;
+        self.feed(seg, &groups)?;
+        if seg.epoch > 0 {
+            until_failure(m, self.warm(seg, &groups)).await?;
+            self.mark("warmed", seg.epoch);
+        }
+        self.segments.push(seg.clone());
+        self.train(m, seg, &groups).await
+    }
+
+    /// The epoch's groups: this replica's pipeline, and this stage of every training replica.
+    async fn connect(&self, seg: &Segment, tag: &str) -> Result<Groups> {
+        let (me, pp, stage, replica) = (self.me(), self.pp, self.stage, self.replica);
+        let pp_ranks: Vec<usize> = (0..pp).map(|s| replica * pp + s).collect();
+        let dp_ranks: Vec<usize> = seg.active.iter().map(|d| d * pp + stage).collect();
+        let specs = [
+            GroupSpec::new(format!("pp-replica{replica}@{tag}"), pp_ranks, OWNER, Role::Pipeline),
+            GroupSpec::new(format!("dp-stage{stage}@{tag}"), dp_ranks, OWNER, Role::Data),
+        ];
+        let mut comms = Vec::new();
+        for spec in specs {
+            let at = spec.group_rank(me).ok_or_else(|| {
+                Ctx::new("anyccl-recover", me, &spec.name).invalid("connect", "spec", "this rank is no member")
+            })?;
+            let c = Communicator::connect(
+                self.backend.as_ref(),
+                spec,
+                at,
+                self.store.clone(),
+                self.platform.device(),
+                self.cfg.clone(),
+            )
+            .await?;
+            comms.push(c);
+        }
+        let dpc = comms.pop();
+        let ppc = comms.pop();
+        match (dpc, ppc) {
+            (Some(dpc), Some(ppc)) => Ok(Groups { dpc, ppc }),
+            _ => Err(Ctx::new("anyccl-recover", me, "").aborted("the epoch's groups were not both built")),
+        }
+    }
+
+    /// Where the epoch starts: the fewest steps any rank of a replica that kept its
+    /// parameters completed (each publishes its count; every rank reads them all). A rank
+    /// past it goes back to its parameters from before.
+    async fn start_step(&mut self, seg: &Segment) -> Result<u64> {
+        let kept: Vec<usize> = seg.active.iter().copied().filter(|d| !seg.fresh.contains(d)).collect();
+        let kept_ranks = self.ranks_of(&kept);
+        let e = seg.epoch;
+        if kept.contains(&self.replica) {
+            self.store
+                .set(&self.key(&format!("e{e}/applied/{}", self.me())), self.applied.to_string().as_bytes())
+                .await?;
+        }
+        let keys: Vec<String> = kept_ranks.iter().map(|r| self.key(&format!("e{e}/applied/{r}"))).collect();
+        let got = self.store.wait_many(&keys, anyccl::raw::deadline_in(self.cfg.op_timeout)).await?;
+        let counts: Vec<u64> = got
+            .iter()
+            .map(|v| v.as_deref().and_then(|b| std::str::from_utf8(b).ok()?.parse().ok()))
+            .collect::<Option<_>>()
+            .ok_or_else(|| Error::store_fatal(format!("epoch {e}: a step count in the store is unreadable")))?;
+        let start = counts.into_iter().min().unwrap_or(self.applied);
+        if kept.contains(&self.replica) && self.applied > start {
+            let Some((_, params)) = self.history.iter().find(|(s, _)| *s == start) else {
+                return Err(Ctx::new("anyccl-recover", self.me(), "").aborted(format!(
+                    "epoch {e} starts at step {start}, but this rank completed {} and keeps the parameters of steps {:?} \
+                     only",
+                    self.applied,
+                    self.history.iter().map(|(s, _)| *s).collect::<Vec<_>>()
+                )));
+            };
+            println!(
+                "rank {}: step {} is undone (not every rank completed it): back to step {start}",
+                self.me(),
+                start + 1
+            );
+            self.model.params = params.clone();
+            self.applied = start;
+        }
+        self.history.retain(|(s, _)| *s <= start);
+        Ok(start)
+    }
+
+    /// Fresh replicas receive the parameters from the source replica over each data group.
+    fn feed(&mut self, seg: &Segment, g: &Groups) -> Result<()> {
+        let Some(source) = seg.source.filter(|_| !seg.fresh.is_empty()) else { return Ok(()) };
+        let root = seg.active.iter().position(|d| *d == source).unwrap_or(0);
+        let dev = Dev { p: self.platform.as_ref(), timeout: self.cfg.op_timeout };
+        dev.broadcast(&g.dpc, &mut self.model.params, root)?;
+        if seg.fresh.contains(&self.replica) {
+            self.applied = seg.from_step;
+            self.history.clear();
+            self.mark("fed", seg.epoch);
+            println!(
+                "rank {}: received the parameters of step {} from replica {source} (no checkpoint read)",
+                self.me(),
+                seg.from_step
+            );
+        }
+        Ok(())
+    }
+
+    /// Warm the rebuilt groups from the recorded plan (re-made for their sizes), or from
+    /// their roles where there is none, among the epoch's training ranks.
+    async fn warm(&mut self, seg: &Segment, g: &Groups) -> Result<()> {
+        if self.plans.is_none() {
+            // A replacement finds the plan its rank recorded in the store.
+            if let Some(v) = self.store.get(&self.key(&format!("plan/{}", self.me()))).await? {
+                self.plans = serde_json::from_slice(&v).ok();
+            }
+        }
+        let members = self.ranks_of(&seg.active);
+        let job = self.key("warmup");
+        let session = Session {
+            store: self.store.as_ref(),
+            job: &job,
+            generation: seg.epoch + 1,
+            rank: self.me(),
+            world_size: self.env.world_size,
+            members: Some(&members),
+            platform: self.platform.as_ref(),
+        };
+        let wcfg = WarmupConfig {
+            enabled: true,
+            force: true,
+            timeout: Duration::from_secs(120),
+            ..WarmupConfig::from_env(WarmupConfig::default())?
+        };
+        let comms = [&g.dpc, &g.ppc];
+        let report = match &self.plans {
+            Some(recorded) => {
+                let base = |name: &str| name.split('@').next().unwrap_or(name).to_string();
+                let plans: Vec<(&Communicator, GroupPlan)> = comms
+                    .iter()
+                    .filter_map(|c| {
+                        let p = recorded.iter().find(|p| base(&p.group) == base(&c.spec().name))?;
+                        Some((*c, p.rebuilt_for(c)?))
+                    })
+                    .collect();
+                warmup_plans(&session, plans, &wcfg).await?
+            }
+            None => warmup(&session, &comms.map(Target::new), &wcfg).await?,
+        };
+        if members.first() == Some(&self.me()) {
+            print!("{}", report.table());
+        }
+        Ok(())
+    }
+
+    /// The epoch's steps, until the last, a join (at a step boundary) or a failure.
+    async fn train(&mut self, m: &Membership, seg: &Segment, g: &Groups) -> Result<EpochEnd> {
+        let me = self.me();
+        let platform = self.platform.clone();
+        let mut recorder =
+            (self.plans.is_none() && seg.epoch == 0).then(|| StepRecorder::start(&[&g.dpc, &g.ppc], platform.as_ref()));
+        let mut first = true;
+        while self.applied < self.job.steps {
+            let step = self.applied;
+            if let Some(p) = m.proposed() {
+                return Ok(if p.failure { EpochEnd::Failed(self.heard(&p)) } else { EpochEnd::Join(p) });
+            }
+            self.history.push_back((step, self.model.params.clone()));
+            while self.history.len() > 2 {
+                self.history.pop_front();
+            }
+            let kill = self.job.kill_at == Some(step) && me + 1 == self.env.world_size && self.env.incarnation == 1;
+            let run_dir = self.run_dir.clone();
+            let mid_step = move || {
+                if kill {
+                    kill_self(&run_dir, me, step);
+                }
+            };
+            let cx = StepCtx {
+                job: self.job,
+                dev: Dev { p: self.platform.as_ref(), timeout: self.cfg.op_timeout },
+                dpc: &g.dpc,
+                ppc: &g.ppc,
+                pp: self.pp,
+                stage: self.stage,
+                replica: self.replica,
+            };
+            let t = Instant::now();
+            let loss = match train_step(&cx, &mut self.model, step, &mid_step) {
+                Ok(l) => l,
+                Err(e) => return Ok(EpochEnd::Failed(e)),
+            };
+            self.applied = step + 1;
+            if first {
+                self.mark("first step", seg.epoch);
+                first = false;
+            }
+            if let Some(r) = recorder.take() {
+                self.record(r, seg).await?;
+            }
+            if self.stage + 1 == self.pp && seg.active.first() == Some(&self.replica) {
+                println!("step {:3}  loss {loss:.6}  {:.2?}  epoch {}", step + 1, t.elapsed(), seg.epoch);
+            }
+        }
+        Ok(EpochEnd::Done)
+    }
+
+    /// The error a failure heard from the membership stands for.
+    fn heard(&self, p: &Proposal) -> Error {
+        Ctx::new("anyccl-recover", self.me(), "").aborted(format!("epoch {} proposed: {}", p.epoch, p.reason))
+    }
+
+    /// The first step's plan, merged across each group's members, kept in the store under
+    /// this rank (where its replacement finds it).
+    async fn record(&mut self, r: StepRecorder<'_>, seg: &Segment) -> Result<()> {
+        let members = self.ranks_of(&seg.active);
+        let job = self.key("record");
+        let session = Session {
+            store: self.store.as_ref(),
+            job: &job,
+            generation: seg.epoch + 1,
+            rank: self.me(),
+            world_size: self.env.world_size,
+            members: Some(&members),
+            platform: self.platform.as_ref(),
+        };
+        let recorded = r.finish(&session, self.cfg.op_timeout).await?;
+        let bytes = serde_json::to_vec(&recorded.plans).unwrap_or_default();
+        self.store.set(&self.key(&format!("plan/{}", self.me())), &bytes).await?;
+        self.plans = Some(recorded.plans);
+        Ok(())
+    }
+
+    /// A reference run: the record's stretches, in order, with no fault and no membership.
+    async fn replay(&mut self, record: &[Segment]) -> Result<()> {
+        for (i, seg) in record.iter().enumerate() {
+            let end = record.get(i + 1).map_or(self.job.steps, |n| n.from_step);
+            if !seg.active.contains(&self.replica) {
+                continue;
+            }
+            let g = self.connect(seg, &format!("replay{}", seg.epoch)).await?;
+            self.feed(seg, &g)?;
+            if self.applied != seg.from_step {
+                return Err(usage(
+                    "--replay",
+                    format!(
+                        "the record's stretch of epoch {} starts at step {}, but this rank has completed {}: not a \
+                         record of this job",
+                        seg.epoch, seg.from_step, self.applied
+                    ),
+                ));
+            }
+            self.segments.push(seg.clone());
+            let cx = StepCtx {
+                job: self.job,
+                dev: Dev { p: self.platform.as_ref(), timeout: self.cfg.op_timeout },
+                dpc: &g.dpc,
+                ppc: &g.ppc,
+                pp: self.pp,
+                stage: self.stage,
+                replica: self.replica,
+            };
+            for step in seg.from_step..end {
+                train_step(&cx, &mut self.model, step, &|| {})?;
+                self.applied = step + 1;
+            }
+            for c in [&g.dpc, &g.ppc] {
+                c.shutdown().await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The final parameters and the participation record of this process.
+    fn finish(self) -> Result<ExitCode> {
+        let me = self.me();
+        let id = ckpt::ShardId {
+            job: self.job.run_name().to_string(),
+            step: self.applied,
+            rank: me,
+            world_size: self.env.world_size,
+            layout: self.job.layout(self.dp, self.pp),
+            count: self.model.params.len() as u64,
+        };
+        ckpt::write_shard(&self.run_dir.join("final").join(format!("rank{me}.bin")), &id, &self.model.params)?;
+        let path = self.run_dir.join("participation").join(format!("rank{me}-inc{}.json", self.env.incarnation));
+        let text = serde_json::to_vec_pretty(&self.segments).unwrap_or_default();
+        anyccl::raw::write_file_atomically(
+            &Ctx::new("anyccl-recover", me, ""),
+            "participation record",
+            &path,
+            &[&text],
+        )?;
+        self.mark("finished", self.segments.last().map_or(0, |s| s.epoch));
+        if me == 0 {
+            println!("finished {} steps; parameters written to {}", self.applied, self.run_dir.join("final").display());
+        }
+        Ok(ExitCode::SUCCESS)
+    }
+}
+
+/// `f`, ended early with `Aborted` when the membership hears of a failure: a connect, a
+/// store wait or a warmup whose peer died returns at once instead of at its deadline.
+async fn until_failure<T>(m: &Membership, f: impl std::future::Future<Output = Result<T>>) -> Result<T> {
+    let watch = async {
+        loop {
+            if let Some(p) = m.proposed().filter(|p| p.failure) {
+                return p;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::select! {
+        r = f => r,
+        p = watch => Err(Ctx::new("anyccl-recover", m.me().rank, "").aborted(format!(
+            "epoch {} proposed while rebuilding: {}", p.epoch, p.reason
+        ))),
+    }
+}
+
+/// The participation record of a run: every process's stretches, one per epoch.
+pub(crate) fn merge_records(run_dir: &Path) -> Result<Vec<Segment>> {
+    let ctx = Ctx::process("anyccl-recover");
+    let dir = run_dir.join("participation");
+    let entries = std::fs::read_dir(&dir).map_err(|e| ctx.io("read the participation records", &dir, e))?;
+    let mut by_epoch: BTreeMap<u64, Segment> = BTreeMap::new();
+    for e in entries.flatten() {
+        let segs: Vec<Segment> = read_record(&e.path())?;
+        for s in segs {
+            if let Some(had) = by_epoch.get(&s.epoch) {
+                if *had != s {
+                    return Err(ctx.file(
+                        "merge the participation records",
+                        e.path(),
+                        format!("epoch {} differs between ranks: {had:?} and {s:?}", s.epoch),
+                    ));
+                }
+            }
+            by_epoch.insert(s.epoch, s);
+        }
+    }
+    Ok(by_epoch.into_values().collect())
+}
+
+/// A participation record, as a file holds it.
+pub(crate) fn read_record(path: &Path) -> Result<Vec<Segment>> {
+    let ctx = Ctx::process("anyccl-recover");
+    let bytes = anyccl::raw::read_regular_file(&ctx, "read a participation record", path, 16 << 20)?;
+    serde_json::from_slice(&bytes)
+        .map_err(|e| ctx.file("read a participation record", path, format!("not a record: {e}")))
+}
+
+/// The record, for the reference run to replay.
+pub(crate) fn write_record(path: &Path, record: &[Segment]) -> Result<()> {
+    let text = serde_json::to_vec_pretty(record).unwrap_or_default();
+    anyccl::raw::write_file_atomically(&Ctx::process("anyccl-recover"), "participation record", path, &[&text])
+}
