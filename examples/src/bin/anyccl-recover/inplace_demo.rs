@@ -12,7 +12,7 @@
 
 use crate::cli::{ranks, usage, Job};
 use crate::driver::{ended, launch_train, layout, same_bits};
-use crate::inplace::{merge_records, write_record};
+use crate::participation::{merge_records, write_record};
 use crate::timeline::{self, Event};
 use anyccl::raw::Ctx;
 use anyccl::Result;

@@ -24,6 +24,7 @@ mod driver;
 mod inplace;
 mod inplace_demo;
 mod model;
+mod participation;
 mod rank;
 mod step;
 mod timeline;
