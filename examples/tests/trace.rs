@@ -57,3 +57,22 @@ fn trace_ring_waits_blame_the_rank_that_waited_for_nobody() {
     let _ = std::fs::remove_dir_all(&dir);
     assert!(s.starts_with("SUSPECT:") && s.contains("rank 0") && !s.contains("rank 1") && !s.contains("rank 2"), "{s}");
 }
+
+/// A rank stopped before the others reached a store barrier (a cold first call's): no
+/// operation is left unfinished, but the barrier's timeout names who never came, and that
+/// rank is the suspect (the others only waited).
+#[test]
+fn trace_a_store_barrier_timeout_names_the_rank_that_never_arrived() {
+    let dir = std::env::temp_dir().join(format!("anyccl-trace-barrier-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let done = |n: u64| (0..n).map(|s| record(s, "completed", None)).collect::<Vec<_>>();
+    dump(&dir, 0, 5_000_400, "SIGTERM", done(3));
+    for r in 1..4usize {
+        let e = "store barrier 'bench/barrier/cold65536/1' timed out after 3s on rank 1: ranks [0] never arrived";
+        dump(&dir, r, 5_000_000 + r as u64, e, done(3));
+    }
+    let s = suspect(&dir);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(s.starts_with("SUSPECT:") && s.contains("[0]") && !s.contains("[1]"), "{s}");
+}

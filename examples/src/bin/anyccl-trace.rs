@@ -161,6 +161,13 @@ fn blamed(texts: &[&str]) -> BTreeMap<usize, usize> {
     votes
 }
 
+/// The ranks a store barrier's timeout names: `... ranks [0, 3] never arrived`.
+fn never_arrived(text: &str) -> Vec<usize> {
+    let Some(at) = text.find("] never arrived") else { return Vec::new() };
+    let Some(open) = text[..at].rfind('[') else { return Vec::new() };
+    text[open + 1..at].split(',').filter_map(|x| x.trim().parse().ok()).collect()
+}
+
 /// Among `ranks`, those whose first trouble came well after the others' (by more than
 /// `LATE_MS`): a process that was stopped or busy notices a hang only once it runs again
 /// (a launcher resumes it to stop it), while the ranks waiting on it time out together.
@@ -340,6 +347,18 @@ fn run(args: &Args) -> Result<(), String> {
             for r in d.records.iter().rev().take(8).rev() {
                 println!("  {:<16} {:<16} {:<9} {}", r.group, name(r), r.state, r.error.as_deref().unwrap_or(""));
             }
+        }
+    }
+    if suspects.is_empty() {
+        // No operation left unfinished: a store barrier that timed out names who never came.
+        let mut absent: BTreeMap<usize, usize> = BTreeMap::new();
+        for d in dumps.values() {
+            for r in never_arrived(&d.first_reason) {
+                *absent.entry(r).or_default() += 1;
+            }
+        }
+        if let Some((&r, &v)) = absent.iter().max_by_key(|(_, v)| **v) {
+            suspects.push(format!("rank(s) [{r}] never arrived at the store barrier that {v} rank(s) timed out in"));
         }
     }
     println!();
