@@ -191,6 +191,47 @@ mod hccl {
             assert!(text.contains("bit-for-bit match"), "no match:\n{text}");
         }
 
+        /// Recovery in place on 8 ranks (dp 4 x pp 2): the replacement's replica rejoins,
+        /// warmed, and the first step after it allocates nothing from the counted pool; not
+        /// warmed, the same step reports its connect memory.
+        fn in_place(extra: &[&str], tag: &str) -> (bool, String) {
+            let dir = std::env::temp_dir().join(format!("anyccl-hccl-inplace-{tag}-{}", std::process::id()));
+            let out = Command::new(bin("anyccl-recover"))
+                .args(["demo", "--in-place", "--backend", "hccl", "--dp", "4", "--pp", "2"])
+                .args(["--steps", "40", "--ckpt-every", "5", "--out", &dir.display().to_string()])
+                .args(extra)
+                .env("ANYCCL_HCCL_LIBRARY_DIR", anyccl_hccl_standin::library_dir())
+                .output()
+                .expect("run the demo");
+            let _ = std::fs::remove_dir_all(&dir);
+            let text = format!("{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+            (out.status.success(), text)
+        }
+
+        #[test]
+        fn in_place_first_step_after_the_rejoin_allocates_nothing_warmed() {
+            let (ok, text) = in_place(&[], "warm");
+            assert!(ok, "demo failed:\n{text}");
+            let firsts: Vec<&str> = text.lines().filter(|l| l.contains("the first step of epoch")).collect();
+            assert!(!firsts.is_empty(), "no first step after a rebuild was measured:\n{text}");
+            assert!(firsts.iter().all(|l| l.contains("allocated 0.0 MiB")), "{firsts:#?}");
+            assert!(text.contains("received the parameters"), "no replica was fed:\n{text}");
+            assert!(
+                !text.contains("back (the replacement's first step) never"),
+                "the replica never came back:\n{text}"
+            );
+            assert!(text.contains("bit-for-bit match"), "no match:\n{text}");
+        }
+
+        #[test]
+        fn in_place_first_step_after_the_rejoin_pays_its_connects_cold() {
+            let (ok, text) = in_place(&["--no-warmup"], "cold");
+            assert!(ok, "demo failed:\n{text}");
+            let paid =
+                text.lines().filter(|l| l.contains("the first step of epoch") && !l.contains(" 0.0 MiB")).count();
+            assert!(paid > 0, "no first step paid for its connects:\n{text}");
+        }
+
         #[test]
         fn squeezed_first_step_fails_cold_with_hccl_oom() {
             let t = std::time::Instant::now();
@@ -198,6 +239,35 @@ mod hccl {
             assert!(!ok, "the cold recovery should fail:\n{text}");
             assert!(text.contains("HCCL_E_OOM") && text.contains("of group 'pp-replica"), "{text}");
             assert!(t.elapsed() < std::time::Duration::from_secs(120), "took {:?}", t.elapsed());
+        }
+    }
+}
+
+/// Recovery in place on the CPU backend (dp 2 x pp 2 under `anyccl-run --elastic`): a rank
+/// killed with SIGKILL mid-step, the healthy replica goes on, the replacement's replica is
+/// fed and rejoins, and the run equals the replay of its participation record bit for bit.
+mod cpu {
+    mod inplace {
+        use super::super::bin;
+        use std::process::Command;
+
+        #[test]
+        fn killed_rank_rejoins_and_the_run_matches_its_replay_bit_for_bit() {
+            let dir = std::env::temp_dir().join(format!("anyccl-inplace-cpu-{}", std::process::id()));
+            let out = Command::new(bin("anyccl-recover"))
+                .args(["demo", "--in-place", "--steps", "40", "--ckpt-every", "5", "--out", &dir.display().to_string()])
+                .env("ANYCCL_BACKEND", "cpu")
+                .output()
+                .expect("run the demo");
+            let _ = std::fs::remove_dir_all(&dir);
+            let text = format!("{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+            assert!(out.status.success(), "demo failed:\n{text}");
+            assert!(text.contains("killing itself with SIGKILL in the middle of step"), "no fault:\n{text}");
+            assert!(text.contains("received the parameters"), "no replica was fed:\n{text}");
+            let summary = text.lines().find(|l| l.starts_with("in place:")).unwrap_or_default();
+            assert!(summary.ends_with("steps lost: 0"), "steps were lost in place: {summary}\n{text}");
+            assert!(!text.contains("never"), "a recovery step never happened:\n{text}");
+            assert!(text.contains("bit-for-bit match"), "no match:\n{text}");
         }
     }
 }

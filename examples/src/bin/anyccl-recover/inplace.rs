@@ -23,7 +23,7 @@ use crate::dev::Dev;
 use crate::model::Stage;
 use crate::participation::{read_record, Segment};
 use crate::step::{kill_self, train_step, StepCtx};
-use crate::timeline::mark;
+use crate::timeline::{mark, mark_with};
 use anyccl::membership::{Membership, MembershipConfig, Proposal, View};
 use anyccl::raw::{Collective, Ctx};
 use anyccl::warmup::{warmup, warmup_plans, GroupPlan, Session, StepRecorder, Target, WarmupConfig};
@@ -335,7 +335,7 @@ impl InPlace<'_> {
         self.mark("rebuilt", seg.epoch);
         seg.from_step = until_failure(m, self.start_step(seg)).await?;
         self.feed(seg, &groups)?;
-        if seg.epoch > 0 {
+        if seg.epoch > 0 && !self.job.no_warmup {
             until_failure(m, self.warm(seg, &groups)).await?;
             self.mark("warmed", seg.epoch);
         }
@@ -516,13 +516,31 @@ impl InPlace<'_> {
                 replica: self.replica,
             };
             let t = Instant::now();
+            // The device memory the epoch's first step allocates: 0.0 MiB when its groups
+            // were warmed (the lazy connects happened before it).
+            let free_before = if first { self.platform.mem_info().ok().map(|m| m.free) } else { None };
             let loss = match train_step(&cx, &mut self.model, step, &mid_step) {
                 Ok(l) => l,
                 Err(e) => return Ok(EpochEnd::Failed(e)),
             };
             self.applied = step + 1;
             if first {
-                self.mark("first step", seg.epoch);
+                let _ = self.platform.synchronize();
+                let took = free_before.zip(self.platform.mem_info().ok().map(|m| m.free));
+                let detail = match took {
+                    Some((b, a)) if self.platform.kind() != DeviceKind::Cpu => {
+                        format!("{:.1} MiB", b.saturating_sub(a) as f64 / (1 << 20) as f64)
+                    }
+                    _ => String::new(),
+                };
+                if !detail.is_empty() && seg.epoch > 0 {
+                    println!(
+                        "rank {me}: the first step of epoch {} allocated {detail} of device memory ({})",
+                        seg.epoch,
+                        if self.job.no_warmup { "not warmed" } else { "warmed" }
+                    );
+                }
+                mark_with(&self.run_dir, me, self.env.incarnation, "first step", seg.epoch, self.applied, detail);
                 first = false;
             }
             if let Some(r) = recorder.take() {

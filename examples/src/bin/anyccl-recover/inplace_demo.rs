@@ -70,7 +70,10 @@ pub(crate) fn demo(job: &Job) -> Result<ExitCode> {
         n - 1,
         kill_at + 1
     );
-    let inplace = [s("--in-place"), s("--run"), s("inplace"), s("--kill-at"), kill_at.to_string()];
+    let mut inplace = vec![s("--in-place"), s("--run"), s("inplace"), s("--kill-at"), kill_at.to_string()];
+    if job.no_warmup {
+        inplace.push(s("--no-warmup"));
+    }
     if !go("1/4 recovery in place (anyccl-run --elastic)", &["--elastic", "--max-restarts", "1"], &inplace)? {
         return Ok(ended("the in-place run failed (the launcher said why, above)"));
     }
@@ -148,7 +151,11 @@ fn timeline_table(job: &Job, kill_at: u64, dp: usize, pp: usize) -> Option<Strin
                 continue;
             }
             seen.push(k);
-            let step = if e.what == "first step" { format!(", step {}", e.step) } else { String::new() };
+            let step = match (e.what.as_str(), e.detail.is_empty()) {
+                ("first step", true) => format!(", step {}", e.step),
+                ("first step", false) => format!(", step {}, {}", e.step, e.detail),
+                _ => String::new(),
+            };
             line.push_str(&format!(" | {} {} (e{}{step})", e.what, e.at_ms - fault, e.epoch));
         }
         println!("{line}");

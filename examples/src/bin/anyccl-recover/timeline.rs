@@ -16,6 +16,9 @@ pub(crate) struct Event {
     pub(crate) epoch: u64,
     pub(crate) step: u64,
     pub(crate) at_ms: u64,
+    /// What else the event says (a first step's device memory, say).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub(crate) detail: String,
 }
 
 /// The wall clock, in milliseconds since the Unix epoch.
@@ -26,7 +29,20 @@ pub(crate) fn now_ms() -> u64 {
 /// Append `what` (at `epoch`, `step`) to this process's timeline. Best effort: a timeline
 /// that cannot be written costs the demo its table, never the run.
 pub(crate) fn mark(run_dir: &Path, rank: usize, incarnation: u64, what: &str, epoch: u64, step: u64) {
-    let e = Event { rank, incarnation, what: what.into(), epoch, step, at_ms: now_ms() };
+    mark_with(run_dir, rank, incarnation, what, epoch, step, String::new());
+}
+
+/// [`mark`] with a detail.
+pub(crate) fn mark_with(
+    run_dir: &Path,
+    rank: usize,
+    incarnation: u64,
+    what: &str,
+    epoch: u64,
+    step: u64,
+    detail: String,
+) {
+    let e = Event { rank, incarnation, what: what.into(), epoch, step, at_ms: now_ms(), detail };
     let dir = run_dir.join("timeline");
     let _ = std::fs::create_dir_all(&dir);
     let path = dir.join(format!("rank{rank}-inc{incarnation}.jsonl"));
