@@ -2,6 +2,9 @@
 //! checkpoint or panic, reproduced against the real programs on the CPU backend. Each case
 //! prints its measured time to error.
 
+#[path = "faults/elastic.rs"]
+mod elastic;
+
 use anyccl_examples::checkpoint;
 use libtest_mimic::{Arguments, Failed, Trial};
 use std::collections::HashSet;
@@ -843,6 +846,10 @@ fn inconsistent_checkpoints() -> Outcome {
 }
 
 fn main() -> std::process::ExitCode {
+    // Started as a rank by a launcher in one of the cases below.
+    if let Ok(role) = std::env::var(elastic::ROLE_ENV) {
+        return elastic::rank_role(&role);
+    }
     let mut args = Arguments::from_args();
     // The cases time errors against deadlines: one at a time, so they do not load each other.
     args.test_threads = Some(1);
@@ -877,6 +884,35 @@ fn main() -> std::process::ExitCode {
         t("store::faults::another_jobs_rank_is_refused[w=2]", || {
             two_jobs_on_one_port([Some("job-a"), Some("job-b")], "belongs to job 'job-a'")
         }),
+        t(
+            "launcher::elastic::a_killed_rank_is_restarted_and_the_others_keep_running[w=3]",
+            elastic::a_killed_rank_is_restarted_and_the_others_keep_running,
+        ),
+        t(
+            "launcher::elastic::a_crash_loop_uses_up_the_restarts_and_fails_the_job[w=2]",
+            elastic::a_crash_loop_uses_up_the_restarts_and_fails_the_job,
+        ),
+        t("launcher::elastic::bad_restart_flags_are_refused", elastic::bad_restart_flags_are_refused),
+        t(
+            "launcher::elastic::kill9_launcher_mid_restart_leaves_no_process[w=3]",
+            elastic::kill9_launcher_mid_restart_leaves_no_process,
+        ),
+        t(
+            "launcher::elastic::sigterm_after_a_restart_stops_every_rank[w=3]",
+            elastic::sigterm_after_a_restart_stops_every_rank,
+        ),
+        t(
+            "launcher::elastic::a_stopped_rank_is_not_restarted_and_the_timeout_holds[w=2]",
+            elastic::a_stopped_rank_is_not_restarted_and_the_timeout_holds,
+        ),
+        t(
+            "launcher::elastic::the_report_is_in_the_store_before_the_replacement_starts[w=2]",
+            elastic::the_report_is_in_the_store_before_the_replacement_starts,
+        ),
+        t(
+            "store::elastic::a_replacement_claims_its_rank_as_the_next_incarnation[w=2]",
+            elastic::a_replacement_claims_its_rank_as_the_next_incarnation,
+        ),
         t("recover::faults::bad_arguments_are_errors", recover_bad_arguments),
         t("recover::faults::model_flags_reach_the_ranks[w=4]", recover_forwards_model_flags),
         t("recover::faults::inconsistent_checkpoints_fall_back_or_fail[w=4]", inconsistent_checkpoints),

@@ -1,8 +1,16 @@
-//! `anyccl-run -n N [--timeout S] -- PROGRAM ARGS`: start N local ranks of PROGRAM with
-//! the conventional variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
-//! MASTER_ADDR, MASTER_PORT), host their store, prefix each output line with the rank,
-//! and when one rank fails, stop the others and exit non-zero naming it. Variables for
-//! one rank only come from `ANYCCL_RANK_ENV` (see `LaunchEnv::rank_env`).
+//! `anyccl-run -n N [--timeout S] [--elastic [--max-restarts K]] -- PROGRAM ARGS`: start N
+//! local ranks of PROGRAM with the conventional variables (RANK, WORLD_SIZE, LOCAL_RANK,
+//! LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), host their store, prefix each output line
+//! with the rank, and when one rank fails, stop the others and exit non-zero naming it.
+//! Variables for one rank only come from `ANYCCL_RANK_ENV` (see `LaunchEnv::rank_env`).
+//!
+//! With `--elastic`, a rank that fails while the job has restarts left (K, 3 by default,
+//! counted for the whole job) is reported gone to the job's membership and started again as
+//! its next incarnation (`ANYCCL_INCARNATION`), the others running on (see `elastic`).
+//! Between the two, what is left of the failed process (its group, and whatever it started
+//! elsewhere that carries its job, rank and incarnation) is killed, so nothing of the old
+//! incarnation runs beside the new one. The job succeeds when every rank's newest process
+//! exits 0.
 //!
 //! No process of the job outlives the launcher:
 //! - each rank runs in a process group of its own, and stopping a rank signals its whole
@@ -18,12 +26,19 @@
 //!   or session of its own, which the launcher inherited as a subreaper) is stopped too.
 //!
 //! Output is copied as bytes, cut into lines of at most `--max-line` bytes (see `output`).
+//!
+//! Module ladder: `output` and `procs` at the foot; `ranks` on `output`; `elastic` on
+//! `ranks`; this file on everything.
 #![forbid(unsafe_code)]
 
+mod elastic;
 mod output;
 mod procs;
+mod ranks;
 
+use elastic::{Elastic, Gone};
 use output::{Copying, Outputs};
+use ranks::{End, Ranks, Slot, Starter};
 
 use anyccl::{LaunchEnv, TcpStoreOptions, TcpStoreServer};
 use clap::Parser;
@@ -31,8 +46,7 @@ use nix::errno::Errno;
 use nix::sys::signal::{kill, Signal};
 use nix::sys::wait::{waitpid, WaitStatus};
 use nix::unistd::Pid;
-use std::collections::HashMap;
-use std::io::{BufRead, Write};
+use std::io::BufRead;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, ExitCode, Stdio};
@@ -96,6 +110,14 @@ struct Args {
     /// 1024); a longer line is written in pieces, each with the rank's prefix.
     #[arg(long, default_value_t = MAX_LINE, value_parser = line_bytes)]
     max_line: usize,
+    /// Recovery in place: a rank that fails is reported gone to the job's membership and
+    /// started again (its next ANYCCL_INCARNATION) while the others run on, as long as the
+    /// job has restarts left.
+    #[arg(long)]
+    elastic: bool,
+    /// Restarts the whole job may use with --elastic (0 to 1000; default 3).
+    #[arg(long, value_name = "K", value_parser = elastic::restarts, allow_hyphen_values = true)]
+    max_restarts: Option<u32>,
     /// The program and its arguments.
     #[arg(last = true, required = true)]
     command: Vec<String>,
@@ -115,28 +137,9 @@ fn resolve(program: &str) -> PathBuf {
     PathBuf::from(program)
 }
 
-/// How a rank ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum End {
-    Code(i32),
-    Signal(Signal),
-}
-
-impl End {
-    fn success(self) -> bool {
-        self == End::Code(0)
-    }
-    fn describe(self) -> String {
-        match self {
-            End::Code(c) => format!("exited with code {c}"),
-            End::Signal(s) => format!("was killed by signal {} ({s})", s as i32),
-        }
-    }
-}
-
 enum Event {
-    /// A rank's process ended.
-    Exit(usize, End),
+    /// A child of the launcher ended: a rank's process, or an orphan it inherited.
+    Exit(i32, End),
     /// The launcher received a signal.
     Signal(i32),
     /// The reaper ended before the launcher asked it to.
@@ -144,9 +147,12 @@ enum Event {
 }
 
 /// "; rank 2 is stopped (...)" for each running rank that is stopped, else "".
-fn stopped_note(pids: &[i32], done: &[bool]) -> String {
-    let stopped: Vec<usize> =
-        (0..pids.len()).filter(|&r| !done[r] && procs::stat(pids[r]).is_some_and(|p| p.state == 'T')).collect();
+fn stopped_note(ranks: &Ranks) -> String {
+    let stopped: Vec<usize> = ranks
+        .running()
+        .into_iter()
+        .filter(|&r| procs::stat(ranks.slots[r].pid).is_some_and(|p| p.state == 'T'))
+        .collect();
     match stopped.as_slice() {
         [] => String::new(),
         [r] => format!("; rank {r} is stopped (SIGSTOP or a debugger), the likely cause"),
@@ -155,14 +161,17 @@ fn stopped_note(pids: &[i32], done: &[bool]) -> String {
 }
 
 /// Stop every rank still running (its whole group), and note their exits.
-fn stop_all(pids: &[i32], done: &mut [bool], rx: &mpsc::Receiver<Event>, grace: Duration) {
-    let running: Vec<i32> = (0..pids.len()).filter(|&r| !done[r]).map(|r| pids[r]).collect();
-    procs::stop_job(&running, &procs::Job::default(), grace);
+fn stop_all(ranks: &mut Ranks, rx: &mpsc::Receiver<Event>, grace: Duration) {
+    procs::stop_job(&ranks.running_pids(), &procs::Job::default(), grace);
     let until = Instant::now() + Duration::from_secs(5);
-    while done.iter().any(|d| !d) {
+    while !ranks.all_done() {
         let Some(left) = until.checked_duration_since(Instant::now()) else { break };
         match rx.recv_timeout(left) {
-            Ok(Event::Exit(r, _)) => done[r] = true,
+            Ok(Event::Exit(pid, _)) => {
+                if let Some(r) = ranks.rank_of(pid) {
+                    ranks.slots[r].done = true;
+                }
+            }
             Ok(_) => {}
             Err(_) => break,
         }
@@ -180,7 +189,7 @@ fn reaper(grace: Duration) -> ExitCode {
         match line.as_deref().map(str::trim) {
             Ok("done") => return ExitCode::SUCCESS,
             Ok(l) => match l.strip_prefix("job ") {
-                Some(id) => job.mark = Some(format!("ANYCCL_JOB_ID={id}").into_bytes()),
+                Some(id) => job.marks = vec![format!("ANYCCL_JOB_ID={id}").into_bytes()],
                 None => groups.extend(l.parse::<i32>().ok().filter(|&g| g > 1)),
             },
             Err(_) => break,
@@ -205,6 +214,13 @@ fn main() -> ExitCode {
         }
     }
     let args = Args::parse();
+    if args.max_restarts.is_some() && !args.elastic {
+        eprintln!(
+            "anyccl-run: --max-restarts needs --elastic (without --elastic a failed rank ends the job, and nothing \
+             is restarted)"
+        );
+        return ExitCode::from(2);
+    }
     match launch(&args) {
         Ok(()) => ExitCode::SUCCESS,
         Err((msg, code)) => {
@@ -216,8 +232,9 @@ fn main() -> ExitCode {
 
 /// Pick the failed rank to name first among `failed`: a rank whose way of failing no other
 /// rank shares (peers that fail because of it tend to fail alike), else the earliest end
-/// of output, else the order of reaping. Every failed rank is named.
-fn blame(failed: &[(usize, End)], ended: &[Option<Instant>]) -> String {
+/// of output, else the order of reaping. Every failed rank is named (`name`: "rank 3", or
+/// "rank 3 (incarnation 2)" for a replacement).
+fn blame(failed: &[(usize, End)], ended: &[Option<Instant>], name: impl Fn(usize) -> String) -> String {
     let how: Vec<String> = failed.iter().map(|(_, e)| e.describe()).collect();
     let unique: Vec<usize> = (0..failed.len()).filter(|&i| how.iter().filter(|h| **h == how[i]).count() == 1).collect();
     let pick = if unique.len() == 1 && failed.len() > 1 {
@@ -225,9 +242,9 @@ fn blame(failed: &[(usize, End)], ended: &[Option<Instant>]) -> String {
     } else {
         (0..failed.len()).min_by_key(|&i| (ended[failed[i].0].is_none(), ended[failed[i].0], i)).unwrap_or(0)
     };
-    let mut f = format!("rank {} {}", failed[pick].0, how[pick]);
+    let mut f = format!("{} {}", name(failed[pick].0), how[pick]);
     let others: Vec<String> =
-        (0..failed.len()).filter(|&i| i != pick).map(|i| format!("rank {} {}", failed[i].0, how[i])).collect();
+        (0..failed.len()).filter(|&i| i != pick).map(|i| format!("{} {}", name(failed[i].0), how[i])).collect();
     if !others.is_empty() {
         f.push_str(&format!(" (also failed: {})", others.join(", ")));
     }
@@ -244,6 +261,15 @@ fn launch(args: &Args) -> Result<(), (String, u8)> {
     let opts = TcpStoreOptions { token: Some(token.clone()), ..Default::default() };
     let server = TcpStoreServer::start(([127, 0, 0, 1], 0).into(), opts)
         .map_err(|e| setup(format!("cannot host the store: {e}")))?;
+    // Elastic mode's settings (the membership's, from the environment) are checked before
+    // any rank starts: the ranks would refuse a malformed one too.
+    let elastic = match args.elastic {
+        true => Some(
+            Elastic::new(args.max_restarts.unwrap_or(elastic::DEFAULT_RESTARTS), server.local_addr(), &token)
+                .map_err(setup)?,
+        ),
+        false => None,
+    };
 
     // Signals first, so none arriving while ranks start is lost.
     let (tx, rx) = mpsc::channel::<Event>();
@@ -279,205 +305,249 @@ fn launch(args: &Args) -> Result<(), (String, u8)> {
         .spawn()
         .map_err(|e| setup(format!("cannot start the job's reaper: {e}")))?;
     let reaper_pid = reaper.id() as i32;
-    let mut reaper_in = reaper.stdin.take();
+    let (ended_tx, ended_rx) = mpsc::channel();
+    let mut starter = Starter {
+        program: resolve(&args.command[0]),
+        args: args.command[1..].to_vec(),
+        world: args.n,
+        port: server.local_addr().port(),
+        token,
+        job_id,
+        elastic: args.elastic,
+        copying: Copying { prefix: !args.no_prefix, max_line: args.max_line, moved: Arc::new(AtomicU64::new(0)) },
+        ended: ended_tx,
+        reaper: reaper.stdin.take(),
+        pumps: 0,
+        groups: Vec::new(),
+    };
     // The job's identity first: once the launcher is gone, it is how the reaper knows the
     // processes that left their rank's group.
-    if let Some(w) = reaper_in.as_mut() {
-        let _ = writeln!(w, "job {job_id}");
-    }
-    let copying = Copying { prefix: !args.no_prefix, max_line: args.max_line, moved: Arc::new(AtomicU64::new(0)) };
-
-    let program = resolve(&args.command[0]);
-    let (ended_tx, ended_rx) = mpsc::channel::<(usize, Instant)>();
-    let mut pids: Vec<i32> = Vec::new();
-    let mut pumps = 0usize;
+    starter.tell_reaper_job();
+    let mut ranks = Ranks::default();
     let mut start_err = None;
     for rank in 0..args.n {
-        let child = Command::new(&program)
-            .args(&args.command[1..])
-            .env("RANK", rank.to_string())
-            .env("WORLD_SIZE", args.n.to_string())
-            .env("LOCAL_RANK", rank.to_string())
-            .env("LOCAL_WORLD_SIZE", args.n.to_string())
-            .env("MASTER_ADDR", "127.0.0.1")
-            .env("MASTER_PORT", server.local_addr().port().to_string())
-            .env("ANYCCL_STORE_EXTERNAL", "1")
-            .env("ANYCCL_STORE_TOKEN", &token)
-            .env("ANYCCL_JOB_ID", &job_id)
-            .envs(LaunchEnv::rank_env(rank).unwrap_or_default())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0)
-            .spawn();
-        let mut c = match child {
-            Ok(c) => c,
+        match starter.start(rank, 1) {
+            Ok(pid) => ranks.slots.push(Slot { pid, incarnation: 1, done: false }),
             Err(e) => {
-                start_err = Some(format!("cannot start rank {rank} ({}): {e}", program.display()));
+                start_err = Some(e);
                 break;
             }
-        };
-        let pid = c.id() as i32;
-        pids.push(pid);
-        if let Some(w) = reaper_in.as_mut() {
-            if writeln!(w, "{pid}").and_then(|_| w.flush()).is_err() {
-                start_err = Some("the job's reaper ended early".into());
-                break;
-            }
-        }
-        let outs: [(Option<Box<dyn std::io::Read + Send>>, bool); 2] = [
-            (c.stdout.take().map(|o| Box::new(o) as Box<dyn std::io::Read + Send>), false),
-            (c.stderr.take().map(|e| Box::new(e) as Box<dyn std::io::Read + Send>), true),
-        ];
-        for (stream, to_err) in outs {
-            let Some(stream) = stream else { continue };
-            match output::pump(rank, &copying, stream, to_err, ended_tx.clone()) {
-                Ok(()) => pumps += 1,
-                Err(e) => start_err = Some(format!("cannot start a thread for rank {rank}'s output: {e}")),
-            }
-        }
-        if start_err.is_some() {
-            break;
         }
     }
 
     // One waiter for every child: exits arrive in the order they happen, so the rank that
-    // failed first is the one named, not a peer that failed because of it.
-    let rank_of: HashMap<i32, usize> = pids.iter().enumerate().map(|(r, &p)| (p, r)).collect();
+    // failed first is the one named, not a peer that failed because of it. Which rank a
+    // process was is looked up where the exit is handled, where replacements are started.
     let wtx = tx.clone();
     let waiter = std::thread::Builder::new().stack_size(THREAD_STACK).spawn(move || loop {
-        match waitpid(None, None) {
-            Ok(WaitStatus::Exited(pid, code)) => {
-                let ev = match rank_of.get(&pid.as_raw()) {
-                    Some(&r) => Event::Exit(r, End::Code(code)),
-                    None if pid.as_raw() == reaper_pid => Event::ReaperGone,
-                    None => continue,
-                };
-                let _ = wtx.send(ev);
-            }
-            Ok(WaitStatus::Signaled(pid, sig, _)) => {
-                let ev = match rank_of.get(&pid.as_raw()) {
-                    Some(&r) => Event::Exit(r, End::Signal(sig)),
-                    None if pid.as_raw() == reaper_pid => Event::ReaperGone,
-                    None => continue,
-                };
-                let _ = wtx.send(ev);
-            }
-            Ok(_) | Err(Errno::EINTR) => {}
+        let (pid, end) = match waitpid(None, None) {
+            Ok(WaitStatus::Exited(pid, code)) => (pid.as_raw(), End::Code(code)),
+            Ok(WaitStatus::Signaled(pid, sig, _)) => (pid.as_raw(), End::Signal(sig)),
+            Ok(_) | Err(Errno::EINTR) => continue,
             Err(_) => break,
-        }
+        };
+        let _ = wtx.send(if pid == reaper_pid { Event::ReaperGone } else { Event::Exit(pid, end) });
     });
     if let Err(e) = waiter {
         start_err = Some(format!("cannot start the waiter thread: {e}"));
     }
 
-    let mut done = vec![false; pids.len()];
-    let mut outputs =
-        Outputs { rx: ended_rx, seen: 0, first_end: vec![None; pids.len()], moved: copying.moved.clone() };
+    let outputs = Outputs::new(ended_rx, args.n, starter.copying.moved.clone());
+    let mut job = Supervisor { args, ranks, starter, elastic, rx, outputs, grace };
     let verdict: Result<(), (String, u8)> = if let Some(msg) = start_err {
         eprintln!("anyccl-run: {msg}; stopping the ranks started");
-        stop_all(&pids, &mut done, &rx, Duration::ZERO);
+        stop_all(&mut job.ranks, &job.rx, Duration::ZERO);
         Err(setup(msg))
     } else {
-        supervise(args, &pids, &mut done, &rx, &mut outputs, grace)
+        job.supervise()
     };
 
-    // Whatever the verdict, no process of the job stays: every rank's group is stopped (a
-    // rank that exited may have left children behind), and so is every other process that
-    // descends from the launcher but the reaper (a rank's child in a group or session of its
-    // own, which the launcher inherited as a subreaper when its parent ended).
-    let job = procs::Job { root: Some(std::process::id() as i32), mark: None, keep: Some(reaper_pid) };
-    let (pids_left, groups_left) = procs::stop_job(&pids, &job, grace.min(Duration::from_secs(2)));
+    // Whatever the verdict, no process of the job stays: every group ever started is stopped
+    // (a rank that exited may have left children behind), and so is every other process
+    // that descends from the launcher but the reaper (a rank's child in a group or session
+    // of its own, which the launcher inherited as a subreaper when its parent ended).
+    let me = procs::Job { root: Some(std::process::id() as i32), marks: Vec::new(), keep: Some(reaper_pid) };
+    let (pids_left, groups_left) = procs::stop_job(&job.starter.groups, &me, grace.min(Duration::from_secs(2)));
     if !pids_left.is_empty() || !groups_left.is_empty() {
         eprintln!("anyccl-run: processes {pids_left:?} and groups {groups_left:?} of the job outlived SIGKILL");
     }
-    if let Some(mut w) = reaper_in.take() {
-        let _ = writeln!(w, "done");
-    }
+    job.starter.release_reaper();
     let _ = kill(Pid::from_raw(reaper_pid), None);
     // What is still in the ranks' pipes, for as long as it moves.
-    outputs.drain(pumps, DRAIN);
+    job.outputs.drain(job.starter.pumps, DRAIN);
     drop(server);
     verdict
 }
 
-/// Wait for the ranks; on the first failure, the launcher's timeout or a signal, stop the
-/// others and say why.
-fn supervise(
-    args: &Args,
-    pids: &[i32],
-    done: &mut [bool],
-    rx: &mpsc::Receiver<Event>,
-    outputs: &mut Outputs,
+/// A running job: its ranks, how to start one again, and what it hears.
+struct Supervisor<'a> {
+    args: &'a Args,
+    ranks: Ranks,
+    starter: Starter,
+    /// Elastic mode: restarts left, and the way to the job's membership.
+    elastic: Option<Elastic>,
+    rx: mpsc::Receiver<Event>,
+    outputs: Outputs,
     grace: Duration,
-) -> Result<(), (String, u8)> {
-    let n = pids.len();
-    let started = Instant::now();
-    let limit = (args.timeout > 0.0).then(|| Duration::from_secs_f64(args.timeout));
-    loop {
-        if done.iter().all(|d| *d) {
-            return Ok(());
-        }
-        let wait = match limit {
-            Some(l) => match l.checked_sub(started.elapsed()) {
-                Some(left) => left,
-                None => {
-                    let running: Vec<usize> = (0..n).filter(|&r| !done[r]).collect();
-                    let msg = format!(
-                        "timed out after {l:.0?}; ranks {running:?} were still running{}",
-                        stopped_note(pids, done)
-                    );
-                    eprintln!("anyccl-run: {msg}; stopping them");
-                    stop_all(pids, done, rx, grace);
+}
+
+/// "no restarts left", "1 restart left", "2 restarts left".
+fn restarts_left(n: u32) -> String {
+    match n {
+        0 => "no restarts left".into(),
+        1 => "1 restart left".into(),
+        n => format!("{n} restarts left"),
+    }
+}
+
+impl Supervisor<'_> {
+    /// Wait for the ranks; on the first failure (past the restarts of elastic mode), the
+    /// launcher's timeout or a signal, stop the others and say why.
+    fn supervise(&mut self) -> Result<(), (String, u8)> {
+        let started = Instant::now();
+        let limit = (self.args.timeout > 0.0).then(|| Duration::from_secs_f64(self.args.timeout));
+        let grace = self.grace;
+        loop {
+            if self.ranks.all_done() {
+                return Ok(());
+            }
+            let wait = match limit {
+                Some(l) => match l.checked_sub(started.elapsed()) {
+                    Some(left) => left,
+                    None => {
+                        let msg = format!(
+                            "timed out after {l:.0?}; ranks {:?} were still running{}",
+                            self.ranks.running(),
+                            stopped_note(&self.ranks)
+                        );
+                        eprintln!("anyccl-run: {msg}; stopping them");
+                        stop_all(&mut self.ranks, &self.rx, grace);
+                        return Err((msg, 1));
+                    }
+                },
+                None => Duration::from_secs(3600),
+            };
+            match self.rx.recv_timeout(wait) {
+                Ok(Event::Exit(pid, end)) => {
+                    // Else an orphan the launcher reaped as a subreaper.
+                    let Some(rank) = self.ranks.rank_of(pid) else { continue };
+                    self.ranks.slots[rank].done = true;
+                    if end.success() {
+                        continue;
+                    }
+                    let gone = Gone { rank, pid, incarnation: self.ranks.slots[rank].incarnation, end };
+                    if self.elastic.as_ref().is_some_and(|e| e.left > 0) {
+                        if let Err(msg) = self.restart(gone) {
+                            eprintln!("anyccl-run: {msg}; stopping ranks {:?}", self.ranks.running());
+                            stop_all(&mut self.ranks, &self.rx, grace);
+                            return Err((msg, 1));
+                        }
+                        continue;
+                    }
+                    return Err((self.fail(rank, end), 1));
+                }
+                Ok(Event::Signal(sig)) => {
+                    let name = Signal::try_from(sig).map(|s| s.as_str()).unwrap_or("a signal");
+                    eprintln!("anyccl-run: received {name}; stopping ranks {:?}", self.ranks.running());
+                    stop_all(&mut self.ranks, &self.rx, grace);
+                    return Err((format!("stopped by {name}"), 128u8.saturating_add(sig as u8)));
+                }
+                Ok(Event::ReaperGone) => {
+                    let msg = "the job's reaper ended; without it ranks could outlive this launcher".to_string();
+                    eprintln!("anyccl-run: {msg}; stopping every rank");
+                    stop_all(&mut self.ranks, &self.rx, grace);
                     return Err((msg, 1));
                 }
-            },
-            None => Duration::from_secs(3600),
-        };
-        match rx.recv_timeout(wait) {
-            Ok(Event::Exit(rank, end)) => {
-                done[rank] = true;
-                if end.success() {
-                    continue;
-                }
-                // Other ranks may be failing because of this one, or this one because of
-                // another reaped later: gather exits for a moment, then name one.
-                let mut failed = vec![(rank, end)];
-                let until = Instant::now() + Duration::from_millis(300);
-                while let Some(left) = until.checked_duration_since(Instant::now()) {
-                    match rx.recv_timeout(left) {
-                        Ok(Event::Exit(r, e2)) => {
-                            done[r] = true;
-                            if !e2.success() {
-                                failed.push((r, e2));
-                            }
-                        }
-                        Ok(_) => {}
-                        Err(_) => break,
+                Err(mpsc::RecvTimeoutError::Timeout) => continue,
+                Err(mpsc::RecvTimeoutError::Disconnected) => return Err(("lost track of the ranks".into(), 1)),
+            }
+        }
+    }
+
+    /// `rank` failed with no restart left: stop the job; why it failed.
+    fn fail(&mut self, rank: usize, end: End) -> String {
+        // Other ranks may be failing because of this one, or this one because of another
+        // reaped later: gather exits for a moment, then name one.
+        let mut failed = vec![(rank, end)];
+        let until = Instant::now() + Duration::from_millis(300);
+        while let Some(left) = until.checked_duration_since(Instant::now()) {
+            match self.rx.recv_timeout(left) {
+                Ok(Event::Exit(pid, e2)) => {
+                    let Some(r) = self.ranks.rank_of(pid) else { continue };
+                    self.ranks.slots[r].done = true;
+                    if !e2.success() {
+                        failed.push((r, e2));
                     }
                 }
-                outputs.poll();
-                let f = format!("{}{}", blame(&failed, &outputs.first_end), stopped_note(pids, done));
-                let running: Vec<usize> = (0..n).filter(|&r| !done[r]).collect();
-                eprintln!("anyccl-run: {f}; stopping ranks {running:?}");
-                stop_all(pids, done, rx, grace);
-                return Err((f, 1));
+                Ok(_) => {}
+                Err(_) => break,
             }
-            Ok(Event::Signal(sig)) => {
-                let name = Signal::try_from(sig).map(|s| s.as_str()).unwrap_or("a signal");
-                let running: Vec<usize> = (0..n).filter(|&r| !done[r]).collect();
-                eprintln!("anyccl-run: received {name}; stopping ranks {running:?}");
-                stop_all(pids, done, rx, grace);
-                return Err((format!("stopped by {name}"), 128u8.saturating_add(sig as u8)));
-            }
-            Ok(Event::ReaperGone) => {
-                let msg = "the job's reaper ended; without it ranks could outlive this launcher".to_string();
-                eprintln!("anyccl-run: {msg}; stopping every rank");
-                stop_all(pids, done, rx, grace);
-                return Err((msg, 1));
-            }
-            Err(mpsc::RecvTimeoutError::Timeout) => continue,
-            Err(mpsc::RecvTimeoutError::Disconnected) => return Err(("lost track of the ranks".into(), 1)),
         }
+        self.outputs.poll();
+        let ranks = &self.ranks;
+        let mut f = format!("{}{}", blame(&failed, &self.outputs.first_end, |r| ranks.name(r)), stopped_note(ranks));
+        if let Some(el) = &self.elastic {
+            f.push_str(&format!(
+                "; the job has {} ({} of --max-restarts {} used)",
+                restarts_left(0),
+                el.used(),
+                el.max
+            ));
+        }
+        eprintln!("anyccl-run: {f}; stopping ranks {:?}", self.ranks.running());
+        stop_all(&mut self.ranks, &self.rx, self.grace);
+        f
+    }
+
+    /// Elastic mode: stop what is left of `gone`'s process group, report it gone to the job's
+    /// membership, and start its rank's next incarnation.
+    ///
+    /// # Errors
+    /// The replacement cannot be started.
+    fn restart(&mut self, gone: Gone) -> Result<(), String> {
+        let t = Instant::now();
+        let Some(el) = self.elastic.as_mut() else { return Err("not in elastic mode".into()) };
+        // The report first: it is the survivors' evidence, the sooner the better.
+        let reported = el.report(&gone);
+        // Nothing of the old incarnation runs beside the new one (holding its rank's device,
+        // say): the rest of its group (a wrapper's children) and whatever it started that
+        // left the group but carries its identity go first, at once (the rank has ended).
+        let old = procs::Job {
+            root: None,
+            marks: [
+                format!("ANYCCL_JOB_ID={}", self.starter.job_id),
+                format!("RANK={}", gone.rank),
+                format!("ANYCCL_INCARNATION={}", gone.incarnation),
+            ]
+            .map(String::into_bytes)
+            .to_vec(),
+            keep: None,
+        };
+        let (pids_left, groups_left) = procs::stop_job(&[gone.pid], &old, Duration::ZERO);
+        if !pids_left.is_empty() || !groups_left.is_empty() {
+            eprintln!(
+                "anyccl-run: processes {pids_left:?} and groups {groups_left:?} of {} outlived SIGKILL",
+                gone.describe()
+            );
+        }
+        let inc = gone.incarnation + 1;
+        self.outputs.replaced(gone.rank, inc);
+        let pid = self.starter.start(gone.rank, inc)?;
+        let took = t.elapsed();
+        self.ranks.slots[gone.rank] = Slot { pid, incarnation: inc, done: false };
+        el.left -= 1;
+        let report = match reported {
+            Ok(d) => format!("reported it gone to the job's membership in {d:.1?}"),
+            Err(e) => format!(
+                "could not report it gone to the job's membership ({e}; the others see it gone once its liveness \
+                 record goes stale)"
+            ),
+        };
+        eprintln!(
+            "anyccl-run: {}; {report}; started its incarnation {inc} (pid {pid}) {took:.1?} after its end; {}",
+            gone.describe(),
+            restarts_left(el.left)
+        );
+        Ok(())
     }
 }

@@ -1,7 +1,8 @@
 //! The ranks' output: bytes copied as they come (never decoded: a rank may print anything),
-//! cut into lines, each line prefixed with its rank. A line longer than the launcher holds is
-//! written out in pieces, each with the prefix, so what the launcher buffers stays bounded
-//! whatever a rank prints.
+//! cut into lines, each line prefixed with its rank (`[rank 3] `), and with its incarnation
+//! for a replacement that an elastic launcher started (`[rank 3.2] `: the rank's second
+//! process). A line longer than the launcher holds is written out in pieces, each with the
+//! prefix, so what the launcher buffers stays bounded whatever a rank prints.
 
 use std::io::{Read, Write};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -85,22 +86,35 @@ pub struct Copying {
     pub moved: Arc<AtomicU64>,
 }
 
+/// The end of one process's output stream: its rank, its incarnation and when.
+pub type Ended = (usize, u64, Instant);
+
+/// The prefix of a process's lines: `[rank 3] ` for a rank's first process, `[rank 3.2] `
+/// for its second (a replacement), so that a log says which process printed what while
+/// `[rank 3` still finds them all.
+pub fn rank_prefix(rank: usize, incarnation: u64) -> String {
+    match incarnation {
+        0 | 1 => format!("[rank {rank}] "),
+        i => format!("[rank {rank}.{i}] "),
+    }
+}
+
 /// Copy a rank's stream to the launcher's stdout or stderr on a thread of its own; report
 /// its end. An exiting process closes its standard streams before its sockets, so the end
 /// of its output comes before any peer can notice its death: the earliest end among failed
 /// ranks names the rank that failed first, even when a peer that noticed is reaped before it.
 pub fn pump(
-    rank: usize,
+    (rank, incarnation): (usize, u64),
     how: &Copying,
     mut r: impl Read + Send + 'static,
     to_err: bool,
-    ended: mpsc::Sender<(usize, Instant)>,
+    ended: mpsc::Sender<Ended>,
 ) -> std::io::Result<()> {
-    let prefix = if how.prefix { format!("[rank {rank}] ") } else { String::new() };
+    let prefix = if how.prefix { rank_prefix(rank, incarnation) } else { String::new() };
     let mut lines = Lines::new(prefix.as_bytes(), how.max_line);
     let moved = how.moved.clone();
     let run = move || {
-        let _guard = EndGuard(rank, ended);
+        let _guard = EndGuard(rank, incarnation, ended);
         let mut write = |rec: &[u8]| {
             // A launcher whose own output is gone still reads its ranks' output to the end,
             // so that no rank is stopped by a full or broken pipe.
@@ -125,26 +139,42 @@ pub fn pump(
 }
 
 /// Reports the end of a rank's output, however the pump ends.
-struct EndGuard(usize, mpsc::Sender<(usize, Instant)>);
+struct EndGuard(usize, u64, mpsc::Sender<Ended>);
 impl Drop for EndGuard {
     fn drop(&mut self) {
-        let _ = self.1.send((self.0, Instant::now()));
+        let _ = self.2.send((self.0, self.1, Instant::now()));
     }
 }
 
 /// The ends of the ranks' output streams, as their pumps report them.
 pub struct Outputs {
-    pub rx: mpsc::Receiver<(usize, Instant)>,
+    pub rx: mpsc::Receiver<Ended>,
     /// Streams whose end has been seen.
     pub seen: usize,
-    /// The earliest end of each rank's output.
+    /// The earliest end of each rank's output, its newest process's.
     pub first_end: Vec<Option<Instant>>,
+    /// Each rank's newest incarnation: the ends of earlier ones only count as seen.
+    pub incarnation: Vec<u64>,
     pub moved: Arc<AtomicU64>,
 }
 
 impl Outputs {
-    fn note(&mut self, (r, t): (usize, Instant)) {
+    pub fn new(rx: mpsc::Receiver<Ended>, ranks: usize, moved: Arc<AtomicU64>) -> Outputs {
+        Outputs { rx, seen: 0, first_end: vec![None; ranks], incarnation: vec![1; ranks], moved }
+    }
+    /// Rank `rank`'s newest process is now `incarnation`: what ended before is forgotten.
+    pub fn replaced(&mut self, rank: usize, incarnation: u64) {
+        self.poll();
+        if let (Some(e), Some(i)) = (self.first_end.get_mut(rank), self.incarnation.get_mut(rank)) {
+            *e = None;
+            *i = incarnation;
+        }
+    }
+    fn note(&mut self, (r, inc, t): Ended) {
         self.seen += 1;
+        if self.incarnation.get(r) != Some(&inc) {
+            return;
+        }
         if let Some(e) = self.first_end.get_mut(r) {
             *e = Some(e.map_or(t, |e| e.min(t)));
         }
@@ -184,7 +214,13 @@ impl Outputs {
 
 #[cfg(test)]
 mod tests {
-    use super::Lines;
+    use super::{rank_prefix, Lines};
+
+    #[test]
+    fn a_replacement_is_prefixed_with_its_incarnation() {
+        assert_eq!(rank_prefix(3, 1), "[rank 3] ");
+        assert_eq!(rank_prefix(3, 2), "[rank 3.2] ");
+    }
 
     fn cut(prefix: &str, max: usize, input: &[&[u8]]) -> Vec<Vec<u8>> {
         let mut out = Vec::new();

@@ -63,10 +63,12 @@ pub struct Job {
     /// inherits the orphans of its ranks, so while it lives every process a rank started,
     /// in whatever group or session, descends from it).
     pub root: Option<i32>,
-    /// An environment entry (`ANYCCL_JOB_ID=...`) that marks the job's processes: each rank
-    /// has it and passes it on to what it starts. Read where the processes no longer descend
-    /// from the launcher (the reaper's case, once the launcher is gone).
-    pub mark: Option<Vec<u8>>,
+    /// Environment entries that, all present, mark the job's processes: `ANYCCL_JOB_ID=...`,
+    /// which each rank has and passes on to what it starts, read where the processes no
+    /// longer descend from the launcher (the reaper's case, once the launcher is gone); with
+    /// `RANK=...` and `ANYCCL_INCARNATION=...` too, one process of a rank and what it started
+    /// (elastic mode's case, before the rank's replacement starts). Empty: no mark.
+    pub marks: Vec<Vec<u8>>,
     /// A process that never belongs (the reaper), nor do its descendants.
     pub keep: Option<i32>,
 }
@@ -74,7 +76,7 @@ pub struct Job {
 impl Job {
     /// The job's processes that are alive now (this process never among them).
     pub fn members(&self) -> Vec<i32> {
-        if self.root.is_none() && self.mark.is_none() {
+        if self.root.is_none() && self.marks.is_empty() {
             return Vec::new();
         }
         let procs = live();
@@ -95,10 +97,10 @@ impl Job {
             false
         };
         let marked = |pid: i32| {
-            let Some(mark) = &self.mark else { return false };
-            std::fs::read(format!("/proc/{pid}/environ"))
-                .map(|env| env.split(|&b| b == 0).any(|v| v == mark.as_slice()))
-                .unwrap_or(false)
+            !self.marks.is_empty()
+                && std::fs::read(format!("/proc/{pid}/environ"))
+                    .map(|env| self.marks.iter().all(|m| env.split(|&b| b == 0).any(|v| v == m.as_slice())))
+                    .unwrap_or(false)
         };
         procs
             .iter()
