@@ -7,8 +7,13 @@
 //! itself recovering) and the members agree on who is in. Each epoch's groups are new
 //! communicators (`<group>@e<epoch>`) among the replicas whose every stage is a member; a
 //! replica that lost a stage waits. A replacement (`anyccl-run --elastic`) joins at the
-//! next epoch, which the others take at a step boundary; its replica is fed the parameters
-//! by a healthy replica over the rebuilt data groups (no checkpoint is read).
+//! next epoch, which the training ranks take at the end of the same step: ranks hear of the
+//! joiner at different steps, so each raises a flag that the step carries through every
+//! message (down the pipeline, back up, across the replicas' average), and every rank ends
+//! that step knowing whether any rank heard (one that went to agree alone would leave its
+//! peers in a collective, or inside a lazy connect their library cannot stop). Its replica
+//! is fed the parameters by a healthy replica over the rebuilt data groups (no checkpoint
+//! is read).
 //!
 //! Steps are transactional: a rank keeps the parameters from before its last two steps, and
 //! the members of an epoch start it from the fewest steps any of them completed (a kill in
@@ -52,6 +57,9 @@ struct Groups {
     dpc: Communicator,
     ppc: Communicator,
 }
+
+/// The communicators of an epoch, and the epoch.
+type Live = (u64, Vec<Arc<dyn Collective>>);
 
 /// One rank of an in-place job.
 pub(crate) async fn train(job: &Job) -> Result<ExitCode> {
@@ -121,8 +129,9 @@ struct InPlace<'j> {
     segments: Vec<Segment>,
     /// The plan the first step recorded, one per group (by the group's name before `@`).
     plans: Option<Vec<GroupPlan>>,
-    /// The communicators a failure heard on the membership's beat aborts.
-    live: Arc<Mutex<Vec<Arc<dyn Collective>>>>,
+    /// The epoch's communicators (and the epoch), which the next epoch's proposal, heard on
+    /// the membership's beat, aborts.
+    live: Arc<Mutex<Live>>,
 }
 
 /// Whether the in-place recovery takes `e` (a peer failed, an operation was aborted or
@@ -214,16 +223,28 @@ impl InPlace<'_> {
     /// The recovery loop: agree, rebuild, warm, train, until every step is done.
     async fn run(&mut self) -> Result<()> {
         let mcfg = MembershipConfig::from_env()?;
+        if self.env.incarnation > 1 && self.store.get(&self.key("done")).await?.is_some() {
+            let ctx = Ctx::new("anyccl-recover", self.me(), "");
+            return Err(ctx.aborted("the job finished before this replacement started: nothing to rejoin"));
+        }
         let m = Membership::join(self.store.clone(), self.me(), self.env.world_size, mcfg).await?;
         self.mark("agreed", m.view().epoch);
         let (live, dir, me, inc) = (self.live.clone(), self.run_dir.clone(), self.me(), self.env.incarnation);
         m.on_proposal(move |p| {
+            mark(&dir, me, inc, if p.failure { "failure heard" } else { "join heard" }, p.epoch, 0);
             if !p.failure {
+                // Taken at a step boundary that every rank agrees on (the step's flag): an
+                // abort now could leave a peer inside a lazy connect that its library cannot
+                // stop (HCCL's link set-up), waiting there to the library's own timeout.
                 return;
             }
-            mark(&dir, me, inc, "failure heard", p.epoch, 0);
+            // Only communicators of an earlier epoch: by the time this runs, the main
+            // thread may have agreed on `p.epoch` and built its groups already.
+            let comms: Vec<Arc<dyn Collective>> = match live.lock() {
+                Ok(v) if v.0 < p.epoch => v.1.clone(),
+                _ => Vec::new(),
+            };
             // Abort off the beat's thread: the callback must not block.
-            let comms: Vec<Arc<dyn Collective>> = live.lock().map(|v| v.clone()).unwrap_or_default();
             let _ = std::thread::Builder::new().name("anyccl-recover-abort".into()).spawn(move || {
                 for c in comms {
                     let _ = futures::executor::block_on(c.abort(Instant::now() + Duration::from_secs(5)));
@@ -256,14 +277,14 @@ impl InPlace<'_> {
                 Err(e) => return Err(e),
             };
             let comms: Vec<Arc<dyn Collective>> =
-                self.live.lock().map(|mut v| v.drain(..).collect()).unwrap_or_default();
+                self.live.lock().map(|mut v| v.1.drain(..).collect()).unwrap_or_default();
             match end {
                 EpochEnd::Done => {
                     self.store.set(&self.key("done"), self.applied.to_string().as_bytes()).await?;
                     return Ok(());
                 }
                 EpochEnd::Join(p) => {
-                    self.mark("join heard", p.epoch);
+                    self.mark("join taken", p.epoch);
                     self.agree(&m, &p.reason, false).await?;
                 }
                 EpochEnd::Failed(e) => {
@@ -330,7 +351,7 @@ impl InPlace<'_> {
         let tag = format!("e{}", seg.epoch);
         let groups = until_failure(m, self.connect(seg, &tag)).await?;
         if let Ok(mut v) = self.live.lock() {
-            *v = vec![groups.dpc.collective().clone(), groups.ppc.collective().clone()];
+            *v = (seg.epoch, vec![groups.dpc.collective().clone(), groups.ppc.collective().clone()]);
         }
         self.mark("rebuilt", seg.epoch);
         seg.from_step = until_failure(m, self.start_step(seg)).await?;
@@ -492,8 +513,11 @@ impl InPlace<'_> {
         let mut first = true;
         while self.applied < self.job.steps {
             let step = self.applied;
-            if let Some(p) = m.proposed() {
-                return Ok(if p.failure { EpochEnd::Failed(self.heard(&p)) } else { EpochEnd::Join(p) });
+            // A failure ends the epoch now; a joiner at the end of the first step in which
+            // any rank has heard of it, the same step on every rank (the step's flag).
+            let heard = m.proposed();
+            if let Some(p) = heard.as_ref().filter(|p| p.failure) {
+                return Ok(EpochEnd::Failed(self.heard(p)));
             }
             self.history.push_back((step, self.model.params.clone()));
             while self.history.len() > 2 {
@@ -514,12 +538,13 @@ impl InPlace<'_> {
                 pp: self.pp,
                 stage: self.stage,
                 replica: self.replica,
+                flags: true,
             };
             let t = Instant::now();
             // The device memory the epoch's first step allocates: 0.0 MiB when its groups
             // were warmed (the lazy connects happened before it).
             let free_before = if first { self.platform.mem_info().ok().map(|m| m.free) } else { None };
-            let loss = match train_step(&cx, &mut self.model, step, &mid_step) {
+            let (loss, join) = match train_step(&cx, &mut self.model, step, heard.is_some(), &mid_step) {
                 Ok(l) => l,
                 Err(e) => return Ok(EpochEnd::Failed(e)),
             };
@@ -548,6 +573,15 @@ impl InPlace<'_> {
             }
             if self.stage + 1 == self.pp && seg.active.first() == Some(&self.replica) {
                 println!("step {:3}  loss {loss:.6}  {:.2?}  epoch {}", step + 1, t.elapsed(), seg.epoch);
+            }
+            if join {
+                // This rank may not have heard of it yet itself: another rank's flag says so.
+                let p = m.proposed().unwrap_or_else(|| Proposal {
+                    epoch: seg.epoch + 1,
+                    reason: "a process joins (heard by another rank)".into(),
+                    failure: false,
+                });
+                return Ok(EpochEnd::Join(p));
             }
         }
         Ok(EpochEnd::Done)
@@ -607,9 +641,10 @@ impl InPlace<'_> {
                 pp: self.pp,
                 stage: self.stage,
                 replica: self.replica,
+                flags: true,
             };
             for step in seg.from_step..end {
-                train_step(&cx, &mut self.model, step, &|| {})?;
+                train_step(&cx, &mut self.model, step, false, &|| {})?;
                 self.applied = step + 1;
             }
             for c in [&g.dpc, &g.ppc] {
@@ -648,7 +683,8 @@ impl InPlace<'_> {
 }
 
 /// `f`, ended early with `Aborted` when the membership hears of a failure: a connect, a
-/// store wait or a warmup whose peer died returns at once instead of at its deadline.
+/// store wait or a warmup whose peer died returns at once instead of at its deadline (a
+/// joiner waits for the epoch's first step boundary).
 async fn until_failure<T>(m: &Membership, f: impl std::future::Future<Output = Result<T>>) -> Result<T> {
     let watch = async {
         loop {

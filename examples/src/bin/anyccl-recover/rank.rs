@@ -167,6 +167,7 @@ impl<'j> Rank<'j> {
             pp: self.pp,
             stage: self.stage,
             replica: self.replica,
+            flags: false,
         }
     }
 
@@ -326,7 +327,7 @@ impl<'j> Rank<'j> {
                     kill_self(&self.run_dir, me, step);
                 }
             };
-            let loss = train_step(&self.step_ctx(), model, step, &mid_step)?;
+            let (loss, _) = train_step(&self.step_ctx(), model, step, false, &mid_step)?;
             if step == start.step {
                 // When the first good step of this launch ended: the restart path's recovery time.
                 crate::timeline::mark(&self.run_dir, me, self.env.incarnation, "first step", 0, step + 1);
