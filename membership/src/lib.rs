@@ -257,7 +257,9 @@ impl Membership {
     /// backend saw its connection close for good) and propose the next epoch. For callers
     /// that are not members (a launcher); members call [`Membership::agree`]. Without an
     /// incarnation it is the rank's newest: call it before the rank's replacement starts
-    /// (the replacement takes the next one).
+    /// (the replacement takes the next one). With one, the rank's counter is moved up to it
+    /// when lower (the process died before it joined and took its number), so the
+    /// replacement takes the next one and not the number recorded gone.
     ///
     /// # Errors
     /// Store errors.
@@ -269,9 +271,15 @@ impl Membership {
         why: &str,
     ) -> Result<()> {
         let keys = Keys::new(&cfg.prefix);
+        let taken = store.add(&keys.incarnation(rank), 0).await?.max(0) as u64;
         let inc = match incarnation {
-            Some(i) => i,
-            None => store.add(&keys.incarnation(rank), 0).await?.max(1) as u64,
+            Some(i) => {
+                if let Some(short) = i.checked_sub(taken).filter(|d| *d > 0) {
+                    store.add(&keys.incarnation(rank), i64::try_from(short).unwrap_or(i64::MAX)).await?;
+                }
+                i
+            }
+            None => taken.max(1),
         };
         store.compare_set(&keys.gone(rank, inc), None, why.as_bytes()).await?;
         if let Some(c) = store.get(&keys.current()).await? {

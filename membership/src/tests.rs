@@ -118,6 +118,27 @@ fn membership_a_replacement_joins_with_a_new_incarnation() {
     });
 }
 
+/// A process that died before it joined is reported gone by the launcher that saw it exit,
+/// by the incarnation the launcher gave it; its replacement takes the next incarnation (not
+/// the number the dead process never took, which the report marks gone) and is admitted.
+#[test]
+fn membership_a_replacement_of_a_process_that_never_joined_is_admitted() {
+    rt().block_on(async {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let c = cfg();
+        let first = tokio::spawn(Membership::join(store.clone(), 0, 2, c.clone()));
+        let why = "rank 1 (pid 7, incarnation 1) exited with code 1, seen by anyccl-run";
+        Membership::report_gone(store.as_ref(), &c, 1, Some(1), why).await.expect("report");
+        let m0 = first.await.expect("task").expect("joined");
+        assert_eq!(ranks(&m0.view()), vec![0]);
+        let joiner = tokio::spawn(Membership::join(store.clone(), 1, 2, c.clone()));
+        let (_ms, vs) = agree_all(vec![m0]).await;
+        let joiner = joiner.await.expect("task").expect("admitted");
+        assert_eq!(joiner.me(), Member { rank: 1, incarnation: 2 });
+        assert_eq!(ranks(vs[0].as_ref().expect("agreed")), vec![0, 1]);
+    });
+}
+
 #[test]
 fn membership_a_failure_is_heard_as_one_and_a_join_is_not() {
     rt().block_on(async {

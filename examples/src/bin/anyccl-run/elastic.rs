@@ -60,7 +60,8 @@ impl Elastic {
     /// A malformed membership setting in the environment (the ranks would refuse it too), or
     /// no runtime for the store client.
     pub fn new(max: u32, addr: std::net::SocketAddr, token: &str) -> Result<Elastic, String> {
-        let cfg = MembershipConfig::from_env().map_err(|e| e.to_string())?;
+        let cfg = MembershipConfig::from_env()
+            .map_err(|e| format!("--elastic reads the membership's settings as the ranks will: {e}"))?;
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
