@@ -26,12 +26,15 @@
 use crate::cli::{ranks, usage, Job, OWNER};
 use crate::dev::Dev;
 use crate::model::Stage;
+mod replay;
+mod warm;
+
 use crate::participation::{read_record, Segment};
 use crate::step::{kill_self, train_step, StepCtx};
 use crate::timeline::{mark, mark_with};
 use anyccl::membership::{Membership, MembershipConfig, Proposal, View};
 use anyccl::raw::{Collective, Ctx};
-use anyccl::warmup::{warmup, warmup_plans, GroupPlan, Session, StepRecorder, Target, WarmupConfig};
+use anyccl::warmup::{GroupPlan, StepRecorder};
 use anyccl::{
     Backend, CommConfig, Communicator, DeviceKind, Error, GroupSpec, LaunchEnv, Platform, Recovery, Result, Role, Store,
 };
@@ -457,53 +460,6 @@ impl InPlace<'_> {
         Ok(())
     }
 
-    /// Warm the rebuilt groups from the recorded plan (re-made for their sizes), or from
-    /// their roles where there is none, among the epoch's training ranks.
-    async fn warm(&mut self, seg: &Segment, g: &Groups) -> Result<()> {
-        if self.plans.is_none() {
-            // A replacement finds the plan its rank recorded in the store.
-            if let Some(v) = self.store.get(&self.key(&format!("plan/{}", self.me()))).await? {
-                self.plans = serde_json::from_slice(&v).ok();
-            }
-        }
-        let members = self.ranks_of(&seg.active);
-        let job = self.key("warmup");
-        let session = Session {
-            store: self.store.as_ref(),
-            job: &job,
-            generation: seg.epoch + 1,
-            rank: self.me(),
-            world_size: self.env.world_size,
-            members: Some(&members),
-            platform: self.platform.as_ref(),
-        };
-        let wcfg = WarmupConfig {
-            enabled: true,
-            force: true,
-            timeout: Duration::from_secs(120),
-            ..WarmupConfig::from_env(WarmupConfig::default())?
-        };
-        let comms = [&g.dpc, &g.ppc];
-        let report = match &self.plans {
-            Some(recorded) => {
-                let base = |name: &str| name.split('@').next().unwrap_or(name).to_string();
-                let plans: Vec<(&Communicator, GroupPlan)> = comms
-                    .iter()
-                    .filter_map(|c| {
-                        let p = recorded.iter().find(|p| base(&p.group) == base(&c.spec().name))?;
-                        Some((*c, p.rebuilt_for(c)?))
-                    })
-                    .collect();
-                warmup_plans(&session, plans, &wcfg).await?
-            }
-            None => warmup(&session, &comms.map(Target::new), &wcfg).await?,
-        };
-        if members.first() == Some(&self.me()) {
-            print!("{}", report.table());
-        }
-        Ok(())
-    }
-
     /// The epoch's steps, until the last, a join (at a step boundary) or a failure.
     async fn train(&mut self, m: &Membership, seg: &Segment, g: &Groups) -> Result<EpochEnd> {
         let me = self.me();
@@ -590,68 +546,6 @@ impl InPlace<'_> {
     /// The error a failure heard from the membership stands for.
     fn heard(&self, p: &Proposal) -> Error {
         Ctx::new("anyccl-recover", self.me(), "").aborted(format!("epoch {} proposed: {}", p.epoch, p.reason))
-    }
-
-    /// The first step's plan, merged across each group's members, kept in the store under
-    /// this rank (where its replacement finds it).
-    async fn record(&mut self, r: StepRecorder<'_>, seg: &Segment) -> Result<()> {
-        let members = self.ranks_of(&seg.active);
-        let job = self.key("record");
-        let session = Session {
-            store: self.store.as_ref(),
-            job: &job,
-            generation: seg.epoch + 1,
-            rank: self.me(),
-            world_size: self.env.world_size,
-            members: Some(&members),
-            platform: self.platform.as_ref(),
-        };
-        let recorded = r.finish(&session, self.cfg.op_timeout).await?;
-        let bytes = serde_json::to_vec(&recorded.plans).unwrap_or_default();
-        self.store.set(&self.key(&format!("plan/{}", self.me())), &bytes).await?;
-        self.plans = Some(recorded.plans);
-        Ok(())
-    }
-
-    /// A reference run: the record's stretches, in order, with no fault and no membership.
-    async fn replay(&mut self, record: &[Segment]) -> Result<()> {
-        for (i, seg) in record.iter().enumerate() {
-            let end = record.get(i + 1).map_or(self.job.steps, |n| n.from_step);
-            if !seg.active.contains(&self.replica) {
-                continue;
-            }
-            let g = self.connect(seg, &format!("replay{}", seg.epoch)).await?;
-            self.feed(seg, &g)?;
-            if self.applied != seg.from_step {
-                return Err(usage(
-                    "--replay",
-                    format!(
-                        "the record's stretch of epoch {} starts at step {}, but this rank has completed {}: not a \
-                         record of this job",
-                        seg.epoch, seg.from_step, self.applied
-                    ),
-                ));
-            }
-            self.segments.push(seg.clone());
-            let cx = StepCtx {
-                job: self.job,
-                dev: Dev { p: self.platform.as_ref(), timeout: self.cfg.op_timeout },
-                dpc: &g.dpc,
-                ppc: &g.ppc,
-                pp: self.pp,
-                stage: self.stage,
-                replica: self.replica,
-                flags: true,
-            };
-            for step in seg.from_step..end {
-                train_step(&cx, &mut self.model, step, false, &|| {})?;
-                self.applied = step + 1;
-            }
-            for c in [&g.dpc, &g.ppc] {
-                c.shutdown().await?;
-            }
-        }
-        Ok(())
     }
 
     /// The final parameters and the participation record of this process.

@@ -1,0 +1,78 @@
+//! Warming an epoch's rebuilt groups, and recording the first step's plan they are warmed
+//! from.
+
+use super::{Groups, InPlace};
+use crate::participation::Segment;
+use anyccl::warmup::{warmup, warmup_plans, GroupPlan, Session, StepRecorder, Target, WarmupConfig};
+use anyccl::{Communicator, Result};
+use std::time::Duration;
+
+impl InPlace<'_> {
+    /// Warm the rebuilt groups from the recorded plan (re-made for their sizes), or from
+    /// their roles where there is none, among the epoch's training ranks.
+    pub(super) async fn warm(&mut self, seg: &Segment, g: &Groups) -> Result<()> {
+        if self.plans.is_none() {
+            // A replacement finds the plan its rank recorded in the store.
+            if let Some(v) = self.store.get(&self.key(&format!("plan/{}", self.me()))).await? {
+                self.plans = serde_json::from_slice(&v).ok();
+            }
+        }
+        let members = self.ranks_of(&seg.active);
+        let job = self.key("warmup");
+        let session = Session {
+            store: self.store.as_ref(),
+            job: &job,
+            generation: seg.epoch + 1,
+            rank: self.me(),
+            world_size: self.env.world_size,
+            members: Some(&members),
+            platform: self.platform.as_ref(),
+        };
+        let wcfg = WarmupConfig {
+            enabled: true,
+            force: true,
+            timeout: Duration::from_secs(120),
+            ..WarmupConfig::from_env(WarmupConfig::default())?
+        };
+        let comms = [&g.dpc, &g.ppc];
+        let report = match &self.plans {
+            Some(recorded) => {
+                let base = |name: &str| name.split('@').next().unwrap_or(name).to_string();
+                let plans: Vec<(&Communicator, GroupPlan)> = comms
+                    .iter()
+                    .filter_map(|c| {
+                        let p = recorded.iter().find(|p| base(&p.group) == base(&c.spec().name))?;
+                        Some((*c, p.rebuilt_for(c)?))
+                    })
+                    .collect();
+                warmup_plans(&session, plans, &wcfg).await?
+            }
+            None => warmup(&session, &comms.map(Target::new), &wcfg).await?,
+        };
+        if members.first() == Some(&self.me()) {
+            print!("{}", report.table());
+        }
+        Ok(())
+    }
+
+    /// The first step's plan, merged across each group's members, kept in the store under
+    /// this rank (where its replacement finds it).
+    pub(super) async fn record(&mut self, r: StepRecorder<'_>, seg: &Segment) -> Result<()> {
+        let members = self.ranks_of(&seg.active);
+        let job = self.key("record");
+        let session = Session {
+            store: self.store.as_ref(),
+            job: &job,
+            generation: seg.epoch + 1,
+            rank: self.me(),
+            world_size: self.env.world_size,
+            members: Some(&members),
+            platform: self.platform.as_ref(),
+        };
+        let recorded = r.finish(&session, self.cfg.op_timeout).await?;
+        let bytes = serde_json::to_vec(&recorded.plans).unwrap_or_default();
+        self.store.set(&self.key(&format!("plan/{}", self.me())), &bytes).await?;
+        self.plans = Some(recorded.plans);
+        Ok(())
+    }
+}
