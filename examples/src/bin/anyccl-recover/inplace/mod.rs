@@ -77,6 +77,7 @@ pub(crate) async fn train(job: &Job) -> Result<ExitCode> {
         return Err(usage("--dp", msg));
     }
     let (replica, stage) = (env.rank / pp, env.rank % pp);
+    let valid = env.incarnation == 1 || job.replay.is_some();
     let model = Stage::new(job.width as usize, job.layers as usize, job.seed, stage)
         .map_err(|e| usage("--width", format!("the model of --width {} --layers {}: {e}", job.width, job.layers)))?;
     let cfg = CommConfig::from_env()?;
@@ -95,6 +96,7 @@ pub(crate) async fn train(job: &Job) -> Result<ExitCode> {
         run_dir,
         model,
         applied: 0,
+        valid,
         history: VecDeque::new(),
         segments: Vec::new(),
         plans: None,
@@ -126,6 +128,9 @@ struct InPlace<'j> {
     model: Stage,
     /// Steps this rank's parameters have completed.
     applied: u64,
+    /// Whether this process holds the job's parameters: a first process does; a
+    /// replacement once a healthy replica has fed it.
+    valid: bool,
     /// The parameters from before the last steps: (steps completed then, parameters).
     history: VecDeque<(u64, Vec<f32>)>,
     /// The stretches this rank trained in.
@@ -161,66 +166,14 @@ impl InPlace<'_> {
         replicas.iter().flat_map(|d| (0..self.pp).map(move |s| d * self.pp + s)).collect()
     }
 
-    /// The stretch an epoch's view starts: the replicas whose every stage is a member train;
-    /// those that were not training before, or have a member that just joined, are fed the
-    /// parameters by the first one that kept them.
-    fn segment(&self, view: &View, prev: Option<&Segment>) -> Result<Segment> {
+    /// The stretch an epoch's view starts: the replicas whose every stage is a member train
+    /// (the same on every member, a replacement included: it follows from the view alone).
+    /// Which of them must be fed, and from which, the members work out when they meet
+    /// ([`InPlace::start_step`]).
+    fn segment(&self, view: &View) -> Segment {
         let pp = self.pp;
         let active: Vec<usize> = (0..self.dp).filter(|d| (0..pp).all(|s| view.member(d * pp + s).is_some())).collect();
-        let fresh: Vec<usize> = match prev {
-            None => Vec::new(),
-            Some(p) => active
-                .iter()
-                .copied()
-                .filter(|d| !p.active.contains(d) || view.joined.iter().any(|r| r / pp == *d))
-                .collect(),
-        };
-        let source = active.iter().copied().find(|d| !fresh.contains(d));
-        if !fresh.is_empty() && source.is_none() {
-            return Err(Ctx::new("anyccl-recover", self.me(), "").aborted(format!(
-                "epoch {}: no replica kept its parameters (members {:?}): recovery in place cannot go on; \
-                 restart the job from its last checkpoint",
-                view.epoch,
-                view.ranks()
-            )));
-        }
-        Ok(Segment { epoch: view.epoch, from_step: 0, active, fresh, source })
-    }
-
-    /// The epoch's stretch, the same on every member: the members that were in the previous
-    /// epoch work it out and publish it (the first write stands, the others must match); a
-    /// replacement, which never saw the previous epoch, reads it.
-    async fn agreed_segment(&self, m: &Membership, view: &View, prev: Option<&Segment>) -> Result<Segment> {
-        if view.epoch == 0 {
-            return self.segment(view, None);
-        }
-        let key = self.key(&format!("e{}/segment", view.epoch));
-        let ctx = Ctx::new("anyccl-recover", self.me(), "");
-        let decode = |v: &[u8]| -> Result<Segment> {
-            serde_json::from_slice(v).map_err(|e| Error::store_fatal(format!("'{key}' is not a stretch of steps: {e}")))
-        };
-        match prev {
-            Some(p) => {
-                let seg = self.segment(view, Some(p))?;
-                let bytes = serde_json::to_vec(&seg).unwrap_or_default();
-                let cas = self.store.compare_set(&key, None, &bytes).await?;
-                if let Some(theirs) = cas.current.filter(|_| !cas.swapped) {
-                    let theirs = decode(&theirs)?;
-                    if theirs != seg {
-                        return Err(ctx.aborted(format!(
-                            "epoch {}: this rank works out {seg:?} but another member published {theirs:?}",
-                            view.epoch
-                        )));
-                    }
-                }
-                Ok(seg)
-            }
-            None => {
-                let deadline = anyccl::raw::deadline_in(self.cfg.op_timeout);
-                let v = until_failure(m, self.store.wait(&key, deadline)).await?;
-                decode(&v)
-            }
-        }
+        Segment { epoch: view.epoch, from_step: 0, active, fresh: Vec::new(), source: None }
     }
 
     /// The recovery loop: agree, rebuild, warm, train, until every step is done.
@@ -254,13 +207,12 @@ impl InPlace<'_> {
                 }
             });
         });
-        let mut prev: Option<Segment> = None;
         // Epochs in a row that changed no member and completed no step: a failure that a
         // rebuild does not cure is an error, not a loop.
         let mut fruitless = 0;
         loop {
             let view = m.view();
-            let mut seg = self.agreed_segment(&m, &view, prev.as_ref()).await?;
+            let mut seg = self.segment(&view);
             if !seg.active.contains(&self.replica) {
                 // This replica lost a stage: wait for its replacement (or the job's end).
                 self.mark("waiting for the replica", view.epoch);
@@ -268,7 +220,6 @@ impl InPlace<'_> {
                     None => return Ok(()),
                     Some(p) => {
                         self.agree(&m, &p.reason, false).await?;
-                        prev = Some(seg);
                         continue;
                     }
                 }
@@ -306,7 +257,6 @@ impl InPlace<'_> {
                 }
             }
             drop(comms);
-            prev = Some(seg);
         }
     }
 
@@ -357,7 +307,7 @@ impl InPlace<'_> {
             *v = (seg.epoch, vec![groups.dpc.collective().clone(), groups.ppc.collective().clone()]);
         }
         self.mark("rebuilt", seg.epoch);
-        seg.from_step = until_failure(m, self.start_step(seg)).await?;
+        until_failure(m, self.start_step(seg)).await?;
         self.feed(seg, &groups)?;
         if seg.epoch > 0 && !self.job.no_warmup {
             until_failure(m, self.warm(seg, &groups)).await?;
@@ -400,34 +350,58 @@ impl InPlace<'_> {
         }
     }
 
-    /// Where the epoch starts: the fewest steps any rank of a replica that kept its
-    /// parameters completed (each publishes its count; every rank reads them all). A rank
-    /// past it goes back to its parameters from before.
-    async fn start_step(&mut self, seg: &Segment) -> Result<u64> {
-        let kept: Vec<usize> = seg.active.iter().copied().filter(|d| !seg.fresh.contains(d)).collect();
-        let kept_ranks = self.ranks_of(&kept);
+    /// Where the epoch starts, and which replicas are fed from which. Every training rank
+    /// publishes the steps it completed and whether its parameters are the job's (a first
+    /// process, or a replacement once fed); every rank reads them all, so all work out the
+    /// same: a replica kept its parameters when all its ranks hold the job's; the others are
+    /// fed by the first that kept them; the epoch starts from the fewest steps a rank of a
+    /// kept replica completed, and a rank past it goes back to its parameters from before.
+    async fn start_step(&mut self, seg: &mut Segment) -> Result<()> {
         let e = seg.epoch;
-        if kept.contains(&self.replica) {
-            self.store
-                .set(&self.key(&format!("e{e}/applied/{}", self.me())), self.applied.to_string().as_bytes())
-                .await?;
-        }
-        let keys: Vec<String> = kept_ranks.iter().map(|r| self.key(&format!("e{e}/applied/{r}"))).collect();
+        let ctx = Ctx::new("anyccl-recover", self.me(), "");
+        let mine = format!("{} {}", self.applied, u8::from(self.valid));
+        self.store.set(&self.key(&format!("e{e}/applied/{}", self.me())), mine.as_bytes()).await?;
+        let ranks = self.ranks_of(&seg.active);
+        let keys: Vec<String> = ranks.iter().map(|r| self.key(&format!("e{e}/applied/{r}"))).collect();
         let got = self.store.wait_many(&keys, anyccl::raw::deadline_in(self.cfg.op_timeout)).await?;
-        let counts: Vec<u64> = got
-            .iter()
-            .map(|v| v.as_deref().and_then(|b| std::str::from_utf8(b).ok()?.parse().ok()))
-            .collect::<Option<_>>()
-            .ok_or_else(|| Error::store_fatal(format!("epoch {e}: a step count in the store is unreadable")))?;
-        let start = counts.into_iter().min().unwrap_or(self.applied);
+        let parse = |v: &Option<Vec<u8>>| -> Option<(u64, bool)> {
+            let t = std::str::from_utf8(v.as_deref()?).ok()?;
+            let (a, ok) = t.split_once(' ')?;
+            Some((a.parse().ok()?, ok == "1"))
+        };
+        let states: Vec<(u64, bool)> = got.iter().map(parse).collect::<Option<_>>().ok_or_else(|| {
+            ctx.timeout(
+                format!("epoch {e}: meet the training ranks"),
+                self.cfg.op_timeout,
+                "a training rank published no step count in time",
+            )
+        })?;
+        let state = |r: usize| ranks.iter().position(|x| *x == r).map(|i| states[i]);
+        let kept_by = |d: &usize| (0..self.pp).all(|s| state(d * self.pp + s).is_some_and(|(_, ok)| ok));
+        let mut kept: Vec<usize> = seg.active.iter().copied().filter(kept_by).collect();
+        // Nothing trained yet: every process holds the same initial parameters.
+        if kept.is_empty() && states.iter().all(|(a, _)| *a == 0) {
+            kept = seg.active.clone();
+        }
+        seg.fresh = seg.active.iter().copied().filter(|d| !kept.contains(d)).collect();
+        seg.source = kept.first().copied();
+        if seg.source.is_none() {
+            let text = format!(
+                "epoch {e}: no replica kept its parameters (every training replica has a rank that was replaced \
+                 and not yet fed): recovery in place cannot go on; restart the job from its last checkpoint"
+            );
+            return Err(ctx.backend_error("recover in place", 0, text, Recovery::Fatal));
+        }
+        let start = self.ranks_of(&kept).iter().filter_map(|r| state(*r).map(|(a, _)| a)).min().unwrap_or(self.applied);
         if kept.contains(&self.replica) && self.applied > start {
             let Some((_, params)) = self.history.iter().find(|(s, _)| *s == start) else {
-                return Err(Ctx::new("anyccl-recover", self.me(), "").aborted(format!(
+                let text = format!(
                     "epoch {e} starts at step {start}, but this rank completed {} and keeps the parameters of steps {:?} \
                      only",
                     self.applied,
                     self.history.iter().map(|(s, _)| *s).collect::<Vec<_>>()
-                )));
+                );
+                return Err(ctx.backend_error("recover in place", 0, text, Recovery::Fatal));
             };
             println!(
                 "rank {}: step {} is undone (not every rank completed it): back to step {start}",
@@ -438,7 +412,8 @@ impl InPlace<'_> {
             self.applied = start;
         }
         self.history.retain(|(s, _)| *s <= start);
-        Ok(start)
+        seg.from_step = start;
+        Ok(())
     }
 
     /// Fresh replicas receive the parameters from the source replica over each data group.
@@ -449,6 +424,7 @@ impl InPlace<'_> {
         dev.broadcast(&g.dpc, &mut self.model.params, root)?;
         if seg.fresh.contains(&self.replica) {
             self.applied = seg.from_step;
+            self.valid = true;
             self.history.clear();
             self.mark("fed", seg.epoch);
             println!(
