@@ -272,6 +272,56 @@ mod cpu {
     }
 }
 
+/// `anyccl-recover train --in-place` under `anyccl-run --elastic`, with rank 0 (the first
+/// member, whose leadership must move) killed by hand at a moment no script chose: the job
+/// ends well, every rank writes its parameters, and the membership says who left.
+mod launcher {
+    mod inplace {
+        use super::super::bin;
+        use std::process::{Command, Stdio};
+        use std::time::Duration;
+
+        fn rank_pid(rank: usize) -> Option<u32> {
+            for e in std::fs::read_dir("/proc").ok()?.flatten() {
+                let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
+                let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) else { continue };
+                let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else { continue };
+                let is_rank = env.split(|b| *b == 0).any(|v| v == format!("RANK={rank}").as_bytes());
+                let ours = String::from_utf8_lossy(&cmd).contains("anyccl-inplace-byhand");
+                if is_rank && ours && String::from_utf8_lossy(&cmd).contains("train") {
+                    return Some(pid);
+                }
+            }
+            None
+        }
+
+        #[test]
+        fn rank_0_killed_by_hand_is_replaced_and_the_job_ends_well() {
+            let dir = std::env::temp_dir().join(format!("anyccl-inplace-byhand-{}", std::process::id()));
+            let mut job = Command::new(bin("anyccl-run"))
+                .args(["-n", "4", "--elastic", "--max-restarts", "2", "--timeout", "120", "--"])
+                .args([bin("anyccl-recover"), "train", "--in-place", "--steps", "60", "--step-ms", "40"])
+                .args(["--run", "byhand", "--out", &dir.display().to_string()])
+                .env("ANYCCL_BACKEND", "cpu")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("start the launcher");
+            std::thread::sleep(Duration::from_millis(1200));
+            let pid = rank_pid(0).expect("rank 0 is running");
+            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+            let out = job.wait_with_output().expect("the launcher ends");
+            let text = format!("{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+            let finals = (0..4).filter(|r| dir.join(format!("byhand/final/rank{r}.bin")).exists()).count();
+            let _ = std::fs::remove_dir_all(&dir);
+            assert!(out.status.success(), "the job failed:\n{text}");
+            assert!(text.contains("rank 0 (pid") && text.contains("started its incarnation 2"), "{text}");
+            assert!(text.contains("left [0]"), "no epoch left rank 0 out:\n{text}");
+            assert_eq!(finals, 4, "not every rank wrote its parameters:\n{text}");
+        }
+    }
+}
+
 /// The simulation's figures (`anyccl-sim --json`) and whether its own check passed.
 fn simulate(args: &[&str]) -> serde_json::Value {
     let out = Command::new(bin("anyccl-sim")).args(args).arg("--json").output().expect("run anyccl-sim");

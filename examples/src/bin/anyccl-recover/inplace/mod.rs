@@ -265,7 +265,8 @@ impl InPlace<'_> {
     async fn agree(&self, m: &Membership, why: &str, failure: bool) -> Result<View> {
         let v = if failure { m.fail(why).await? } else { m.agree(why).await? };
         self.mark("agreed", v.epoch);
-        if self.me() == v.ranks().first().copied().unwrap_or(0) {
+        // Said once, by the first member that was in before (a joiner's view comes from its join).
+        if Some(self.me()) == v.ranks().into_iter().find(|r| !v.joined.contains(r)) {
             println!(
                 "membership: epoch {} members {:?} (left {:?}, joined {:?}): {}",
                 v.epoch,
