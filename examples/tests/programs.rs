@@ -298,7 +298,7 @@ mod launcher {
         #[test]
         fn rank_0_killed_by_hand_is_replaced_and_the_job_ends_well() {
             let dir = std::env::temp_dir().join(format!("anyccl-inplace-byhand-{}", std::process::id()));
-            let mut job = Command::new(bin("anyccl-run"))
+            let job = Command::new(bin("anyccl-run"))
                 .args(["-n", "4", "--elastic", "--max-restarts", "2", "--timeout", "120", "--"])
                 .args([bin("anyccl-recover"), "train", "--in-place", "--steps", "60", "--step-ms", "40"])
                 .args(["--run", "byhand", "--out", &dir.display().to_string()])
