@@ -1,5 +1,6 @@
 //! The membership's settings, with their environment overrides.
 
+use crate::driver::LivenessDriver;
 use anyccl_core::{env_parse, env_secs, Result};
 use std::time::Duration;
 
@@ -19,6 +20,10 @@ pub struct MembershipConfig {
     /// long only for a member that is alive but never arrives (blocked inside a library
     /// that cannot be stopped).
     pub agree_timeout: Duration,
+    /// Beat on this driver's thread, shared with the process's other members, instead of a
+    /// thread of the member's own (`None`, the default: what a process with one member
+    /// wants). Not read from the environment.
+    pub liveness_driver: Option<LivenessDriver>,
 }
 
 impl Default for MembershipConfig {
@@ -28,6 +33,7 @@ impl Default for MembershipConfig {
             beat: Duration::from_millis(250),
             stale_after: Duration::from_secs(3),
             agree_timeout: Duration::from_secs(120),
+            liveness_driver: None,
         }
     }
 }

@@ -9,7 +9,9 @@
 //!    that watches its liveness record), a newer process of its rank, or its liveness
 //!    record unrenewed for [`MembershipConfig::stale_after`]. Records are renewed from a
 //!    thread of the member's own, so a member blocked in a collective still beats, and a
-//!    killed or stopped (SIGSTOP) one does not. A member that beats but never arrives is
+//!    killed or stopped (SIGSTOP) one does not. A process that hosts many members (a
+//!    simulation of thousands of ranks) gives them one [`LivenessDriver`] instead: one
+//!    thread beats for all, each member still renewing its own record. A member that beats but never arrives is
 //!    waited for to the agreement timeout, and then every member gets the same error.
 //! 2. **One decision, read by all.** The leader of an epoch writes the decision once
 //!    (compare-and-set): every member reads the same view or the same error, never a mix.
@@ -27,24 +29,26 @@
 //!    the epoch as the warmup's generation, so nothing of an earlier epoch is replayed.
 //!
 //! # Module ladder
-//! `config`, `keys` and `view` at the foot; `liveness` on them; `agree` on all three and
-//! `liveness`; the crate root on everything.
+//! `driver`, `keys` and `view` at the foot; `config` on `driver`; `liveness` on them; `agree`
+//! on `config`, `keys`, `view` and `liveness`; the crate root on everything.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 mod agree;
 mod config;
+mod driver;
 mod keys;
 mod liveness;
 mod view;
 
 pub use config::MembershipConfig;
+pub use driver::LivenessDriver;
 pub use view::{Member, Proposal, View};
 
 use agree::Agreement;
 use anyccl_core::{Ctx, Error, Recovery, Result, Store};
 use keys::Keys;
-use liveness::Shared;
+use liveness::{Heart, Shared};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -60,7 +64,7 @@ pub struct Membership {
     me: Member,
     world: usize,
     shared: Arc<Shared>,
-    heart: Option<std::thread::JoinHandle<()>>,
+    heart: Option<Heart>,
 }
 
 impl Membership {
@@ -297,7 +301,7 @@ impl Drop for Membership {
         // Stops beating: the others see the record go stale, as after a kill.
         self.shared.stop.store(true, Ordering::Release);
         if let Some(h) = self.heart.take() {
-            let _ = h.join();
+            h.stop();
         }
     }
 }

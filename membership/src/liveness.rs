@@ -1,7 +1,8 @@
-//! Liveness: each member renews its record every beat from a thread of its own (so a member
-//! blocked in a collective still beats, and a killed or stopped one stops), watches one
-//! peer's record (the next member by rank: every member is watched once, O(N) reads a beat
-//! for the job), and hears of a proposed epoch on the same beat.
+//! Liveness: each member renews its record every beat from a thread of its own, or from a
+//! shared [`crate::LivenessDriver`]'s thread (so a member blocked in a collective still beats, and a
+//! killed or stopped one stops), watches one peer's record (the next member by rank: every
+//! member is watched once, O(N) reads a beat for the job), and hears of a proposed epoch on
+//! the same beat.
 
 use crate::keys::Keys;
 use crate::view::{Member, Proposal, View};
@@ -10,7 +11,7 @@ use anyccl_core::Store;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// When records last changed, as one watcher saw them: a record unchanged for the liveness
 /// limit (or never seen for that long) is stale. Only this process's clock is read: no
@@ -130,24 +131,59 @@ async fn beat(store: &dyn Store, keys: &Keys, me: Member, shared: &Shared, watch
     }
 }
 
-/// The heartbeat thread of one member: beats until `shared.stop`, then returns.
+/// Beat every `every` until `shared.stop`.
+async fn beat_loop(
+    store: Arc<dyn Store>,
+    keys: Keys,
+    me: Member,
+    every: Duration,
+    limit: Duration,
+    shared: Arc<Shared>,
+) {
+    let mut watch = Staleness::new(limit);
+    while !shared.stop.load(Ordering::Acquire) {
+        let t = Instant::now();
+        beat(store.as_ref(), &keys, me, &shared, &mut watch).await;
+        tokio::time::sleep(every.saturating_sub(t.elapsed())).await;
+    }
+}
+
+/// Where a member beats: a thread of its own, or a task of a shared [`crate::LivenessDriver`].
+#[derive(Debug)]
+pub(crate) enum Heart {
+    Thread(std::thread::JoinHandle<()>),
+    Task(tokio::task::JoinHandle<()>),
+}
+
+impl Heart {
+    /// Stop beating (`shared.stop` is set): a thread is waited for (up to a beat); a task is
+    /// aborted at once, and a renewal it has in flight may still land, as one of a process
+    /// killed mid-request may.
+    pub(crate) fn stop(self) {
+        match self {
+            Heart::Thread(h) => {
+                let _ = h.join();
+            }
+            Heart::Task(t) => t.abort(),
+        }
+    }
+}
+
+/// Start beating for one member: on the config's liveness driver, or else on a thread of its
+/// own; it beats until `shared.stop`.
 pub(crate) fn spawn(
     store: Arc<dyn Store>,
     keys: Keys,
     me: Member,
     cfg: &MembershipConfig,
     shared: Arc<Shared>,
-) -> std::io::Result<std::thread::JoinHandle<()>> {
-    let (every, limit) = (cfg.beat, cfg.stale_after);
+) -> std::io::Result<Heart> {
+    let run = beat_loop(store, keys, me, cfg.beat, cfg.stale_after, shared);
+    if let Some(driver) = &cfg.liveness_driver {
+        return Ok(Heart::Task(driver.spawn(run)));
+    }
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    std::thread::Builder::new().name(format!("anyccl-liveness-{}", me.rank)).spawn(move || {
-        let mut watch = Staleness::new(limit);
-        rt.block_on(async {
-            while !shared.stop.load(Ordering::Acquire) {
-                let t = Instant::now();
-                beat(store.as_ref(), &keys, me, &shared, &mut watch).await;
-                tokio::time::sleep(every.saturating_sub(t.elapsed())).await;
-            }
-        })
-    })
+    let thread =
+        std::thread::Builder::new().name(format!("anyccl-liveness-{}", me.rank)).spawn(move || rt.block_on(run))?;
+    Ok(Heart::Thread(thread))
 }

@@ -2,7 +2,7 @@
 //! in-memory store: a member "killed" is dropped (its liveness record stops), "stopped" is
 //! one whose record stops while it keeps its handle.
 
-use crate::{Member, Membership, MembershipConfig, View};
+use crate::{LivenessDriver, Member, Membership, MembershipConfig, View};
 use anyccl_core::{MemoryStore, Store};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -279,6 +279,79 @@ fn membership_the_leader_dying_mid_agreement_is_replaced() {
             assert_eq!(ranks(v), vec![1, 2], "{v:?}");
         }
     });
+}
+
+/// Wait (up to 5 s) until `driver` counts `n` members: an aborted member's task is dropped
+/// on the driver's thread at its next turn.
+async fn counted(driver: &LivenessDriver, n: usize) -> usize {
+    let t = Instant::now();
+    while driver.members() != n && t.elapsed() < Duration::from_secs(5) {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    driver.members()
+}
+
+/// Members that share one liveness driver (one thread for all) start, leave a killed member
+/// out on its stale record and admit its replacement, as members with threads of their own
+/// do; the driver counts the members beating on it.
+#[test]
+fn membership_members_sharing_a_liveness_driver_agree_as_members_with_threads_of_their_own() {
+    let driver = LivenessDriver::start().expect("driver");
+    let c = MembershipConfig { liveness_driver: Some(driver.clone()), ..cfg() };
+    rt().block_on(async {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let mut ms = start(&store, 4, &c).await;
+        assert_eq!(driver.members(), 4);
+        drop(ms.remove(2));
+        assert_eq!(counted(&driver, 3).await, 3);
+        let (ms, vs) = agree_all(ms).await;
+        for v in &vs {
+            let v = v.as_ref().expect("agreed");
+            assert_eq!((v.epoch, ranks(v), v.left.clone()), (1, vec![0, 1, 3], vec![2]));
+        }
+        let joiner = tokio::spawn(Membership::join(store.clone(), 2, 4, c.clone()));
+        let (ms, vs) = agree_all(ms).await;
+        let joiner = joiner.await.expect("task").expect("admitted");
+        assert_eq!(joiner.view().member(2), Some(Member { rank: 2, incarnation: 2 }));
+        assert!(vs.iter().all(|v| v.as_ref().is_ok_and(|v| v.epoch == 2 && ranks(v) == vec![0, 1, 2, 3])));
+        assert_eq!(driver.members(), 4);
+        assert!(ms.iter().all(|m| m.beats() > 0));
+    });
+}
+
+/// A member on a shared driver stops beating when dropped without waiting for a beat (its
+/// task is aborted; a member with a thread of its own waits for that thread, up to a beat),
+/// and the driver's thread ends with its last member and clone.
+#[test]
+fn membership_a_member_on_a_liveness_driver_stops_at_once_and_the_driver_ends_with_its_last_clone() {
+    let driver = LivenessDriver::start().expect("driver");
+    let beat = Duration::from_secs(2);
+    let c = MembershipConfig {
+        beat,
+        stale_after: beat * 3,
+        agree_timeout: beat * 5,
+        liveness_driver: Some(driver.clone()),
+        ..cfg()
+    };
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    rt().block_on(async {
+        let m = Membership::join(store.clone(), 0, 1, c.clone()).await.expect("join");
+        let alive = crate::keys::Keys::new(&c.prefix).alive(0);
+        let t = Instant::now();
+        drop(m);
+        assert!(t.elapsed() < beat / 2, "the drop waited {:?}", t.elapsed());
+        assert_eq!(counted(&driver, 0).await, 0);
+        let before = store.get(&alive).await.expect("get");
+        tokio::time::sleep(beat + beat / 4).await;
+        assert_eq!(store.get(&alive).await.expect("get"), before, "renewed after the drop");
+    });
+    drop(c);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        drop(driver);
+        let _ = tx.send(());
+    });
+    assert!(rx.recv_timeout(Duration::from_secs(5)).is_ok(), "the driver's thread did not end");
 }
 
 #[test]
