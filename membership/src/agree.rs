@@ -135,28 +135,36 @@ impl Agreement<'_> {
             }
             let ranks: Vec<usize> = expected.keys().copied().collect();
             let now = Instant::now();
-            let arrived_keys: Vec<String> = ranks.iter().map(|&r| keys.arrived(e, r)).collect();
-            let arrived = store.wait_many(&arrived_keys, now + self.cfg.beat).await?;
             let alive_keys: Vec<String> = ranks.iter().map(|&r| keys.alive(r)).collect();
             let alive = store.wait_many(&alive_keys, now).await?;
             let gone_keys: Vec<String> = ranks.iter().map(|&r| keys.gone(r, expected[&r].unwrap_or(1))).collect();
             let gone = store.wait_many(&gone_keys, now).await?;
+            // Gone on evidence: a record of it, a newer process of its rank, or its liveness
+            // record stale. At the job's start a rank with no record yet has not started: it
+            // is waited for (to the agreement timeout).
+            let live: Vec<usize> = ranks
+                .iter()
+                .zip(alive)
+                .zip(gone)
+                .filter_map(|((&r, record), gone)| {
+                    let want = expected[&r];
+                    let newer = record.as_deref().and_then(record_incarnation).zip(want).is_some_and(|(s, w)| s > w);
+                    let stale = match (&record, want) {
+                        (None, None) => false,
+                        (_, Some(w)) => watch.stale(r, w, record.as_deref()),
+                        (Some(_), None) => watch.stale(r, 0, record.as_deref()),
+                    };
+                    (gone.is_none() && !newer && !stale).then_some(r)
+                })
+                .collect();
+            // Only those without evidence are waited for: the wait ends at the last one's
+            // arrival, not a beat later for a process that is gone.
+            let arrived_keys: Vec<String> = live.iter().map(|&r| keys.arrived(e, r)).collect();
+            let arrived = store.wait_many(&arrived_keys, now + self.cfg.beat).await?;
             let mut members = Vec::new();
             let mut waiting = Vec::new();
-            for (((&r, a), record), gone) in ranks.iter().zip(arrived).zip(alive).zip(gone) {
+            for (&r, a) in live.iter().zip(arrived) {
                 let want = expected[&r];
-                // Gone on evidence: a record of it, a newer process of its rank, or its
-                // liveness record stale. At the job's start a rank with no record yet has
-                // not started: it is waited for (to the agreement timeout).
-                let newer = record.as_deref().and_then(record_incarnation).zip(want).is_some_and(|(s, w)| s > w);
-                let stale = match (&record, want) {
-                    (None, None) => false,
-                    (_, Some(w)) => watch.stale(r, w, record.as_deref()),
-                    (Some(_), None) => watch.stale(r, 0, record.as_deref()),
-                };
-                if gone.is_some() || newer || stale {
-                    continue;
-                }
                 match (text(a).and_then(|t| t.trim().parse::<u64>().ok()), want) {
                     (Some(got), Some(w)) if got == w => members.push(Member { rank: r, incarnation: got }),
                     (Some(got), None) => members.push(Member { rank: r, incarnation: got }),

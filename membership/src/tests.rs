@@ -281,6 +281,51 @@ fn membership_the_leader_dying_mid_agreement_is_replaced() {
     });
 }
 
+/// A decided view costs the store about two bytes a rank (every member reads it, so a list
+/// of members would cost the job O(N²) bytes at thirty a member), and reads back the same.
+#[test]
+fn membership_a_decided_view_is_stored_in_about_two_bytes_a_rank_and_reads_back_the_same() {
+    let n = 4096;
+    let members: Vec<Member> = (0..n).filter(|&r| r != 1234).map(|r| Member { rank: r, incarnation: 1 }).collect();
+    let v = View { epoch: 7, members, left: vec![1234], joined: vec![], reason: "rank 1234 is gone".into() };
+    for d in [crate::view::Decision::View(v.clone()), crate::view::Decision::Failed("no decision".into())] {
+        let bytes = serde_json::to_vec(&d).expect("encode");
+        assert_eq!(crate::agree::decode(7, &bytes).expect("decode"), d);
+        assert!(bytes.len() < 2 * n + 200, "{} bytes for {n} ranks", bytes.len());
+    }
+    // A replacement's incarnation and a last rank that left keep their places.
+    let members = vec![Member { rank: 0, incarnation: 3 }, Member { rank: 2, incarnation: 1 }];
+    let v = View { epoch: 1, members, left: vec![1, 3], joined: vec![0], reason: String::new() };
+    let d = crate::view::Decision::View(v);
+    assert_eq!(crate::agree::decode(1, &serde_json::to_vec(&d).expect("encode")).expect("decode"), d);
+}
+
+/// The leader waits only for members without evidence of being gone: with a member reported
+/// gone, the survivors' agreement ends at their last arrival, not a beat later.
+#[test]
+fn membership_the_leader_decides_without_waiting_a_beat_for_a_member_known_gone() {
+    let beat = Duration::from_secs(1);
+    let c = MembershipConfig { beat, stale_after: beat * 3, agree_timeout: beat * 10, ..cfg() };
+    rt().block_on(async {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let mut ms = start(&store, 4, &c).await;
+        drop(ms.remove(3));
+        Membership::report_gone(store.as_ref(), &c, 3, Some(1), "exited on signal 9").await.expect("report");
+        let t = Instant::now();
+        let tasks: Vec<_> = ms.into_iter().map(|m| tokio::spawn(async move { (m.agree("test").await, m) })).collect();
+        let mut back = Vec::new();
+        for task in tasks {
+            back.push(task.await.expect("task"));
+        }
+        // Timed before the members are dropped (each drop waits for its liveness thread).
+        let took = t.elapsed();
+        for (v, _m) in &back {
+            assert_eq!(ranks(v.as_ref().expect("agreed")), vec![0, 1, 2]);
+        }
+        assert!(took < beat / 2, "the agreement took {took:?}: it waited for the gone member");
+    });
+}
+
 /// Wait (up to 5 s) until `driver` counts `n` members: an aborted member's task is dropped
 /// on the driver's thread at its next turn.
 async fn counted(driver: &LivenessDriver, n: usize) -> usize {
