@@ -56,10 +56,12 @@ impl Agreement<'_> {
         // and its own lead: a leader it replaced is known stale when it leads.
         let mut watch = Staleness::new(self.cfg.stale_after);
         loop {
-            if let Some(d) = store.get(&keys.decision(e)).await? {
+            // The decision and who leads, in one request (a passed deadline reads both at once).
+            let mut got = store.wait_many(&[keys.decision(e), keys.leader(e)], Instant::now()).await?.into_iter();
+            if let Some(d) = got.next().flatten() {
                 return decode(e, &d);
             }
-            let leader = text(store.get(&keys.leader(e)).await?);
+            let leader = text(got.next().flatten());
             let take = match &leader {
                 None => true,
                 Some(l) if *l == mine => true,
@@ -72,8 +74,10 @@ impl Agreement<'_> {
                     if rank >= self.world {
                         true
                     } else {
-                        let gone = store.get(&keys.gone(rank, inc)).await?.is_some();
-                        let record = store.get(&keys.alive(rank)).await?;
+                        let look = [keys.gone(rank, inc), keys.alive(rank)];
+                        let mut got = store.wait_many(&look, Instant::now()).await?.into_iter();
+                        let gone = got.next().flatten().is_some();
+                        let record = got.next().flatten();
                         let newer = record.as_deref().and_then(record_incarnation).is_some_and(|i| i > inc);
                         gone || newer || watch.stale(rank, inc, record.as_deref())
                     }

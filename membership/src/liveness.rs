@@ -2,7 +2,7 @@
 //! shared [`crate::LivenessDriver`]'s thread (so a member blocked in a collective still beats, and a
 //! killed or stopped one stops), watches one peer's record (the next member by rank: every
 //! member is watched once, O(N) reads a beat for the job), and hears of a proposed epoch on
-//! the same beat.
+//! the same beat, in the same request as that read.
 
 use crate::keys::Keys;
 use crate::view::{Member, Proposal, View};
@@ -75,12 +75,14 @@ impl std::fmt::Debug for Shared {
 /// The member after `me` in `view` by rank, cyclically; `None` when `me` is alone.
 fn watched(view: &View, me: Member) -> Option<Member> {
     let n = view.members.len();
-    let i = view.members.iter().position(|m| m.rank == me.rank)?;
+    // Members are sorted by rank.
+    let i = view.members.binary_search_by_key(&me.rank, |m| m.rank).ok()?;
     (n > 1).then(|| view.members[(i + 1) % n])
 }
 
-/// One beat: renew this member's record, hear of a proposal, read the watched member's
-/// record and, when it went stale, record the evidence and propose the next epoch.
+/// One beat: renew this member's record, then in one request hear of a proposal and read the
+/// watched member's record; when that went stale, record the evidence and propose the next
+/// epoch. Two requests a beat (a third when a proposal is heard).
 async fn beat(store: &dyn Store, keys: &Keys, me: Member, shared: &Shared, watch: &mut Staleness) {
     #[cfg(test)]
     if shared.paused.load(Ordering::Acquire) {
@@ -91,9 +93,17 @@ async fn beat(store: &dyn Store, keys: &Keys, me: Member, shared: &Shared, watch
         tracing::warn!("rank {} cannot renew its liveness record: {e}", me.rank);
         return;
     }
-    let view = shared.view.lock().map(|v| v.clone()).unwrap_or_else(|p| p.into_inner().clone());
-    let next = view.epoch + 1;
-    if let Ok(Some(why)) = store.get(&keys.proposed(next)).await {
+    // The epoch and the watched member, without copying the view (N members) every beat.
+    let (next, peer) = {
+        let view = shared.view.lock().unwrap_or_else(|p| p.into_inner());
+        (view.epoch + 1, watched(&view, me))
+    };
+    let mut look = vec![keys.proposed(next)];
+    look.extend(peer.map(|p| keys.alive(p.rank)));
+    // A passed deadline: every key read at once, in one request where the store allows.
+    let Ok(got) = store.wait_many(&look, Instant::now()).await else { return };
+    let mut got = got.into_iter();
+    if let Some(why) = got.next().flatten() {
         let failure = matches!(store.get(&keys.failure(next)).await, Ok(Some(_)));
         let heard = Proposal { epoch: next, reason: String::from_utf8_lossy(&why).into_owned(), failure };
         let news = {
@@ -111,11 +121,8 @@ async fn beat(store: &dyn Store, keys: &Keys, me: Member, shared: &Shared, watch
             }
         }
     }
-    let Some(peer) = watched(&view, me) else { return };
-    let record = match store.get(&keys.alive(peer.rank)).await {
-        Ok(r) => r,
-        Err(_) => return,
-    };
+    let Some(peer) = peer else { return };
+    let record = got.next().flatten();
     let replaced = record.as_deref().and_then(record_incarnation).is_some_and(|i| i > peer.incarnation);
     if replaced || watch.stale(peer.rank, peer.incarnation, record.as_deref()) {
         let what = if replaced {

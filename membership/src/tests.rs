@@ -411,15 +411,17 @@ fn membership_refuses_a_rank_outside_the_world_and_settings_that_cannot_work() {
     });
 }
 
-/// A store that counts the requests whose key (or first key) is an epoch's.
-#[derive(Debug)]
+/// A store that counts its requests, and apart those whose key (or first key) is an epoch's.
+#[derive(Debug, Default)]
 struct Counting {
     inner: MemoryStore,
     epoch_requests: std::sync::atomic::AtomicU64,
+    requests: std::sync::atomic::AtomicU64,
 }
 
 impl Counting {
     fn note(&self, key: &str) {
+        self.requests.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if key.contains("/epoch/") {
             self.epoch_requests.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
@@ -468,7 +470,7 @@ impl Store for Counting {
 fn membership_an_agreement_costs_the_store_o_n_requests() {
     let per_member = |n: usize| {
         rt().block_on(async {
-            let counting = Arc::new(Counting { inner: MemoryStore::new(), epoch_requests: 0.into() });
+            let counting = Arc::new(Counting::default());
             let store: Arc<dyn Store> = counting.clone();
             let ms = start(&store, n, &cfg()).await;
             let before = counting.epoch_requests.load(std::sync::atomic::Ordering::Relaxed);
@@ -487,4 +489,22 @@ fn membership_an_agreement_costs_the_store_o_n_requests() {
     // waits; the leader's gathering is one multi-key request a beat. A protocol in which
     // every member reads every other's record would need 32 or more a member at 32.
     assert!(large < 32.0, "requests per member: {small:.1} at 8, {large:.1} at 32");
+}
+
+/// Between agreements a member costs the store two requests a beat: its renewal, and one read
+/// of both the next epoch's proposal and its watched member's record.
+#[test]
+fn membership_a_beat_costs_the_store_two_requests() {
+    rt().block_on(async {
+        let counting = Arc::new(Counting::default());
+        let store: Arc<dyn Store> = counting.clone();
+        let ms = start(&store, 3, &cfg()).await;
+        let total = |ms: &[Membership]| ms.iter().map(Membership::beats).sum::<u64>();
+        let (beats, requests) = (total(&ms), counting.requests.load(std::sync::atomic::Ordering::Relaxed));
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let beats = total(&ms) - beats;
+        let requests = counting.requests.load(std::sync::atomic::Ordering::Relaxed) - requests;
+        let per_beat = requests as f64 / beats as f64;
+        assert!(beats > 30 && (1.9..=2.1).contains(&per_beat), "{requests} requests in {beats} beats");
+    });
 }
