@@ -50,7 +50,7 @@ impl Agreement<'_> {
         let started = Instant::now();
         let deadline = started + self.cfg.agree_timeout + self.cfg.stale_after;
         store.compare_set(&keys.proposed(e), None, reason.as_bytes()).await?;
-        store.set(&keys.arrived(e, me.rank), me.incarnation.to_string().as_bytes()).await?;
+        self.arrive(e).await?;
         let mine = format!("{} {}", me.rank, me.incarnation);
         // What this process saw of liveness records, kept across its looks at the leader
         // and its own lead: a leader it replaced is known stale when it leads.
@@ -105,6 +105,27 @@ impl Agreement<'_> {
                 Ok(d) => return decode(e, &d),
                 Err(Error::Timeout { .. }) => {}
                 Err(err) => return Err(err),
+            }
+        }
+    }
+
+    /// Mark this process arrived at epoch `e`, unless a newer process of its rank has: an old
+    /// process that still runs (its replacement started while it was thought dead) must not
+    /// hide its replacement's arrival, or the leader would wait for the replacement to the
+    /// timeout. One request, as a plain write, unless an older process's arrival is there.
+    async fn arrive(&self, e: u64) -> Result<()> {
+        let (key, mine) = (self.keys.arrived(e, self.me.rank), self.me.incarnation.to_string());
+        let mut expected: Option<Vec<u8>> = None;
+        loop {
+            let cas = self.store.compare_set(&key, expected.as_deref(), mine.as_bytes()).await?;
+            if cas.swapped {
+                return Ok(());
+            }
+            let there = cas.current.as_deref().and_then(|c| std::str::from_utf8(c).ok()?.trim().parse::<u64>().ok());
+            match there {
+                // This process's, or a newer one's: the decision will name that one.
+                Some(i) if i >= self.me.incarnation => return Ok(()),
+                _ => expected = cas.current,
             }
         }
     }

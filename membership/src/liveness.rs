@@ -80,19 +80,64 @@ fn watched(view: &View, me: Member) -> Option<Member> {
     (n > 1).then(|| view.members[(i + 1) % n])
 }
 
+/// What a member's beats carry from one to the next.
+struct Beating {
+    /// When the watched member's record last changed, as this member saw it.
+    watch: Staleness,
+    /// This member's record as it last wrote it (`None`: not yet).
+    renewed: Option<Vec<u8>>,
+    /// A newer process of this member's rank renews the record: this one no longer does.
+    replaced: bool,
+}
+
+/// Renew this member's record (`<incarnation> <beats>`), replacing only its own or an older
+/// process's: once a newer process of the rank (a replacement started while this one was
+/// thought dead) writes it, the record is the newer one's, and this process stops renewing
+/// it, or a reader could take the newer process's record for unrenewed. One request, as a
+/// plain write, in the steady state.
+async fn renew(store: &dyn Store, keys: &Keys, me: Member, n: u64, b: &mut Beating) -> anyccl_core::Result<()> {
+    let (key, new) = (keys.alive(me.rank), format!("{} {n}", me.incarnation).into_bytes());
+    let mut expected = b.renewed.clone();
+    loop {
+        let cas = store.compare_set(&key, expected.as_deref(), &new).await?;
+        if cas.swapped {
+            b.renewed = Some(new);
+            return Ok(());
+        }
+        match cas.current.as_deref().and_then(record_incarnation) {
+            Some(i) if i > me.incarnation => {
+                tracing::warn!(
+                    "rank {} (incarnation {}): incarnation {i} renews the rank's liveness record; this process \
+                     no longer does",
+                    me.rank,
+                    me.incarnation
+                );
+                b.replaced = true;
+                return Ok(());
+            }
+            // Absent, this process's own (an earlier write whose answer was lost) or an
+            // older process's: replace what is there.
+            _ => expected = cas.current,
+        }
+    }
+}
+
 /// One beat: renew this member's record, then in one request hear of a proposal and read the
 /// watched member's record; when that went stale, record the evidence and propose the next
 /// epoch. Two requests a beat (a third when a proposal is heard).
-async fn beat(store: &dyn Store, keys: &Keys, me: Member, shared: &Shared, watch: &mut Staleness) {
+async fn beat(store: &dyn Store, keys: &Keys, me: Member, shared: &Shared, b: &mut Beating) {
     #[cfg(test)]
     if shared.paused.load(Ordering::Acquire) {
         return;
     }
     let n = shared.beats.fetch_add(1, Ordering::Relaxed) + 1;
-    if let Err(e) = store.set(&keys.alive(me.rank), format!("{} {n}", me.incarnation).as_bytes()).await {
-        tracing::warn!("rank {} cannot renew its liveness record: {e}", me.rank);
-        return;
+    if !b.replaced {
+        if let Err(e) = renew(store, keys, me, n, b).await {
+            tracing::warn!("rank {} cannot renew its liveness record: {e}", me.rank);
+            return;
+        }
     }
+    let watch = &mut b.watch;
     // The epoch and the watched member, without copying the view (N members) every beat.
     let (next, peer) = {
         let view = shared.view.lock().unwrap_or_else(|p| p.into_inner());
@@ -147,10 +192,10 @@ async fn beat_loop(
     limit: Duration,
     shared: Arc<Shared>,
 ) {
-    let mut watch = Staleness::new(limit);
+    let mut b = Beating { watch: Staleness::new(limit), renewed: None, replaced: false };
     while !shared.stop.load(Ordering::Acquire) {
         let t = Instant::now();
-        beat(store.as_ref(), &keys, me, &shared, &mut watch).await;
+        beat(store.as_ref(), &keys, me, &shared, &mut b).await;
         tokio::time::sleep(every.saturating_sub(t.elapsed())).await;
     }
 }

@@ -326,6 +326,64 @@ fn membership_the_leader_decides_without_waiting_a_beat_for_a_member_known_gone(
     });
 }
 
+/// A replacement started for a rank whose process still runs (the launcher thought it dead)
+/// is admitted, and the old process is told it is out, even when the old process arrives
+/// at the epoch after the replacement and keeps renewing its rank's liveness record.
+#[test]
+fn membership_a_replacement_for_a_live_member_is_admitted_though_the_old_one_arrives_after_it() {
+    rt().block_on(async {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let c = cfg();
+        let mut ms = start(&store, 3, &c).await;
+        let old = ms.remove(2);
+        let joiner = tokio::spawn(Membership::join(store.clone(), 2, 3, c.clone()));
+        let arrived = crate::keys::Keys::new(&c.prefix).arrived(1, 2);
+        let t = Instant::now();
+        while store.get(&arrived).await.expect("get").as_deref() != Some(b"2") && t.elapsed() < Duration::from_secs(5) {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        // The old process arrives after its replacement.
+        let old = tokio::spawn(async move { (old.agree("the old process arrives").await, old) });
+        let (_ms, vs) = agree_all(ms).await;
+        let joiner = joiner.await.expect("task").expect("the replacement is admitted");
+        assert_eq!(joiner.view().member(2), Some(Member { rank: 2, incarnation: 2 }));
+        for v in vs {
+            assert_eq!(v.expect("agreed").members, joiner.view().members);
+        }
+        let (r, _old) = old.await.expect("task");
+        let e = r.expect_err("the old process is out").to_string();
+        assert!(e.contains("rank 2 (incarnation 1) is not a member"), "{e}");
+    });
+}
+
+/// Once a replacement renews its rank's liveness record, the old process (which still runs)
+/// stops renewing it: readers see only the newer incarnation's record, so they cannot take it
+/// for unrenewed when their reads fall between the old process's writes.
+#[test]
+fn membership_an_old_process_stops_renewing_its_rank_record_once_its_replacement_does() {
+    rt().block_on(async {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let c = cfg();
+        let ms = start(&store, 2, &c).await;
+        let joiner = tokio::spawn(Membership::join(store.clone(), 1, 2, c.clone()));
+        let alive = crate::keys::Keys::new(&c.prefix).alive(1);
+        let incarnation = |r: Option<Vec<u8>>| r.as_deref().and_then(crate::liveness::record_incarnation);
+        let t = Instant::now();
+        while incarnation(store.get(&alive).await.expect("get")) != Some(2) && t.elapsed() < Duration::from_secs(5) {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        // Ten beats of the old process (still running, beating every 20 ms).
+        let mut seen = Vec::new();
+        for _ in 0..100 {
+            seen.push(incarnation(store.get(&alive).await.expect("get")));
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        assert!(seen.iter().all(|i| *i == Some(2)), "the record named {seen:?}");
+        assert!(ms[1].beats() > 0);
+        joiner.abort();
+    });
+}
+
 /// Wait (up to 5 s) until `driver` counts `n` members: an aborted member's task is dropped
 /// on the driver's thread at its next turn.
 async fn counted(driver: &LivenessDriver, n: usize) -> usize {
