@@ -457,6 +457,33 @@ fn membership_a_member_on_a_liveness_driver_stops_at_once_and_the_driver_ends_wi
     assert!(rx.recv_timeout(Duration::from_secs(5)).is_ok(), "the driver's thread did not end");
 }
 
+/// Rank 0 takes the lead of the job's first agreement (epoch 0), having arrived and beaten
+/// once, and dies before deciding: the others replace it on its stale record and start the
+/// job without it.
+#[test]
+fn membership_the_leader_of_epoch_0_dying_before_it_decides_is_replaced_and_left_out() {
+    rt().block_on(async {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let c = cfg();
+        let keys = crate::keys::Keys::new(&c.prefix);
+        // Rank 0's process, as far as it got: its incarnation, one beat, its arrival, the lead.
+        store.add(&keys.incarnation(0), 1).await.unwrap();
+        store.set(&keys.alive(0), b"1 1").await.unwrap();
+        store.compare_set(&keys.proposed(0), None, b"the job starts").await.unwrap();
+        store.set(&keys.arrived(0, 0), b"1").await.unwrap();
+        store.compare_set(&keys.leader(0), None, b"0 1").await.unwrap();
+        let t = Instant::now();
+        let joins: Vec<_> = (1..4).map(|r| tokio::spawn(Membership::join(store.clone(), r, 4, c.clone()))).collect();
+        for j in joins {
+            let m = j.await.expect("task").expect("the job starts without rank 0");
+            assert_eq!((m.view().epoch, ranks(&m.view())), (0, vec![1, 2, 3]));
+        }
+        // About the liveness limit (the new leader knows the record stale from its looks
+        // while it waited), not the agreement timeout.
+        assert!(t.elapsed() < Duration::from_secs(3), "took {:?}", t.elapsed());
+    });
+}
+
 #[test]
 fn membership_refuses_a_rank_outside_the_world_and_settings_that_cannot_work() {
     rt().block_on(async {
