@@ -20,7 +20,10 @@
 //!    and a failure after it starts the next epoch.
 //! 3. **O(N) store requests per epoch.** Each process proposes, arrives and reads the
 //!    decision; the leader gathers arrivals and records with multi-key waits. Liveness
-//!    costs one write and two reads per member a beat: each member watches the next one.
+//!    costs two requests per member a beat, a renewal and one read of both the next
+//!    epoch's proposal and the watched member's record: each member watches the next one.
+//!    A decision stores one incarnation per rank (about two bytes a rank), since every
+//!    member reads it.
 //! 4. **Names, one story.** The *job* (its identity) runs until it ends; the launcher's
 //!    *restart* count numbers whole-job restarts (a new store claim per rank); within a
 //!    restart, the *epoch* numbers agreed memberships (0 at start); a rank's *incarnation*
