@@ -50,16 +50,18 @@ impl Agreement<'_> {
         let started = Instant::now();
         let deadline = started + self.cfg.agree_timeout + self.cfg.stale_after;
         store.compare_set(&keys.proposed(e), None, reason.as_bytes()).await?;
-        store.set(&keys.arrived(e, me.rank), me.incarnation.to_string().as_bytes()).await?;
+        self.arrive(e).await?;
         let mine = format!("{} {}", me.rank, me.incarnation);
         // What this process saw of liveness records, kept across its looks at the leader
         // and its own lead: a leader it replaced is known stale when it leads.
         let mut watch = Staleness::new(self.cfg.stale_after);
         loop {
-            if let Some(d) = store.get(&keys.decision(e)).await? {
+            // The decision and who leads, in one request (a passed deadline reads both at once).
+            let mut got = store.wait_many(&[keys.decision(e), keys.leader(e)], Instant::now()).await?.into_iter();
+            if let Some(d) = got.next().flatten() {
                 return decode(e, &d);
             }
-            let leader = text(store.get(&keys.leader(e)).await?);
+            let leader = text(got.next().flatten());
             let take = match &leader {
                 None => true,
                 Some(l) if *l == mine => true,
@@ -72,8 +74,10 @@ impl Agreement<'_> {
                     if rank >= self.world {
                         true
                     } else {
-                        let gone = store.get(&keys.gone(rank, inc)).await?.is_some();
-                        let record = store.get(&keys.alive(rank)).await?;
+                        let look = [keys.gone(rank, inc), keys.alive(rank)];
+                        let mut got = store.wait_many(&look, Instant::now()).await?.into_iter();
+                        let gone = got.next().flatten().is_some();
+                        let record = got.next().flatten();
                         let newer = record.as_deref().and_then(record_incarnation).is_some_and(|i| i > inc);
                         gone || newer || watch.stale(rank, inc, record.as_deref())
                     }
@@ -101,6 +105,27 @@ impl Agreement<'_> {
                 Ok(d) => return decode(e, &d),
                 Err(Error::Timeout { .. }) => {}
                 Err(err) => return Err(err),
+            }
+        }
+    }
+
+    /// Mark this process arrived at epoch `e`, unless a newer process of its rank has: an old
+    /// process that still runs (its replacement started while it was thought dead) must not
+    /// hide its replacement's arrival, or the leader would wait for the replacement to the
+    /// timeout. One request, as a plain write, unless an older process's arrival is there.
+    async fn arrive(&self, e: u64) -> Result<()> {
+        let (key, mine) = (self.keys.arrived(e, self.me.rank), self.me.incarnation.to_string());
+        let mut expected: Option<Vec<u8>> = None;
+        loop {
+            let cas = self.store.compare_set(&key, expected.as_deref(), mine.as_bytes()).await?;
+            if cas.swapped {
+                return Ok(());
+            }
+            let there = cas.current.as_deref().and_then(|c| std::str::from_utf8(c).ok()?.trim().parse::<u64>().ok());
+            match there {
+                // This process's, or a newer one's: the decision will name that one.
+                Some(i) if i >= self.me.incarnation => return Ok(()),
+                _ => expected = cas.current,
             }
         }
     }
@@ -135,28 +160,36 @@ impl Agreement<'_> {
             }
             let ranks: Vec<usize> = expected.keys().copied().collect();
             let now = Instant::now();
-            let arrived_keys: Vec<String> = ranks.iter().map(|&r| keys.arrived(e, r)).collect();
-            let arrived = store.wait_many(&arrived_keys, now + self.cfg.beat).await?;
             let alive_keys: Vec<String> = ranks.iter().map(|&r| keys.alive(r)).collect();
             let alive = store.wait_many(&alive_keys, now).await?;
             let gone_keys: Vec<String> = ranks.iter().map(|&r| keys.gone(r, expected[&r].unwrap_or(1))).collect();
             let gone = store.wait_many(&gone_keys, now).await?;
+            // Gone on evidence: a record of it, a newer process of its rank, or its liveness
+            // record stale. At the job's start a rank with no record yet has not started: it
+            // is waited for (to the agreement timeout).
+            let live: Vec<usize> = ranks
+                .iter()
+                .zip(alive)
+                .zip(gone)
+                .filter_map(|((&r, record), gone)| {
+                    let want = expected[&r];
+                    let newer = record.as_deref().and_then(record_incarnation).zip(want).is_some_and(|(s, w)| s > w);
+                    let stale = match (&record, want) {
+                        (None, None) => false,
+                        (_, Some(w)) => watch.stale(r, w, record.as_deref()),
+                        (Some(_), None) => watch.stale(r, 0, record.as_deref()),
+                    };
+                    (gone.is_none() && !newer && !stale).then_some(r)
+                })
+                .collect();
+            // Only those without evidence are waited for: the wait ends at the last one's
+            // arrival, not a beat later for a process that is gone.
+            let arrived_keys: Vec<String> = live.iter().map(|&r| keys.arrived(e, r)).collect();
+            let arrived = store.wait_many(&arrived_keys, now + self.cfg.beat).await?;
             let mut members = Vec::new();
             let mut waiting = Vec::new();
-            for (((&r, a), record), gone) in ranks.iter().zip(arrived).zip(alive).zip(gone) {
+            for (&r, a) in live.iter().zip(arrived) {
                 let want = expected[&r];
-                // Gone on evidence: a record of it, a newer process of its rank, or its
-                // liveness record stale. At the job's start a rank with no record yet has
-                // not started: it is waited for (to the agreement timeout).
-                let newer = record.as_deref().and_then(record_incarnation).zip(want).is_some_and(|(s, w)| s > w);
-                let stale = match (&record, want) {
-                    (None, None) => false,
-                    (_, Some(w)) => watch.stale(r, w, record.as_deref()),
-                    (Some(_), None) => watch.stale(r, 0, record.as_deref()),
-                };
-                if gone.is_some() || newer || stale {
-                    continue;
-                }
                 match (text(a).and_then(|t| t.trim().parse::<u64>().ok()), want) {
                     (Some(got), Some(w)) if got == w => members.push(Member { rank: r, incarnation: got }),
                     (Some(got), None) => members.push(Member { rank: r, incarnation: got }),

@@ -9,7 +9,9 @@
 //!    that watches its liveness record), a newer process of its rank, or its liveness
 //!    record unrenewed for [`MembershipConfig::stale_after`]. Records are renewed from a
 //!    thread of the member's own, so a member blocked in a collective still beats, and a
-//!    killed or stopped (SIGSTOP) one does not. A member that beats but never arrives is
+//!    killed or stopped (SIGSTOP) one does not. A process that hosts many members (a
+//!    simulation of thousands of ranks) gives them one [`LivenessDriver`] instead: one
+//!    thread beats for all, each member still renewing its own record. A member that beats but never arrives is
 //!    waited for to the agreement timeout, and then every member gets the same error.
 //! 2. **One decision, read by all.** The leader of an epoch writes the decision once
 //!    (compare-and-set): every member reads the same view or the same error, never a mix.
@@ -18,7 +20,10 @@
 //!    and a failure after it starts the next epoch.
 //! 3. **O(N) store requests per epoch.** Each process proposes, arrives and reads the
 //!    decision; the leader gathers arrivals and records with multi-key waits. Liveness
-//!    costs one write and two reads per member a beat: each member watches the next one.
+//!    costs two requests per member a beat, a renewal and one read of both the next
+//!    epoch's proposal and the watched member's record: each member watches the next one.
+//!    A decision stores one incarnation per rank (about two bytes a rank), since every
+//!    member reads it.
 //! 4. **Names, one story.** The *job* (its identity) runs until it ends; the launcher's
 //!    *restart* count numbers whole-job restarts (a new store claim per rank); within a
 //!    restart, the *epoch* numbers agreed memberships (0 at start); a rank's *incarnation*
@@ -27,24 +32,26 @@
 //!    the epoch as the warmup's generation, so nothing of an earlier epoch is replayed.
 //!
 //! # Module ladder
-//! `config`, `keys` and `view` at the foot; `liveness` on them; `agree` on all three and
-//! `liveness`; the crate root on everything.
+//! `driver`, `keys` and `view` at the foot; `config` on `driver`; `liveness` on them; `agree`
+//! on `config`, `keys`, `view` and `liveness`; the crate root on everything.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 mod agree;
 mod config;
+mod driver;
 mod keys;
 mod liveness;
 mod view;
 
 pub use config::MembershipConfig;
+pub use driver::LivenessDriver;
 pub use view::{Member, Proposal, View};
 
 use agree::Agreement;
 use anyccl_core::{Ctx, Error, Recovery, Result, Store};
 use keys::Keys;
-use liveness::Shared;
+use liveness::{Heart, Shared};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -60,7 +67,7 @@ pub struct Membership {
     me: Member,
     world: usize,
     shared: Arc<Shared>,
-    heart: Option<std::thread::JoinHandle<()>>,
+    heart: Option<Heart>,
 }
 
 impl Membership {
@@ -305,7 +312,7 @@ impl Drop for Membership {
         // Stops beating: the others see the record go stale, as after a kill.
         self.shared.stop.store(true, Ordering::Release);
         if let Some(h) = self.heart.take() {
-            let _ = h.join();
+            h.stop();
         }
     }
 }

@@ -2,7 +2,7 @@
 //! in-memory store: a member "killed" is dropped (its liveness record stops), "stopped" is
 //! one whose record stops while it keeps its handle.
 
-use crate::{Member, Membership, MembershipConfig, View};
+use crate::{LivenessDriver, Member, Membership, MembershipConfig, View};
 use anyccl_core::{MemoryStore, Store};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -302,6 +302,209 @@ fn membership_the_leader_dying_mid_agreement_is_replaced() {
     });
 }
 
+/// A decided view costs the store about two bytes a rank (every member reads it, so a list
+/// of members would cost the job O(N²) bytes at thirty a member), and reads back the same.
+#[test]
+fn membership_a_decided_view_is_stored_in_about_two_bytes_a_rank_and_reads_back_the_same() {
+    let n = 4096;
+    let members: Vec<Member> = (0..n).filter(|&r| r != 1234).map(|r| Member { rank: r, incarnation: 1 }).collect();
+    let v = View { epoch: 7, members, left: vec![1234], joined: vec![], reason: "rank 1234 is gone".into() };
+    for d in [crate::view::Decision::View(v.clone()), crate::view::Decision::Failed("no decision".into())] {
+        let bytes = serde_json::to_vec(&d).expect("encode");
+        assert_eq!(crate::agree::decode(7, &bytes).expect("decode"), d);
+        assert!(bytes.len() < 2 * n + 200, "{} bytes for {n} ranks", bytes.len());
+    }
+    // A replacement's incarnation and a last rank that left keep their places.
+    let members = vec![Member { rank: 0, incarnation: 3 }, Member { rank: 2, incarnation: 1 }];
+    let v = View { epoch: 1, members, left: vec![1, 3], joined: vec![0], reason: String::new() };
+    let d = crate::view::Decision::View(v);
+    assert_eq!(crate::agree::decode(1, &serde_json::to_vec(&d).expect("encode")).expect("decode"), d);
+}
+
+/// The leader waits only for members without evidence of being gone: with a member reported
+/// gone, the survivors' agreement ends at their last arrival, not a beat later.
+#[test]
+fn membership_the_leader_decides_without_waiting_a_beat_for_a_member_known_gone() {
+    let beat = Duration::from_secs(1);
+    let c = MembershipConfig { beat, stale_after: beat * 3, agree_timeout: beat * 10, ..cfg() };
+    rt().block_on(async {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let mut ms = start(&store, 4, &c).await;
+        drop(ms.remove(3));
+        Membership::report_gone(store.as_ref(), &c, 3, Some(1), "exited on signal 9").await.expect("report");
+        let t = Instant::now();
+        let tasks: Vec<_> = ms.into_iter().map(|m| tokio::spawn(async move { (m.agree("test").await, m) })).collect();
+        let mut back = Vec::new();
+        for task in tasks {
+            back.push(task.await.expect("task"));
+        }
+        // Timed before the members are dropped (each drop waits for its liveness thread).
+        let took = t.elapsed();
+        for (v, _m) in &back {
+            assert_eq!(ranks(v.as_ref().expect("agreed")), vec![0, 1, 2]);
+        }
+        assert!(took < beat / 2, "the agreement took {took:?}: it waited for the gone member");
+    });
+}
+
+/// A replacement started for a rank whose process still runs (the launcher thought it dead)
+/// is admitted, and the old process is told it is out, even when the old process arrives
+/// at the epoch after the replacement and keeps renewing its rank's liveness record.
+#[test]
+fn membership_a_replacement_for_a_live_member_is_admitted_though_the_old_one_arrives_after_it() {
+    rt().block_on(async {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let c = cfg();
+        let mut ms = start(&store, 3, &c).await;
+        let old = ms.remove(2);
+        let joiner = tokio::spawn(Membership::join(store.clone(), 2, 3, c.clone()));
+        let arrived = crate::keys::Keys::new(&c.prefix).arrived(1, 2);
+        let t = Instant::now();
+        while store.get(&arrived).await.expect("get").as_deref() != Some(b"2") && t.elapsed() < Duration::from_secs(5) {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        // The old process arrives after its replacement.
+        let old = tokio::spawn(async move { (old.agree("the old process arrives").await, old) });
+        let (_ms, vs) = agree_all(ms).await;
+        let joiner = joiner.await.expect("task").expect("the replacement is admitted");
+        assert_eq!(joiner.view().member(2), Some(Member { rank: 2, incarnation: 2 }));
+        for v in vs {
+            assert_eq!(v.expect("agreed").members, joiner.view().members);
+        }
+        let (r, _old) = old.await.expect("task");
+        let e = r.expect_err("the old process is out").to_string();
+        assert!(e.contains("rank 2 (incarnation 1) is not a member"), "{e}");
+    });
+}
+
+/// Once a replacement renews its rank's liveness record, the old process (which still runs)
+/// stops renewing it: readers see only the newer incarnation's record, so they cannot take it
+/// for unrenewed when their reads fall between the old process's writes.
+#[test]
+fn membership_an_old_process_stops_renewing_its_rank_record_once_its_replacement_does() {
+    rt().block_on(async {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let c = cfg();
+        let ms = start(&store, 2, &c).await;
+        let joiner = tokio::spawn(Membership::join(store.clone(), 1, 2, c.clone()));
+        let alive = crate::keys::Keys::new(&c.prefix).alive(1);
+        let incarnation = |r: Option<Vec<u8>>| r.as_deref().and_then(crate::liveness::record_incarnation);
+        let t = Instant::now();
+        while incarnation(store.get(&alive).await.expect("get")) != Some(2) && t.elapsed() < Duration::from_secs(5) {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        // Ten beats of the old process (still running, beating every 20 ms).
+        let mut seen = Vec::new();
+        for _ in 0..100 {
+            seen.push(incarnation(store.get(&alive).await.expect("get")));
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        assert!(seen.iter().all(|i| *i == Some(2)), "the record named {seen:?}");
+        assert!(ms[1].beats() > 0);
+        joiner.abort();
+    });
+}
+
+/// Wait (up to 5 s) until `driver` counts `n` members: an aborted member's task is dropped
+/// on the driver's thread at its next turn.
+async fn counted(driver: &LivenessDriver, n: usize) -> usize {
+    let t = Instant::now();
+    while driver.members() != n && t.elapsed() < Duration::from_secs(5) {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    driver.members()
+}
+
+/// Members that share one liveness driver (one thread for all) start, leave a killed member
+/// out on its stale record and admit its replacement, as members with threads of their own
+/// do; the driver counts the members beating on it.
+#[test]
+fn membership_members_sharing_a_liveness_driver_agree_as_members_with_threads_of_their_own() {
+    let driver = LivenessDriver::start().expect("driver");
+    let c = MembershipConfig { liveness_driver: Some(driver.clone()), ..cfg() };
+    rt().block_on(async {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let mut ms = start(&store, 4, &c).await;
+        assert_eq!(driver.members(), 4);
+        drop(ms.remove(2));
+        assert_eq!(counted(&driver, 3).await, 3);
+        let (ms, vs) = agree_all(ms).await;
+        for v in &vs {
+            let v = v.as_ref().expect("agreed");
+            assert_eq!((v.epoch, ranks(v), v.left.clone()), (1, vec![0, 1, 3], vec![2]));
+        }
+        let joiner = tokio::spawn(Membership::join(store.clone(), 2, 4, c.clone()));
+        let (ms, vs) = agree_all(ms).await;
+        let joiner = joiner.await.expect("task").expect("admitted");
+        assert_eq!(joiner.view().member(2), Some(Member { rank: 2, incarnation: 2 }));
+        assert!(vs.iter().all(|v| v.as_ref().is_ok_and(|v| v.epoch == 2 && ranks(v) == vec![0, 1, 2, 3])));
+        assert_eq!(driver.members(), 4);
+        assert!(ms.iter().all(|m| m.beats() > 0));
+    });
+}
+
+/// A member on a shared driver stops beating when dropped without waiting for a beat (its
+/// task is aborted; a member with a thread of its own waits for that thread, up to a beat),
+/// and the driver's thread ends with its last member and clone.
+#[test]
+fn membership_a_member_on_a_liveness_driver_stops_at_once_and_the_driver_ends_with_its_last_clone() {
+    let driver = LivenessDriver::start().expect("driver");
+    let beat = Duration::from_secs(2);
+    let c = MembershipConfig {
+        beat,
+        stale_after: beat * 3,
+        agree_timeout: beat * 5,
+        liveness_driver: Some(driver.clone()),
+        ..cfg()
+    };
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    rt().block_on(async {
+        let m = Membership::join(store.clone(), 0, 1, c.clone()).await.expect("join");
+        let alive = crate::keys::Keys::new(&c.prefix).alive(0);
+        let t = Instant::now();
+        drop(m);
+        assert!(t.elapsed() < beat / 2, "the drop waited {:?}", t.elapsed());
+        assert_eq!(counted(&driver, 0).await, 0);
+        let before = store.get(&alive).await.expect("get");
+        tokio::time::sleep(beat + beat / 4).await;
+        assert_eq!(store.get(&alive).await.expect("get"), before, "renewed after the drop");
+    });
+    drop(c);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        drop(driver);
+        let _ = tx.send(());
+    });
+    assert!(rx.recv_timeout(Duration::from_secs(5)).is_ok(), "the driver's thread did not end");
+}
+
+/// Rank 0 takes the lead of the job's first agreement (epoch 0), having arrived and beaten
+/// once, and dies before deciding: the others replace it on its stale record and start the
+/// job without it.
+#[test]
+fn membership_the_leader_of_epoch_0_dying_before_it_decides_is_replaced_and_left_out() {
+    rt().block_on(async {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let c = cfg();
+        let keys = crate::keys::Keys::new(&c.prefix);
+        // Rank 0's process, as far as it got: its incarnation, one beat, its arrival, the lead.
+        store.add(&keys.incarnation(0), 1).await.unwrap();
+        store.set(&keys.alive(0), b"1 1").await.unwrap();
+        store.compare_set(&keys.proposed(0), None, b"the job starts").await.unwrap();
+        store.set(&keys.arrived(0, 0), b"1").await.unwrap();
+        store.compare_set(&keys.leader(0), None, b"0 1").await.unwrap();
+        let t = Instant::now();
+        let joins: Vec<_> = (1..4).map(|r| tokio::spawn(Membership::join(store.clone(), r, 4, c.clone()))).collect();
+        for j in joins {
+            let m = j.await.expect("task").expect("the job starts without rank 0");
+            assert_eq!((m.view().epoch, ranks(&m.view())), (0, vec![1, 2, 3]));
+        }
+        // About the liveness limit (the new leader knows the record stale from its looks
+        // while it waited), not the agreement timeout.
+        assert!(t.elapsed() < Duration::from_secs(3), "took {:?}", t.elapsed());
+    });
+}
+
 #[test]
 fn membership_refuses_a_rank_outside_the_world_and_settings_that_cannot_work() {
     rt().block_on(async {
@@ -314,15 +517,17 @@ fn membership_refuses_a_rank_outside_the_world_and_settings_that_cannot_work() {
     });
 }
 
-/// A store that counts the requests whose key (or first key) is an epoch's.
-#[derive(Debug)]
+/// A store that counts its requests, and apart those whose key (or first key) is an epoch's.
+#[derive(Debug, Default)]
 struct Counting {
     inner: MemoryStore,
     epoch_requests: std::sync::atomic::AtomicU64,
+    requests: std::sync::atomic::AtomicU64,
 }
 
 impl Counting {
     fn note(&self, key: &str) {
+        self.requests.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if key.contains("/epoch/") {
             self.epoch_requests.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
@@ -371,7 +576,7 @@ impl Store for Counting {
 fn membership_an_agreement_costs_the_store_o_n_requests() {
     let per_member = |n: usize| {
         rt().block_on(async {
-            let counting = Arc::new(Counting { inner: MemoryStore::new(), epoch_requests: 0.into() });
+            let counting = Arc::new(Counting::default());
             let store: Arc<dyn Store> = counting.clone();
             let ms = start(&store, n, &cfg()).await;
             let before = counting.epoch_requests.load(std::sync::atomic::Ordering::Relaxed);
@@ -390,4 +595,22 @@ fn membership_an_agreement_costs_the_store_o_n_requests() {
     // waits; the leader's gathering is one multi-key request a beat. A protocol in which
     // every member reads every other's record would need 32 or more a member at 32.
     assert!(large < 32.0, "requests per member: {small:.1} at 8, {large:.1} at 32");
+}
+
+/// Between agreements a member costs the store two requests a beat: its renewal, and one read
+/// of both the next epoch's proposal and its watched member's record.
+#[test]
+fn membership_a_beat_costs_the_store_two_requests() {
+    rt().block_on(async {
+        let counting = Arc::new(Counting::default());
+        let store: Arc<dyn Store> = counting.clone();
+        let ms = start(&store, 3, &cfg()).await;
+        let total = |ms: &[Membership]| ms.iter().map(Membership::beats).sum::<u64>();
+        let (beats, requests) = (total(&ms), counting.requests.load(std::sync::atomic::Ordering::Relaxed));
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let beats = total(&ms) - beats;
+        let requests = counting.requests.load(std::sync::atomic::Ordering::Relaxed) - requests;
+        let per_beat = requests as f64 / beats as f64;
+        assert!(beats > 30 && (1.9..=2.1).contains(&per_beat), "{requests} requests in {beats} beats");
+    });
 }

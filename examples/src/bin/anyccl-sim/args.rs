@@ -20,9 +20,32 @@ pub(crate) struct Args {
     #[arg(long, default_value_t = 4)]
     pub(crate) procs: usize,
     /// `fail:R` (rank R's first operation fails), `hang:R` (never completes), `die:R` (kills
-    /// its process, with every rank in it).
+    /// its process, with every rank in it), or `kill-rank:R[@start|@steady]`: every rank is a
+    /// member of the job's membership (anyccl-membership) instead of warming, and rank R alone
+    /// stops as a kill would stop it (its member is dropped; its liveness record goes stale);
+    /// the others must agree on a view without it. `@steady` (the default): once every rank
+    /// holds epoch 0; `@start`: during the job's first agreement (epoch 0), right after it
+    /// arrives and tries to take the lead or sees another rank lead (a rank that took the
+    /// lead dies as the leader).
     #[arg(long, default_value = "none")]
     pub(crate) fault: String,
+    /// With `--fault kill-rank:R`: once the survivors agree, a replacement for rank R joins
+    /// (a new incarnation) and must be admitted at the next epoch. `--rejoin=J` starts the
+    /// replacement for rank J instead: for a rank that was never killed, the newer process
+    /// replaces the one that still runs, which must be told it is out.
+    #[arg(long, num_args = 0..=1, require_equals = true, value_name = "J")]
+    pub(crate) rejoin: Option<Option<usize>>,
+    /// With `--fault kill-rank`: each member's liveness beat, milliseconds (1 to 60000).
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    pub(crate) beat_ms: u64,
+    /// With `--fault kill-rank`: a liveness record not renewed for this long is evidence that
+    /// its member is gone, milliseconds (above two beats, below --timeout).
+    #[arg(long, default_value_t = 3000, value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
+    pub(crate) stale_ms: u64,
+    /// With `--fault kill-rank`: `shared` (one liveness thread per process beats for all of
+    /// its members) or `own` (a thread per member, as a process with one rank has).
+    #[arg(long, default_value = "shared")]
+    pub(crate) liveness: String,
     /// The warmup's deadline, seconds.
     #[arg(long, default_value_t = 60)]
     pub(crate) timeout: u64,
@@ -129,12 +152,52 @@ pub(crate) fn join(v: &[usize]) -> String {
     v.iter().map(|d| d.to_string()).collect::<Vec<_>>().join("x")
 }
 
-fn parse_fault(s: &str, ranks: usize) -> Result<(Fault, usize), String> {
+/// When `--fault kill-rank:R` stops its rank.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum KillAt {
+    /// During the job's first agreement (epoch 0), once it tried to take the lead or saw
+    /// another rank lead.
+    Start,
+    /// Once every rank holds epoch 0.
+    Steady,
+}
+
+/// `--fault kill-rank:R[@when]` with its `--rejoin`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Kill {
+    pub(crate) rank: usize,
+    pub(crate) at: KillAt,
+    /// The rank a replacement joins for, once the survivors agree.
+    pub(crate) rejoin: Option<usize>,
+}
+
+/// What the flags ask for, checked.
+#[derive(Debug, Clone)]
+pub(crate) struct Plan {
+    pub(crate) layout: Layout,
+    /// The warmup's fault and its rank (`usize::MAX` for none).
+    pub(crate) fault: Fault,
+    pub(crate) fault_rank: usize,
+    /// `--fault kill-rank`: the membership runs instead of the warmup.
+    pub(crate) kill: Option<Kill>,
+}
+
+enum Parsed {
+    Warmup(Fault, usize),
+    Kill(usize, KillAt),
+}
+
+fn parse_fault(s: &str, ranks: usize) -> Result<Parsed, String> {
     if s == "none" {
-        return Ok((Fault::None, usize::MAX));
+        return Ok(Parsed::Warmup(Fault::None, usize::MAX));
     }
-    let (kind, rank) =
-        s.split_once(':').ok_or_else(|| format!("--fault {s:?}: expected none, fail:R, hang:R or die:R"))?;
+    let (kind, rest) = s
+        .split_once(':')
+        .ok_or_else(|| format!("--fault {s:?}: expected none, fail:R, hang:R, die:R or kill-rank:R[@start|@steady]"))?;
+    let (rank, when) = match rest.split_once('@') {
+        Some((r, w)) if kind == "kill-rank" => (r, Some(w)),
+        _ => (rest, None),
+    };
     let rank: usize = rank.parse().map_err(|_| format!("--fault {s:?}: {rank:?} is not a rank"))?;
     if rank >= ranks {
         return Err(format!("--fault {s:?}: rank {rank} is outside the {ranks} ranks"));
@@ -143,12 +206,56 @@ fn parse_fault(s: &str, ranks: usize) -> Result<(Fault, usize), String> {
         "fail" => Fault::Fail,
         "hang" => Fault::Hang,
         "die" => Fault::Die,
-        _ => return Err(format!("--fault {s:?}: {kind:?} is not fail, hang or die")),
+        "kill-rank" => {
+            let at = match when {
+                None | Some("steady") => KillAt::Steady,
+                Some("start") => KillAt::Start,
+                Some(w) => return Err(format!("--fault {s:?}: {w:?} is not start or steady")),
+            };
+            return Ok(Parsed::Kill(rank, at));
+        }
+        _ => return Err(format!("--fault {s:?}: {kind:?} is not fail, hang, die or kill-rank")),
     };
-    Ok((f, rank))
+    Ok(Parsed::Warmup(f, rank))
 }
 
-pub(crate) fn check_args(a: &Args) -> Result<(Layout, Fault, usize), String> {
+/// The membership flags, checked against the kill (`None`: no `--fault kill-rank`).
+fn check_kill(a: &Args, kill: Option<(usize, KillAt)>) -> Result<Option<Kill>, String> {
+    let Some((rank, at)) = kill else {
+        if a.rejoin.is_some() {
+            return Err("--rejoin: a replacement joins after --fault kill-rank:R, which is not given".into());
+        }
+        return Ok(None);
+    };
+    if a.ranks < 2 {
+        return Err(format!("--fault {:?}: the membership needs a survivor, and --ranks is {}", a.fault, a.ranks));
+    }
+    for (flag, set) in [("--saved", a.saved), ("--repeat", a.repeat), ("--store-bench", a.store_bench > 0)] {
+        if set {
+            return Err(format!("{flag}: a warmup flag, and --fault {:?} runs the membership instead", a.fault));
+        }
+    }
+    if a.liveness != "shared" && a.liveness != "own" {
+        return Err(format!("--liveness {:?}: expected shared or own", a.liveness));
+    }
+    if a.stale_ms <= 2 * a.beat_ms {
+        return Err(format!("--stale-ms {}: expected above two beats (--beat-ms {})", a.stale_ms, a.beat_ms));
+    }
+    if a.stale_ms >= a.timeout.saturating_mul(1000) {
+        return Err(format!("--stale-ms {}: expected below --timeout ({} s)", a.stale_ms, a.timeout));
+    }
+    let rejoin = match a.rejoin {
+        None => None,
+        Some(None) => Some(rank),
+        Some(Some(j)) if j >= a.ranks => {
+            return Err(format!("--rejoin={j}: rank {j} is outside the {} ranks", a.ranks));
+        }
+        Some(Some(j)) => Some(j),
+    };
+    Ok(Some(Kill { rank, at, rejoin }))
+}
+
+pub(crate) fn check_args(a: &Args) -> Result<Plan, String> {
     if a.ranks == 0 || a.ranks > 65536 {
         return Err(format!("--ranks {}: expected 1 to 65536", a.ranks));
     }
@@ -162,8 +269,12 @@ pub(crate) fn check_args(a: &Args) -> Result<(Layout, Fault, usize), String> {
         return Err(format!("--store {:?}: expected tcp or etcd://host:port[,host:port...]", a.store));
     }
     let layout = Layout::parse(a.layout.as_deref(), a.ranks)?;
-    let (fault, at) = parse_fault(&a.fault, a.ranks)?;
-    Ok((layout, fault, at))
+    let (fault, fault_rank, kill) = match parse_fault(&a.fault, a.ranks)? {
+        Parsed::Warmup(f, r) => (f, r, None),
+        Parsed::Kill(r, at) => (Fault::None, usize::MAX, Some((r, at))),
+    };
+    let kill = check_kill(a, kill)?;
+    Ok(Plan { layout, fault, fault_rank, kill })
 }
 
 pub(crate) fn block(k: usize, procs: usize, ranks: usize) -> std::ops::Range<usize> {

@@ -16,8 +16,17 @@ const SLACK: u64 = 64;
 /// process's limit, so the larger counts.
 pub(crate) fn descriptors(a: &Args) -> u64 {
     let (ranks, procs) = (a.ranks as u64, a.procs as u64);
-    let child = ranks.div_ceil(procs.max(1)) + SLACK;
-    let parent = if a.store == "tcp" { ranks + 3 * procs + SLACK } else { 3 * procs + SLACK };
+    // `--fault kill-rank`: each member's liveness requests come from another thread, whose
+    // connections its client keeps apart (a second connection per rank); a member with a
+    // liveness thread of its own also holds that thread's runtime (its epoll and wake-up
+    // descriptors).
+    let (conns, own) = match (a.fault.starts_with("kill-rank"), a.liveness == "own") {
+        (false, _) => (1, 0),
+        (true, false) => (2, 0),
+        (true, true) => (2, 2),
+    };
+    let child = ranks.div_ceil(procs.max(1)) * (conns + own) + SLACK;
+    let parent = if a.store == "tcp" { conns * ranks + 3 * procs + SLACK } else { 3 * procs + SLACK };
     parent.max(child)
 }
 
@@ -44,11 +53,12 @@ pub(crate) fn check(a: &Args) -> Result<(), String> {
         // the local range, so the range bounds the clients.
         if let Some((lo, hi)) = machine::local_port_range() {
             let ports = u64::from(hi - lo) + 1;
-            if a.ranks as u64 > ports {
+            let clients = a.ranks as u64 * if a.fault.starts_with("kill-rank") { 2 } else { 1 };
+            if clients > ports {
                 short.push(format!(
                     "every rank's store client connects from 127.0.0.1 to the one store address, and the local \
-                     port range ({lo}-{hi}, net.ipv4.ip_local_port_range) gives {ports} such connections at most: \
-                     widen it (e.g. `sysctl net.ipv4.ip_local_port_range=\"1024 65535\"`)"
+                     port range ({lo}-{hi}, net.ipv4.ip_local_port_range) gives {ports} such connections at most \
+                     ({clients} wanted): widen it (e.g. `sysctl net.ipv4.ip_local_port_range=\"1024 65535\"`)"
                 ));
             }
         }

@@ -5,13 +5,19 @@
 //! rank with its own store client; this process hosts the store. It prints the store
 //! requests per phase (in all and per rank; failure polling apart) and each phase's wall
 //! time, and with `--fault` checks that every other rank returned the error in time.
+//!
+//! `--fault kill-rank:R[@start|@steady] [--rejoin[=J]]` runs the membership instead (module
+//! `members`, the parent's side in `stages`): every rank a member, rank R killed, the
+//! survivors' agreement and a replacement's admission timed and counted.
 #![forbid(unsafe_code)]
 
 mod args;
 mod backend;
 mod counting;
 mod limits;
+mod members;
 mod report;
+mod stages;
 
 use anyccl::warmup::{plan_for, warmup, warmup_saved, PlanFile, PlanIdentity, Session, Sizes, Target, WarmupConfig};
 use anyccl::{CommConfig, Communicator, EtcdStore, GroupSpec, Store, TcpStore, TcpStoreOptions, TcpStoreServer};
@@ -59,7 +65,8 @@ async fn child(a: &Args, k: usize) -> Result<ExitCode, String> {
     if parent.is_some_and(|p| nix::unistd::getppid().as_raw() != p) {
         return Err("the simulation that started this process is gone".into());
     }
-    let (layout, fault, fault_rank) = check_args(a)?;
+    let plan = check_args(a)?;
+    let (layout, fault, fault_rank) = (plan.layout, plan.fault, plan.fault_rank);
     let addr = a.store_addr.clone().ok_or("--child needs --store-addr")?;
     let mine = block(k, a.procs, a.ranks);
     let mut opts = TcpStoreOptions::from_env().map_err(|e| e.to_string())?;
@@ -103,6 +110,10 @@ async fn child(a: &Args, k: usize) -> Result<ExitCode, String> {
     let started = Instant::now();
     if a.store_bench > 0 {
         return store_bench(a, k, &mine, stores, connect_ms, started).await;
+    }
+    if let Some(kill) = plan.kill {
+        let stores = stores.into_iter().collect::<Option<Vec<_>>>().ok_or("a store client is missing")?;
+        return members::child(a, k, kill, mine, stores, connect_ms).await;
     }
 
     let caps = backend::capabilities().map_err(|e| e.to_string())?;
@@ -253,7 +264,8 @@ async fn store_bench(
 }
 
 fn parent(a: &Args) -> Result<ExitCode, String> {
-    let (layout, fault, fault_rank) = check_args(a)?;
+    let plan = check_args(a)?;
+    let (layout, fault, fault_rank) = (plan.layout.clone(), plan.fault, plan.fault_rank);
     limits::check(a)?;
     let token = format!("sim-{}-{}", std::process::id(), rand::random::<u64>());
     let opts = TcpStoreOptions { token: Some(token.clone()), ..TcpStoreOptions::default() };
@@ -283,6 +295,9 @@ fn parent(a: &Args) -> Result<ExitCode, String> {
             .args(["--store-bench", &a.store_bench.to_string()])
             .args(a.saved.then_some("--saved"))
             .args(a.repeat.then_some("--repeat"))
+            .args(["--beat-ms", &a.beat_ms.to_string(), "--stale-ms", &a.stale_ms.to_string()])
+            .args(["--liveness", &a.liveness])
+            .args(a.rejoin.map(|j| j.map_or("--rejoin".to_string(), |j| format!("--rejoin={j}"))))
             .args(["--child", &k.to_string(), "--store-addr", &addr, "--store-prefix", &prefix])
             .env("ANYCCL_STORE_TOKEN", &token)
             .env("ANYCCL_SIM_PARENT", std::process::id().to_string())
@@ -339,18 +354,18 @@ fn parent(a: &Args) -> Result<ExitCode, String> {
         let _ = i.flush();
     }
     let go = Instant::now();
+    let go_ns = counting::now_ns();
+    let mut lines = Vec::new();
+    let mut ended = vec![false; a.procs];
+    let missed = plan.kill.and_then(|kill| stages::drive(a, kill, &rx, &mut inputs, &mut ended, &mut lines));
     // Every rank returns by the deadline + 5 s; a process still running well after that
     // (stopped, or hung outside the warmup) is killed, and its ranks count as unreported.
-    let limit = Duration::from_secs(a.timeout + 30);
-    let mut reports = Vec::new();
-    let mut ended = vec![false; a.procs];
+    // The membership's stages are bounded apart; then the children only report.
+    let limit = go.elapsed() + Duration::from_secs(a.timeout + 30);
     let mut died = Vec::new();
     while ended.iter().any(|e| !e) {
         match rx.recv_timeout(limit.saturating_sub(go.elapsed())) {
-            Ok((_, Some(l))) => match serde_json::from_str::<ChildReport>(&l) {
-                Ok(r) => reports.push(r),
-                Err(_) => eprintln!("anyccl-sim: unexpected line from a child: {l}"),
-            },
+            Ok((_, Some(l))) => lines.push(l),
             Ok((k, None)) => ended[k] = true,
             Err(_) => {
                 for (k, c) in children.iter_mut().enumerate().filter(|(k, _)| !ended[*k]) {
@@ -362,6 +377,17 @@ fn parent(a: &Args) -> Result<ExitCode, String> {
         }
     }
     let wall = go.elapsed();
+    let mut reports = Vec::new();
+    let mut member_reports = Vec::new();
+    for l in &lines {
+        if let Ok(r) = serde_json::from_str::<ChildReport>(l) {
+            reports.push(r);
+        } else if let Ok(r) = serde_json::from_str::<members::MemberReport>(l) {
+            member_reports.push(r);
+        } else {
+            eprintln!("anyccl-sim: unexpected line from a child: {l}");
+        }
+    }
     for (k, c) in children.iter_mut().enumerate() {
         if died.iter().any(|(d, _)| *d == k) {
             let _ = c.wait();
@@ -395,6 +421,27 @@ fn parent(a: &Args) -> Result<ExitCode, String> {
         }
         let all = clients == a.ranks && died.is_empty();
         return Ok(if all { ExitCode::SUCCESS } else { ExitCode::from(1) });
+    }
+    if let Some(kill) = plan.kill {
+        let mut summary = stages::summarize(a, kill, &member_reports, go_ns);
+        summary["wall_ms"] = round(wall.as_secs_f64() * 1e3).into();
+        summary["clients_connect_ms"] = round(clients_ms).into();
+        if let Some(s) = &server {
+            let st = s.stats();
+            summary["server"] = serde_json::json!({ "requests": st.requests, "connections_peak": st.connections_peak });
+        }
+        let verdict = stages::judge(a, kill, &member_reports, &died, missed.as_deref());
+        if a.json {
+            summary["fault"] = serde_json::json!({ "spec": a.fault, "check": verdict.clone().unwrap_or_else(|e| e), "passed": verdict.is_ok() });
+            println!("{summary}");
+        } else {
+            stages::print_table(&summary, kill);
+            match &verdict {
+                Ok(s) => println!("# check: {s}"),
+                Err(s) => println!("# check FAILED: {s}"),
+            }
+        }
+        return Ok(if verdict.is_ok() { ExitCode::SUCCESS } else { ExitCode::from(1) });
     }
     let mut summary = summarize(a, &layout, &reports, clients_ms, wall);
     if let Some(s) = &server {
