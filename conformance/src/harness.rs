@@ -90,7 +90,7 @@ fn run_threads(backend: &Arc<dyn Backend>, case: &Case, w: usize, timeout: Durat
                     None,
                 )?;
                 run(&ctx).map_err(|e| e.0)?;
-                ctx.finish_together(w);
+                ctx.finish_together(None);
                 Ok(())
             }));
             let r = r.unwrap_or_else(|p| Err(format!("panicked: {}", panic_text(p))));
@@ -310,7 +310,10 @@ fn child_run(backend: &Arc<dyn Backend>, cases: &[Case], name: &str) -> Result<(
     let ctx = connect_rank(backend.clone(), store, env.rank, env.world_size, timeout, |_| {}, Some(rt))?;
     (case.run)(&ctx).map_err(|e| e.0)?;
     // A rank the case kills never reports.
-    let dies = matches!(case.mode, Mode::Processes { dies: Some(_) });
-    ctx.finish_together(env.world_size - usize::from(dies));
+    let dies = match case.mode {
+        Mode::Processes { dies } => dies.filter(|&d| d < env.world_size),
+        Mode::Threads => None,
+    };
+    ctx.finish_together(dies);
     Ok(())
 }

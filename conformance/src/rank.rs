@@ -121,14 +121,17 @@ impl RankCtx {
         Ok(self.block_on(self.store.get(&format!("case/{key}")))?.is_some())
     }
 
-    /// After a passing body: wait (at most 5 s) until every rank's body has passed, so no
-    /// rank tears its communicator down while a peer's last operation is still finishing
-    /// (NCCL over sockets reports that as a remote error on the peer).
-    pub(crate) fn finish_together(&self, ranks: usize) {
+    /// After a passing body: wait (at most 5 s) until every rank's body but `dead`'s (a rank
+    /// the case kills) has passed, so no rank tears its communicator down while a peer's last
+    /// operation is still finishing (NCCL over sockets reports that as a remote error on the
+    /// peer).
+    pub(crate) fn finish_together(&self, dead: Option<usize>) {
         let deadline = Instant::now() + Duration::from_secs(5);
+        // The barrier is among the living: this rank's place among them.
+        let index = self.rank - usize::from(dead.is_some_and(|d| d < self.rank));
+        let ranks = self.size - usize::from(dead.is_some());
         // A rank that never arrives failed: its own error reports the case.
-        let _ =
-            self.block_on(anyccl_core::store_barrier(self.store.as_ref(), "case/finished", self.rank, ranks, deadline));
+        let _ = self.block_on(anyccl_core::store_barrier(self.store.as_ref(), "case/finished", index, ranks, deadline));
     }
 
     /// Wait until some rank signalled `key`.

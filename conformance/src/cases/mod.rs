@@ -6,6 +6,7 @@ pub mod errors;
 pub mod groups;
 pub mod lifecycle;
 pub mod p2p;
+pub mod rebuild;
 pub mod register;
 pub mod streams;
 pub mod warmup;
@@ -23,6 +24,7 @@ pub fn all_cases() -> Vec<Case> {
     errors::register(&mut v);
     lifecycle::register(&mut v);
     warmup::register(&mut v);
+    rebuild::register(&mut v);
     register::register(&mut v);
     window::register(&mut v);
     streams::register(&mut v);

@@ -71,6 +71,8 @@ pub(crate) struct HubState {
     pub(crate) subs: HashMap<u64, String>,
     pub(crate) broken: Option<String>,
     pub(crate) gone: HashSet<u32>,
+    /// Connections accepted and still served.
+    pub(crate) open: u32,
 }
 
 pub(crate) struct Hub {
@@ -92,24 +94,27 @@ pub(crate) fn start_hub(host: &str) -> std::io::Result<String> {
         let started = Instant::now();
         let mut accepted = 0u32;
         loop {
-            let want = {
+            let (want, deserted) = {
                 let st = hub.st.lock().unwrap_or_else(|e| e.into_inner());
-                if st.n > 0 {
-                    2 * st.n
-                } else {
-                    u32::MAX
-                }
+                let want = if st.n > 0 { 2 * st.n } else { u32::MAX };
+                // Every rank that joined left before the rest came (their init timed out):
+                // nobody is left to finish this communicator.
+                (want, accepted > 0 && st.open == 0 && !st.ready)
             };
-            if accepted >= want || started.elapsed() > limit {
+            if accepted >= want || deserted || started.elapsed() > limit {
                 return;
             }
             match l.accept() {
                 Ok((s, _)) => {
                     accepted += 1;
+                    hub.st.lock().unwrap_or_else(|e| e.into_inner()).open += 1;
                     s.set_nonblocking(false).ok();
                     s.set_nodelay(true).ok();
                     let h = hub.clone();
-                    let _ = std::thread::Builder::new().name("standin-hub-conn".into()).spawn(move || serve(h, s));
+                    let served = std::thread::Builder::new().name("standin-hub-conn".into()).spawn(move || serve(h, s));
+                    if served.is_err() {
+                        hub.st.lock().unwrap_or_else(|e| e.into_inner()).open -= 1;
+                    }
                 }
                 Err(_) => std::thread::sleep(Duration::from_millis(2)),
             }
@@ -119,7 +124,10 @@ pub(crate) fn start_hub(host: &str) -> std::io::Result<String> {
 }
 
 pub(crate) fn serve(hub: Arc<Hub>, s: TcpStream) {
-    let Ok(w) = s.try_clone() else { return };
+    let Ok(w) = s.try_clone() else {
+        hub.st.lock().unwrap_or_else(|e| e.into_inner()).open -= 1;
+        return;
+    };
     let conn: Conn = Arc::new(Mutex::new(w));
     let mut r = s;
     let mut me: Option<u32> = None;
@@ -127,9 +135,19 @@ pub(crate) fn serve(hub: Arc<Hub>, s: TcpStream) {
         let (ty, body) = match read_frame(&mut r) {
             Ok(f) => f,
             Err(_) => {
+                let mut st = hub.st.lock().unwrap_or_else(|e| e.into_inner());
+                st.open -= 1;
                 if let Some(rank) = me {
-                    let mut st = hub.st.lock().unwrap_or_else(|e| e.into_inner());
-                    if !st.gone.contains(&rank) {
+                    if !st.ready {
+                        // A rank that left before every rank joined has not joined: its
+                        // connection is dropped here, not kept until the hub ends.
+                        let st = &mut *st;
+                        for m in [&mut st.ctrl, &mut st.data] {
+                            if m.get(&rank).is_some_and(|c| Arc::ptr_eq(c, &conn)) {
+                                m.remove(&rank);
+                            }
+                        }
+                    } else if !st.gone.contains(&rank) {
                         break_hub(&mut st, format!("rank {rank} disconnected without destroying its communicator"));
                     }
                 }
