@@ -162,6 +162,40 @@ impl Job {
     }
 }
 
+/// What a training rank starts with: the launcher's variables, the job's store (and its
+/// server where this rank hosts it), the backend and this rank's device, and the layout
+/// `(dp, pp)`, checked against this host's memory and the launcher's rank count.
+pub(crate) struct Started {
+    pub(crate) env: anyccl::LaunchEnv,
+    pub(crate) store: std::sync::Arc<dyn anyccl::Store>,
+    pub(crate) server: Option<anyccl::TcpStoreServer>,
+    pub(crate) backend: std::sync::Arc<dyn anyccl::Backend>,
+    pub(crate) platform: std::sync::Arc<dyn anyccl::Platform>,
+    pub(crate) dp: usize,
+    pub(crate) pp: usize,
+}
+
+impl Job {
+    /// Start a training rank (see [`Started`]).
+    ///
+    /// # Errors
+    /// The store's, the backend's, or `InvalidArgument` naming `--dp` or the model's flags.
+    pub(crate) async fn start(&self) -> Result<Started> {
+        let (env, store, server) = anyccl_examples::start_rank().await?;
+        let backend = anyccl_examples::pick_backend(self.backend.as_deref())?;
+        let platform = backend.platform(env.local_rank)?;
+        // Before the first allocation: this host's ranks together, against its memory.
+        self.check_memory(env.local_world_size, platform.kind() == anyccl::DeviceKind::Cpu)?;
+        let (dp, pp) = (self.dp.unwrap_or(2), self.pp.unwrap_or(2));
+        let n = ranks(dp, pp)?;
+        if n != env.world_size {
+            let msg = format!("dp {dp} x pp {pp} needs {n} ranks, the launcher started {}", env.world_size);
+            return Err(usage("--dp", msg));
+        }
+        Ok(Started { env, store, server, backend, platform, dp, pp })
+    }
+}
+
 /// `dp × pp` ranks, checked.
 ///
 /// # Errors

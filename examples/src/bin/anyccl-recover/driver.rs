@@ -59,10 +59,7 @@ pub(crate) fn demo(job: &Job) -> Result<ExitCode> {
     }
     let (dp, pp, accel) = layout(job)?;
     let n = ranks(dp, pp)?;
-    let ctx = Ctx::process("anyccl-recover");
-    let here = std::env::current_exe().map_err(|e| ctx.io("demo: find this program", "/proc/self/exe", e))?;
-    let dir = here.parent().ok_or_else(|| ctx.file("demo: find anyccl-run", &here, "this program has no folder"))?;
-    let runner = dir.join("anyccl-run");
+    let (here, runner) = programs()?;
     if job.resume_from.is_some() || job.run.is_some() {
         return Err(usage(
             if job.run.is_some() { "--run" } else { "--resume-from" },
@@ -71,17 +68,8 @@ pub(crate) fn demo(job: &Job) -> Result<ExitCode> {
                 .into(),
         ));
     }
-    // 3/5 of the steps, without the overflow of steps * 3.
-    let crash_at = job.crash_at.unwrap_or(job.steps / 5 * 3 + job.steps % 5 * 3 / 5);
-    if crash_at == 0 || crash_at >= job.steps || crash_at < job.ckpt_every {
-        return Err(usage(
-            "--crash-at",
-            format!(
-                "--crash-at {crash_at} must be after the first checkpoint (--ckpt-every {}) and before --steps {}",
-                job.ckpt_every, job.steps
-            ),
-        ));
-    }
+    // 3/5 of the steps.
+    let crash_at = fault_step(job, "--crash-at", job.crash_at, 3)?;
     // Every rank runs on this host, at once.
     job.check_memory(n, !accel)?;
     // One demo per folder at a time: a second one would clear and write the same runs.
@@ -128,6 +116,37 @@ pub(crate) fn demo(job: &Job) -> Result<ExitCode> {
         println!("MISMATCH: the recovered run differs from the uninterrupted one");
         Ok(ExitCode::from(1))
     }
+}
+
+/// This program and the launcher beside it.
+///
+/// # Errors
+/// `Io` when this program's path cannot be read.
+pub(crate) fn programs() -> Result<(std::path::PathBuf, std::path::PathBuf)> {
+    let ctx = Ctx::process("anyccl-recover");
+    let here = std::env::current_exe().map_err(|e| ctx.io("demo: find this program", "/proc/self/exe", e))?;
+    let dir = here.parent().ok_or_else(|| ctx.file("demo: find anyccl-run", &here, "this program has no folder"))?;
+    let runner = dir.join("anyccl-run");
+    Ok((here, runner))
+}
+
+/// The step a demo's fault strikes: `given`, or `fifths`/5 of the steps (without the
+/// overflow of a product), after the first checkpoint and before the last step.
+///
+/// # Errors
+/// `InvalidArgument` naming `flag`.
+pub(crate) fn fault_step(job: &Job, flag: &'static str, given: Option<u64>, fifths: u64) -> Result<u64> {
+    let at = given.unwrap_or(job.steps / 5 * fifths + job.steps % 5 * fifths / 5);
+    if at == 0 || at >= job.steps || at < job.ckpt_every {
+        return Err(usage(
+            flag,
+            format!(
+                "{flag} {at} must be after the first checkpoint (--ckpt-every {}) and before --steps {}",
+                job.ckpt_every, job.steps
+            ),
+        ));
+    }
+    Ok(at)
 }
 
 /// One launch of `anyccl-run` (`launcher` flags first) with every rank running `train` with

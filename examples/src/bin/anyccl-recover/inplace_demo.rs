@@ -11,10 +11,9 @@
 //! Then the timeline of the in-place recovery, from each rank's events.
 
 use crate::cli::{ranks, usage, Job};
-use crate::driver::{ended, launch_train, layout, same_bits};
+use crate::driver::{ended, fault_step, launch_train, layout, programs, same_bits};
 use crate::participation::{merge_records, write_record};
 use crate::timeline::{self, Event};
-use anyccl::raw::Ctx;
 use anyccl::Result;
 use anyccl_examples::checkpoint as ckpt;
 use anyccl_examples::machine;
@@ -29,10 +28,7 @@ pub(crate) fn demo(job: &Job) -> Result<ExitCode> {
     let job = &Job { step_ms: Some(job.step_ms.unwrap_or(150)), ..job.clone() };
     let (dp, pp, accel) = layout(job)?;
     let n = ranks(dp, pp)?;
-    let ctx = Ctx::process("anyccl-recover");
-    let here = std::env::current_exe().map_err(|e| ctx.io("demo: find this program", "/proc/self/exe", e))?;
-    let dir = here.parent().ok_or_else(|| ctx.file("demo: find anyccl-run", &here, "this program has no folder"))?;
-    let runner = dir.join("anyccl-run");
+    let (here, runner) = programs()?;
     if job.resume_from.is_some() || job.run.is_some() || job.replay.is_some() {
         return Err(usage(
             "--run",
@@ -42,18 +38,8 @@ pub(crate) fn demo(job: &Job) -> Result<ExitCode> {
     if dp < 2 {
         return Err(usage("--dp", format!("--dp {dp}: recovery in place needs a second replica to keep training")));
     }
-    // 2/5 of the steps (without the overflow of steps * 2): the rest leaves the replacement
-    // time to rejoin.
-    let kill_at = job.kill_at.unwrap_or(job.steps / 5 * 2 + job.steps % 5 * 2 / 5);
-    if kill_at == 0 || kill_at >= job.steps || kill_at < job.ckpt_every {
-        return Err(usage(
-            "--kill-at",
-            format!(
-                "--kill-at {kill_at} must be after the first checkpoint (--ckpt-every {}) and before --steps {}",
-                job.ckpt_every, job.steps
-            ),
-        ));
-    }
+    // 2/5 of the steps: the rest leaves the replacement time to rejoin.
+    let kill_at = fault_step(job, "--kill-at", job.kill_at, 2)?;
     job.check_memory(n, !accel)?;
     let _lock = machine::lock_dir(&job.out, "anyccl-recover", "--out")?;
     for run in RUNS {

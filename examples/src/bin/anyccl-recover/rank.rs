@@ -4,7 +4,7 @@
 //! optionally squeeze device memory, train (recording the first step's plan and saving it
 //! beside every checkpoint), and write the final parameters.
 
-use crate::cli::{ranks, usage, Job, OWNER};
+use crate::cli::{usage, Job, OWNER};
 use crate::dev::Dev;
 use crate::model::Stage;
 use crate::step::{kill_self, train_step, StepCtx};
@@ -87,17 +87,7 @@ impl<'j> Rank<'j> {
     /// Start as the launcher says, check what the run needs, connect the world and split
     /// the data and pipeline groups. Returns the colocated component's memory too.
     async fn join(job: &'j Job) -> Result<(Rank<'j>, Box<dyn DeviceMemory>)> {
-        let (env, store, server) = anyccl_examples::start_rank().await?;
-        let backend = anyccl_examples::pick_backend(job.backend.as_deref())?;
-        let platform = backend.platform(env.local_rank)?;
-        // Before the first allocation: this host's ranks together, against its memory.
-        job.check_memory(env.local_world_size, platform.kind() == DeviceKind::Cpu)?;
-        let (dp, pp) = (job.dp.unwrap_or(2), job.pp.unwrap_or(2));
-        let n = ranks(dp, pp)?;
-        if n != env.world_size {
-            let msg = format!("dp {dp} x pp {pp} needs {n} ranks, the launcher started {}", env.world_size);
-            return Err(usage("--dp", msg));
-        }
+        let crate::cli::Started { env, store, server, backend, platform, dp, pp } = job.start().await?;
         let run_dir = job.out.join(job.run_name());
         let lock = match env.rank {
             0 => Some(machine::lock_dir(&run_dir, "anyccl-recover", "--run")?),

@@ -23,7 +23,7 @@
 //! bit for bit. Every rebuilt group is warmed before its first step, from the plan the
 //! first step recorded (kept in the store, where a replacement finds its rank's plan).
 
-use crate::cli::{ranks, usage, Job, OWNER};
+use crate::cli::{usage, Job, OWNER};
 use crate::dev::Dev;
 use crate::model::Stage;
 mod replay;
@@ -66,16 +66,7 @@ type Live = (u64, Vec<Arc<dyn Collective>>);
 
 /// One rank of an in-place job.
 pub(crate) async fn train(job: &Job) -> Result<ExitCode> {
-    let (env, store, _server) = anyccl_examples::start_rank().await?;
-    let backend = anyccl_examples::pick_backend(job.backend.as_deref())?;
-    let platform = backend.platform(env.local_rank)?;
-    job.check_memory(env.local_world_size, platform.kind() == DeviceKind::Cpu)?;
-    let (dp, pp) = (job.dp.unwrap_or(2), job.pp.unwrap_or(2));
-    let n = ranks(dp, pp)?;
-    if n != env.world_size {
-        let msg = format!("dp {dp} x pp {pp} needs {n} ranks, the launcher started {}", env.world_size);
-        return Err(usage("--dp", msg));
-    }
+    let crate::cli::Started { env, store, server: _server, backend, platform, dp, pp } = job.start().await?;
     let (replica, stage) = (env.rank / pp, env.rank % pp);
     let valid = env.incarnation == 1 || job.replay.is_some();
     let model = Stage::new(job.width as usize, job.layers as usize, job.seed, stage)

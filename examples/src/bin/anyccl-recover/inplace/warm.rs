@@ -8,6 +8,20 @@ use anyccl::{Communicator, Result};
 use std::time::Duration;
 
 impl InPlace<'_> {
+    /// A warmup session (or a recording's) of the epoch of `seg` among its training ranks
+    /// `members`: the epoch is the generation, so nothing of an earlier epoch is replayed.
+    fn session<'a>(&'a self, job: &'a str, seg: &Segment, members: &'a [usize]) -> Session<'a> {
+        Session {
+            store: self.store.as_ref(),
+            job,
+            generation: seg.epoch + 1,
+            rank: self.me(),
+            world_size: self.env.world_size,
+            members: Some(members),
+            platform: self.platform.as_ref(),
+        }
+    }
+
     /// Warm the rebuilt groups from the recorded plan (re-made for their sizes), or from
     /// their roles where there is none, among the epoch's training ranks.
     pub(super) async fn warm(&mut self, seg: &Segment, g: &Groups) -> Result<()> {
@@ -17,17 +31,8 @@ impl InPlace<'_> {
                 self.plans = serde_json::from_slice(&v).ok();
             }
         }
-        let members = self.ranks_of(&seg.active);
-        let job = self.key("warmup");
-        let session = Session {
-            store: self.store.as_ref(),
-            job: &job,
-            generation: seg.epoch + 1,
-            rank: self.me(),
-            world_size: self.env.world_size,
-            members: Some(&members),
-            platform: self.platform.as_ref(),
-        };
+        let (job, members) = (self.key("warmup"), self.ranks_of(&seg.active));
+        let session = self.session(&job, seg, &members);
         let wcfg = WarmupConfig {
             enabled: true,
             force: true,
@@ -58,17 +63,8 @@ impl InPlace<'_> {
     /// The first step's plan, merged across each group's members, kept in the store under
     /// this rank (where its replacement finds it).
     pub(super) async fn record(&mut self, r: StepRecorder<'_>, seg: &Segment) -> Result<()> {
-        let members = self.ranks_of(&seg.active);
-        let job = self.key("record");
-        let session = Session {
-            store: self.store.as_ref(),
-            job: &job,
-            generation: seg.epoch + 1,
-            rank: self.me(),
-            world_size: self.env.world_size,
-            members: Some(&members),
-            platform: self.platform.as_ref(),
-        };
+        let (job, members) = (self.key("record"), self.ranks_of(&seg.active));
+        let session = self.session(&job, seg, &members);
         let recorded = r.finish(&session, self.cfg.op_timeout).await?;
         let bytes = serde_json::to_vec(&recorded.plans).unwrap_or_default();
         self.store.set(&self.key(&format!("plan/{}", self.me())), &bytes).await?;
