@@ -298,6 +298,21 @@ impl Membership {
         Ok(())
     }
 
+    /// The records that these processes are gone, in their order (`None` where there is
+    /// none): the text says who saw what, as `report_gone` or a member watching a liveness
+    /// record wrote it. One multi-key read that does not wait, for callers that are not
+    /// members (a launcher watching for processes the membership declared gone on its own
+    /// evidence: stopped, or killed without the launcher knowing).
+    ///
+    /// # Errors
+    /// Store errors.
+    pub async fn gone_records(store: &dyn Store, cfg: &MembershipConfig, of: &[Member]) -> Result<Vec<Option<String>>> {
+        let keys = Keys::new(&cfg.prefix);
+        let gone: Vec<String> = of.iter().map(|m| keys.gone(m.rank, m.incarnation)).collect();
+        let got = store.wait_many(&gone, Instant::now()).await?;
+        Ok(got.into_iter().map(|v| v.map(|b| String::from_utf8_lossy(&b).into_owned())).collect())
+    }
+
     /// Beats this process has sent (for tests and reports).
     pub fn beats(&self) -> u64 {
         self.shared.beats.load(Ordering::Relaxed)

@@ -222,6 +222,29 @@ fn membership_a_stopped_member_is_excluded_and_told_so_when_it_resumes() {
 }
 
 #[test]
+fn membership_a_stopped_members_gone_record_is_read_by_one_who_is_not_a_member() {
+    rt().block_on(async {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let c = cfg();
+        let mut ms = start(&store, 3, &c).await;
+        let of = |rank, incarnation| Member { rank, incarnation };
+        let asked = [of(0, 1), of(1, 1), of(1, 2), of(2, 1)];
+        let none = Membership::gone_records(store.as_ref(), &c, &asked).await.expect("read");
+        assert_eq!(none, vec![None; 4]);
+        let stopped = ms.remove(1);
+        stopped.shared.paused.store(true, std::sync::atomic::Ordering::Release);
+        let (_ms, vs) = agree_all(ms).await;
+        assert!(vs.iter().all(|v| v.as_ref().is_ok_and(|v| ranks(v) == vec![0, 2])));
+        // Rank 1's first process, and only it, is recorded gone, by the member watching it.
+        let got = Membership::gone_records(store.as_ref(), &c, &asked).await.expect("read");
+        let text = got[1].as_deref().unwrap_or_default();
+        assert!(text.starts_with("rank 1 (incarnation 1) is gone: no liveness record of rank 1"), "{text}");
+        assert!(text.ends_with("seen by rank 0"), "{text}");
+        assert_eq!((&got[0], &got[2], &got[3]), (&None, &None, &None));
+    });
+}
+
+#[test]
 fn membership_a_member_that_beats_but_never_arrives_fails_everyone_the_same_way() {
     rt().block_on(async {
         let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
