@@ -7,11 +7,14 @@
 //! 1. **Evidence, not a short deadline.** A process counts as gone when there is evidence:
 //!    a record that it is gone (written by the launcher that saw it exit, or by the member
 //!    that watches its liveness record), a newer process of its rank, or its liveness
-//!    record unrenewed for [`MembershipConfig::stale_after`]. Records are renewed from a
-//!    thread of the member's own, so a member blocked in a collective still beats, and a
-//!    killed or stopped (SIGSTOP) one does not. A process that hosts many members (a
-//!    simulation of thousands of ranks) gives them one [`LivenessDriver`] instead: one
-//!    thread beats for all, each member still renewing its own record. A member that beats but never arrives is
+//!    record unrenewed for [`MembershipConfig::stale_after`]. A process left out of an
+//!    epoch on evidence always has a record (the leader writes the ones nobody wrote, as
+//!    when its watcher was stopped too), which a launcher reads to replace it
+//!    ([`Membership::gone_records`]). Records are renewed from a thread of the member's
+//!    own, so a member blocked in a collective still beats, and a killed or stopped
+//!    (SIGSTOP) one does not. A process that hosts many members (a simulation of thousands
+//!    of ranks) gives them one [`LivenessDriver`] instead: one thread beats for all, each
+//!    member still renewing its own record. A member that beats but never arrives is
 //!    waited for to the agreement timeout, and then every member gets the same error.
 //! 2. **One decision, read by all.** The leader of an epoch writes the decision once
 //!    (compare-and-set): every member reads the same view or the same error, never a mix.

@@ -244,6 +244,30 @@ fn membership_a_stopped_members_gone_record_is_read_by_one_who_is_not_a_member()
     });
 }
 
+/// Two neighbours stopped at once: the second's watcher is the first, stopped too, so only
+/// the leader sees the second's record go stale; it records it gone with the decision, so
+/// that a launcher watching the records replaces both.
+#[test]
+fn membership_every_member_left_out_on_evidence_is_recorded_gone() {
+    rt().block_on(async {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let c = cfg();
+        let mut ms = start(&store, 4, &c).await;
+        let stopped = [ms.remove(2), ms.remove(1)];
+        for s in &stopped {
+            s.shared.paused.store(true, std::sync::atomic::Ordering::Release);
+        }
+        let (_ms, vs) = agree_all(ms).await;
+        assert!(vs.iter().all(|v| v.as_ref().is_ok_and(|v| ranks(v) == vec![0, 3])), "{vs:?}");
+        let of = |rank| Member { rank, incarnation: 1 };
+        let got = Membership::gone_records(store.as_ref(), &c, &[of(1), of(2)]).await.expect("read");
+        let (one, two) = (got[0].as_deref().unwrap_or_default(), got[1].as_deref().unwrap_or_default());
+        assert!(one.starts_with("rank 1 (incarnation 1) is gone: no liveness record of rank 1"), "{one}");
+        assert!(two.starts_with("rank 2 (incarnation 1) is gone: no liveness record of rank 2"), "{two}");
+        assert!(two.contains("leading epoch 1"), "rank 2's record is the leader's: {two}");
+    });
+}
+
 #[test]
 fn membership_a_member_that_beats_but_never_arrives_fails_everyone_the_same_way() {
     rt().block_on(async {
