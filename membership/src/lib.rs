@@ -269,7 +269,11 @@ impl Membership {
     /// incarnation it is the rank's newest: call it before the rank's replacement starts
     /// (the replacement takes the next one). With one, the rank's counter is moved up to it
     /// when lower (the process died before it joined and took its number), so the
-    /// replacement takes the next one and not the number recorded gone.
+    /// replacement takes the next one and not the number recorded gone. A record already
+    /// there (the membership's own: a watcher or a leader saw the process's liveness record
+    /// go stale; or an earlier report) is kept, and nothing is proposed again: whoever wrote
+    /// it proposed the epoch that leaves the process out, and a proposal now, once that epoch
+    /// is agreed, would mark the next one a failure that nobody had.
     ///
     /// # Errors
     /// Store errors.
@@ -291,7 +295,9 @@ impl Membership {
             }
             None => taken.max(1),
         };
-        store.compare_set(&keys.gone(rank, inc), None, why.as_bytes()).await?;
+        if !store.compare_set(&keys.gone(rank, inc), None, why.as_bytes()).await?.swapped {
+            return Ok(());
+        }
         if let Some(c) = store.get(&keys.current()).await? {
             if let Ok(e) = String::from_utf8_lossy(&c).trim().parse::<u64>() {
                 store.compare_set(&keys.failure(e + 1), None, why.as_bytes()).await?;

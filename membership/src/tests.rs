@@ -241,6 +241,13 @@ fn membership_a_stopped_members_gone_record_is_read_by_one_who_is_not_a_member()
         assert!(text.starts_with("rank 1 (incarnation 1) is gone: no liveness record of rank 1"), "{text}");
         assert!(text.ends_with("seen by rank 0"), "{text}");
         assert_eq!((&got[0], &got[2], &got[3]), (&None, &None, &None));
+        // A launcher that kills it now and reports it (as for any exit) keeps the record and
+        // proposes nothing: the epoch that left it out is agreed already.
+        Membership::report_gone(store.as_ref(), &c, 1, Some(1), "killed, seen by anyccl-run").await.expect("report");
+        let after = Membership::gone_records(store.as_ref(), &c, &[of(1, 1)]).await.expect("read");
+        assert_eq!(after[0].as_deref(), Some(text));
+        let keys = crate::keys::Keys::new(&c.prefix);
+        assert_eq!(store.get(&keys.proposed(2)).await.expect("read"), None, "a needless epoch was proposed");
     });
 }
 
