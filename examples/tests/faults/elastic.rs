@@ -276,8 +276,9 @@ fn stopped_ranks_are_replaced(case: &str, stopped: &[usize], resume: bool) -> Ou
         check(victims.iter().all(|&v| !runs(v)), || format!("a stopped process still runs: {victims:?}"))?;
         for (r, decided, started) in lines {
             println!(
-                "    SIGSTOP of rank {r} -> the launcher's kill after {decided:.2?}, its replacement running after \
-                 {started:.2?}"
+                "    SIGSTOP of rank {r} -> the launcher's kill after {decided:.2?}, its replacement running {:.1?} \
+                 after the kill",
+                started - decided
             );
         }
         println!("    the job ended well after {took:.2?} (--timeout 120)");
