@@ -906,6 +906,26 @@ fn main() -> std::process::ExitCode {
             elastic::a_stopped_rank_is_not_restarted_and_the_timeout_holds,
         ),
         t(
+            "launcher::elastic::a_stopped_rank_declared_gone_is_killed_and_replaced[w=4]",
+            elastic::a_stopped_rank_declared_gone_is_killed_and_replaced,
+        ),
+        t(
+            "launcher::elastic::a_stopped_rank_resumed_after_the_decision_is_still_killed[w=4]",
+            elastic::a_stopped_rank_resumed_after_the_decision_is_still_killed,
+        ),
+        t(
+            "launcher::elastic::two_ranks_stopped_at_once_are_both_replaced[w=4]",
+            elastic::two_ranks_stopped_at_once_are_both_replaced,
+        ),
+        t(
+            "launcher::elastic::a_gone_record_written_by_another_process_is_acted_on_once[w=2]",
+            elastic::a_gone_record_written_by_another_process_is_acted_on_once,
+        ),
+        t(
+            "launcher::elastic::a_gone_record_of_a_rank_that_exited_is_not_a_second_restart[w=2]",
+            elastic::a_gone_record_of_a_rank_that_exited_is_not_a_second_restart,
+        ),
+        t(
             "launcher::elastic::the_report_is_in_the_store_before_the_replacement_starts[w=2]",
             elastic::the_report_is_in_the_store_before_the_replacement_starts,
         ),

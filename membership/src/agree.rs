@@ -167,21 +167,36 @@ impl Agreement<'_> {
             // Gone on evidence: a record of it, a newer process of its rank, or its liveness
             // record stale. At the job's start a rank with no record yet has not started: it
             // is waited for (to the agreement timeout).
-            let live: Vec<usize> = ranks
-                .iter()
-                .zip(alive)
-                .zip(gone)
-                .filter_map(|((&r, record), gone)| {
-                    let want = expected[&r];
-                    let newer = record.as_deref().and_then(record_incarnation).zip(want).is_some_and(|(s, w)| s > w);
-                    let stale = match (&record, want) {
-                        (None, None) => false,
-                        (_, Some(w)) => watch.stale(r, w, record.as_deref()),
-                        (Some(_), None) => watch.stale(r, 0, record.as_deref()),
+            let mut live = Vec::new();
+            // Processes left out on evidence that no record names yet: the leader writes
+            // their records with the decision, so that whoever watches for them (a launcher
+            // that replaces a process declared gone) learns of every process left out, not
+            // only of one whose watcher was alive to see it.
+            let mut unrecorded = Vec::new();
+            for ((&r, record), gone) in ranks.iter().zip(alive).zip(gone) {
+                let want = expected[&r];
+                let newer = record.as_deref().and_then(record_incarnation).zip(want).is_some_and(|(s, w)| s > w);
+                let stale = match (&record, want) {
+                    (None, None) => false,
+                    (_, Some(w)) => watch.stale(r, w, record.as_deref()),
+                    (Some(_), None) => watch.stale(r, 0, record.as_deref()),
+                };
+                if gone.is_some() {
+                    continue;
+                }
+                if !newer && !stale {
+                    live.push(r);
+                    continue;
+                }
+                if let Some(inc) = want.or_else(|| record.as_deref().and_then(record_incarnation)) {
+                    let what = if newer {
+                        format!("a newer process of rank {r} renews its record")
+                    } else {
+                        format!("no liveness record of rank {r} for {:?}", self.cfg.stale_after)
                     };
-                    (gone.is_none() && !newer && !stale).then_some(r)
-                })
-                .collect();
+                    unrecorded.push((r, inc, what));
+                }
+            }
             // Only those without evidence are waited for: the wait ends at the last one's
             // arrival, not a beat later for a process that is gone.
             let arrived_keys: Vec<String> = live.iter().map(|&r| keys.arrived(e, r)).collect();
@@ -197,6 +212,13 @@ impl Agreement<'_> {
                 }
             }
             if waiting.is_empty() {
+                for (r, inc, what) in unrecorded {
+                    let why = format!(
+                        "rank {r} (incarnation {inc}) is gone: {what}, seen by rank {} leading epoch {e}",
+                        self.me.rank
+                    );
+                    store.compare_set(&keys.gone(r, inc), None, why.as_bytes()).await?;
+                }
                 let view = self.view(e, prev, members, store).await?;
                 let d = serde_json::to_vec(&Decision::View(view)).map_err(|err| Error::store_fatal(err.to_string()))?;
                 if store.compare_set(&keys.decision(e), None, &d).await?.swapped {

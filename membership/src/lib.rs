@@ -7,11 +7,14 @@
 //! 1. **Evidence, not a short deadline.** A process counts as gone when there is evidence:
 //!    a record that it is gone (written by the launcher that saw it exit, or by the member
 //!    that watches its liveness record), a newer process of its rank, or its liveness
-//!    record unrenewed for [`MembershipConfig::stale_after`]. Records are renewed from a
-//!    thread of the member's own, so a member blocked in a collective still beats, and a
-//!    killed or stopped (SIGSTOP) one does not. A process that hosts many members (a
-//!    simulation of thousands of ranks) gives them one [`LivenessDriver`] instead: one
-//!    thread beats for all, each member still renewing its own record. A member that beats but never arrives is
+//!    record unrenewed for [`MembershipConfig::stale_after`]. A process left out of an
+//!    epoch on evidence always has a record (the leader writes the ones nobody wrote, as
+//!    when its watcher was stopped too), which a launcher reads to replace it
+//!    ([`Membership::gone_records`]). Records are renewed from a thread of the member's
+//!    own, so a member blocked in a collective still beats, and a killed or stopped
+//!    (SIGSTOP) one does not. A process that hosts many members (a simulation of thousands
+//!    of ranks) gives them one [`LivenessDriver`] instead: one thread beats for all, each
+//!    member still renewing its own record. A member that beats but never arrives is
 //!    waited for to the agreement timeout, and then every member gets the same error.
 //! 2. **One decision, read by all.** The leader of an epoch writes the decision once
 //!    (compare-and-set): every member reads the same view or the same error, never a mix.
@@ -266,7 +269,11 @@ impl Membership {
     /// incarnation it is the rank's newest: call it before the rank's replacement starts
     /// (the replacement takes the next one). With one, the rank's counter is moved up to it
     /// when lower (the process died before it joined and took its number), so the
-    /// replacement takes the next one and not the number recorded gone.
+    /// replacement takes the next one and not the number recorded gone. A record already
+    /// there (the membership's own: a watcher or a leader saw the process's liveness record
+    /// go stale; or an earlier report) is kept, and nothing is proposed again: whoever wrote
+    /// it proposed the epoch that leaves the process out, and a proposal now, once that epoch
+    /// is agreed, would mark the next one a failure that nobody had.
     ///
     /// # Errors
     /// Store errors.
@@ -288,7 +295,9 @@ impl Membership {
             }
             None => taken.max(1),
         };
-        store.compare_set(&keys.gone(rank, inc), None, why.as_bytes()).await?;
+        if !store.compare_set(&keys.gone(rank, inc), None, why.as_bytes()).await?.swapped {
+            return Ok(());
+        }
         if let Some(c) = store.get(&keys.current()).await? {
             if let Ok(e) = String::from_utf8_lossy(&c).trim().parse::<u64>() {
                 store.compare_set(&keys.failure(e + 1), None, why.as_bytes()).await?;
@@ -296,6 +305,21 @@ impl Membership {
             }
         }
         Ok(())
+    }
+
+    /// The records that these processes are gone, in their order (`None` where there is
+    /// none): the text says who saw what, as `report_gone` or a member watching a liveness
+    /// record wrote it. One multi-key read that does not wait, for callers that are not
+    /// members (a launcher watching for processes the membership declared gone on its own
+    /// evidence: stopped, or killed without the launcher knowing).
+    ///
+    /// # Errors
+    /// Store errors.
+    pub async fn gone_records(store: &dyn Store, cfg: &MembershipConfig, of: &[Member]) -> Result<Vec<Option<String>>> {
+        let keys = Keys::new(&cfg.prefix);
+        let gone: Vec<String> = of.iter().map(|m| keys.gone(m.rank, m.incarnation)).collect();
+        let got = store.wait_many(&gone, Instant::now()).await?;
+        Ok(got.into_iter().map(|v| v.map(|b| String::from_utf8_lossy(&b).into_owned())).collect())
     }
 
     /// Beats this process has sent (for tests and reports).

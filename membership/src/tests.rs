@@ -222,6 +222,60 @@ fn membership_a_stopped_member_is_excluded_and_told_so_when_it_resumes() {
 }
 
 #[test]
+fn membership_a_stopped_members_gone_record_is_read_by_one_who_is_not_a_member() {
+    rt().block_on(async {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let c = cfg();
+        let mut ms = start(&store, 3, &c).await;
+        let of = |rank, incarnation| Member { rank, incarnation };
+        let asked = [of(0, 1), of(1, 1), of(1, 2), of(2, 1)];
+        let none = Membership::gone_records(store.as_ref(), &c, &asked).await.expect("read");
+        assert_eq!(none, vec![None; 4]);
+        let stopped = ms.remove(1);
+        stopped.shared.paused.store(true, std::sync::atomic::Ordering::Release);
+        let (_ms, vs) = agree_all(ms).await;
+        assert!(vs.iter().all(|v| v.as_ref().is_ok_and(|v| ranks(v) == vec![0, 2])));
+        // Rank 1's first process, and only it, is recorded gone, by the member watching it.
+        let got = Membership::gone_records(store.as_ref(), &c, &asked).await.expect("read");
+        let text = got[1].as_deref().unwrap_or_default();
+        assert!(text.starts_with("rank 1 (incarnation 1) is gone: no liveness record of rank 1"), "{text}");
+        assert!(text.ends_with("seen by rank 0"), "{text}");
+        assert_eq!((&got[0], &got[2], &got[3]), (&None, &None, &None));
+        // A launcher that kills it now and reports it (as for any exit) keeps the record and
+        // proposes nothing: the epoch that left it out is agreed already.
+        Membership::report_gone(store.as_ref(), &c, 1, Some(1), "killed, seen by anyccl-run").await.expect("report");
+        let after = Membership::gone_records(store.as_ref(), &c, &[of(1, 1)]).await.expect("read");
+        assert_eq!(after[0].as_deref(), Some(text));
+        let keys = crate::keys::Keys::new(&c.prefix);
+        assert_eq!(store.get(&keys.proposed(2)).await.expect("read"), None, "a needless epoch was proposed");
+    });
+}
+
+/// Two neighbours stopped at once: the second's watcher is the first, stopped too, so only
+/// the leader sees the second's record go stale; it records it gone with the decision, so
+/// that a launcher watching the records replaces both.
+#[test]
+fn membership_every_member_left_out_on_evidence_is_recorded_gone() {
+    rt().block_on(async {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let c = cfg();
+        let mut ms = start(&store, 4, &c).await;
+        let stopped = [ms.remove(2), ms.remove(1)];
+        for s in &stopped {
+            s.shared.paused.store(true, std::sync::atomic::Ordering::Release);
+        }
+        let (_ms, vs) = agree_all(ms).await;
+        assert!(vs.iter().all(|v| v.as_ref().is_ok_and(|v| ranks(v) == vec![0, 3])), "{vs:?}");
+        let of = |rank| Member { rank, incarnation: 1 };
+        let got = Membership::gone_records(store.as_ref(), &c, &[of(1), of(2)]).await.expect("read");
+        let (one, two) = (got[0].as_deref().unwrap_or_default(), got[1].as_deref().unwrap_or_default());
+        assert!(one.starts_with("rank 1 (incarnation 1) is gone: no liveness record of rank 1"), "{one}");
+        assert!(two.starts_with("rank 2 (incarnation 1) is gone: no liveness record of rank 2"), "{two}");
+        assert!(two.contains("leading epoch 1"), "rank 2's record is the leader's: {two}");
+    });
+}
+
+#[test]
 fn membership_a_member_that_beats_but_never_arrives_fails_everyone_the_same_way() {
     rt().block_on(async {
         let store: Arc<dyn Store> = Arc::new(MemoryStore::new());

@@ -193,6 +193,160 @@ pub fn a_stopped_rank_is_not_restarted_and_the_timeout_holds() -> Outcome {
     Ok(())
 }
 
+/// `anyccl-recover train --in-place` (80 steps of at least 50 ms, dp 2 x pp 2) under
+/// `anyccl-run -n 4 --elastic --max-restarts 2 --timeout 120`, its liveness limit 2 s.
+fn in_place(out: &std::path::Path, m: &str) -> Command {
+    let out = out.display().to_string();
+    let train = [bin("anyccl-recover"), "train", "--in-place", "--steps", "80", "--step-ms", "50"];
+    let mut c = elastic(4, &["--max-restarts", "2", "--timeout", "120"], &train);
+    c.args(["--run", "X", "--out", &out]).env("ANYCCL_BACKEND", "cpu").env("ANYCCL_LIVENESS_S", "2");
+    c.env("FAULTS_MARK", m);
+    c
+}
+
+/// The process of `rank`'s first incarnation among the job's (`FAULTS_MARK`).
+fn first_process_of(m: &str, rank: usize) -> Option<i32> {
+    let want = [format!("RANK={rank}"), "ANYCCL_INCARNATION=1".to_string()];
+    marked(m).into_iter().find(|p| {
+        let env = std::fs::read(format!("/proc/{p}/environ")).unwrap_or_default();
+        want.iter().all(|w| env.split(|&b| b == 0).any(|v| v == w.as_bytes())) && cmdline(*p).contains("train")
+    })
+}
+
+/// Whether `pid` still runs (a zombie does not).
+fn runs(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(')').and_then(|(_, r)| r.split_whitespace().next().map(str::to_string)))
+        .is_some_and(|st| st != "Z")
+}
+
+/// Training in place, `stopped` ranks are stopped with SIGSTOP (all at once) once the job
+/// trains; the job's membership declares them gone when their liveness records go stale,
+/// and the launcher kills and replaces each (`resume`: the test sends SIGCONT to each as
+/// soon as the launcher's line says it decided, which must not save it). The launcher
+/// exits 0 long before --timeout, every rank writes its parameters, nothing is left.
+fn stopped_ranks_are_replaced(case: &str, stopped: &[usize], resume: bool) -> Outcome {
+    let out = std::env::temp_dir().join(format!("anyccl-faults-{case}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    let m = mark(case);
+    let t0 = Instant::now();
+    let mut job = Job::start(&mut in_place(&out, &m));
+    let r = (|| -> Outcome {
+        job.expect("[rank 1] step ", Duration::from_secs(60))?;
+        let victims: Vec<i32> = stopped.iter().filter_map(|&r| first_process_of(&m, r)).collect();
+        check(victims.len() == stopped.len(), || format!("ranks {stopped:?} not found: {victims:?}"))?;
+        let at_stop = Instant::now();
+        for &v in &victims {
+            signal_now(v, Signal::SIGSTOP);
+        }
+        let mut lines = Vec::new();
+        for (&r, &v) in stopped.iter().zip(&victims) {
+            let decided = format!("rank {r} (pid {v}, incarnation 1) was declared gone by the job's membership: ");
+            let seen = job.expect(&decided, Duration::from_secs(60))?;
+            if resume {
+                signal_now(v, Signal::SIGCONT);
+            }
+            let started = job.expect(
+                &format!("rank {r} (pid {v}, incarnation 1) was killed by signal 9"),
+                Duration::from_secs(30),
+            )?;
+            lines.push((r, seen - at_stop, started - at_stop));
+        }
+        let got = job.finish(Duration::from_secs(120))?;
+        let took = t0.elapsed();
+        let text = job.text();
+        check(got == Some(0), || format!("exit code {got:?}:\n{text}"))?;
+        check(took < Duration::from_secs(60), || format!("the job took {took:.2?} of --timeout 120:\n{text}"))?;
+        for &r in stopped {
+            let restart = text
+                .lines()
+                .find(|l| l.contains(&format!("anyccl-run: rank {r} (pid")) && l.contains("started its incarnation 2"))
+                .unwrap_or("");
+            check(
+                restart.contains("was killed by signal 9 (SIGKILL), after the job's membership declared it gone"),
+                || format!("rank {r} was not killed and replaced:\n{text}"),
+            )?;
+        }
+        check(!text.contains("incarnation 3") && !text.contains("is not a member of epoch"), || {
+            format!("a second restart, or a resumed process went on:\n{text}")
+        })?;
+        let finals = (0..4).filter(|r| out.join(format!("X/final/rank{r}.bin")).exists()).count();
+        check(finals == 4, || format!("{finals} of 4 ranks wrote their parameters:\n{text}"))?;
+        check(victims.iter().all(|&v| !runs(v)), || format!("a stopped process still runs: {victims:?}"))?;
+        for (r, decided, started) in lines {
+            println!(
+                "    SIGSTOP of rank {r} -> the launcher's kill after {decided:.2?}, its replacement running {:.1?} \
+                 after the kill",
+                started - decided
+            );
+        }
+        println!("    the job ended well after {took:.2?} (--timeout 120)");
+        Ok(())
+    })();
+    if r.is_err() {
+        signal_now(job.pid(), Signal::SIGTERM);
+        let _ = job.finish(Duration::from_secs(20));
+    }
+    let left = marked_gone_within(&m, Duration::from_secs(2));
+    let _ = std::fs::remove_dir_all(&out);
+    r?;
+    left.map(|_| ())
+}
+
+/// Rank 3 stopped while training in place is declared gone, killed and replaced.
+pub fn a_stopped_rank_declared_gone_is_killed_and_replaced() -> Outcome {
+    stopped_ranks_are_replaced("elastic-declared", &[3], false)
+}
+
+/// SIGCONT of the stopped rank just after the launcher decided: the kill still wins.
+pub fn a_stopped_rank_resumed_after_the_decision_is_still_killed() -> Outcome {
+    stopped_ranks_are_replaced("elastic-declared-cont", &[3], true)
+}
+
+/// Ranks 2 and 3 (one replica) stopped at once: both are declared gone and replaced.
+pub fn two_ranks_stopped_at_once_are_both_replaced() -> Outcome {
+    stopped_ranks_are_replaced("elastic-declared-two", &[2, 3], false)
+}
+
+/// A gone record that another process wrote (rank 0, this program) of rank 1's running first
+/// process: the launcher kills it and starts incarnation 2, which runs on past several
+/// looks at the records (the record of incarnation 1 stays: it is not acted on again).
+pub fn a_gone_record_written_by_another_process_is_acted_on_once() -> Outcome {
+    declared_by_role("declare", &["was declared gone by the job's membership: written by rank 0; killing it"])
+}
+
+/// A rank that records itself gone and exits at once (the record of a rank that already
+/// exited on its own): one restart, not two. Whether the launcher reads the record before it
+/// reaps the exit (then it kills a process that is already gone) is up to the moment.
+pub fn a_gone_record_of_a_rank_that_exited_is_not_a_second_restart() -> Outcome {
+    declared_by_role("exits", &["exited with code 3", "declared gone by the job's membership"])
+}
+
+/// The job of role `role` (see [`rank_role`]): it ends well, with one restart, rank 1's
+/// incarnation 2 running on, and a line of the launcher about rank 1 saying one of `what`.
+fn declared_by_role(role: &str, what: &[&str]) -> Outcome {
+    let me = std::env::current_exe()?;
+    let me = me.to_str().ok_or("this program's path is not UTF-8")?;
+    let m = mark(role);
+    let mut job = Job::start(elastic(2, &["--max-restarts", "2"], &[me]).env(ROLE_ENV, role).env("FAULTS_MARK", &m));
+    let got = job.finish(Duration::from_secs(30));
+    let left = marked_gone_within(&m, Duration::ZERO);
+    let got = got?;
+    let text = job.text();
+    check(got == Some(0), || format!("exit code {got:?}:\n{text}"))?;
+    let about = |l: &&str| l.starts_with("anyccl-run: rank 1 (pid ") && what.iter().any(|w| l.contains(w));
+    check(text.lines().any(|l| about(&l)), || format!("no line saying one of {what:?}:\n{text}"))?;
+    check(text.matches("started its incarnation").count() == 1 && text.contains("1 restart left"), || {
+        format!("not exactly one restart:\n{text}")
+    })?;
+    check(text.contains("[rank 1.2] done after several looks"), || format!("incarnation 2 did not run on:\n{text}"))?;
+    left?;
+    let line = text.lines().find(|l| l.contains("started its incarnation 2")).unwrap_or("");
+    println!("    {line}");
+    Ok(())
+}
+
 /// A process's command line, its arguments joined by spaces.
 fn cmdline(pid: i32) -> String {
     let raw = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
@@ -252,12 +406,13 @@ pub fn the_report_is_in_the_store_before_the_replacement_starts() -> Outcome {
 /// This program as a rank of an elastic launcher: rank 0 waits for the record that rank 1's
 /// first process is gone and prints it with the time it came; rank 1's first process waits
 /// to be killed; its replacement prints when it started.
+///
+/// Role `declare`: rank 0 records rank 1's first process gone and exits; rank 1's first
+/// process waits to be killed. Role `exits`: rank 1's first process records itself gone and
+/// exits with code 3. In both, rank 1's replacement runs 1.5 s (several of the launcher's
+/// looks at the records) and exits 0.
 pub fn rank_role(role: &str) -> std::process::ExitCode {
     let ok = std::process::ExitCode::SUCCESS;
-    if role != "report" {
-        eprintln!("unknown role {role:?}");
-        return std::process::ExitCode::from(2);
-    }
     let env = match anyccl::LaunchEnv::from_env() {
         Ok(e) => e,
         Err(e) => {
@@ -265,6 +420,14 @@ pub fn rank_role(role: &str) -> std::process::ExitCode {
             return std::process::ExitCode::from(2);
         }
     };
+    match role {
+        "report" => {}
+        "declare" | "exits" => return declaring_role(role, &env),
+        _ => {
+            eprintln!("unknown role {role:?}");
+            return std::process::ExitCode::from(2);
+        }
+    }
     match (env.rank, env.incarnation) {
         (1, 1) => {
             println!("ready pid {}", std::process::id());
@@ -297,6 +460,48 @@ pub fn rank_role(role: &str) -> std::process::ExitCode {
                     std::process::ExitCode::from(1)
                 }
             }
+        }
+    }
+}
+
+/// Roles `declare` and `exits` of [`rank_role`].
+fn declaring_role(role: &str, env: &anyccl::LaunchEnv) -> std::process::ExitCode {
+    let record = |text: &str| {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
+        rt.block_on(async {
+            let opts = anyccl::TcpStoreOptions::from_env()?;
+            let store = anyccl::TcpStore::connect(format!("{}:{}", env.master_addr, env.master_port), opts).await?;
+            let cfg = anyccl::membership::MembershipConfig::default();
+            anyccl::membership::Membership::report_gone(&store, &cfg, 1, Some(1), text).await
+        })
+    };
+    let written = match (role, env.rank, env.incarnation) {
+        ("declare", 0, _) => record("rank 1 (incarnation 1) is gone: written by rank 0"),
+        ("declare", 1, 1) => {
+            std::thread::sleep(Duration::from_secs(300));
+            Ok(())
+        }
+        ("exits", 1, 1) => {
+            return match record("rank 1 (incarnation 1) is gone: written by itself as it exits") {
+                Ok(()) => std::process::ExitCode::from(3),
+                Err(e) => {
+                    eprintln!("no record: {e}");
+                    std::process::ExitCode::from(1)
+                }
+            };
+        }
+        (_, 1, _) => {
+            std::thread::sleep(Duration::from_millis(1500));
+            println!("done after several looks");
+            Ok(())
+        }
+        _ => Ok(()),
+    };
+    match written {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("no record: {e}");
+            std::process::ExitCode::from(1)
         }
     }
 }

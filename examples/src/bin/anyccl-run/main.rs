@@ -9,8 +9,10 @@
 //! its next incarnation (`ANYCCL_INCARNATION`), the others running on (see `elastic`).
 //! Between the two, what is left of the failed process (its group, and whatever it started
 //! elsewhere that carries its job, rank and incarnation) is killed, so nothing of the old
-//! incarnation runs beside the new one. The job succeeds when every rank's newest process
-//! exits 0.
+//! incarnation runs beside the new one. A process that the membership declares gone on its
+//! own evidence (its liveness record went stale: stopped with SIGSTOP, say, which no exit
+//! reports) is killed with its whole group and replaced the same way. The job succeeds when
+//! every rank's newest process exits 0.
 //!
 //! No process of the job outlives the launcher:
 //! - each rank runs in a process group of its own, and stopping a rank signals its whole
@@ -40,6 +42,7 @@ use elastic::{Elastic, Gone};
 use output::{Copying, Outputs};
 use ranks::{End, Ranks, Slot, Starter};
 
+use anyccl::membership::Member;
 use anyccl::{LaunchEnv, TcpStoreOptions, TcpStoreServer};
 use clap::Parser;
 use nix::errno::Errno;
@@ -327,7 +330,7 @@ fn launch(args: &Args) -> Result<(), (String, u8)> {
     let mut start_err = None;
     for rank in 0..args.n {
         match starter.start(rank, 1) {
-            Ok(pid) => ranks.slots.push(Slot { pid, incarnation: 1, done: false }),
+            Ok(pid) => ranks.slots.push(Slot { pid, incarnation: 1, done: false, declared: false }),
             Err(e) => {
                 start_err = Some(e);
                 break;
@@ -411,6 +414,9 @@ impl Supervisor<'_> {
             if self.ranks.all_done() {
                 return Ok(());
             }
+            if self.elastic.as_ref().is_some_and(|e| e.watch_due() <= Instant::now()) {
+                self.kill_declared();
+            }
             let wait = match limit {
                 Some(l) => match l.checked_sub(started.elapsed()) {
                     Some(left) => left,
@@ -427,6 +433,10 @@ impl Supervisor<'_> {
                 },
                 None => Duration::from_secs(3600),
             };
+            let wait = match &self.elastic {
+                Some(e) => wait.min(e.watch_due().saturating_duration_since(Instant::now())),
+                None => wait,
+            };
             match self.rx.recv_timeout(wait) {
                 Ok(Event::Exit(pid, end)) => {
                     // Else an orphan the launcher reaped as a subreaper.
@@ -435,7 +445,8 @@ impl Supervisor<'_> {
                     if end.success() {
                         continue;
                     }
-                    let gone = Gone { rank, pid, incarnation: self.ranks.slots[rank].incarnation, end };
+                    let slot = self.ranks.slots[rank];
+                    let gone = Gone { rank, pid, incarnation: slot.incarnation, end, declared: slot.declared };
                     if self.elastic.as_ref().is_some_and(|e| e.left > 0) {
                         if let Err(msg) = self.restart(gone) {
                             eprintln!("anyccl-run: {msg}; stopping ranks {:?}", self.ranks.running());
@@ -464,6 +475,35 @@ impl Supervisor<'_> {
         }
     }
 
+    /// Elastic mode: kill every running process that the job's membership declared gone on
+    /// its own evidence, its whole group with SIGKILL (a stopped process dies of it too, and
+    /// a SIGCONT now cannot save it); its exit then comes to `supervise` as any failure's.
+    fn kill_declared(&mut self) {
+        let Some(el) = self.elastic.as_mut() else { return };
+        let running: Vec<Member> = self
+            .ranks
+            .running()
+            .into_iter()
+            .filter(|&r| !self.ranks.slots[r].declared)
+            .map(|r| Member { rank: r, incarnation: self.ranks.slots[r].incarnation })
+            .collect();
+        for (m, record) in el.declared(&running) {
+            let slot = &mut self.ranks.slots[m.rank];
+            // The membership's records open with who is gone; the launcher's line says it.
+            let head = format!("rank {} (incarnation {}) is gone: ", m.rank, m.incarnation);
+            let why = record.strip_prefix(&head).unwrap_or(&record);
+            eprintln!(
+                "anyccl-run: rank {} (pid {}, incarnation {}) was declared gone by the job's membership: {why}; \
+                 killing it",
+                m.rank, slot.pid, m.incarnation
+            );
+            slot.declared = true;
+            let _ = kill(Pid::from_raw(-slot.pid), Signal::SIGKILL);
+            // The process itself too, should it have left its group.
+            let _ = kill(Pid::from_raw(slot.pid), Signal::SIGKILL);
+        }
+    }
+
     /// `rank` failed with no restart left: stop the job; why it failed.
     fn fail(&mut self, rank: usize, end: End) -> String {
         // Other ranks may be failing because of this one, or this one because of another
@@ -486,6 +526,16 @@ impl Supervisor<'_> {
         self.outputs.poll();
         let ranks = &self.ranks;
         let mut f = format!("{}{}", blame(&failed, &self.outputs.first_end, |r| ranks.name(r)), stopped_note(ranks));
+        let declared: Vec<usize> = failed.iter().map(|f| f.0).filter(|&r| ranks.slots[r].declared).collect();
+        match declared.as_slice() {
+            [] => {}
+            [r] => {
+                f.push_str(&format!("; the job's membership had declared rank {r} gone, and the launcher killed it"))
+            }
+            rs => f.push_str(&format!(
+                "; the job's membership had declared ranks {rs:?} gone, and the launcher killed them"
+            )),
+        }
         if let Some(el) = &self.elastic {
             f.push_str(&format!(
                 "; the job has {} ({} of --max-restarts {} used)",
@@ -499,16 +549,19 @@ impl Supervisor<'_> {
         f
     }
 
-    /// Elastic mode: stop what is left of `gone`'s process group, report it gone to the job's
-    /// membership, and start its rank's next incarnation.
+    /// Elastic mode: report `gone` gone to the job's membership (unless the membership
+    /// declared it gone itself), stop what is left of its process group, and start its
+    /// rank's next incarnation.
     ///
     /// # Errors
     /// The replacement cannot be started.
     fn restart(&mut self, gone: Gone) -> Result<(), String> {
         let t = Instant::now();
         let Some(el) = self.elastic.as_mut() else { return Err("not in elastic mode".into()) };
-        // The report first: it is the survivors' evidence, the sooner the better.
-        let reported = el.report(&gone);
+        // The report first: it is the survivors' evidence, the sooner the better. Not where
+        // the membership declared the process gone: its record is there, and a report now
+        // would propose a failed epoch after the one the survivors may have agreed already.
+        let reported = if gone.declared { Ok(None) } else { el.report(&gone).map(Some) };
         // Nothing of the old incarnation runs beside the new one (holding its rank's device,
         // say): the rest of its group (a wrapper's children) and whatever it started that
         // left the group but carries its identity go first, at once (the rank has ended).
@@ -534,10 +587,11 @@ impl Supervisor<'_> {
         self.outputs.replaced(gone.rank, inc);
         let pid = self.starter.start(gone.rank, inc)?;
         let took = t.elapsed();
-        self.ranks.slots[gone.rank] = Slot { pid, incarnation: inc, done: false };
+        self.ranks.slots[gone.rank] = Slot { pid, incarnation: inc, done: false, declared: false };
         el.left -= 1;
         let report = match reported {
-            Ok(d) => format!("reported it gone to the job's membership in {d:.1?}"),
+            Ok(Some(d)) => format!("reported it gone to the job's membership in {d:.1?}"),
+            Ok(None) => "the job's membership has its own record of it".to_string(),
             Err(e) => format!(
                 "could not report it gone to the job's membership ({e}; the others see it gone once its liveness \
                  record goes stale)"

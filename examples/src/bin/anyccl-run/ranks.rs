@@ -38,6 +38,9 @@ pub struct Slot {
     pub incarnation: u64,
     /// The process ended (and is not being replaced).
     pub done: bool,
+    /// Elastic mode: the job's membership declared the process gone, and the launcher
+    /// killed it (its exit is then handled as any failure).
+    pub declared: bool,
 }
 
 /// Every rank's newest process.
