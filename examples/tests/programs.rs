@@ -165,19 +165,14 @@ mod hccl {
 
         fn demo(extra: &[&str], tag: &str) -> (bool, String) {
             let dir = std::env::temp_dir().join(format!("anyccl-hccl-{tag}-{}", std::process::id()));
-            let out = Command::new(bin("anyccl-recover"))
-                .args(["demo", "--backend", "hccl", "--squeeze", "8", "--out", &dir.display().to_string()])
+            let mut cmd = Command::new(bin("anyccl-recover"));
+            cmd.args(["demo", "--backend", "hccl", "--squeeze", "8", "--out", &dir.display().to_string()])
                 .args(["--steps", "12", "--ckpt-every", "4", "--crash-at", "9"])
                 .args(extra)
-                .env("ANYCCL_HCCL_LIBRARY_DIR", anyccl_hccl_standin::library_dir())
                 // A small device (links are counted, not allocated; the squeeze allocates).
                 .env("ANYCCL_STANDIN_DEVICE_MEMORY", "512M")
-                .env("ANYCCL_BUFFER_MB", "20")
-                .output()
-                .expect("run the demo");
-            let _ = std::fs::remove_dir_all(&dir);
-            let text = format!("{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-            (out.status.success(), text)
+                .env("ANYCCL_BUFFER_MB", "20");
+            run_in(cmd, &dir)
         }
 
         #[test]
@@ -196,14 +191,18 @@ mod hccl {
         /// warmed, the same step reports its connect memory.
         fn in_place(extra: &[&str], tag: &str) -> (bool, String) {
             let dir = std::env::temp_dir().join(format!("anyccl-hccl-inplace-{tag}-{}", std::process::id()));
-            let out = Command::new(bin("anyccl-recover"))
-                .args(["demo", "--in-place", "--backend", "hccl", "--dp", "4", "--pp", "2"])
+            let mut cmd = Command::new(bin("anyccl-recover"));
+            cmd.args(["demo", "--in-place", "--backend", "hccl", "--dp", "4", "--pp", "2"])
                 .args(["--steps", "40", "--ckpt-every", "5", "--out", &dir.display().to_string()])
-                .args(extra)
-                .env("ANYCCL_HCCL_LIBRARY_DIR", anyccl_hccl_standin::library_dir())
-                .output()
-                .expect("run the demo");
-            let _ = std::fs::remove_dir_all(&dir);
+                .args(extra);
+            run_in(cmd, &dir)
+        }
+
+        /// `cmd` against the stand-in, then `dir` removed: whether it succeeded, and its output.
+        fn run_in(mut cmd: Command, dir: &std::path::Path) -> (bool, String) {
+            let out =
+                cmd.env("ANYCCL_HCCL_LIBRARY_DIR", anyccl_hccl_standin::library_dir()).output().expect("run the demo");
+            let _ = std::fs::remove_dir_all(dir);
             let text = format!("{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
             (out.status.success(), text)
         }

@@ -454,16 +454,7 @@ impl InPlace<'_> {
                     kill_self(&run_dir, me, step);
                 }
             };
-            let cx = StepCtx {
-                job: self.job,
-                dev: Dev { p: self.platform.as_ref(), timeout: self.cfg.op_timeout },
-                dpc: &g.dpc,
-                ppc: &g.ppc,
-                pp: self.pp,
-                stage: self.stage,
-                replica: self.replica,
-                flags: true,
-            };
+            let cx = step_ctx(self.job, self.platform.as_ref(), &self.cfg, g, (self.pp, self.stage, self.replica));
             let t = Instant::now();
             // The device memory the epoch's first step allocates: 0.0 MiB when its groups
             // were warmed (the lazy connects happened before it).
@@ -542,6 +533,19 @@ impl InPlace<'_> {
         }
         Ok(ExitCode::SUCCESS)
     }
+}
+
+/// A step of stage `stage` of `replica` (of `pp` stages) on the epoch's groups `g`, with the
+/// join flag (the run and its replay carry it alike).
+fn step_ctx<'a>(
+    job: &'a Job,
+    p: &'a dyn Platform,
+    cfg: &CommConfig,
+    g: &'a Groups,
+    (pp, stage, replica): (usize, usize, usize),
+) -> StepCtx<'a> {
+    let dev = Dev { p, timeout: cfg.op_timeout };
+    StepCtx { job, dev, dpc: &g.dpc, ppc: &g.ppc, pp, stage, replica, flags: true }
 }
 
 /// `f`, ended early with `Aborted` when the membership hears of a failure: a connect, a

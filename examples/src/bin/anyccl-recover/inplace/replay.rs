@@ -1,11 +1,10 @@
 //! The reference run: an in-place run's participation record replayed with no fault and no
 //! membership.
 
-use super::InPlace;
+use super::{step_ctx, InPlace};
 use crate::cli::usage;
-use crate::dev::Dev;
 use crate::participation::Segment;
-use crate::step::{train_step, StepCtx};
+use crate::step::train_step;
 use anyccl::Result;
 
 impl InPlace<'_> {
@@ -29,16 +28,7 @@ impl InPlace<'_> {
                 ));
             }
             self.segments.push(seg.clone());
-            let cx = StepCtx {
-                job: self.job,
-                dev: Dev { p: self.platform.as_ref(), timeout: self.cfg.op_timeout },
-                dpc: &g.dpc,
-                ppc: &g.ppc,
-                pp: self.pp,
-                stage: self.stage,
-                replica: self.replica,
-                flags: true,
-            };
+            let cx = step_ctx(self.job, self.platform.as_ref(), &self.cfg, &g, (self.pp, self.stage, self.replica));
             for step in seg.from_step..end {
                 train_step(&cx, &mut self.model, step, false, &|| {})?;
                 self.applied = step + 1;
