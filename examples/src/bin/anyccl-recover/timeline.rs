@@ -59,7 +59,7 @@ pub(crate) fn read(run_dir: &Path) -> Vec<Event> {
     let mut out = Vec::new();
     let Ok(entries) = std::fs::read_dir(run_dir.join("timeline")) else { return out };
     for e in entries.flatten() {
-        let Ok(text) = std::fs::read_to_string(e.path()) else { continue };
+        let Some(text) = small_file(&e.path()) else { continue };
         out.extend(text.lines().filter_map(|l| serde_json::from_str::<Event>(l).ok()));
     }
     out.sort_by_key(|e| (e.at_ms, e.rank));
@@ -68,7 +68,15 @@ pub(crate) fn read(run_dir: &Path) -> Vec<Event> {
 
 /// The fault the run's victim recorded before it killed itself: (rank, step, when).
 pub(crate) fn fault(run_dir: &Path) -> Option<(usize, u64, u64)> {
-    let text = std::fs::read_to_string(run_dir.join("fault.json")).ok()?;
+    let text = small_file(&run_dir.join("fault.json"))?;
     let v: serde_json::Value = serde_json::from_str(text.trim()).ok()?;
     Some((v["rank"].as_u64()? as usize, v["step"].as_u64()?, v["at_ms"].as_u64()?))
+}
+
+/// A timeline file's text: a regular file of at most 1 MiB (a FIFO or `/dev/zero` put in
+/// the run's folder is skipped, never waited on or read without end).
+fn small_file(path: &Path) -> Option<String> {
+    let ctx = anyccl::raw::Ctx::process("anyccl-recover");
+    let bytes = anyccl::raw::read_regular_file(&ctx, "read a timeline", path, 1 << 20).ok()?;
+    Some(String::from_utf8_lossy(&bytes).into_owned())
 }

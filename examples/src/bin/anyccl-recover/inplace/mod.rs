@@ -278,16 +278,21 @@ impl InPlace<'_> {
             if let Some(p) = m.proposed() {
                 return Ok(Some(p));
             }
-            if self.store.get(&self.key("done")).await?.is_some() {
-                println!("rank {}: the job finished while its replica waited for a replacement", self.me());
-                return Ok(None);
-            }
             if started.elapsed() >= self.cfg.op_timeout {
                 let ctx = Ctx::new("anyccl-recover", self.me(), "");
                 let why = "no replacement joined this rank's replica and the job did not finish";
                 return Err(ctx.timeout("wait for a replacement", started.elapsed(), why));
             }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            // One store request a look: the store wakes this wait when the job ends; a
+            // proposal is heard on the membership's beat, looked at between waits.
+            match self.store.wait(&self.key("done"), Instant::now() + Duration::from_millis(100)).await {
+                Ok(_) => {
+                    println!("rank {}: the job finished while its replica waited for a replacement", self.me());
+                    return Ok(None);
+                }
+                Err(Error::Timeout { .. }) => {}
+                Err(e) => return Err(e),
+            }
         }
     }
 
