@@ -74,6 +74,28 @@ pub trait Adapter: Send + Sync + fmt::Debug + 'static {
     fn runtime(&self, ordinal: i32) -> Result<Arc<<Self::Lib as Library>::Runtime>>;
 }
 
+/// The names an adapter crate exports, written once: the adapter's unit struct (with the docs
+/// given), the backend's type and value, and its communicator's type.
+///
+/// `device_backend!(/// docs  NcclAdapter => Nccl, NcclComm over NcclLibrary);` declares
+/// `pub struct NcclAdapter`, `pub type Nccl = DeviceBackend<NcclAdapter>`, the value
+/// `pub const Nccl` (for `Arc::new(Nccl)`) and `pub type NcclComm = DeviceComm<NcclLibrary>`.
+#[macro_export]
+macro_rules! device_backend {
+    ($(#[$doc:meta])* $adapter:ident => $backend:ident, $comm:ident over $lib:ty) => {
+        $(#[$doc])*
+        #[derive(Debug, Default, Clone, Copy)]
+        pub struct $adapter;
+        #[doc = concat!("The ", stringify!($backend), " backend: the device layer's backend over [`", stringify!($adapter), "`].")]
+        pub type $backend = $crate::DeviceBackend<$adapter>;
+        #[doc = concat!("The ", stringify!($backend), " backend, as a value (`Arc::new(", stringify!($backend), ")`, `", stringify!($backend), ".probe()`).")]
+        #[allow(non_upper_case_globals)] // Named as the type, as a unit struct's value is.
+        pub const $backend: $backend = $crate::DeviceBackend($adapter);
+        #[doc = concat!("The ", stringify!($backend), " backend's communicator: the device layer's over [`", stringify!($lib), "`].")]
+        pub type $comm = $crate::DeviceComm<$lib>;
+    };
+}
+
 /// The backend of a device library: `anyccl-core`'s `Backend` over an [`Adapter`].
 #[derive(Debug, Default, Clone, Copy)]
 pub struct DeviceBackend<A>(pub A);

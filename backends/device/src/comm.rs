@@ -6,7 +6,7 @@
 //! not shut down and never panics.
 
 use crate::error::LibError;
-use crate::library::{Launched, Library, Op, Plane, Poll, Settings};
+use crate::library::{Init, Launched, Library, Op, Plane, Poll, Settings};
 use crate::runtime::Runtime;
 use crate::watchdog::{self, Watched};
 use anyccl_core::Ctx;
@@ -195,7 +195,7 @@ async fn exchange_root_id<L: Library>(
 ) -> Result<Vec<u8>> {
     if first {
         rt.bind()?;
-        let id = lib.root_id(rt).map_err(|e| e.into_error(ctx, op, Duration::ZERO))?;
+        let id = lib.root_id().map_err(|e| e.into_error(ctx, op, Duration::ZERO))?;
         store.set(key, &id).await?;
         return Ok(id);
     }
@@ -210,11 +210,11 @@ async fn exchange_root_id<L: Library>(
         }
         Err(e) => return Err(e),
     };
-    if id.len() != lib.root_id_len() {
+    if id.len() != L::ROOT_ID_LEN {
         return Err(Error::store_fatal(format!(
             "root id under '{key}' has {} bytes, not {}",
             id.len(),
-            lib.root_id_len()
+            L::ROOT_ID_LEN
         )));
     }
     Ok(id)
@@ -244,7 +244,9 @@ pub async fn fresh_comm<L: Library>(
     let started = Instant::now();
     let id = exchange_root_id(lib, rt, store, key, rank == 0, deadline, (ctx, op)).await?;
     rt.bind()?;
-    let p = lib.init_start(rt, &id, rank, size, settings).map_err(|e| e.into_error(ctx, op, started.elapsed()))?;
+    let p = lib
+        .init_start(rt, Init { id: &id, rank, size, settings })
+        .map_err(|e| e.into_error(ctx, op, started.elapsed()))?;
     let comm = drive(lib, p, (started, deadline), ctx, op, |p| {
         rt.bind().ok();
         lib.poll(p).map_err(Some)

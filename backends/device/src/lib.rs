@@ -47,6 +47,6 @@ pub use buffer::{DeviceBuffer, Free};
 pub use comm::{fresh_comm, DeviceComm, Lifecycle};
 pub use error::{ErrorKind, LibError};
 pub use library::{
-    root_id_array, root_id_bytes, Ctas, Launched, Library, Op, Plane, Poll, RawP2P, Settings, SplitRequest, SplitStart,
+    root_id_bytes, Ctas, Init, Launched, Library, Op, Parts, Plane, Poll, RawP2P, Settings, SplitRequest, SplitStart,
 };
 pub use runtime::{DevicePlatform, Runtime};

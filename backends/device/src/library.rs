@@ -123,10 +123,8 @@ pub enum Op {
     AllToAllV {
         send: *const c_void,
         recv: *mut c_void,
-        send_counts: Vec<usize>,
-        send_displs: Vec<usize>,
-        recv_counts: Vec<usize>,
-        recv_displs: Vec<usize>,
+        sends: Parts,
+        recvs: Parts,
         dtype: DType,
     },
     Send {
@@ -166,19 +164,61 @@ impl Op {
     }
 }
 
+/// One side of an all_to_all_v: elements per peer and where each peer's part starts, in
+/// elements from the buffer's start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Parts {
+    /// Elements per peer.
+    pub counts: Vec<usize>,
+    /// Element offset of each peer's part.
+    pub displs: Vec<usize>,
+}
+
+impl Parts {
+    /// Parts of `counts` elements laid end to end.
+    pub fn packed(counts: &[usize]) -> Self {
+        let displs = counts
+            .iter()
+            .scan(0usize, |at, &c| {
+                let d = *at;
+                *at += c;
+                Some(d)
+            })
+            .collect();
+        Parts { counts: counts.to_vec(), displs }
+    }
+}
+
+/// What every member of a new communicator passes to [`Library::init_start`]: the root id the
+/// group's first rank made, this rank's place and the group's settings.
+#[derive(Debug, Clone, Copy)]
+pub struct Init<'a> {
+    /// The root id's bytes, as the store carried them ([`Library::ROOT_ID_LEN`] of them).
+    pub id: &'a [u8],
+    /// This rank in the new communicator.
+    pub rank: usize,
+    /// Members of the new communicator.
+    pub size: usize,
+    /// The group's settings.
+    pub settings: &'a Settings,
+}
+
+impl Init<'_> {
+    /// The root id as a library's C array of `N` (`ncclUniqueId`'s and `HcclRootInfo`'s
+    /// `internal`), zero past the bytes given.
+    pub fn id_array<const N: usize>(&self) -> [std::ffi::c_char; N] {
+        let mut a = [0; N];
+        for (d, s) in a.iter_mut().zip(self.id) {
+            *d = *s as std::ffi::c_char;
+        }
+        a
+    }
+}
+
 /// A root id as the bytes the store carries, from a library's C array (`ncclUniqueId`'s
 /// and `HcclRootInfo`'s `internal`).
 pub fn root_id_bytes(internal: &[std::ffi::c_char]) -> Vec<u8> {
     internal.iter().map(|&c| c as u8).collect()
-}
-
-/// The bytes the store carried as a library's C array of `N` (zero past the bytes given).
-pub fn root_id_array<const N: usize>(id: &[u8]) -> [std::ffi::c_char; N] {
-    let mut a = [0; N];
-    for (d, s) in a.iter_mut().zip(id) {
-        *d = *s as std::ffi::c_char;
-    }
-    a
 }
 
 /// How a launch ended.
@@ -281,24 +321,18 @@ pub trait Library: Send + Sync + fmt::Debug + 'static {
     /// What its communicators support on `rt`'s device.
     fn capabilities(&self, rt: &Self::Runtime) -> Capabilities;
     /// Bytes of a root id.
-    fn root_id_len(&self) -> usize;
-    /// A new root id; called by the group's first rank, which publishes it.
+    const ROOT_ID_LEN: usize;
+    /// A new root id; called by the group's first rank, which publishes it. The device is
+    /// current.
     ///
     /// # Errors
     /// The library's.
-    fn root_id(&self, rt: &Arc<Self::Runtime>) -> Result<Vec<u8>, LibError>;
-    /// Begin creating rank `rank` of `size` from `id`. The device is current.
+    fn root_id(&self) -> Result<Vec<u8>, LibError>;
+    /// Begin creating the communicator `init` describes. The device is current.
     ///
     /// # Errors
     /// The library's.
-    fn init_start(
-        &self,
-        rt: &Arc<Self::Runtime>,
-        id: &[u8],
-        rank: usize,
-        size: usize,
-        settings: &Settings,
-    ) -> Result<Self::Pending, LibError>;
+    fn init_start(&self, rt: &Arc<Self::Runtime>, init: Init<'_>) -> Result<Self::Pending, LibError>;
     /// One look at an init or split in progress: `Ready(None)` when a split put this rank
     /// in no group.
     ///
@@ -411,20 +445,39 @@ pub trait Library: Send + Sync + fmt::Debug + 'static {
 
 /// Declares one `unsafe fn` per data-plane call of a library's function table, for an
 /// adapter's result layer: `name => Field(args);` becomes `pub unsafe fn name(lib, args..,
-/// comm, stream)`, which calls `lib.Field(args.., comm, stream)` and hands the code to
-/// `then(lib, "<prefix>Field", code, comm)`, the adapter's own code check.
+/// comm, stream)`, documented as the C function `<prefix>Field`, which calls
+/// `lib.Field(args.., comm, stream)` and hands the code to `then(lib, "<prefix>Field", code,
+/// comm)`, the adapter's own code check.
+///
+/// `common: (send, count, rank);` declares the calls whose C signatures NCCL and the
+/// libraries that follow its API share, over the library's send-pointer, count and rank
+/// types: `all_reduce`, `reduce`, `all_gather`, `reduce_scatter`, `send`, `recv`.
 ///
 /// ```ignore
 /// anyccl_device::launch_fns! {
 ///     table: NcclLib, comm: ncclComm_t, stream: Stream, prefix: "nccl", then: launched => Result<bool, NcclError>;
-///     /// `ncclAllReduce`.
-///     all_reduce => AllReduce(s: *const c_void, r: *mut c_void, n: usize, d: c_int, o: c_int);
+///     common: (*const c_void, usize, c_int);
+///     broadcast => Broadcast(s: *const c_void, r: *mut c_void, n: usize, d: c_int, root: c_int);
 /// }
 /// ```
 #[macro_export]
 macro_rules! launch_fns {
     (table: $lib:ty, comm: $comm:ty, stream: $stream:ty, prefix: $prefix:literal, then: $then:path => $ret:ty;
+     common: ($sp:ty, $n:ty, $r:ty); $($rest:tt)*) => {
+        $crate::launch_fns! {
+            table: $lib, comm: $comm, stream: $stream, prefix: $prefix, then: $then => $ret;
+            all_reduce => AllReduce(s: $sp, r: *mut ::std::ffi::c_void, n: $n, d: ::std::ffi::c_int, o: ::std::ffi::c_int);
+            reduce => Reduce(s: $sp, r: *mut ::std::ffi::c_void, n: $n, d: ::std::ffi::c_int, o: ::std::ffi::c_int, root: $r);
+            all_gather => AllGather(s: $sp, r: *mut ::std::ffi::c_void, n: $n, d: ::std::ffi::c_int);
+            reduce_scatter => ReduceScatter(s: $sp, r: *mut ::std::ffi::c_void, n: $n, d: ::std::ffi::c_int, o: ::std::ffi::c_int);
+            send => Send(s: $sp, n: $n, d: ::std::ffi::c_int, peer: $r);
+            recv => Recv(r: *mut ::std::ffi::c_void, n: $n, d: ::std::ffi::c_int, peer: $r);
+            $($rest)*
+        }
+    };
+    (table: $lib:ty, comm: $comm:ty, stream: $stream:ty, prefix: $prefix:literal, then: $then:path => $ret:ty;
      $($(#[$doc:meta])* $fname:ident => $field:ident ($($arg:ident : $ty:ty),*);)*) => {$(
+        #[doc = concat!("`", $prefix, stringify!($field), "`.")]
         $(#[$doc])*
         ///
         /// # Safety

@@ -75,6 +75,38 @@ pub unsafe fn opt<T: Copy>(l: &Loaded, name: &str) -> Option<T> {
     unsafe { l.lib.get::<T>(name.as_bytes()) }.ok().map(|s| *s)
 }
 
+/// A library's function table filled from `lib` (a [`Loaded`]), each field `Field` from the
+/// symbol `<prefix>Field`, so a symbol's name is written once: `required` fields fail the
+/// load when missing ([`sym`]), `optional` ones are `None` ([`opt`]), `gated` ones are `None`
+/// unless their condition holds (a library version known to lack or to break them); the
+/// `rest` are given as they are. Used inside an `unsafe` block whose
+/// `SAFETY` line says the table's field types are the library's C signatures.
+///
+/// ```ignore
+/// symbols!(NcclLib from lib, "nccl" {
+///     required: [GetUniqueId, CommAbort],
+///     optional: [CommSplit],
+///     gated: [(version >= 22907) => [CommMemStats]],
+///     rest: { _lib: lib, path, version },
+/// })
+/// ```
+#[macro_export]
+macro_rules! symbols {
+    ($table:ident from $lib:ident, $prefix:literal {
+        required: [$($req:ident),* $(,)?],
+        optional: [$($opt:ident),* $(,)?],
+        $(gated: [$(($cond:expr) => [$($c:ident),* $(,)?]),* $(,)?],)?
+        rest: { $($field:ident $(: $value:expr)?),* $(,)? } $(,)?
+    }) => {
+        $table {
+            $($req: $crate::loader::sym(&$lib, concat!($prefix, stringify!($req)))?,)*
+            $($opt: $crate::loader::opt(&$lib, concat!($prefix, stringify!($opt))),)*
+            $($($($c: if $cond { $crate::loader::opt(&$lib, concat!($prefix, stringify!($c))) } else { None },)*)*)?
+            $($field $(: $value)?,)*
+        }
+    };
+}
+
 /// The directory named by environment variable `var`, when set and not empty, joined
 /// with `sub`.
 pub fn env_dir(var: &str, sub: &str) -> Option<PathBuf> {

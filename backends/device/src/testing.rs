@@ -3,9 +3,9 @@
 //! as soon as it is recorded, every launch is enqueued at once, no data moves, one rank.
 //! What they answer and what they note is the [`Hooks`]' to say.
 
-use crate::library::{Launched, Library, Op, Plane, Poll, SplitRequest, SplitStart};
+use crate::library::{Init, Launched, Library, Op, Plane, Poll, SplitRequest, SplitStart};
 use crate::runtime::Runtime;
-use crate::{LibError, Settings};
+use crate::LibError;
 use anyccl_core::{
     Capabilities, CommConfig, Communicator, ConnectOptions, DType, Device, DeviceKind, GroupSpec, HostMemory, MemInfo,
     MemoryStore, ReduceOp, Result, Store,
@@ -204,20 +204,11 @@ impl Library for NullLibrary {
     fn capabilities(&self, _rt: &NullRuntime) -> Capabilities {
         self.capabilities.clone()
     }
-    fn root_id_len(&self) -> usize {
-        8
-    }
-    fn root_id(&self, _rt: &Arc<NullRuntime>) -> std::result::Result<Vec<u8>, LibError> {
+    const ROOT_ID_LEN: usize = 8;
+    fn root_id(&self) -> std::result::Result<Vec<u8>, LibError> {
         Ok(vec![0; 8])
     }
-    fn init_start(
-        &self,
-        _rt: &Arc<NullRuntime>,
-        _id: &[u8],
-        _rank: usize,
-        _size: usize,
-        _settings: &Settings,
-    ) -> std::result::Result<(), LibError> {
+    fn init_start(&self, _rt: &Arc<NullRuntime>, _init: Init<'_>) -> std::result::Result<(), LibError> {
         Ok(())
     }
     fn poll(&self, _pending: &mut ()) -> std::result::Result<Poll<Option<()>>, LibError> {

@@ -45,22 +45,13 @@ pub use library::{hccl_capabilities, HcclHandle, HcclLibrary};
 pub use result::HcclError;
 
 use anyccl_core::Result;
-use anyccl_device::{Adapter, DeviceBackend, Loaded};
+use anyccl_device::{Adapter, Loaded};
 use std::sync::Arc;
 
-/// The HCCL backend's communicator: the device layer's over [`HcclLibrary`].
-pub type HcclComm = anyccl_device::DeviceComm<HcclLibrary>;
-
-/// The HCCL backend: the device layer's backend over [`HcclAdapter`].
-pub type Hccl = DeviceBackend<HcclAdapter>;
-
-/// The HCCL backend, as a value (`Arc::new(Hccl)`, `Hccl.probe()`).
-#[allow(non_upper_case_globals)] // Named as the type, as a unit struct's value is.
-pub const Hccl: Hccl = DeviceBackend(HcclAdapter);
-
-/// What HCCL adds to the device layer: loading libhccl and libascendcl, and Ascend NPUs.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct HcclAdapter;
+anyccl_device::device_backend!(
+    /// What HCCL adds to the device layer: loading libhccl and libascendcl, and Ascend NPUs.
+    HcclAdapter => Hccl, HcclComm over HcclLibrary
+);
 
 impl Adapter for HcclAdapter {
     type Lib = HcclLibrary;

@@ -14,7 +14,7 @@ use crate::acl::{Acl, AclStream};
 use crate::result::{self as r, HcclError};
 use crate::sys::{self, HcclComm, HcclCommConfig, HcclLib, HcclRootInfo, HcclSendRecvItem};
 use anyccl_core::{Capabilities, DType, DeviceKind, ReduceOp};
-use anyccl_device::{Launched, Library, Op, Plane, Poll, Runtime, Settings, SplitRequest, SplitStart};
+use anyccl_device::{Init, Launched, Library, Op, Plane, Poll, Runtime, Settings, SplitRequest, SplitStart};
 use std::ffi::{c_int, c_void};
 use std::sync::{mpsc, Arc};
 
@@ -136,6 +136,7 @@ impl Library for HcclLibrary {
     type Runtime = Acl;
     type Comm = HcclHandle;
     type Pending = HcclPending;
+    const ROOT_ID_LEN: usize = sys::ROOT_INFO_BYTES;
 
     fn backend(&self) -> &'static str {
         "hccl"
@@ -145,25 +146,13 @@ impl Library for HcclLibrary {
         hccl_capabilities(self.lib, self.devices)
     }
 
-    fn root_id_len(&self) -> usize {
-        sys::ROOT_INFO_BYTES
+    fn root_id(&self) -> Result<Vec<u8>, HcclError> {
+        r::get_root_info(self.lib)
     }
 
-    fn root_id(&self, _rt: &Arc<Acl>) -> Result<Vec<u8>, HcclError> {
-        let info = r::get_root_info(self.lib)?;
-        Ok(anyccl_device::root_id_bytes(&info.internal))
-    }
-
-    fn init_start(
-        &self,
-        rt: &Arc<Acl>,
-        id: &[u8],
-        rank: usize,
-        size: usize,
-        settings: &Settings,
-    ) -> Result<HcclPending, HcclError> {
-        let root = HcclRootInfo { internal: anyccl_device::root_id_array(id) };
-        let cfg = self.config(settings);
+    fn init_start(&self, rt: &Arc<Acl>, init: Init<'_>) -> Result<HcclPending, HcclError> {
+        let (root, rank, size) = (HcclRootInfo { internal: init.id_array() }, init.rank, init.size);
+        let cfg = self.config(init.settings);
         let (lib, rt) = (self.lib, rt.clone());
         let (tx, rx) = mpsc::channel();
         let spawned = std::thread::Builder::new().name("anyccl-hccl-init".into()).spawn(move || {
@@ -271,24 +260,16 @@ impl Library for HcclLibrary {
                 Op::AllToAll { send, recv, count, dtype: d } => {
                     r::all_to_all(l, send, count as u64, dtype(d), recv, c, st)
                 }
-                Op::AllToAllV {
-                    send,
-                    recv,
-                    ref send_counts,
-                    ref send_displs,
-                    ref recv_counts,
-                    ref recv_displs,
-                    dtype: d,
-                } => {
+                Op::AllToAllV { send, recv, ref sends, ref recvs, dtype: d } => {
                     let v = |x: &[usize]| x.iter().map(|&y| y as u64).collect::<Vec<u64>>();
                     r::all_to_all_v(
                         l,
                         send,
-                        &v(send_counts),
-                        &v(send_displs),
+                        &v(&sends.counts),
+                        &v(&sends.displs),
                         recv,
-                        &v(recv_counts),
-                        &v(recv_displs),
+                        &v(&recvs.counts),
+                        &v(&recvs.displs),
                         dtype(d),
                         c,
                         st,

@@ -124,10 +124,11 @@ pub fn acl_check(acl: &AclLib, call: &str, code: Code) -> Result<(), Error> {
 }
 
 /// `HcclGetRootInfo`.
-pub fn get_root_info(lib: &HcclLib) -> Result<HcclRootInfo, HcclError> {
+pub fn get_root_info(lib: &HcclLib) -> Result<Vec<u8>, HcclError> {
     let mut r = HcclRootInfo { internal: [0; sys::ROOT_INFO_BYTES] };
     // SAFETY: `r` is a valid out-parameter of the right size.
-    check(lib, "HcclGetRootInfo", unsafe { (lib.GetRootInfo)(&mut r) }).map(|_| r)
+    check(lib, "HcclGetRootInfo", unsafe { (lib.GetRootInfo)(&mut r) })?;
+    Ok(anyccl_device::root_id_bytes(&r.internal))
 }
 
 /// `HcclCommInitRootInfoConfig` (blocks until every rank joined or HCCL times out).
@@ -218,20 +219,9 @@ fn launched(lib: &HcclLib, call: &str, code: Code, _comm: HcclComm) -> Result<()
 // operation; the device is set.
 anyccl_device::launch_fns! {
     table: HcclLib, comm: HcclComm, stream: aclrtStream, prefix: "Hccl", then: launched => Result<(), HcclError>;
-    /// `HcclAllReduce`.
-    all_reduce => AllReduce(s: *mut c_void, r: *mut c_void, n: u64, d: c_int, o: c_int);
-    /// `HcclReduce`.
-    reduce => Reduce(s: *mut c_void, r: *mut c_void, n: u64, d: c_int, o: c_int, root: u32);
-    /// `HcclBroadcast`.
+    common: (*mut c_void, u64, u32);
+    /// One buffer, sent from `root` and received in place by every other rank.
     broadcast => Broadcast(b: *mut c_void, n: u64, d: c_int, root: u32);
-    /// `HcclAllGather`.
-    all_gather => AllGather(s: *mut c_void, r: *mut c_void, n: u64, d: c_int);
-    /// `HcclReduceScatter`.
-    reduce_scatter => ReduceScatter(s: *mut c_void, r: *mut c_void, n: u64, d: c_int, o: c_int);
-    /// `HcclSend`.
-    send => Send(b: *mut c_void, n: u64, d: c_int, peer: u32);
-    /// `HcclRecv`.
-    recv => Recv(b: *mut c_void, n: u64, d: c_int, peer: u32);
 }
 
 /// `HcclCommRegister` (flag 0, reserved): the handle, or `None` where the library lacks it.

@@ -260,33 +260,13 @@ fn load_hccl() -> Result<HcclLib, String> {
     // SAFETY: every signature below is HCCL's public C API (hccl.h, hccl_types.h), with
     // HcclResult, HcclDataType and HcclReduceOp as C ints.
     unsafe {
-        Ok(HcclLib {
-            GetRootInfo: sym(&lib, "HcclGetRootInfo")?,
-            CommInitRootInfoConfig: sym(&lib, "HcclCommInitRootInfoConfig")?,
-            CreateSubCommConfig: opt(&lib, "HcclCreateSubCommConfig"),
-            CommDestroy: sym(&lib, "HcclCommDestroy")?,
-            CommSuspend: opt(&lib, "HcclCommSuspend"),
-            GetRankSize: sym(&lib, "HcclGetRankSize")?,
-            GetRankId: sym(&lib, "HcclGetRankId")?,
-            GetCommAsyncError: sym(&lib, "HcclGetCommAsyncError")?,
-            GetErrorString: sym(&lib, "HcclGetErrorString")?,
-            GetCommConfigCapability: opt(&lib, "HcclGetCommConfigCapability"),
-            AllReduce: sym(&lib, "HcclAllReduce")?,
-            Reduce: sym(&lib, "HcclReduce")?,
-            Broadcast: sym(&lib, "HcclBroadcast")?,
-            AllGather: sym(&lib, "HcclAllGather")?,
-            ReduceScatter: sym(&lib, "HcclReduceScatter")?,
-            AlltoAll: opt(&lib, "HcclAlltoAll"),
-            AlltoAllV: opt(&lib, "HcclAlltoAllV"),
-            Send: sym(&lib, "HcclSend")?,
-            Recv: sym(&lib, "HcclRecv")?,
-            BatchSendRecv: opt(&lib, "HcclBatchSendRecv"),
-            CommRegister: opt(&lib, "HcclCommRegister"),
-            CommDeregister: opt(&lib, "HcclCommDeregister"),
-            Barrier: sym(&lib, "HcclBarrier")?,
-            _lib: lib,
-            path,
-        })
+        Ok(anyccl_device::symbols!(HcclLib from lib, "Hccl" {
+            required: [GetRootInfo, CommInitRootInfoConfig, CommDestroy, GetRankSize, GetRankId, GetCommAsyncError,
+                GetErrorString, AllReduce, Reduce, Broadcast, AllGather, ReduceScatter, Send, Recv, Barrier],
+            optional: [CreateSubCommConfig, CommSuspend, GetCommConfigCapability, AlltoAll, AlltoAllV, BatchSendRecv,
+                CommRegister, CommDeregister],
+            rest: { _lib: lib, path },
+        }))
     }
 }
 

@@ -38,22 +38,13 @@ pub use raw::{RawNccl, RawTiming};
 pub use result::NcclError;
 
 use anyccl_core::Result;
-use anyccl_device::{Adapter, DeviceBackend, Loaded};
+use anyccl_device::{Adapter, Loaded};
 use std::sync::Arc;
 
-/// The NCCL backend's communicator: the device layer's over [`NcclLibrary`].
-pub type NcclComm = anyccl_device::DeviceComm<NcclLibrary>;
-
-/// The NCCL backend: the device layer's backend over [`NcclAdapter`].
-pub type Nccl = DeviceBackend<NcclAdapter>;
-
-/// The NCCL backend, as a value (`Arc::new(Nccl)`, `Nccl.probe()`).
-#[allow(non_upper_case_globals)] // Named as the type, as a unit struct's value is.
-pub const Nccl: Nccl = DeviceBackend(NcclAdapter);
-
-/// What NCCL adds to the device layer: loading libcuda and libnccl, and CUDA devices.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct NcclAdapter;
+anyccl_device::device_backend!(
+    /// What NCCL adds to the device layer: loading libcuda and libnccl, and CUDA devices.
+    NcclAdapter => Nccl, NcclComm over NcclLibrary
+);
 
 impl NcclAdapter {
     /// NCCL loaded and the CUDA devices counted, or every place looked.

@@ -14,7 +14,7 @@ use crate::cuda::{Cuda, Stream};
 use crate::result::{self as r, NcclError};
 use crate::sys::{self, ncclComm_t, ncclUniqueId, NcclLib};
 use anyccl_core::{Capabilities, DType, ReduceOp};
-use anyccl_device::{Ctas, Launched, Library, Op, Plane, Poll, Settings, SplitRequest, SplitStart};
+use anyccl_device::{Ctas, Init, Launched, Library, Op, Parts, Plane, Poll, SplitRequest, SplitStart};
 use std::ffi::{c_int, c_void, CString};
 use std::sync::Arc;
 
@@ -223,6 +223,7 @@ impl Library for NcclLibrary {
     type Runtime = Cuda;
     type Comm = NcclHandles;
     type Pending = NcclPending;
+    const ROOT_ID_LEN: usize = 128;
 
     fn backend(&self) -> &'static str {
         "nccl"
@@ -232,24 +233,13 @@ impl Library for NcclLibrary {
         nccl_capabilities(self.lib, crate::cuda::probe().unwrap_or(1))
     }
 
-    fn root_id_len(&self) -> usize {
-        128
+    fn root_id(&self) -> Result<Vec<u8>, NcclError> {
+        r::get_unique_id(self.lib)
     }
 
-    fn root_id(&self, _rt: &Arc<Cuda>) -> Result<Vec<u8>, NcclError> {
-        let id = r::get_unique_id(self.lib)?;
-        Ok(anyccl_device::root_id_bytes(&id.internal))
-    }
-
-    fn init_start(
-        &self,
-        _rt: &Arc<Cuda>,
-        id: &[u8],
-        rank: usize,
-        size: usize,
-        settings: &Settings,
-    ) -> Result<NcclPending, NcclError> {
-        let uid = ncclUniqueId { internal: anyccl_device::root_id_array(id) };
+    fn init_start(&self, _rt: &Arc<Cuda>, init: Init<'_>) -> Result<NcclPending, NcclError> {
+        let (uid, rank, size, settings) =
+            (ncclUniqueId { internal: init.id_array() }, init.rank, init.size, init.settings);
         // NCCL keeps the address of the out-parameter in its asynchronous init job and may
         // write through it until the communicator is ready: it lives in the pending state.
         let slot = OutSlot::new();
@@ -402,21 +392,14 @@ impl Library for NcclLibrary {
                         Some(res) => res,
                         None => {
                             let n = self.rank_size(comm)?.1;
-                            let each = vec![count; n];
-                            let displs: Vec<usize> = (0..n).map(|j| j * count).collect();
-                            pairwise(l, c, st, send, recv, &each, &displs, &each, &displs, d)
+                            let even = Parts::packed(&vec![count; n]);
+                            pairwise(l, c, st, (send, &even), (recv, &even), d)
                         }
                     }
                 }
-                Op::AllToAllV {
-                    send,
-                    recv,
-                    ref send_counts,
-                    ref send_displs,
-                    ref recv_counts,
-                    ref recv_displs,
-                    dtype: d,
-                } => pairwise(l, c, st, send, recv, send_counts, send_displs, recv_counts, recv_displs, d),
+                Op::AllToAllV { send, recv, ref sends, ref recvs, dtype: d } => {
+                    pairwise(l, c, st, (send, sends), (recv, recvs), d)
+                }
                 Op::Send { buf, count, dtype: d, peer } => r::send(l, buf, count, dtype(d), peer as c_int, c, st),
                 Op::Recv { buf, count, dtype: d, peer } => r::recv(l, buf, count, dtype(d), peer as c_int, c, st),
                 Op::Group(ref ops) => r::group(l, || {
@@ -520,14 +503,11 @@ unsafe fn pairwise(
     l: &NcclLib,
     c: ncclComm_t,
     st: sys::Stream,
-    send: *const c_void,
-    recv: *mut c_void,
-    sc: &[usize],
-    sd: &[usize],
-    rc: &[usize],
-    rd: &[usize],
+    (send, sends): (*const c_void, &Parts),
+    (recv, recvs): (*mut c_void, &Parts),
     d: DType,
 ) -> Result<bool, NcclError> {
+    let (sc, sd, rc, rd) = (&sends.counts, &sends.displs, &recvs.counts, &recvs.displs);
     let es = d.size();
     r::group(l, || {
         let mut any = false;

@@ -80,11 +80,12 @@ fn progress(lib: &NcclLib, call: &str, code: c_int, comm: Option<ncclComm_t>) ->
 }
 
 /// `ncclGetUniqueId`.
-pub fn get_unique_id(lib: &NcclLib) -> Result<ncclUniqueId, NcclError> {
+pub fn get_unique_id(lib: &NcclLib) -> Result<Vec<u8>, NcclError> {
     let mut id = ncclUniqueId { internal: [0; 128] };
     // SAFETY: `id` is a valid out-parameter.
     let code = unsafe { (lib.GetUniqueId)(&mut id) };
-    progress(lib, "ncclGetUniqueId", code, None).map(|_| id)
+    progress(lib, "ncclGetUniqueId", code, None)?;
+    Ok(anyccl_device::root_id_bytes(&id.internal))
 }
 
 /// `ncclCommInitRankConfig`; `Ok(true)` while it goes on asynchronously.
@@ -281,20 +282,8 @@ fn launched(lib: &NcclLib, call: &str, code: c_int, comm: ncclComm_t) -> Result<
 // counts until the stream passes the operation; the device is current.
 anyccl_device::launch_fns! {
     table: NcclLib, comm: ncclComm_t, stream: Stream, prefix: "nccl", then: launched => Result<bool, NcclError>;
-    /// `ncclAllReduce`.
-    all_reduce => AllReduce(s: *const c_void, r: *mut c_void, n: usize, d: c_int, o: c_int);
-    /// `ncclReduce`.
-    reduce => Reduce(s: *const c_void, r: *mut c_void, n: usize, d: c_int, o: c_int, root: c_int);
-    /// `ncclBroadcast`.
+    common: (*const c_void, usize, c_int);
     broadcast => Broadcast(s: *const c_void, r: *mut c_void, n: usize, d: c_int, root: c_int);
-    /// `ncclAllGather`.
-    all_gather => AllGather(s: *const c_void, r: *mut c_void, n: usize, d: c_int);
-    /// `ncclReduceScatter`.
-    reduce_scatter => ReduceScatter(s: *const c_void, r: *mut c_void, n: usize, d: c_int, o: c_int);
-    /// `ncclSend`.
-    send => Send(s: *const c_void, n: usize, d: c_int, peer: c_int);
-    /// `ncclRecv`.
-    recv => Recv(r: *mut c_void, n: usize, d: c_int, peer: c_int);
 }
 
 /// `ncclAlltoAll`, where the library has it (`None` otherwise).

@@ -14,7 +14,7 @@
 
 #![allow(non_snake_case, non_camel_case_types)] // NCCL's C names.
 
-use anyccl_device::loader::{self, opt, sym, Loaded};
+use anyccl_device::loader::{self, sym, Loaded};
 use std::ffi::{c_char, c_int, c_void};
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -198,39 +198,20 @@ fn load() -> Result<NcclLib, String> {
                 "{path} is NCCL {version}; anyccl needs 2.18 or later (ncclCommSplit, non-blocking init)"
             ));
         }
-        let registration = version >= version_code(2, 19, 0);
-        let windows = version >= version_code(2, 27, 3);
-        Ok(NcclLib {
-            GetUniqueId: sym(&lib, "ncclGetUniqueId")?,
-            CommInitRankConfig: sym(&lib, "ncclCommInitRankConfig")?,
-            CommSplit: opt(&lib, "ncclCommSplit"),
-            CommAbort: sym(&lib, "ncclCommAbort")?,
-            CommGetAsyncError: sym(&lib, "ncclCommGetAsyncError")?,
-            CommCount: sym(&lib, "ncclCommCount")?,
-            CommUserRank: sym(&lib, "ncclCommUserRank")?,
-            GetErrorString: sym(&lib, "ncclGetErrorString")?,
-            GetLastError: opt(&lib, "ncclGetLastError"),
-            CommMemStats: if version >= version_code(2, 29, 7) { opt(&lib, "ncclCommMemStats") } else { None },
-            CommRegister: if registration { opt(&lib, "ncclCommRegister") } else { None },
-            CommDeregister: if registration { opt(&lib, "ncclCommDeregister") } else { None },
-            CommWindowRegister: if windows { opt(&lib, "ncclCommWindowRegister") } else { None },
-            CommWindowDeregister: if windows { opt(&lib, "ncclCommWindowDeregister") } else { None },
-            MemAlloc: if registration { opt(&lib, "ncclMemAlloc") } else { None },
-            MemFree: if registration { opt(&lib, "ncclMemFree") } else { None },
-            AllReduce: sym(&lib, "ncclAllReduce")?,
-            Reduce: sym(&lib, "ncclReduce")?,
-            Broadcast: sym(&lib, "ncclBroadcast")?,
-            AllGather: sym(&lib, "ncclAllGather")?,
-            ReduceScatter: sym(&lib, "ncclReduceScatter")?,
-            AlltoAll: if version >= version_code(2, 28, 0) { opt(&lib, "ncclAlltoAll") } else { None },
-            Send: sym(&lib, "ncclSend")?,
-            Recv: sym(&lib, "ncclRecv")?,
-            GroupStart: sym(&lib, "ncclGroupStart")?,
-            GroupEnd: sym(&lib, "ncclGroupEnd")?,
-            _lib: lib,
-            path,
-            version,
-        })
+        let at_least = |minor, patch| version >= version_code(2, minor, patch);
+        Ok(anyccl_device::symbols!(NcclLib from lib, "nccl" {
+            required: [GetUniqueId, CommInitRankConfig, CommAbort, CommGetAsyncError, CommCount, CommUserRank,
+                GetErrorString, AllReduce, Reduce, Broadcast, AllGather, ReduceScatter, Send, Recv, GroupStart,
+                GroupEnd],
+            optional: [CommSplit, GetLastError],
+            gated: [
+                (at_least(19, 0)) => [CommRegister, CommDeregister, MemAlloc, MemFree],
+                (at_least(27, 3)) => [CommWindowRegister, CommWindowDeregister],
+                (at_least(28, 0)) => [AlltoAll],
+                (at_least(29, 7)) => [CommMemStats],
+            ],
+            rest: { _lib: lib, path, version },
+        }))
     }
 }
 

@@ -2,7 +2,7 @@
 //! (in-place offsets worked out once here), and the lifecycle calls.
 
 use super::{backoff, fresh_comm, DeviceComm, Lifecycle};
-use crate::library::{Library, Op, Plane, RawP2P, Settings, SplitRequest, SplitStart};
+use crate::library::{Library, Op, Parts, Plane, RawP2P, Settings, SplitRequest, SplitStart};
 use crate::runtime::Runtime;
 use anyccl_core::{
     async_trait, AllToAllSplits, Buf, BufMut, Capabilities, Collective, CommInfo, DeviceMemory, GraphOp, P2POp,
@@ -242,26 +242,13 @@ impl<L: Library> Collective for DeviceComm<L> {
         let (s, r, dtype) = (Self::ptr(&send), Self::ptr_mut(&recv), send.dtype());
         let op = match splits {
             None => Op::AllToAll { send: s, recv: r, count: send.count() / n, dtype },
-            Some(sp) => {
-                let displs = |c: &[usize]| {
-                    c.iter()
-                        .scan(0usize, |acc, &x| {
-                            let d = *acc;
-                            *acc += x;
-                            Some(d)
-                        })
-                        .collect::<Vec<_>>()
-                };
-                Op::AllToAllV {
-                    send: s,
-                    recv: r,
-                    send_displs: displs(&sp.send_counts),
-                    recv_displs: displs(&sp.recv_counts),
-                    send_counts: sp.send_counts.clone(),
-                    recv_counts: sp.recv_counts.clone(),
-                    dtype,
-                }
-            }
+            Some(sp) => Op::AllToAllV {
+                send: s,
+                recv: r,
+                sends: Parts::packed(&sp.send_counts),
+                recvs: Parts::packed(&sp.recv_counts),
+                dtype,
+            },
         };
         // SAFETY: see above; offsets stay within the validated counts.
         unsafe { self.launch(op) }
