@@ -47,6 +47,7 @@ pub use buffer::{DeviceBuffer, Free};
 pub use comm::{fresh_comm, DeviceComm, Lifecycle};
 pub use error::{ErrorKind, LibError};
 pub use library::{
-    root_id_bytes, Ctas, Init, Launched, Library, Op, Parts, Plane, Poll, RawP2P, Settings, SplitRequest, SplitStart,
+    root_id_bytes, Ctas, Init, Launched, Library, Op, Parts, Plane, Poll, RawP2P, Region, Settings, SplitRequest,
+    SplitStart,
 };
 pub use runtime::{DevicePlatform, Runtime};

@@ -164,6 +164,15 @@ impl Op {
     }
 }
 
+/// Device memory a library registers: `bytes` bytes at `ptr`, of the communicator's device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Region {
+    /// Where it starts.
+    pub ptr: *mut c_void,
+    /// How long it is.
+    pub bytes: usize,
+}
+
 /// One side of an all_to_all_v: elements per peer and where each peer's part starts, in
 /// elements from the buffer's start.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -382,19 +391,18 @@ pub trait Library: Send + Sync + fmt::Debug + 'static {
     fn destroy(&self, comm: &Self::Comm);
     /// Device memory the communicator holds, where the library can say.
     fn memory_held(&self, comm: &Self::Comm) -> Option<u64>;
-    /// Register `bytes` bytes of device memory at `ptr` with the communicator (NCCL's
-    /// `ncclCommRegister`, HCCL's `HcclCommRegister`): the library's handle, or `None` where
-    /// the library has no registration (`Capabilities::buffer_registration` false). The
-    /// device is current.
+    /// Register device memory with the communicator (NCCL's `ncclCommRegister`, HCCL's
+    /// `HcclCommRegister`): the library's handle, or `None` where the library has no
+    /// registration (`Capabilities::buffer_registration` false). The device is current.
     ///
     /// # Safety
-    /// `ptr` addresses `bytes` bytes of the communicator's device that stay allocated until
+    /// `at` is memory of the communicator's device that stays allocated until
     /// [`Library::deregister`] or the communicator's destroy.
     ///
     /// # Errors
     /// The library's.
-    unsafe fn register(&self, comm: &Self::Comm, ptr: *mut c_void, bytes: usize) -> Result<Option<usize>, LibError> {
-        let _ = (comm, ptr, bytes);
+    unsafe fn register(&self, comm: &Self::Comm, at: Region) -> Result<Option<usize>, LibError> {
+        let _ = (comm, at);
         Ok(None)
     }
     /// Undo a [`Library::register`] that returned `handle`. The device is current.
@@ -405,15 +413,15 @@ pub trait Library: Send + Sync + fmt::Debug + 'static {
         let _ = (comm, handle);
         Ok(())
     }
-    /// Why the `bytes` bytes at `ptr` cannot be a window of this library (NCCL's need memory
-    /// from `ncclMemAlloc`), asked on every rank before the members agree to register, so a
+    /// Why `at` cannot be a window of this library (NCCL's need memory from
+    /// `ncclMemAlloc`), asked on every rank before the members agree to register, so a
     /// refusal is an error on all of them instead of a peer left waiting inside the
     /// library. The device is current.
-    fn window_refusal(&self, ptr: *mut c_void, bytes: usize) -> Option<String> {
-        let _ = (ptr, bytes);
+    fn window_refusal(&self, at: Region) -> Option<String> {
+        let _ = at;
         None
     }
-    /// Register `bytes` bytes at `ptr` as a window of the communicator (NCCL's
+    /// Register `at` as a window of the communicator (NCCL's
     /// `ncclCommWindowRegister`, HCCL's `HcclCommSymWinRegister`): collective, called by
     /// the device layer on every rank once all agreed on the size. `None` where the library
     /// has no windows (`Capabilities::windows` false). The device is current.
@@ -423,13 +431,8 @@ pub trait Library: Send + Sync + fmt::Debug + 'static {
     ///
     /// # Errors
     /// The library's.
-    unsafe fn register_window(
-        &self,
-        comm: &Self::Comm,
-        ptr: *mut c_void,
-        bytes: usize,
-    ) -> Result<Option<usize>, LibError> {
-        let _ = (comm, ptr, bytes);
+    unsafe fn register_window(&self, comm: &Self::Comm, at: Region) -> Result<Option<usize>, LibError> {
+        let _ = (comm, at);
         Ok(None)
     }
     /// Undo a [`Library::register_window`] that returned `handle` (collective where the

@@ -3,14 +3,13 @@
 //! as soon as it is recorded, every launch is enqueued at once, no data moves, one rank.
 //! What they answer and what they note is the [`Hooks`]' to say.
 
-use crate::library::{Init, Launched, Library, Op, Plane, Poll, SplitRequest, SplitStart};
+use crate::library::{Init, Launched, Library, Op, Plane, Poll, Region, SplitRequest, SplitStart};
 use crate::runtime::Runtime;
 use crate::LibError;
 use anyccl_core::{
     Capabilities, CommConfig, Communicator, ConnectOptions, DType, Device, DeviceKind, GroupSpec, HostMemory, MemInfo,
     MemoryStore, ReduceOp, Result, Store,
 };
-use std::ffi::c_void;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -241,12 +240,7 @@ impl Library for NullLibrary {
         self.hooks.call("memory_held");
         self.hooks.memory_held()
     }
-    unsafe fn register(
-        &self,
-        _comm: &(),
-        _ptr: *mut c_void,
-        _bytes: usize,
-    ) -> std::result::Result<Option<usize>, LibError> {
+    unsafe fn register(&self, _comm: &(), _at: Region) -> std::result::Result<Option<usize>, LibError> {
         self.hooks.call("register");
         if !self.capabilities.buffer_registration {
             return Ok(None);

@@ -14,8 +14,8 @@ use crate::acl::{Acl, AclStream};
 use crate::result::{self as r, HcclError};
 use crate::sys::{self, HcclComm, HcclCommConfig, HcclLib, HcclRootInfo, HcclSendRecvItem};
 use anyccl_core::{Capabilities, DType, DeviceKind, ReduceOp};
-use anyccl_device::{Init, Launched, Library, Op, Plane, Poll, Runtime, Settings, SplitRequest, SplitStart};
-use std::ffi::{c_int, c_void};
+use anyccl_device::{Init, Launched, Library, Op, Plane, Poll, Region, Runtime, Settings, SplitRequest, SplitStart};
+use std::ffi::c_int;
 use std::sync::{mpsc, Arc};
 
 /// `HcclDataType` of an anyccl dtype (HCCL has every one).
@@ -318,9 +318,9 @@ impl Library for HcclLibrary {
         None
     }
 
-    unsafe fn register(&self, comm: &HcclHandle, ptr: *mut c_void, bytes: usize) -> Result<Option<usize>, HcclError> {
+    unsafe fn register(&self, comm: &HcclHandle, at: Region) -> Result<Option<usize>, HcclError> {
         // SAFETY: a live handle under the device layer's lock; per the caller for the memory.
-        unsafe { r::comm_register(self.lib, comm.0, ptr, bytes) }
+        unsafe { r::comm_register(self.lib, comm.0, at) }
     }
 
     fn deregister(&self, comm: &HcclHandle, handle: usize) -> Result<(), HcclError> {

@@ -7,7 +7,7 @@ use crate::sys::{
     self, aclrtEvent, aclrtStream, AclLib, Code, HcclComm, HcclCommConfig, HcclLib, HcclRootInfo, HcclSendRecvItem,
 };
 use anyccl_core::{Error, Recovery};
-use anyccl_device::{ErrorKind, LibError};
+use anyccl_device::{ErrorKind, LibError, Region};
 use std::ffi::{c_int, c_void, CStr};
 
 /// An HCCL call's error.
@@ -227,18 +227,13 @@ anyccl_device::launch_fns! {
 /// `HcclCommRegister` (flag 0, reserved): the handle, or `None` where the library lacks it.
 ///
 /// # Safety
-/// `comm` live and not used concurrently; `ptr` addresses `bytes` bytes of the
-/// communicator's device that stay allocated until deregistered; the device is set.
-pub unsafe fn comm_register(
-    lib: &HcclLib,
-    comm: HcclComm,
-    ptr: *mut c_void,
-    bytes: usize,
-) -> Result<Option<usize>, HcclError> {
+/// `comm` live and not used concurrently; `at` is memory of the communicator's device that
+/// stays allocated until deregistered; the device is set.
+pub unsafe fn comm_register(lib: &HcclLib, comm: HcclComm, at: Region) -> Result<Option<usize>, HcclError> {
     let (Some(f), Some(_)) = (lib.CommRegister, lib.CommDeregister) else { return Ok(None) };
     let mut h: *mut c_void = std::ptr::null_mut();
     // SAFETY: per the caller; `h` is a valid out-parameter.
-    check(lib, "HcclCommRegister", unsafe { f(comm, ptr, bytes as u64, &mut h, 0) })?;
+    check(lib, "HcclCommRegister", unsafe { f(comm, at.ptr, at.bytes as u64, &mut h, 0) })?;
     Ok(Some(h as usize))
 }
 

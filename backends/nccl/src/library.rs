@@ -14,7 +14,7 @@ use crate::cuda::{Cuda, Stream};
 use crate::result::{self as r, NcclError};
 use crate::sys::{self, ncclComm_t, ncclUniqueId, NcclLib};
 use anyccl_core::{Capabilities, DType, ReduceOp};
-use anyccl_device::{Ctas, Init, Launched, Library, Op, Parts, Plane, Poll, SplitRequest, SplitStart};
+use anyccl_device::{Ctas, Init, Launched, Library, Op, Parts, Plane, Poll, Region, SplitRequest, SplitStart};
 use std::ffi::{c_int, c_void, CString};
 use std::sync::Arc;
 
@@ -459,11 +459,11 @@ impl Library for NcclLibrary {
         }
     }
 
-    unsafe fn register(&self, comm: &NcclHandles, ptr: *mut c_void, bytes: usize) -> Result<Option<usize>, NcclError> {
+    unsafe fn register(&self, comm: &NcclHandles, at: Region) -> Result<Option<usize>, NcclError> {
         // On the data communicator, which runs the operations (the control one shares its
         // resources but launches nothing).
         // SAFETY: live handles under the device layer's lock; per the caller for the memory.
-        unsafe { r::comm_register(self.lib, comm.data, ptr, bytes) }
+        unsafe { r::comm_register(self.lib, comm.data, at) }
     }
 
     fn deregister(&self, comm: &NcclHandles, handle: usize) -> Result<(), NcclError> {
@@ -472,19 +472,14 @@ impl Library for NcclLibrary {
         unsafe { r::comm_deregister(self.lib, comm.data, handle) }
     }
 
-    fn window_refusal(&self, ptr: *mut c_void, bytes: usize) -> Option<String> {
-        crate::cuda::window_refusal(ptr, bytes)
+    fn window_refusal(&self, at: Region) -> Option<String> {
+        crate::cuda::window_refusal(at.ptr, at.bytes)
     }
 
-    unsafe fn register_window(
-        &self,
-        comm: &NcclHandles,
-        ptr: *mut c_void,
-        bytes: usize,
-    ) -> Result<Option<usize>, NcclError> {
+    unsafe fn register_window(&self, comm: &NcclHandles, at: Region) -> Result<Option<usize>, NcclError> {
         // On the data communicator, which runs the operations (as `register`).
         // SAFETY: live handles under the device layer's lock; per the caller for the memory.
-        unsafe { r::comm_window_register(self.lib, comm.data, ptr, bytes) }
+        unsafe { r::comm_window_register(self.lib, comm.data, at) }
     }
 
     fn deregister_window(&self, comm: &NcclHandles, handle: usize) -> Result<(), NcclError> {

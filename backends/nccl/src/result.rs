@@ -5,7 +5,7 @@
 
 use crate::sys::{self, ncclComm_t, ncclConfig_t, ncclUniqueId, NcclLib, Stream};
 use anyccl_core::{Error, Recovery};
-use anyccl_device::{ErrorKind, LibError};
+use anyccl_device::{ErrorKind, LibError, Region};
 use std::ffi::{c_int, c_void, CStr};
 
 /// An NCCL call's error.
@@ -185,18 +185,13 @@ pub unsafe fn comm_mem_stats(lib: &NcclLib, comm: ncclComm_t) -> Option<u64> {
 /// `ncclCommRegister`: the handle, or `None` where the library lacks it.
 ///
 /// # Safety
-/// `comm` live and not used concurrently; `ptr` addresses `bytes` bytes of the
-/// communicator's device that stay allocated until deregistered; the device is current.
-pub unsafe fn comm_register(
-    lib: &NcclLib,
-    comm: ncclComm_t,
-    ptr: *mut c_void,
-    bytes: usize,
-) -> Result<Option<usize>, NcclError> {
+/// `comm` live and not used concurrently; `at` is memory of the communicator's device that
+/// stays allocated until deregistered; the device is current.
+pub unsafe fn comm_register(lib: &NcclLib, comm: ncclComm_t, at: Region) -> Result<Option<usize>, NcclError> {
     let (Some(f), Some(_)) = (lib.CommRegister, lib.CommDeregister) else { return Ok(None) };
     let mut h: *mut c_void = std::ptr::null_mut();
     // SAFETY: per the caller; `h` is a valid out-parameter.
-    let code = unsafe { f(comm, ptr, bytes, &mut h) };
+    let code = unsafe { f(comm, at.ptr, at.bytes, &mut h) };
     progress(lib, "ncclCommRegister", code, Some(comm))?;
     Ok(Some(h as usize))
 }
@@ -217,18 +212,13 @@ pub unsafe fn comm_deregister(lib: &NcclLib, comm: ncclComm_t, handle: usize) ->
 /// the library lacks windows. Collective: returns once every rank registered its window.
 ///
 /// # Safety
-/// `comm` live and not used concurrently; `ptr` addresses `bytes` bytes of the
-/// communicator's device that stay allocated until deregistered; the device is current.
-pub unsafe fn comm_window_register(
-    lib: &NcclLib,
-    comm: ncclComm_t,
-    ptr: *mut c_void,
-    bytes: usize,
-) -> Result<Option<usize>, NcclError> {
+/// `comm` live and not used concurrently; `at` is memory of the communicator's device that
+/// stays allocated until deregistered; the device is current.
+pub unsafe fn comm_window_register(lib: &NcclLib, comm: ncclComm_t, at: Region) -> Result<Option<usize>, NcclError> {
     let (Some(f), Some(_)) = (lib.CommWindowRegister, lib.CommWindowDeregister) else { return Ok(None) };
     let mut w: *mut c_void = std::ptr::null_mut();
     // SAFETY: per the caller; `w` is a valid out-parameter.
-    let code = unsafe { f(comm, ptr, bytes, &mut w, sys::WIN_COLL_SYMMETRIC) };
+    let code = unsafe { f(comm, at.ptr, at.bytes, &mut w, sys::WIN_COLL_SYMMETRIC) };
     progress(lib, "ncclCommWindowRegister", code, Some(comm))?;
     Ok(Some(w as usize))
 }

@@ -2,7 +2,7 @@
 //! (in-place offsets worked out once here), and the lifecycle calls.
 
 use super::{backoff, fresh_comm, DeviceComm, Lifecycle};
-use crate::library::{Library, Op, Parts, Plane, RawP2P, Settings, SplitRequest, SplitStart};
+use crate::library::{Library, Op, Parts, Plane, RawP2P, Region, Settings, SplitRequest, SplitStart};
 use crate::runtime::Runtime;
 use anyccl_core::{
     async_trait, AllToAllSplits, Buf, BufMut, Capabilities, Collective, CommInfo, DeviceMemory, GraphOp, P2POp,
@@ -108,7 +108,7 @@ impl<L: Library> Collective for DeviceComm<L> {
         let _g = self.lock_settled("register")?;
         // SAFETY: the Communicator checked that the view is this device's memory, and its
         // `Registered` owns that memory until it has called `deregister`.
-        let h = unsafe { self.lib.register(&self.comm, buf.ptr() as *mut c_void, buf.bytes()) };
+        let h = unsafe { self.lib.register(&self.comm, Region { ptr: buf.ptr() as *mut c_void, bytes: buf.bytes() }) };
         // A refused registration leaves the communicator as it was: only this call fails.
         h.map(|h| h.map(RegHandle)).map_err(|e| e.into_error(&self.ctx, "register", Duration::ZERO))
     }
@@ -136,7 +136,7 @@ impl<L: Library> Collective for DeviceComm<L> {
         self.rt.bind()?;
         let refusal = match refusal {
             Some(why) => Some(why.to_string()),
-            None if self.caps.windows => self.lib.window_refusal(buf.ptr() as *mut c_void, bytes),
+            None if self.caps.windows => self.lib.window_refusal(Region { ptr: buf.ptr() as *mut c_void, bytes }),
             None => None,
         };
         let seq = self.windows.fetch_add(1, Ordering::Relaxed);
@@ -158,11 +158,11 @@ impl<L: Library> Collective for DeviceComm<L> {
         // The agreement may have resumed on another thread.
         self.rt.bind()?;
         let g = self.lock_settled("register_window")?;
-        let ptr = buf.ptr() as *mut c_void;
+        let at = Region { ptr: buf.ptr() as *mut c_void, bytes };
         let (_g, h) = self.watched_call_locked(g, "register_window", || {
             // SAFETY: the Communicator checked that the view is this device's memory, and its
             // `Registered` owns that memory until it has called `deregister_window`.
-            unsafe { self.lib.register_window(&self.comm, ptr, bytes) }
+            unsafe { self.lib.register_window(&self.comm, at) }
         })?;
         Ok(h.map(RegHandle))
     }
