@@ -38,7 +38,10 @@ const KILL_OPS_PER_RANK: f64 = 40.0;
 /// `anyccl-sim --json` with `args`: its figures, once its own check passed.
 fn simulate(args: &[&str]) -> Result<serde_json::Value, Failed> {
     let t = Instant::now();
-    let out = Command::new(env!("CARGO_BIN_EXE_anyccl-sim")).args(args).arg("--json").output()?;
+    // A 1 s beat: the constants below count requests at that beat (the default, the
+    // library's 250 ms, makes four times the liveness requests a second).
+    let out =
+        Command::new(env!("CARGO_BIN_EXE_anyccl-sim")).args(args).args(["--beat-ms", "1000", "--json"]).output()?;
     let text = String::from_utf8_lossy(&out.stdout);
     let j: serde_json::Value = serde_json::from_str(text.trim()).map_err(|e| {
         format!("anyccl-sim {args:?} printed no figures ({e}):\n{text}\n{}", String::from_utf8_lossy(&out.stderr))

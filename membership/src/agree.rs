@@ -130,11 +130,19 @@ impl Agreement<'_> {
         }
     }
 
-    /// The processes that wait to join: rank -> incarnation, where newer than `prev`'s.
-    async fn joiners(&self, prev: Option<&View>) -> Result<BTreeMap<usize, u64>> {
-        let keys: Vec<String> = (0..self.world).map(|r| self.keys.joining(r)).collect();
-        let got = self.store.wait_many(&keys, Instant::now()).await?;
+    /// The processes that wait to join epoch `e`: rank -> incarnation, where newer than
+    /// `prev`'s. None when `e` is a failure: its members go on first, without waiting for a
+    /// process that may still be starting (a device context, a library's first init), and
+    /// a joiner left out proposes the next epoch, which the members take at their next step
+    /// boundary. One request (the failure record read with the joining ones).
+    async fn joiners(&self, e: u64, prev: Option<&View>) -> Result<BTreeMap<usize, u64>> {
+        let mut keys: Vec<String> = (0..self.world).map(|r| self.keys.joining(r)).collect();
+        keys.push(self.keys.failure(e));
+        let mut got = self.store.wait_many(&keys, Instant::now()).await?;
         let mut out = BTreeMap::new();
+        if got.pop().flatten().is_some() {
+            return Ok(out);
+        }
         for (r, v) in got.into_iter().enumerate() {
             let Some(inc) = text(v).and_then(|t| t.trim().parse::<u64>().ok()) else { continue };
             if prev.and_then(|p| p.member(r)).is_none_or(|m| m.incarnation < inc) {
@@ -155,7 +163,7 @@ impl Agreement<'_> {
                 Some(p) => p.members.iter().map(|m| (m.rank, Some(m.incarnation))).collect(),
                 None => (0..self.world).map(|r| (r, None)).collect(),
             };
-            for (r, inc) in self.joiners(prev).await? {
+            for (r, inc) in self.joiners(e, prev).await? {
                 expected.insert(r, Some(inc));
             }
             let ranks: Vec<usize> = expected.keys().copied().collect();

@@ -20,7 +20,10 @@
 //!    (compare-and-set): every member reads the same view or the same error, never a mix.
 //!    A leader that goes stale is replaced; a second failure during an agreement is
 //!    decided by the same evidence (the new leader does not wait for the gone process),
-//!    and a failure after it starts the next epoch.
+//!    and a failure after it starts the next epoch. An epoch proposed as a failure admits
+//!    no joiner: the survivors go on at once, never waiting for a replacement that may
+//!    still be starting its device and library; the joiner proposes the next epoch, which
+//!    the members take at a point of their choosing (a step boundary).
 //! 3. **O(N) store requests per epoch.** Each process proposes, arrives and reads the
 //!    decision; the leader gathers arrivals and records with multi-key waits. Liveness
 //!    costs two requests per member a beat, a renewal and one read of both the next

@@ -668,3 +668,34 @@ fn membership_a_beat_costs_the_store_two_requests() {
         assert!(beats > 30 && (1.9..=2.1).contains(&per_beat), "{requests} requests in {beats} beats");
     });
 }
+
+/// An epoch proposed as a failure admits no joiner, though one waits already (a replacement
+/// may still be starting its device and library): the survivors go on first, and the joiner
+/// is admitted at the next epoch, which it proposes.
+#[test]
+fn membership_a_failure_epoch_admits_no_joiner_the_next_epoch_does() {
+    rt().block_on(async {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let c = cfg();
+        let mut ms = start(&store, 3, &c).await;
+        drop(ms.remove(2));
+        Membership::report_gone(store.as_ref(), &c, 2, Some(1), "the launcher saw rank 2 exit").await.expect("report");
+        let joiner = tokio::spawn(Membership::join(store.clone(), 2, 3, c.clone()));
+        let joining = crate::keys::Keys::new(&c.prefix).joining(2);
+        let t = Instant::now();
+        while store.get(&joining).await.expect("get").is_none() && t.elapsed() < Duration::from_secs(5) {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        let (ms, vs) = agree_all(ms).await;
+        for v in vs {
+            let v = v.expect("agreed");
+            assert_eq!((v.epoch, ranks(&v), v.left.clone(), v.joined.clone()), (1, vec![0, 1], vec![2], vec![]));
+        }
+        let (_ms, vs) = agree_all(ms).await;
+        let joiner = joiner.await.expect("task").expect("admitted at the next epoch");
+        assert_eq!((joiner.view().epoch, joiner.view().joined.clone()), (2, vec![2]));
+        for v in vs {
+            assert_eq!(v.expect("agreed").members, joiner.view().members);
+        }
+    });
+}

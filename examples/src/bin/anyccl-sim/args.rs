@@ -35,8 +35,9 @@ pub(crate) struct Args {
     /// replaces the one that still runs, which must be told it is out.
     #[arg(long, num_args = 0..=1, require_equals = true, value_name = "J")]
     pub(crate) rejoin: Option<Option<usize>>,
-    /// With `--fault kill-rank`: each member's liveness beat, milliseconds (1 to 60000).
-    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    /// With `--fault kill-rank`: each member's liveness beat, milliseconds (1 to 60000); the
+    /// library's default (`ANYCCL_LIVENESS_BEAT_MS`).
+    #[arg(long, default_value_t = 250, value_parser = clap::value_parser!(u64).range(1..=60_000))]
     pub(crate) beat_ms: u64,
     /// With `--fault kill-rank`: a liveness record not renewed for this long is evidence that
     /// its member is gone, milliseconds (above two beats, below --timeout).
