@@ -19,6 +19,7 @@ mod helpers;
 mod issue;
 mod register;
 pub use register::{agree_window, Registered};
+mod sleep;
 mod streams;
 pub use streams::Captured;
 mod validate;
@@ -97,6 +98,11 @@ pub struct Communicator {
     accepts: validate::Accepts,
     /// This group's index in the flight recorder.
     group_id: u16,
+    /// The store its members meet through (for sleep and wake), when it was connected or
+    /// split from a connected one.
+    store: Option<Arc<dyn Store>>,
+    /// Its sleeps and wakes.
+    sleeps: sleep::Sleeps,
 }
 
 /// The shape of one operation, as recorded for a warmup plan: distinct signatures of a real
@@ -204,6 +210,8 @@ impl Communicator {
             detail: None,
             accepts,
             group_id,
+            store: None,
+            sleeps: Default::default(),
         })
     }
 
@@ -278,9 +286,11 @@ impl Communicator {
             true => Some(crate::detail::Detail::new(opts.store.clone(), &spec.name, rank, spec.ranks.len()).await?),
             false => None,
         };
+        let store = opts.store.clone();
         let inner = backend.connect(opts).await?;
         let mut c = Communicator::new(inner, spec, config)?;
         c.detail = detail;
+        c.store = Some(store);
         Ok(c)
     }
 
@@ -561,6 +571,7 @@ impl Communicator {
                 };
                 let mut child = Communicator::with_recorder(c, s, self.config.clone(), self.recorder.clone())?;
                 child.detail = detail;
+                child.store = self.store.clone();
                 Ok(Some(child))
             }
             // Not the library's error: this rank got a communicator where the spec says it

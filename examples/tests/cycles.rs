@@ -2,7 +2,8 @@
 //! each way a cycle ends (shutdown, abort, a peer's death, the drop alone, a rank that never
 //! arrives), on the CPU backend with 4 ranks and on the HCCL stand-in with 8. Mappings,
 //! descriptors, threads and device memory are counts, not timings, so they are asserted to
-//! come back to the first cycle's; resident memory is only reported.
+//! come back to the first cycle's; resident memory is only reported. `--sleep`: five sleep
+//! and wake cycles of one communicator, asleep holding no mapping and no device memory.
 use std::process::{Command, ExitCode};
 
 /// Held and after figures of one column of a row (`held->after`).
@@ -11,9 +12,12 @@ fn pair(cell: &str) -> Option<(u64, u64)> {
     Some((h.parse().ok()?, a.parse().ok()?))
 }
 
-fn cycles(backend: &str, ranks: usize) -> Result<(), String> {
+fn cycles(backend: &str, ranks: usize, sleep: bool) -> Result<(), String> {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_anyccl-cycles"));
     cmd.args(["--backend", backend, "--ranks", &ranks.to_string(), "--cycles", "5", "--check"]);
+    if sleep {
+        cmd.arg("--sleep");
+    }
     if backend == "hccl" {
         cmd.env("ANYCCL_HCCL_LIBRARY_DIR", anyccl_hccl_standin::library_dir());
     }
@@ -24,6 +28,11 @@ fn cycles(backend: &str, ranks: usize) -> Result<(), String> {
     }
     if !text.contains("every count came back: nothing left behind") {
         return Err(format!("no verdict:\n{text}"));
+    }
+    if sleep
+        && !text.contains("# asleep, every cycle: no mapping more than before the connect, no device memory in use")
+    {
+        return Err(format!("no verdict on what sleep held:\n{text}"));
     }
     // Rows: cycle, end, rss, memfd, fds, threads, device (each `held->after`).
     let rows: Vec<Vec<&str>> = text
@@ -52,8 +61,10 @@ fn cycles(backend: &str, ranks: usize) -> Result<(), String> {
 fn main() -> ExitCode {
     let args = libtest_mimic::Arguments::from_args();
     let trials = vec![
-        libtest_mimic::Trial::test("cpu::rebuild::cycles_leave_nothing_behind[w=4]", || Ok(cycles("cpu", 4)?)),
-        libtest_mimic::Trial::test("hccl::rebuild::cycles_leave_nothing_behind[w=8]", || Ok(cycles("hccl", 8)?)),
+        libtest_mimic::Trial::test("cpu::rebuild::cycles_leave_nothing_behind[w=4]", || Ok(cycles("cpu", 4, false)?)),
+        libtest_mimic::Trial::test("hccl::rebuild::cycles_leave_nothing_behind[w=8]", || Ok(cycles("hccl", 8, false)?)),
+        libtest_mimic::Trial::test("cpu::sleep::cycles_hold_nothing_asleep[w=4]", || Ok(cycles("cpu", 4, true)?)),
+        libtest_mimic::Trial::test("hccl::sleep::cycles_hold_nothing_asleep[w=8]", || Ok(cycles("hccl", 8, true)?)),
     ];
     libtest_mimic::run(&args, trials).exit_code()
 }

@@ -8,6 +8,7 @@ pub mod lifecycle;
 pub mod p2p;
 pub mod rebuild;
 pub mod register;
+pub mod sleep;
 pub mod streams;
 pub mod warmup;
 pub mod window;
@@ -27,6 +28,7 @@ pub fn all_cases() -> Vec<Case> {
     rebuild::register(&mut v);
     register::register(&mut v);
     window::register(&mut v);
+    sleep::register(&mut v);
     streams::register(&mut v);
     v
 }

@@ -22,6 +22,8 @@ pub struct Captured {
     send: Option<Arc<dyn DeviceMemory>>,
     op: &'static str,
     group: Arc<str>,
+    /// Counted while it exists when a graph holds it: the group refuses to sleep.
+    _graph: Option<super::sleep::GraphHeld>,
 }
 
 impl Captured {
@@ -104,7 +106,9 @@ impl Communicator {
         }
         let g = self.shared_all_reduce(OP, send, recv, op)?;
         self.inner.capture(stream, g)?;
-        Ok(self.captured("all_reduce", send, recv))
+        let mut c = self.captured("all_reduce", send, recv);
+        c._graph = Some(super::sleep::GraphHeld::new(&self.sleeps.graphs));
+        Ok(c)
     }
 
     /// An all_reduce in stream order only, for engines that order their streams with
@@ -139,7 +143,7 @@ impl Communicator {
         send: Option<&Arc<dyn DeviceMemory>>,
         recv: &Arc<dyn DeviceMemory>,
     ) -> Captured {
-        Captured { recv: recv.clone(), send: send.cloned(), op, group: self.name.clone() }
+        Captured { recv: recv.clone(), send: send.cloned(), op, group: self.name.clone(), _graph: None }
     }
 
     /// Validate an all_reduce on shared buffers and describe it by address.

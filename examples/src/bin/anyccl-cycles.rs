@@ -20,6 +20,13 @@
 //! epoch's keys. `--check` exits with status 1 when a count did not come back (resident
 //! memory is reported, not checked).
 //!
+//! `--sleep`: sleep and wake cycles instead. The ranks connect `world` once; each cycle wakes
+//! it (from the second on), runs the checked all_reduce and puts it to sleep
+//! (`Communicator::sleep`): a row shows what the process holds awake -> asleep, and asleep
+//! nothing of the communicator may be held (`--check`: in every cycle no `memfd:` mapping more
+//! than before the connect and no device memory in use; descriptors and threads back to the
+//! first cycle's).
+//!
 //! The HCCL backend finds its library as everywhere (`ANYCCL_HCCL_LIBRARY_DIR`, ...); the
 //! workspace's stand-in is in `anyccl_hccl_standin::library_dir()`.
 #![forbid(unsafe_code)]
@@ -53,6 +60,9 @@ struct Args {
     /// not come back to the first cycle's.
     #[arg(long)]
     check: bool,
+    /// Sleep and wake one communicator instead of rebuilding.
+    #[arg(long)]
+    sleep: bool,
 }
 
 /// How a cycle ends its communicator.
@@ -149,6 +159,8 @@ struct Shared {
     store: Arc<dyn Store>,
     ranks: usize,
     count: usize,
+    /// Sleep and wake cycles.
+    sleep: bool,
     /// Four times a cycle: every communicator live, its sample taken; every communicator
     /// dropped, the row written.
     barrier: Barrier,
@@ -193,19 +205,28 @@ fn run(args: &Args) -> Result<bool> {
         store: Arc::new(MemoryStore::new()),
         ranks,
         count: args.count,
+        sleep: args.sleep,
         barrier: Barrier::new(ranks + 1),
         reports: Mutex::new(vec![Report::default(); ranks]),
         stop: AtomicBool::new(false),
     });
+    let what = if args.sleep {
+        "wake world (from the second), all_reduce of {} f32 (checked), sleep"
+    } else {
+        "connect world@eK, all_reduce of {} f32 (checked), end by shutdown / abort / peer-dies / drop / absent in turn"
+    };
     println!(
-        "# anyccl-cycles: {} backend, {ranks} ranks as threads of process {}; {} cycles of: connect world@eK, \
-         all_reduce of {} f32 (checked), end by shutdown / abort / peer-dies / drop / absent in turn",
+        "# anyccl-cycles: {} backend, {ranks} ranks as threads of process {}; {} cycles of: {}",
         shared.backend.name(),
         std::process::id(),
         args.cycles,
-        args.count
+        what.replace("{}", &args.count.to_string())
     );
-    println!("# each figure is with every rank's communicator live -> after every rank dropped it");
+    if args.sleep {
+        println!("# each figure is with every rank's communicator awake -> asleep");
+    } else {
+        println!("# each figure is with every rank's communicator live -> after every rank dropped it");
+    }
     println!(
         "{:>7}  {:<9}  {:>17}  {:>7}  {:>9}  {:>7}  {:>15}",
         "cycle", "end", "rss_kib", "memfd", "fds", "threads", "device_bytes"
@@ -223,6 +244,8 @@ fn run(args: &Args) -> Result<bool> {
         threads.push(h);
     }
     let mut rows = Vec::new();
+    // Sleep cycles in which the process held mappings or device memory asleep.
+    let mut asleep_holds = Vec::new();
     let mut failed = None;
     for k in 0..args.cycles {
         // Every rank's communicator is live and checked (or its cycle failed).
@@ -238,8 +261,14 @@ fn run(args: &Args) -> Result<bool> {
         let after = settled();
         match (&held, &after) {
             (Ok(h), Ok(a)) => {
-                print_row(&(k + 1).to_string(), End::of(k).name(), h, a, device);
+                print_row(&(k + 1).to_string(), if args.sleep { "sleep" } else { End::of(k).name() }, h, a, device);
                 rows.push((*a, device.map(|d| d.1)));
+                // Asleep: no mapping more than before the connect, no device memory in use
+                // (threads and descriptors: the ranks' runtimes and the library's own are
+                // there from the first cycle on, and compared across cycles).
+                if args.sleep && (a.memfd != start.memfd || device.is_some_and(|d| d.1 != 0)) {
+                    asleep_holds.push(k + 1);
+                }
             }
             (Err(e), _) | (_, Err(e)) => failed = Some(io_err("/proc/self", e)),
         }
@@ -259,7 +288,16 @@ fn run(args: &Args) -> Result<bool> {
     if let Some(e) = failed {
         return Err(e);
     }
-    Ok(verdict(&rows, args.rss_slack_mib << 10) || !args.check)
+    let mut passed = verdict(&rows, args.rss_slack_mib << 10);
+    if args.sleep {
+        if asleep_holds.is_empty() {
+            println!("# asleep, every cycle: no mapping more than before the connect, no device memory in use");
+        } else {
+            println!("# asleep, mappings or device memory held in cycles {asleep_holds:?}");
+            passed = false;
+        }
+    }
+    Ok(passed || !args.check)
 }
 
 fn print_row(cycle: &str, end: &str, held: &Sample, after: &Sample, device: Option<(u64, u64)>) {
@@ -322,6 +360,8 @@ fn rank_main(s: &Shared, rank: usize, cycles: usize) {
         let p = platform.as_ref().ok().filter(|p| p.kind() != anyccl::DeviceKind::Cpu)?;
         p.mem_info().ok().map(|m| m.total - m.free)
     };
+    // The sleep cycles' communicator, connected in the first.
+    let mut sleeper: Option<Communicator> = None;
     for k in 0..cycles {
         let mut held = None;
         let mut met = false;
@@ -333,6 +373,9 @@ fn rank_main(s: &Shared, rank: usize, cycles: usize) {
             s.barrier.wait();
         };
         let r = match (&rt, &platform) {
+            (Ok(rt), Ok(p)) if s.sleep => {
+                sleep_cycle(s, rt, p.as_ref(), rank, k, &mut sleeper, &mut measure).map_err(|e| e.to_string())
+            }
             (Ok(rt), Ok(p)) => cycle(s, rt, p.as_ref(), rank, k, &mut measure).map_err(|e| e.to_string()),
             (Err(e), _) => Err(format!("runtime: {e}")),
             (_, Err(e)) => Err(e.to_string()),
@@ -430,4 +473,58 @@ fn cycle(
     drop(comm);
     drop(buf);
     Ok(())
+}
+
+/// A checked all_reduce of cycle `k` on `comm`.
+fn checked_all_reduce(
+    s: &Shared,
+    platform: &dyn anyccl::Platform,
+    comm: &Communicator,
+    rank: usize,
+    k: usize,
+) -> Result<()> {
+    let n = s.ranks;
+    let mut buf = platform.alloc(DType::F32, s.count)?;
+    platform.copy_from_host(buf.as_mut(), &pattern::encode(&pattern::values(rank, s.count, None, k), DType::F32))?;
+    comm.all_reduce(None, buf.view_mut(), ReduceOp::Sum)?.wait(Duration::from_secs(10))?;
+    platform.synchronize()?;
+    let mut bytes = vec![0u8; s.count * DType::F32.size()];
+    platform.copy_to_host(buf.as_ref(), &mut bytes)?;
+    let got = pattern::decode(&bytes, DType::F32);
+    let want = |i: usize| (0..n).map(|r| pattern::value(r, i, None, k)).sum::<f64>();
+    if let Some(i) = (0..s.count).find(|&i| got[i] != want(i)) {
+        let msg = format!("all_reduce of cycle {}: element {i} is {}, expected {}", k + 1, got[i], want(i));
+        return Err(comm.ctx().aborted(msg));
+    }
+    Ok(())
+}
+
+/// Sleep cycle `k` on one rank: connect `world` (the first) or wake it, a checked
+/// all_reduce, `measure` awake, sleep.
+fn sleep_cycle(
+    s: &Shared,
+    rt: &tokio::runtime::Runtime,
+    platform: &dyn anyccl::Platform,
+    rank: usize,
+    k: usize,
+    comm: &mut Option<Communicator>,
+    measure: &mut dyn FnMut(),
+) -> Result<()> {
+    let c = match comm {
+        Some(c) => {
+            rt.block_on(c.wake(s.backend.as_ref()))?;
+            c
+        }
+        None => {
+            let spec = GroupSpec::new("world", (0..s.ranks).collect(), "cycles", Role::World);
+            let config = CommConfig { init_timeout: Duration::from_secs(30), ..CommConfig::default() };
+            let store = s.store.clone();
+            let c =
+                rt.block_on(Communicator::connect(s.backend.as_ref(), spec, rank, store, platform.device(), config))?;
+            comm.insert(c)
+        }
+    };
+    checked_all_reduce(s, platform, c, rank, k)?;
+    measure();
+    rt.block_on(c.sleep())
 }

@@ -1,0 +1,148 @@
+//! Sleep and wake: a group gives its communicator back ([`Communicator::sleep`]) and
+//! connects a new one among the same members ([`Communicator::wake`]), the program keeping
+//! its `Communicator`. Results after each wake are checked element by element; misuse is an
+//! error naming the group before anything is exchanged; a member that never calls sleep or
+//! wake is a `Timeout` on the others, never a hang. Each case connects a group of its own
+//! with short deadlines, so a case that goes wrong fails in seconds.
+
+use crate::ensure;
+use crate::harness::{CaseError, CaseResult, RankCtx};
+use crate::pattern::{check, value, values};
+use crate::registry::Case;
+use anyccl_core::{CommConfig, Communicator, DType, Error, GroupSpec, ReduceOp, Role};
+use std::time::Duration;
+
+/// How long connecting (and so sleeping and waking) may take.
+const CONNECT: Duration = Duration::from_secs(10);
+/// How long one operation may take.
+const OP: Duration = Duration::from_secs(5);
+/// Elements each check reduces: odd, and more than a ring step's worth.
+const COUNT: usize = 1031;
+/// Sleep and wake cycles of `wake_gives_correct_results`.
+const CYCLES: usize = 3;
+
+/// A group of every rank named `name`, connected within `limit`.
+fn connect(cx: &RankCtx, name: &str, limit: Duration) -> Result<Communicator, CaseError> {
+    let spec = GroupSpec::new(name, (0..cx.size).collect(), "conformance", Role::Data);
+    let config = CommConfig { op_timeout: OP, init_timeout: limit, ..cx.comm.config().clone() };
+    let c = cx.block_on(Communicator::connect(
+        cx.backend.as_ref(),
+        spec,
+        cx.rank,
+        cx.store.clone(),
+        cx.platform.device(),
+        config,
+    ));
+    c.map_err(|e| CaseError(format!("connect '{name}': {} error: {e}", e.kind())))
+}
+
+/// A summed all_reduce of every rank's pattern (salted by `salt`), checked.
+fn reduce_checked(cx: &RankCtx, comm: &Communicator, salt: usize) -> CaseResult {
+    let mut b = cx.upload(DType::F32, &values(cx.rank, COUNT, None, salt))?;
+    comm.all_reduce(None, b.view_mut(), ReduceOp::Sum)?.wait(OP)?;
+    let want: Vec<f64> = (0..COUNT).map(|i| (0..cx.size).map(|r| value(r, i, None, salt)).sum()).collect();
+    check(
+        &format!("all_reduce on '{}' (salt {salt})", comm.spec().name),
+        &cx.download(b.as_ref())?,
+        &want,
+        DType::F32,
+        None,
+    )?;
+    Ok(())
+}
+
+/// `r` is an `InvalidArgument` naming `op`, the group and `words`.
+fn refused<T>(r: anyccl_core::Result<T>, op: &str, group: &str, words: &str) -> CaseResult {
+    match r {
+        Ok(_) => Err(CaseError(format!("{op} succeeded; expected an InvalidArgument saying '{words}'"))),
+        Err(e @ Error::InvalidArgument { .. }) => {
+            let text = e.to_string();
+            ensure!(
+                text.contains(group) && text.contains(words),
+                "{op}: the error names neither '{group}' nor '{words}': {text}"
+            );
+            Ok(())
+        }
+        Err(e) => Err(CaseError(format!("{op}: expected InvalidArgument, got {} error: {e}", e.kind()))),
+    }
+}
+
+/// Results are right before, between and after sleep and wake cycles; while asleep every
+/// operation is refused naming the group.
+fn wake_gives_correct_results(cx: &RankCtx) -> CaseResult {
+    let mut comm = connect(cx, "sleepy", CONNECT)?;
+    reduce_checked(cx, &comm, 0)?;
+    for cycle in 1..=CYCLES {
+        cx.block_on(comm.sleep())?;
+        ensure!(comm.is_asleep(), "cycle {cycle}: not asleep after sleep");
+        let mut b = cx.zeros(DType::F32, COUNT)?;
+        refused(comm.all_reduce(None, b.view_mut(), ReduceOp::Sum), "all_reduce while asleep", "sleepy", "asleep")?;
+        refused(comm.barrier(), "barrier while asleep", "sleepy", "asleep")?;
+        cx.block_on(comm.wake(cx.backend.as_ref()))?;
+        ensure!(!comm.is_asleep(), "cycle {cycle}: asleep after wake");
+        reduce_checked(cx, &comm, cycle)?;
+    }
+    cx.block_on(comm.shutdown())?;
+    Ok(())
+}
+
+/// Misuse is refused before anything is exchanged, and leaves the group as it was: a wake
+/// without a sleep, a second sleep.
+fn misuse_is_refused(cx: &RankCtx) -> CaseResult {
+    let mut comm = connect(cx, "misused", CONNECT)?;
+    refused(cx.block_on(comm.wake(cx.backend.as_ref())), "wake without sleep", "misused", "not asleep")?;
+    reduce_checked(cx, &comm, 1)?;
+    cx.block_on(comm.sleep())?;
+    refused(cx.block_on(comm.sleep()), "a second sleep", "misused", "asleep already")?;
+    cx.block_on(comm.wake(cx.backend.as_ref()))?;
+    reduce_checked(cx, &comm, 2)?;
+    Ok(())
+}
+
+/// A member that never calls sleep: the others' sleep is a `Timeout` naming it, and the
+/// group is still awake and usable on every member.
+fn member_never_sleeps(cx: &RankCtx) -> CaseResult {
+    let mut comm = connect(cx, "insomniac", Duration::from_secs(2))?;
+    let last = cx.size - 1;
+    if cx.rank != last {
+        match cx.block_on(comm.sleep()) {
+            Err(e @ Error::Timeout { .. }) => {
+                ensure!(e.to_string().contains(&format!("[{last}]")), "the timeout does not name rank {last}: {e}")
+            }
+            other => return Err(CaseError(format!("sleep without rank {last}: expected a Timeout, got {other:?}"))),
+        }
+        ensure!(!comm.is_asleep(), "asleep though a member never slept");
+        cx.signal("insomniac-timed-out")?;
+    } else {
+        cx.await_signal("insomniac-timed-out")?;
+    }
+    reduce_checked(cx, &comm, 3)
+}
+
+/// A member that never wakes: the others' wake fails with a `Timeout` within the connect
+/// deadline (never a hang), and they stay asleep.
+fn member_never_wakes(cx: &RankCtx) -> CaseResult {
+    let mut comm = connect(cx, "sleeper", Duration::from_secs(3))?;
+    cx.block_on(comm.sleep())?;
+    let last = cx.size - 1;
+    if cx.rank == last {
+        cx.await_signal("sleeper-woke-alone")?;
+        return Ok(());
+    }
+    let r = cx.block_on(comm.wake(cx.backend.as_ref()));
+    cx.signal("sleeper-woke-alone")?;
+    match r {
+        Err(Error::Timeout { .. }) => {}
+        other => return Err(CaseError(format!("wake without rank {last}: expected a Timeout, got {other:?}"))),
+    }
+    ensure!(comm.is_asleep(), "awake though a member never woke");
+    Ok(())
+}
+
+/// Register the sleep cases.
+pub fn register(v: &mut Vec<Case>) {
+    v.push(Case::new("sleep", "wake_gives_correct_results", &[1, 2, 3, 4, 8], wake_gives_correct_results));
+    v.push(Case::new("sleep", "misuse_is_refused", &[1, 2, 3], misuse_is_refused));
+    v.push(Case::new("sleep", "member_never_sleeps", &[2, 3], member_never_sleeps));
+    v.push(Case::new("sleep", "member_never_wakes", &[2, 3], member_never_wakes));
+}
