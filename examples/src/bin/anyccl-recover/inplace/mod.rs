@@ -191,12 +191,8 @@ impl InPlace<'_> {
                 Ok(v) if v.0 < p.epoch => v.1.clone(),
                 _ => Vec::new(),
             };
-            // Abort off the beat's thread: the callback must not block.
-            let _ = std::thread::Builder::new().name("anyccl-recover-abort".into()).spawn(move || {
-                for c in comms {
-                    let _ = futures::executor::block_on(c.abort(Instant::now() + Duration::from_secs(5)));
-                }
-            });
+            // Abort off the beat's thread (the callback must not block), every one at once.
+            drop(abort_in_threads(comms));
         });
         // Epochs in a row that changed no member and completed no step: a failure that a
         // rebuild does not cure is an error, not a loop.
@@ -234,12 +230,16 @@ impl InPlace<'_> {
                 }
                 EpochEnd::Failed(e) => {
                     self.mark("failure seen", view.epoch + 1);
-                    for c in &comms {
-                        let _ = c.abort(Instant::now() + Duration::from_secs(5)).await;
-                    }
+                    // Aborts run while the members agree (an NCCL abort over sockets takes
+                    // about a second), and are over before the next epoch's groups connect.
+                    let aborting = abort_in_threads(comms.clone());
                     let why = format!("rank {} at step {}: {e}", self.me(), self.applied);
                     let fresh = m.proposed().is_some();
-                    let next = self.agree(&m, &why, !fresh).await?;
+                    let next = self.agree(&m, &why, !fresh).await;
+                    for t in aborting {
+                        let _ = t.join();
+                    }
+                    let next = next?;
                     let same = next.members == view.members;
                     fruitless = if same && self.applied == before { fruitless + 1 } else { 0 };
                     if fruitless >= 3 {
@@ -551,6 +551,24 @@ fn step_ctx<'a>(
 ) -> StepCtx<'a> {
     let dev = Dev { p, timeout: cfg.op_timeout };
     StepCtx { job, dev, dpc: &g.dpc, ppc: &g.ppc, pp, stage, replica, flags: true }
+}
+
+/// Abort each communicator on a thread of its own, all at once, each within 5 s (here, when
+/// no thread can be started): the threads, to join before the communicators' resources are
+/// needed again.
+fn abort_in_threads(comms: Vec<Arc<dyn Collective>>) -> Vec<std::thread::JoinHandle<()>> {
+    let abort = |c: &Arc<dyn Collective>| {
+        let _ = futures::executor::block_on(c.abort(Instant::now() + Duration::from_secs(5)));
+    };
+    let mut threads = Vec::new();
+    for c in comms {
+        let mine = c.clone();
+        match std::thread::Builder::new().name("anyccl-recover-abort".into()).spawn(move || abort(&mine)) {
+            Ok(t) => threads.push(t),
+            Err(_) => abort(&c),
+        }
+    }
+    threads
 }
 
 /// `f`, ended early with `Aborted` when the membership hears of a failure: a connect, a
