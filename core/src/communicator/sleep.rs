@@ -194,6 +194,24 @@ impl Communicator {
     /// graph replays them on the communicator sleep releases): sleep refuses otherwise, on
     /// every member. A captured graph is captured again after the wake.
     ///
+    /// ```compile_fail
+    /// # async fn f(comm: &mut anyccl_core::Communicator, mem: Box<dyn anyccl_core::DeviceMemory>)
+    /// #     -> anyccl_core::Result<()> {
+    /// let registered = comm.register(mem)?;
+    /// comm.sleep().await?; // refused by the compiler: `registered` borrows the communicator
+    /// drop(registered);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// ```
+    /// # async fn f(comm: &mut anyccl_core::Communicator, mem: Box<dyn anyccl_core::DeviceMemory>)
+    /// #     -> anyccl_core::Result<()> {
+    /// let registered = comm.register(mem)?;
+    /// drop(registered); // deregistered first
+    /// comm.sleep().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Errors
     /// `InvalidArgument` (on every member) when the group is asleep already, was not made by
     /// [`Communicator::connect`] or a split of one (it knows no store), or a member holds

@@ -7,11 +7,14 @@
 //! - `--no-warmup`: the step cold;
 //! - `--record DIR`: the step cold, recorded; each rank writes its merged plan (with what the
 //!   cold step took) to `DIR/warmup-plan-rank<r>.json`;
-//! - `--plan DIR`: a fresh run warms from those files (the report gives warmed/cold).
+//! - `--plan DIR`: a fresh run warms from those files (the report gives warmed/cold);
+//! - `--sleep-cycles N`: after the step, N times: every group sleeps (`Communicator::sleep`;
+//!   the device memory that gave back), wakes, is warmed again from its role plan, and the
+//!   step runs again (the device memory it took); one row per cycle with the times.
 #![forbid(unsafe_code)]
 
 use anyccl::warmup::{warmup, warmup_saved, PlanFile, PlanIdentity, Session, StepRecorder, Target, WarmupConfig};
-use anyccl::{CommConfig, DType, GroupSpec, P2POp, Platform, ReduceOp, Result, Role, Work};
+use anyccl::{CommConfig, Communicator, DType, DeviceMemory, GroupSpec, P2POp, Platform, ReduceOp, Result, Role, Work};
 use clap::Parser;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -33,6 +36,9 @@ struct Args {
     /// Print the warmup report as JSON too.
     #[arg(long)]
     json: bool,
+    /// After the step: this many cycles of sleep, wake, warmup and the step again.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=10_000))]
+    sleep_cycles: u64,
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -53,13 +59,14 @@ fn done(mut w: Work<'_>) -> Result<()> {
 
 async fn run(args: &Args) -> Result<()> {
     let owner = "warmup-check";
-    let anyccl_examples::Rank { env, store, platform, world, server: _server, .. } =
+    let anyccl_examples::Rank { env, store, platform, world, backend, server: _server } =
         anyccl_examples::start_world(owner, args.backend.as_deref(), CommConfig::from_env()?).await?;
     let (n, me) = (env.world_size, env.rank);
     let all: Vec<usize> = (0..n).collect();
-    let dp = world.split(Some(GroupSpec::new("dp", all.clone(), owner, Role::Data))).await?.ok_or_else(no_group)?;
-    let pp = world.split(Some(GroupSpec::new("pp", all.clone(), owner, Role::Pipeline))).await?.ok_or_else(no_group)?;
-    let ep = world.split(Some(GroupSpec::new("ep", all, owner, Role::Expert))).await?.ok_or_else(no_group)?;
+    let mut dp = world.split(Some(GroupSpec::new("dp", all.clone(), owner, Role::Data))).await?.ok_or_else(no_group)?;
+    let mut pp =
+        world.split(Some(GroupSpec::new("pp", all.clone(), owner, Role::Pipeline))).await?.ok_or_else(no_group)?;
+    let mut ep = world.split(Some(GroupSpec::new("ep", all, owner, Role::Expert))).await?.ok_or_else(no_group)?;
     let caps = dp.capabilities().clone();
     let es = DType::BF16.size();
     let (small, large) = (caps.warmup_small_bytes / es, caps.warmup_large_bytes / es);
@@ -121,23 +128,7 @@ async fn run(args: &Args) -> Result<()> {
     let before = p.mem_info()?.free;
     let recorder = args.record.as_ref().map(|_| StepRecorder::start(&[&dp, &pp, &ep], p));
     let t = Instant::now();
-    for (a, big, b, x, y) in bufs.iter_mut() {
-        done(dp.all_reduce(None, a.view_mut(), ReduceOp::Sum)?)?;
-        done(dp.reduce_scatter(Some(big.view()), b.view_mut(), ReduceOp::Sum)?)?;
-        done(dp.all_gather(Some(b.view()), big.view_mut())?)?;
-        for (lo, hi) in (0..n.saturating_sub(1)).map(|i| (i, i + 1)) {
-            if me == lo {
-                done(pp.send(a.view(), hi)?)?;
-                done(pp.recv(b.view_mut(), hi)?)?;
-                done(pp.p2p_group(vec![P2POp::Send(a.view(), hi), P2POp::Recv(b.view_mut(), hi)])?)?;
-            } else if me == hi {
-                done(pp.recv(b.view_mut(), lo)?)?;
-                done(pp.send(a.view(), lo)?)?;
-                done(pp.p2p_group(vec![P2POp::Send(a.view(), lo), P2POp::Recv(b.view_mut(), lo)])?)?;
-            }
-        }
-        done(ep.all_to_all(x.view(), y.view_mut(), None)?)?;
-    }
+    step(&dp, &pp, &ep, &mut bufs, me, n)?;
     p.synchronize()?;
     let took = t.elapsed();
     let after = p.mem_info()?.free;
@@ -168,11 +159,108 @@ async fn run(args: &Args) -> Result<()> {
         file.write(&plan_file(dir))?;
         println!("rank {me}: plan written to {}", plan_file(dir).display());
     }
+    if args.sleep_cycles > 0 {
+        let mut groups = [&mut dp, &mut pp, &mut ep];
+        let cycles = Cycles { session, store: store.as_ref(), backend: backend.as_ref(), p, timeout };
+        cycles.run(args.sleep_cycles, &mut groups, &mut bufs).await?;
+    }
     anyccl_examples::meet(store.as_ref(), "warmup-check/end", me, n, timeout).await?;
     for c in [&ep, &pp, &dp, &world] {
         c.shutdown().await?;
     }
     Ok(())
+}
+
+/// One step's buffers of one size: all_reduce and reduce_scatter output, all_gather
+/// output, receive, all_to_all in and out.
+type Bufs =
+    (Box<dyn DeviceMemory>, Box<dyn DeviceMemory>, Box<dyn DeviceMemory>, Box<dyn DeviceMemory>, Box<dyn DeviceMemory>);
+
+/// The step: the collectives a train step issues on the data, pipeline and expert groups.
+fn step(dp: &Communicator, pp: &Communicator, ep: &Communicator, bufs: &mut [Bufs], me: usize, n: usize) -> Result<()> {
+    for (a, big, b, x, y) in bufs.iter_mut() {
+        done(dp.all_reduce(None, a.view_mut(), ReduceOp::Sum)?)?;
+        done(dp.reduce_scatter(Some(big.view()), b.view_mut(), ReduceOp::Sum)?)?;
+        done(dp.all_gather(Some(b.view()), big.view_mut())?)?;
+        for (lo, hi) in (0..n.saturating_sub(1)).map(|i| (i, i + 1)) {
+            if me == lo {
+                done(pp.send(a.view(), hi)?)?;
+                done(pp.recv(b.view_mut(), hi)?)?;
+                done(pp.p2p_group(vec![P2POp::Send(a.view(), hi), P2POp::Recv(b.view_mut(), hi)])?)?;
+            } else if me == hi {
+                done(pp.recv(b.view_mut(), lo)?)?;
+                done(pp.send(a.view(), lo)?)?;
+                done(pp.p2p_group(vec![P2POp::Send(a.view(), lo), P2POp::Recv(b.view_mut(), lo)])?)?;
+            }
+        }
+        done(ep.all_to_all(x.view(), y.view_mut(), None)?)?;
+    }
+    Ok(())
+}
+
+/// `--sleep-cycles`: what sleeping gives back, and what waking and warming again cost.
+struct Cycles<'a> {
+    session: Session<'a>,
+    store: &'a dyn anyccl::Store,
+    backend: &'a dyn anyccl::Backend,
+    p: &'a dyn Platform,
+    timeout: Duration,
+}
+
+impl Cycles<'_> {
+    /// Device memory in use, MiB, once every rank got here (so no peer is mid-call).
+    async fn in_use(&self, at: &str) -> Result<f64> {
+        let (me, n) = (self.session.rank, self.session.world_size);
+        anyccl_examples::meet(self.store, at, me, n, self.timeout).await?;
+        self.p.synchronize()?;
+        let m = self.p.mem_info()?;
+        Ok((m.total - m.free) as f64 / (1 << 20) as f64)
+    }
+
+    async fn run(&self, cycles: u64, groups: &mut [&mut Communicator; 3], bufs: &mut [Bufs]) -> Result<()> {
+        let (me, n) = (self.session.rank, self.session.world_size);
+        let cfg = WarmupConfig { enabled: true, force: true, ..WarmupConfig::from_env(WarmupConfig::default())? };
+        if me == 0 {
+            println!("# sleep cycles: every group sleeps, wakes, is warmed from its role plan, and the step runs");
+            println!(
+                "{:>6} {:>14} {:>12} {:>10} {:>10} {:>14} {:>14}",
+                "cycle", "given back MiB", "sleep ms", "wake ms", "warm ms", "awake MiB", "step MiB"
+            );
+        }
+        for k in 1..=cycles {
+            let held = self.in_use(&format!("warmup-check/sleep{k}/before")).await?;
+            let t = Instant::now();
+            for g in groups.iter_mut() {
+                g.sleep().await?;
+            }
+            let slept = t.elapsed();
+            let asleep = self.in_use(&format!("warmup-check/sleep{k}/asleep")).await?;
+            let t = Instant::now();
+            for g in groups.iter_mut() {
+                g.wake(self.backend).await?;
+            }
+            let woke = t.elapsed();
+            let t = Instant::now();
+            let session = Session { generation: 1 + k, ..self.session };
+            let [dp, pp, ep] = &*groups;
+            let targets = [Target::new(dp), Target::new(pp), Target::new(ep)];
+            warmup(&session, &targets, &cfg).await?;
+            let warmed = t.elapsed();
+            let awake = self.in_use(&format!("warmup-check/sleep{k}/awake")).await?;
+            step(dp, pp, ep, bufs, me, n)?;
+            let stepped = self.in_use(&format!("warmup-check/sleep{k}/stepped")).await?;
+            println!(
+                "{k:>6} {:>14.1} {:>12.1} {:>10.1} {:>10.1} {:>14.1} {:>14.1}   (rank {me})",
+                held - asleep,
+                slept.as_secs_f64() * 1e3,
+                woke.as_secs_f64() * 1e3,
+                warmed.as_secs_f64() * 1e3,
+                awake - asleep,
+                stepped - awake,
+            );
+        }
+        Ok(())
+    }
 }
 
 fn no_group() -> anyccl::Error {
