@@ -36,6 +36,10 @@
 //!   warmup's communicators at its deadline; the report gives time and device memory
 //!   per group and step.
 //!
+//! - **Phases.** An engine's train-step groups sleep between its phases and wake warmed
+//!   ([`sleep_groups`], [`wake_groups`]), chosen as the warmup chooses them (never a
+//!   cross-engine group).
+//!
 //! Call it where memory is light: after a colocated inference engine has released its
 //! memory, before loading the checkpoint and running the first step.
 //!
@@ -45,7 +49,8 @@
 //! `watchdog`; then `config` and `plan_file` over them; the store agreements through a group's
 //! leader (`gather`), with `outcome` beside it; the steps that use `gather` (`agree` on plans,
 //! `source` of each plan, `record` of a real step); `execute`, which runs an agreed plan;
-//! `run`, one whole warmup; and `saved`, the warmup from a plan file, at the top.
+//! `run`, one whole warmup; and `saved`, the warmup from a plan file, and `phases` (an
+//! engine's groups slept, woken and warmed again), at the top.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -54,6 +59,7 @@ mod config;
 mod execute;
 mod gather;
 mod outcome;
+mod phases;
 mod plan;
 mod plan_file;
 mod record;
@@ -65,6 +71,7 @@ mod source;
 mod watchdog;
 
 pub use config::WarmupConfig;
+pub use phases::{sleep_groups, wake_groups, PhaseGroup, PhaseReport};
 pub use plan::{
     exclusion, merge, pipeline_pairs, plan_for, plan_from_recording, role_kinds, GroupPlan, Kind, Sizes, Step, Target,
     TargetOptions,

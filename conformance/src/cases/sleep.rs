@@ -139,10 +139,67 @@ fn member_never_wakes(cx: &RankCtx) -> CaseResult {
     Ok(())
 }
 
+/// An engine's groups sleep and wake in one call each (`anyccl_warmup::sleep_groups`,
+/// `wake_groups`): the data and pipeline groups sleep, the cross-engine group is never
+/// touched; the wake warms both again (its report names them), results are right, and a
+/// second wake touches nothing.
+fn engine_groups(cx: &RankCtx) -> CaseResult {
+    use anyccl_warmup::{sleep_groups, wake_groups, Session, WarmupConfig};
+    let all: Vec<usize> = (0..cx.size).collect();
+    let group = |name: &str, role: Role| {
+        let spec = GroupSpec::new(name, all.clone(), "conformance", role);
+        let config = CommConfig { op_timeout: OP, init_timeout: CONNECT, ..cx.comm.config().clone() };
+        cx.block_on(Communicator::connect(
+            cx.backend.as_ref(),
+            spec,
+            cx.rank,
+            cx.store.clone(),
+            cx.platform.device(),
+            config,
+        ))
+    };
+    let (mut dp, mut pp, mut sync) = (
+        group("engine-dp", Role::Data)?,
+        group("engine-pp", Role::Pipeline)?,
+        group("engine-sync", Role::CrossEngine)?,
+    );
+    let session = |generation| Session {
+        store: cx.store.as_ref(),
+        job: "conformance-phases",
+        generation,
+        rank: cx.rank,
+        world_size: cx.size,
+        members: None,
+        platform: cx.platform.as_ref(),
+    };
+    let cfg = WarmupConfig { enabled: true, force: true, timeout: CONNECT, ..WarmupConfig::default() };
+    let slept = cx.block_on(sleep_groups(&session(1), &mut [&mut sync, &mut pp, &mut dp]))?;
+    let names: Vec<&str> = slept.groups.iter().map(|g| g.group.as_str()).collect();
+    ensure!(names == ["engine-dp", "engine-pp"], "slept {names:?}, expected the data and pipeline groups by name");
+    ensure!(
+        slept.untouched.iter().any(|(g, _)| g == "engine-sync"),
+        "the cross-engine group is not reported untouched"
+    );
+    ensure!(dp.is_asleep() && pp.is_asleep() && !sync.is_asleep(), "the wrong groups sleep");
+    reduce_checked(cx, &sync, 4)?;
+    let woke =
+        cx.block_on(wake_groups(&session(2), &mut [&mut dp, &mut pp, &mut sync], cx.backend.as_ref(), None, &cfg))?;
+    ensure!(!dp.is_asleep() && !pp.is_asleep(), "asleep after wake_groups");
+    let warmed = woke.warmup.as_ref().ok_or_else(|| CaseError("the wake warmed nothing".into()))?;
+    for g in ["engine-dp", "engine-pp"] {
+        ensure!(warmed.steps.iter().any(|s| s.group == g), "the warmup after the wake has no step on '{g}'");
+    }
+    reduce_checked(cx, &dp, 5)?;
+    let again = cx.block_on(wake_groups(&session(3), &mut [&mut dp, &mut pp], cx.backend.as_ref(), None, &cfg))?;
+    ensure!(again.groups.is_empty() && again.warmup.is_none(), "a second wake touched {:?}", again.groups);
+    Ok(())
+}
+
 /// Register the sleep cases.
 pub fn register(v: &mut Vec<Case>) {
     v.push(Case::new("sleep", "wake_gives_correct_results", &[1, 2, 3, 4, 8], wake_gives_correct_results));
     v.push(Case::new("sleep", "misuse_is_refused", &[1, 2, 3], misuse_is_refused));
     v.push(Case::new("sleep", "member_never_sleeps", &[2, 3], member_never_sleeps));
     v.push(Case::new("sleep", "member_never_wakes", &[2, 3], member_never_wakes));
+    v.push(Case::new("sleep", "engine_groups_sleep_and_wake_warmed", &[2, 3, 4], engine_groups));
 }

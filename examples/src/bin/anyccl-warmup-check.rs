@@ -8,12 +8,16 @@
 //! - `--record DIR`: the step cold, recorded; each rank writes its merged plan (with what the
 //!   cold step took) to `DIR/warmup-plan-rank<r>.json`;
 //! - `--plan DIR`: a fresh run warms from those files (the report gives warmed/cold);
-//! - `--sleep-cycles N`: after the step, N times: every group sleeps (`Communicator::sleep`;
-//!   the device memory that gave back), wakes, is warmed again from its role plan, and the
-//!   step runs again (the device memory it took); one row per cycle with the times.
+//! - `--sleep-cycles N`: after the step, N times: the groups sleep (`sleep_groups`: the
+//!   device memory that gave back), wake and are warmed again from their role plans
+//!   (`wake_groups`), and the step runs again (the device memory it took); one row per cycle
+//!   with the times, and the first cycle's reports.
 #![forbid(unsafe_code)]
 
-use anyccl::warmup::{warmup, warmup_saved, PlanFile, PlanIdentity, Session, StepRecorder, Target, WarmupConfig};
+use anyccl::warmup::{
+    sleep_groups, wake_groups, warmup, warmup_saved, PlanFile, PlanIdentity, Session, StepRecorder, Target,
+    WarmupConfig,
+};
 use anyccl::{CommConfig, Communicator, DType, DeviceMemory, GroupSpec, P2POp, Platform, ReduceOp, Result, Role, Work};
 use clap::Parser;
 use std::process::ExitCode;
@@ -160,9 +164,8 @@ async fn run(args: &Args) -> Result<()> {
         println!("rank {me}: plan written to {}", plan_file(dir).display());
     }
     if args.sleep_cycles > 0 {
-        let mut groups = [&mut dp, &mut pp, &mut ep];
         let cycles = Cycles { session, store: store.as_ref(), backend: backend.as_ref(), p, timeout };
-        cycles.run(args.sleep_cycles, &mut groups, &mut bufs).await?;
+        cycles.run(args.sleep_cycles, [&mut dp, &mut pp, &mut ep], &mut bufs).await?;
     }
     anyccl_examples::meet(store.as_ref(), "warmup-check/end", me, n, timeout).await?;
     for c in [&ep, &pp, &dp, &world] {
@@ -217,7 +220,7 @@ impl Cycles<'_> {
         Ok((m.total - m.free) as f64 / (1 << 20) as f64)
     }
 
-    async fn run(&self, cycles: u64, groups: &mut [&mut Communicator; 3], bufs: &mut [Bufs]) -> Result<()> {
+    async fn run(&self, cycles: u64, mut groups: [&mut Communicator; 3], bufs: &mut [Bufs]) -> Result<()> {
         let (me, n) = (self.session.rank, self.session.world_size);
         let cfg = WarmupConfig { enabled: true, force: true, ..WarmupConfig::from_env(WarmupConfig::default())? };
         if me == 0 {
@@ -229,34 +232,32 @@ impl Cycles<'_> {
         }
         for k in 1..=cycles {
             let held = self.in_use(&format!("warmup-check/sleep{k}/before")).await?;
+            let session = Session { generation: 1 + k, ..self.session };
             let t = Instant::now();
-            for g in groups.iter_mut() {
-                g.sleep().await?;
-            }
+            let slept_report = sleep_groups(&session, &mut groups[..]).await?;
             let slept = t.elapsed();
             let asleep = self.in_use(&format!("warmup-check/sleep{k}/asleep")).await?;
             let t = Instant::now();
-            for g in groups.iter_mut() {
-                g.wake(self.backend).await?;
+            let woke_report = wake_groups(&session, &mut groups[..], self.backend, None, &cfg).await?;
+            let woke = t.elapsed().saturating_sub(Duration::from_secs_f64(woke_report.warm_ms / 1e3));
+            let warmed = Duration::from_secs_f64(woke_report.warm_ms / 1e3);
+            if me == 0 && k == 1 {
+                print!("{}", slept_report.table("given back"));
+                print!("{}", woke_report.table("taken by the wake"));
             }
-            let woke = t.elapsed();
-            let t = Instant::now();
-            let session = Session { generation: 1 + k, ..self.session };
-            let [dp, pp, ep] = &*groups;
-            let targets = [Target::new(dp), Target::new(pp), Target::new(ep)];
-            warmup(&session, &targets, &cfg).await?;
-            let warmed = t.elapsed();
             let awake = self.in_use(&format!("warmup-check/sleep{k}/awake")).await?;
+            let [dp, pp, ep] = &groups;
             step(dp, pp, ep, bufs, me, n)?;
             let stepped = self.in_use(&format!("warmup-check/sleep{k}/stepped")).await?;
             println!(
                 "{k:>6} {:>14.1} {:>12.1} {:>10.1} {:>10.1} {:>14.1} {:>14.1}   (rank {me})",
-                held - asleep,
+                // `+ 0.0`: no "-0.0" for a difference that rounds to nothing.
+                held - asleep + 0.0,
                 slept.as_secs_f64() * 1e3,
                 woke.as_secs_f64() * 1e3,
                 warmed.as_secs_f64() * 1e3,
-                awake - asleep,
-                stepped - awake,
+                awake - asleep + 0.0,
+                stepped - awake + 0.0,
             );
         }
         Ok(())
