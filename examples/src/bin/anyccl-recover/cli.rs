@@ -55,6 +55,17 @@ pub(crate) struct Job {
     /// the parameters by a healthy replica. No checkpoint is read.
     #[arg(long, conflicts_with_all = ["resume_from", "crash_at"])]
     pub(crate) in_place: bool,
+    /// Alternate training with this many rollout phases (1 to 1000): in each, a colocated
+    /// inference engine takes the device's free memory but `--squeeze` MiB (512 by default;
+    /// on the CPU backend, `--colocated-mib` of host memory) and gives it back; the training
+    /// groups sleep through it (`anyccl::warmup::sleep_groups`) and wake warmed from the
+    /// first step's plan, unless `--no-sleep`.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1000))]
+    #[arg(conflicts_with_all = ["in_place", "resume_from", "crash_at", "kill_at"])]
+    pub(crate) colocated_phases: Option<u64>,
+    /// With `--colocated-phases`: the training groups stay awake through the rollouts.
+    #[arg(long, requires = "colocated_phases")]
+    pub(crate) no_sleep: bool,
     /// With `--in-place`: replay the participation record of an in-place run (which
     /// replicas trained which steps) with no fault, as the reference it must equal.
     #[arg(long, requires = "in_place")]

@@ -57,6 +57,9 @@ pub(crate) fn demo(job: &Job) -> Result<ExitCode> {
     if job.in_place {
         return crate::inplace_demo::demo(job);
     }
+    if let Some(rollouts) = job.colocated_phases {
+        return phases_demo(job, rollouts);
+    }
     let (dp, pp, accel) = layout(job)?;
     let n = ranks(dp, pp)?;
     let (here, runner) = programs()?;
@@ -114,6 +117,50 @@ pub(crate) fn demo(job: &Job) -> Result<ExitCode> {
         Ok(ExitCode::SUCCESS)
     } else {
         println!("MISMATCH: the recovered run differs from the uninterrupted one");
+        Ok(ExitCode::from(1))
+    }
+}
+
+/// `demo --colocated-phases N`: an uninterrupted reference run, then the same run with N
+/// rollouts between its training phases; the two must end equal bit for bit.
+fn phases_demo(job: &Job, rollouts: u64) -> Result<ExitCode> {
+    let (dp, pp, accel) = layout(job)?;
+    let n = ranks(dp, pp)?;
+    let (here, runner) = programs()?;
+    if job.steps <= rollouts {
+        return Err(usage("--steps", format!("{} steps cannot surround {rollouts} rollouts", job.steps)));
+    }
+    job.check_memory(n, !accel)?;
+    let _lock = machine::lock_dir(&job.out, "anyccl-recover", "--out")?;
+    for run in ["ref", "phases"] {
+        let _ = std::fs::remove_dir_all(job.out.join(run));
+    }
+    let launch = |title: &str, extra: &[String]| launch_train(job, &runner, &here, n, (dp, pp), title, &[], extra);
+    let t = Instant::now();
+    println!("anyccl-recover: dp {dp} x pp {pp} = {n} ranks, {} steps, {rollouts} rollouts between them", job.steps);
+    if !launch("1/2 reference run, no rollouts", &["--run".into(), "ref".into()])? {
+        return Ok(ended("the reference run failed (the launcher said why, above)"));
+    }
+    let mut extra = vec!["--run".into(), "phases".into(), "--colocated-phases".into(), rollouts.to_string()];
+    if job.no_sleep {
+        extra.push("--no-sleep".into());
+    }
+    if let Some(s) = job.squeeze {
+        extra.extend(["--squeeze".into(), s.to_string()]);
+    }
+    let how = if job.no_sleep { "awake through them" } else { "asleep through them" };
+    if !launch(&format!("2/2 {rollouts} rollouts, the training groups {how}"), &extra)? {
+        return Ok(ended("the run with rollouts failed (the launcher said why, above)"));
+    }
+    println!("\n=== verdict ===");
+    if same_bits(&job.out, "ref", "phases", n)? {
+        println!(
+            "bit-for-bit match: the run with rollouts equals the reference on all {n} ranks ({:.1?} in all)",
+            t.elapsed()
+        );
+        Ok(ExitCode::SUCCESS)
+    } else {
+        println!("MISMATCH: the run with rollouts differs from the reference");
         Ok(ExitCode::from(1))
     }
 }

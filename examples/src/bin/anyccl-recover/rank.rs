@@ -44,6 +44,13 @@ pub(crate) async fn train(job: &Job) -> Result<ExitCode> {
         }
         None => Start::default(),
     };
+    if job.colocated_phases.is_some() {
+        // The rollouts take and give back memory of their own.
+        drop(colocated.take());
+        let mut rank = rank;
+        rank.run_phased(&mut model).await?;
+        return rank.finish(&model, job_id, None).await;
+    }
     let squeezed = rank.squeeze()?;
     rank.run_steps(&mut model, &job_id, &start, squeezed).await?;
     rank.finish(&model, job_id, colocated).await
@@ -60,6 +67,8 @@ struct Start {
     warmed_from: Option<PlanFile>,
 }
 
+mod phases;
+
 /// Who this rank is and what it holds: its job's store, device and communicators.
 struct Rank<'j> {
     job: &'j Job,
@@ -67,6 +76,7 @@ struct Rank<'j> {
     store: Arc<dyn Store>,
     _server: Option<TcpStoreServer>,
     platform: Arc<dyn Platform>,
+    backend: Arc<dyn anyccl::Backend>,
     cfg: CommConfig,
     world: Communicator,
     /// The data group (same stage) and the pipeline group (same replica).
@@ -129,6 +139,7 @@ impl<'j> Rank<'j> {
             store,
             _server: server,
             platform,
+            backend,
             cfg,
             world,
             dpc,
