@@ -2,7 +2,7 @@
 //! helpers to move values and signal peers), and what a case returns on it.
 
 use crate::pattern;
-use anyccl_core::{Backend, Communicator, DType, DeviceMemory, Platform, Store, Work};
+use anyccl_core::{Backend, CommConfig, Communicator, DType, DeviceMemory, GroupSpec, Platform, Role, Store, Work};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -102,6 +102,16 @@ impl RankCtx {
     pub fn wait(&self, mut w: Work<'_>) -> CaseResult {
         w.wait(self.timeout)?;
         Ok(())
+    }
+
+    /// Connect group `name` of every rank (owner `conformance`) with `role` and `config`.
+    ///
+    /// # Errors
+    /// The connect's.
+    pub fn connect_all(&self, name: &str, role: Role, config: CommConfig) -> anyccl_core::Result<Communicator> {
+        let spec = GroupSpec::new(name, (0..self.size).collect(), "conformance", role);
+        let device = self.platform.device();
+        self.block_on(Communicator::connect(self.backend.as_ref(), spec, self.rank, self.store.clone(), device, config))
     }
 
     /// Tell the other ranks `key` happened (through the store).

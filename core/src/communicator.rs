@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 mod helpers;
 mod issue;
+mod meet;
 mod register;
 pub use register::{agree_window, Registered};
 mod sleep;

@@ -140,12 +140,6 @@ impl Free for AclFree {
 }
 
 impl Acl {
-    fn device(&self) -> Device {
-        Device { kind: DeviceKind::Npu, ordinal: self.ordinal }
-    }
-}
-
-impl Acl {
     /// `waiter` runs its later work after the work on `first` so far, neither host thread
     /// waiting: an event recorded on `first`, waited for on `waiter`.
     ///
@@ -210,7 +204,7 @@ impl anyccl_device::Runtime for Acl {
     type Memory = AclMemory;
 
     fn device(&self) -> Device {
-        Acl::device(self)
+        Device { kind: DeviceKind::Npu, ordinal: self.ordinal }
     }
     fn bind(&self) -> Result<()> {
         if BOUND.with(|b| b.get()) == self.ordinal {
@@ -255,7 +249,7 @@ impl anyccl_device::Runtime for Acl {
         }
         let free = AclFree { acl: self.clone() };
         // SAFETY: `ptr` holds `count` elements of this device (or is null), from aclrtMalloc.
-        Ok(unsafe { AclMemory::from_raw(ptr, dtype, count, self.device(), free) })
+        Ok(unsafe { AclMemory::from_raw(ptr, dtype, count, anyccl_device::Runtime::device(&**self), free) })
     }
     unsafe fn copy_to_device(&self, dst: *mut u8, src: &[u8]) -> Result<()> {
         let n = src.len();

@@ -143,16 +143,8 @@ fn mismatch(cx: &RankCtx) -> CaseResult {
 /// Detail mode, on any backend: rank 0 calls all_gather while the others call all_reduce;
 /// every rank fails before any data moves, within 10 s, with an error naming both calls.
 fn mismatch_detail(cx: &RankCtx) -> CaseResult {
-    let spec = GroupSpec::new("detail", (0..cx.size).collect(), "conformance", Role::Data);
     let config = CommConfig { detail: true, op_timeout: cx.timeout, init_timeout: cx.timeout, ..CommConfig::default() };
-    let comm = cx.block_on(Communicator::connect(
-        cx.backend.as_ref(),
-        spec,
-        cx.rank,
-        cx.store.clone(),
-        cx.platform.device(),
-        config,
-    ))?;
+    let comm = cx.connect_all("detail", Role::Data, config)?;
     // A matching collective first: detail mode lets it through.
     let mut ok = cx.upload(DType::F32, &[1.0; 8])?;
     cx.wait(comm.all_reduce(None, ok.view_mut(), ReduceOp::Sum)?)?;

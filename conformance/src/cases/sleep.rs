@@ -9,7 +9,7 @@ use crate::ensure;
 use crate::harness::{CaseError, CaseResult, RankCtx};
 use crate::pattern::{check, value, values};
 use crate::registry::Case;
-use anyccl_core::{CommConfig, Communicator, DType, Error, GroupSpec, ReduceOp, Role};
+use anyccl_core::{CommConfig, Communicator, DType, Error, ReduceOp, Role};
 use std::time::Duration;
 
 /// How long connecting (and so sleeping and waking) may take.
@@ -21,19 +21,15 @@ const COUNT: usize = 1031;
 /// Sleep and wake cycles of `wake_gives_correct_results`.
 const CYCLES: usize = 3;
 
-/// A group of every rank named `name`, connected within `limit`.
-fn connect(cx: &RankCtx, name: &str, limit: Duration) -> Result<Communicator, CaseError> {
-    let spec = GroupSpec::new(name, (0..cx.size).collect(), "conformance", Role::Data);
+/// A group of every rank named `name` with `role`, connected within `limit`.
+fn connect_as(cx: &RankCtx, name: &str, role: Role, limit: Duration) -> Result<Communicator, CaseError> {
     let config = CommConfig { op_timeout: OP, init_timeout: limit, ..cx.comm.config().clone() };
-    let c = cx.block_on(Communicator::connect(
-        cx.backend.as_ref(),
-        spec,
-        cx.rank,
-        cx.store.clone(),
-        cx.platform.device(),
-        config,
-    ));
-    c.map_err(|e| CaseError(format!("connect '{name}': {} error: {e}", e.kind())))
+    cx.connect_all(name, role, config).map_err(|e| CaseError(format!("connect '{name}': {} error: {e}", e.kind())))
+}
+
+/// A data group of every rank named `name`, connected within `limit`.
+fn connect(cx: &RankCtx, name: &str, limit: Duration) -> Result<Communicator, CaseError> {
+    connect_as(cx, name, Role::Data, limit)
 }
 
 /// A summed all_reduce of every rank's pattern (salted by `salt`), checked.
@@ -145,19 +141,7 @@ fn member_never_wakes(cx: &RankCtx) -> CaseResult {
 /// second wake touches nothing.
 fn engine_groups(cx: &RankCtx) -> CaseResult {
     use anyccl_warmup::{sleep_groups, wake_groups, Session, WarmupConfig};
-    let all: Vec<usize> = (0..cx.size).collect();
-    let group = |name: &str, role: Role| {
-        let spec = GroupSpec::new(name, all.clone(), "conformance", role);
-        let config = CommConfig { op_timeout: OP, init_timeout: CONNECT, ..cx.comm.config().clone() };
-        cx.block_on(Communicator::connect(
-            cx.backend.as_ref(),
-            spec,
-            cx.rank,
-            cx.store.clone(),
-            cx.platform.device(),
-            config,
-        ))
-    };
+    let group = |name: &str, role: Role| connect_as(cx, name, role, CONNECT);
     let (mut dp, mut pp, mut sync) = (
         group("engine-dp", Role::Data)?,
         group("engine-pp", Role::Pipeline)?,

@@ -194,31 +194,24 @@ pub async fn agree_window(
         Some(why) => format!("! {why}"),
         None => bytes.to_string(),
     };
-    let started = std::time::Instant::now();
-    store.set(&format!("{base}/r{rank}"), mine.as_bytes()).await?;
-    let others: Vec<usize> = (0..size).filter(|&r| r != rank).collect();
-    // One request where the store allows, rather than one per member.
-    let keys: Vec<String> = others.iter().map(|r| format!("{base}/r{r}")).collect();
-    let theirs = store.wait_many(&keys, deadline).await?;
-    let missing: Vec<usize> = others.iter().zip(&theirs).filter(|(_, v)| v.is_none()).map(|(&r, _)| r).collect();
-    if !missing.is_empty() {
-        let ctx = crate::Ctx::new("anyccl", rank, group);
-        return Err(ctx.timeout(OP, started.elapsed(), format!("ranks {missing:?} never registered window #{seq}")));
-    }
+    let ctx = crate::Ctx::new("anyccl", rank, group);
+    let theirs = super::meet::publish_and_read(store, &base, &ctx, (rank, size), (OP, &mine), deadline, |missing| {
+        format!("ranks {missing:?} never registered window #{seq}")
+    })
+    .await?;
     let mut problems: Vec<String> =
         refusal.map(|why| format!("this rank cannot register it: {why}")).into_iter().collect();
-    for (r, v) in others.iter().zip(theirs.iter().flatten()) {
-        let theirs = String::from_utf8_lossy(v);
+    for (r, theirs) in &theirs {
         match theirs.strip_prefix("! ") {
             Some(why) => problems.push(format!("rank {r} cannot register it: {why}")),
-            None if refusal.is_none() && theirs != mine => problems.push(format!("rank {r} registers {theirs} bytes")),
+            None if refusal.is_none() && *theirs != mine => problems.push(format!("rank {r} registers {theirs} bytes")),
             None => {}
         }
     }
     if problems.is_empty() {
         return Ok(());
     }
-    Err(crate::Ctx::new("anyccl", rank, group).invalid(
+    Err(ctx.invalid(
         OP,
         "mem",
         format!(

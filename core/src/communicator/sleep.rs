@@ -154,23 +154,14 @@ async fn all_ready(
     refusal: Option<&str>,
     deadline: Instant,
 ) -> Result<()> {
-    let started = Instant::now();
     let mine = refusal.map_or_else(|| "ok".to_string(), |why| format!("! {why}"));
-    store.set(&format!("{prefix}/r{rank}"), mine.as_bytes()).await?;
-    let others: Vec<usize> = (0..size).filter(|&r| r != rank).collect();
-    let keys: Vec<String> = others.iter().map(|r| format!("{prefix}/r{r}")).collect();
-    let theirs = store.wait_many(&keys, deadline).await?;
-    let missing: Vec<usize> = others.iter().zip(&theirs).filter(|(_, v)| v.is_none()).map(|(&r, _)| r).collect();
-    if !missing.is_empty() {
-        return Err(ctx.timeout(
-            step,
-            started.elapsed(),
-            format!("ranks {missing:?} of the group never called {step}"),
-        ));
-    }
+    let theirs = super::meet::publish_and_read(store, prefix, ctx, (rank, size), (step, &mine), deadline, |missing| {
+        format!("ranks {missing:?} of the group never called {step}")
+    })
+    .await?;
     let mut problems: Vec<String> = refusal.map(|why| format!("this rank: {why}")).into_iter().collect();
-    for (r, v) in others.iter().zip(theirs.iter().flatten()) {
-        if let Some(why) = String::from_utf8_lossy(v).strip_prefix("! ") {
+    for (r, theirs) in &theirs {
+        if let Some(why) = theirs.strip_prefix("! ") {
             problems.push(format!("rank {r}: {why}"));
         }
     }

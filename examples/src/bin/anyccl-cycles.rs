@@ -429,18 +429,7 @@ fn cycle(
         return Ok(());
     }
     let comm = rt.block_on(Communicator::connect(s.backend.as_ref(), spec, rank, store, platform.device(), config))?;
-    let mut buf = platform.alloc(DType::F32, s.count)?;
-    platform.copy_from_host(buf.as_mut(), &pattern::encode(&pattern::values(rank, s.count, None, k), DType::F32))?;
-    comm.all_reduce(None, buf.view_mut(), ReduceOp::Sum)?.wait(op)?;
-    platform.synchronize()?;
-    let mut bytes = vec![0u8; s.count * DType::F32.size()];
-    platform.copy_to_host(buf.as_ref(), &mut bytes)?;
-    let got = pattern::decode(&bytes, DType::F32);
-    let want = |i: usize| (0..n).map(|r| pattern::value(r, i, None, k)).sum::<f64>();
-    if let Some(i) = (0..s.count).find(|&i| got[i] != want(i)) {
-        let msg = format!("all_reduce of cycle {}: element {i} is {}, expected {}", k + 1, got[i], want(i));
-        return Err(comm.ctx().aborted(msg));
-    }
+    let mut buf = checked_all_reduce(s, platform, &comm, rank, k)?;
     measure();
     match End::of(k) {
         End::Shutdown => rt.block_on(comm.shutdown())?,
@@ -475,14 +464,14 @@ fn cycle(
     Ok(())
 }
 
-/// A checked all_reduce of cycle `k` on `comm`.
+/// A checked all_reduce of cycle `k` on `comm`; its buffer.
 fn checked_all_reduce(
     s: &Shared,
     platform: &dyn anyccl::Platform,
     comm: &Communicator,
     rank: usize,
     k: usize,
-) -> Result<()> {
+) -> Result<Box<dyn anyccl::DeviceMemory>> {
     let n = s.ranks;
     let mut buf = platform.alloc(DType::F32, s.count)?;
     platform.copy_from_host(buf.as_mut(), &pattern::encode(&pattern::values(rank, s.count, None, k), DType::F32))?;
@@ -496,7 +485,7 @@ fn checked_all_reduce(
         let msg = format!("all_reduce of cycle {}: element {i} is {}, expected {}", k + 1, got[i], want(i));
         return Err(comm.ctx().aborted(msg));
     }
-    Ok(())
+    Ok(buf)
 }
 
 /// Sleep cycle `k` on one rank: connect `world` (the first) or wake it, a checked
