@@ -669,9 +669,8 @@ fn membership_a_beat_costs_the_store_two_requests() {
     });
 }
 
-/// An epoch proposed as a failure admits no joiner, though one waits already (a replacement
-/// may still be starting its device and library): the survivors go on first, and the joiner
-/// is admitted at the next epoch, which it proposes.
+/// A failure epoch admits no joiner, though one waits (it may still be starting its device):
+/// the survivors go on first; the joiner is admitted at the next epoch, which it proposes.
 #[test]
 fn membership_a_failure_epoch_admits_no_joiner_the_next_epoch_does() {
     rt().block_on(async {
@@ -694,8 +693,6 @@ fn membership_a_failure_epoch_admits_no_joiner_the_next_epoch_does() {
         let (_ms, vs) = agree_all(ms).await;
         let joiner = joiner.await.expect("task").expect("admitted at the next epoch");
         assert_eq!((joiner.view().epoch, joiner.view().joined.clone()), (2, vec![2]));
-        for v in vs {
-            assert_eq!(v.expect("agreed").members, joiner.view().members);
-        }
+        vs.into_iter().for_each(|v| assert_eq!(v.expect("agreed").members, joiner.view().members));
     });
 }
