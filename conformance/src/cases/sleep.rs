@@ -95,6 +95,21 @@ fn misuse_is_refused(cx: &RankCtx) -> CaseResult {
     Ok(())
 }
 
+/// Detail mode (every collective checked across the members first): an operation while
+/// asleep is refused at once, not after the check's wait for members that issue nothing.
+fn detail_mode_refuses_at_once(cx: &RankCtx) -> CaseResult {
+    let config = CommConfig { detail: true, op_timeout: OP, init_timeout: CONNECT, ..cx.comm.config().clone() };
+    let mut comm = cx.connect_all("sleepy-detail", Role::Data, config)?;
+    reduce_checked(cx, &comm, 6)?;
+    cx.block_on(comm.sleep())?;
+    let mut b = cx.zeros(DType::F32, COUNT)?;
+    let t = std::time::Instant::now();
+    refused(comm.all_reduce(None, b.view_mut(), ReduceOp::Sum), "all_reduce while asleep", "sleepy-detail", "asleep")?;
+    ensure!(t.elapsed() < Duration::from_secs(1), "refused after {:?}: it waited for the other members", t.elapsed());
+    cx.block_on(comm.wake(cx.backend.as_ref()))?;
+    reduce_checked(cx, &comm, 7)
+}
+
 /// A member that never calls sleep: the others' sleep is a `Timeout` naming it, and the
 /// group is still awake and usable on every member.
 fn member_never_sleeps(cx: &RankCtx) -> CaseResult {
@@ -184,6 +199,7 @@ pub fn register(v: &mut Vec<Case>) {
     v.push(Case::new("sleep", "wake_gives_correct_results", &[1, 2, 3, 4, 8], wake_gives_correct_results));
     v.push(Case::new("sleep", "misuse_is_refused", &[1, 2, 3], misuse_is_refused));
     v.push(Case::new("sleep", "member_never_sleeps", &[2, 3], member_never_sleeps));
+    v.push(Case::new("sleep", "detail_mode_refuses_at_once", &[2, 3], detail_mode_refuses_at_once));
     v.push(Case::new("sleep", "member_never_wakes", &[2, 3], member_never_wakes));
     v.push(Case::new("sleep", "engine_groups_sleep_and_wake_warmed", &[2, 3, 4], engine_groups));
 }

@@ -243,6 +243,57 @@ pub(super) async fn shm_links(
     if !missing.is_empty() {
         return Err(timeout(ctx, "waiting for shared-memory segments", &missing, started));
     }
+    // Every local peer maps this rank's segment before any connect returns: a rank that
+    // finished early and dropped its communicator would close its descriptor before a slower
+    // peer opened it through `/proc`. A rank that cannot map says why, so the others fail at
+    // once instead of at the deadline.
+    let mapped = map_peers(ctx, &own, layout, locals, got, ring_streaming, size, ns, &fail);
+    let mine = match &mapped {
+        Ok(_) => "ok".to_string(),
+        Err(e) => format!("! {e}"),
+    };
+    store.set(&format!("{ns}/mapped/{rank}"), mine.as_bytes()).await?;
+    let links = mapped?;
+    let keys: Vec<String> = locals.iter().map(|r| format!("{ns}/mapped/{r}")).collect();
+    let got = store.wait_many(&keys, deadline).await?;
+    let missing: Vec<usize> = locals.iter().zip(&got).filter(|(_, v)| v.is_none()).map(|(r, _)| *r).collect();
+    if !missing.is_empty() {
+        return Err(timeout(ctx, "waiting for the peers to map the shared-memory segments", &missing, started));
+    }
+    for (peer, v) in locals.iter().zip(got.iter().flatten()) {
+        if let Some(why) = String::from_utf8_lossy(v).strip_prefix("! ") {
+            return Err(fail(format!("rank {peer} could not map the segments: {why}")));
+        }
+    }
+    tracing::debug!(
+        backend = "cpu",
+        group = label,
+        rank,
+        locals = locals.len(),
+        ring_bytes = layout.ring,
+        segment_bytes = layout.segment_bytes(),
+        host_bytes = layout.segment_bytes() * locals.len(),
+        "shared memory connected: {} bytes in this rank's segment, {} on the host",
+        layout.segment_bytes(),
+        layout.segment_bytes() * locals.len()
+    );
+    Ok(links)
+}
+
+/// Map every local peer's segment (as `got` from the store names them) and make the links.
+#[allow(clippy::too_many_arguments)] // One step of the connect: every argument is a part of it.
+fn map_peers(
+    ctx: &Ctx,
+    own: &Arc<shm::Segment>,
+    layout: shm::Layout,
+    locals: &[usize],
+    got: Vec<Option<Vec<u8>>>,
+    ring_streaming: bool,
+    size: usize,
+    ns: &str,
+    fail: &dyn Fn(String) -> Error,
+) -> Result<Vec<Option<ShmLink>>> {
+    let (rank, label) = (ctx.rank, ctx.group.as_str());
     let patience = shm::Patience::for_host(locals.len(), ctx)?;
     let stream_min = crate::settings::ring_stream_min(ring_streaming, ctx)?;
     let me_local = locals.iter().position(|&r| r == rank).unwrap_or(0);
@@ -270,7 +321,7 @@ pub(super) async fn shm_links(
         }
         let seg = shm::Segment::open(pid as u32, fd as i32, layout.segment_bytes())
             .map_err(|e| fail(format!("rank {peer}: {e}")))?;
-        let (tx, rx) = shm::link(&own, &Arc::new(seg), layout, me_local, i, patience, stream_min);
+        let (tx, rx) = shm::link(own, &Arc::new(seg), layout, me_local, i, patience, stream_min);
         // May this process read the peer's memory? (Not where a security module forbids
         // it.) The peer reads the answer before its first large message to this rank.
         let mut probe = [0u8; 8];
@@ -281,17 +332,5 @@ pub(super) async fn shm_links(
         rx.allow_by_ref(readable.is_ok());
         links[peer] = Some(ShmLink::new(tx, rx, pid as i32));
     }
-    tracing::debug!(
-        backend = "cpu",
-        group = label,
-        rank,
-        locals = locals.len(),
-        ring_bytes = layout.ring,
-        segment_bytes = layout.segment_bytes(),
-        host_bytes = layout.segment_bytes() * locals.len(),
-        "shared memory connected: {} bytes in this rank's segment, {} on the host",
-        layout.segment_bytes(),
-        layout.segment_bytes() * locals.len()
-    );
     Ok(links)
 }
