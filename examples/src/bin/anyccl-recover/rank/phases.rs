@@ -63,17 +63,21 @@ impl Rank<'_> {
                 row = Some(self.rollout(phase - 1, &plans).await?);
             }
             while step < end {
+                // Only the first step after a rollout is measured (two meetings of all ranks).
+                let Some((k, given, took, woke, warm)) = row.take() else {
+                    train_step(&self.step_ctx(), model, step, false, &|| {})?;
+                    step += 1;
+                    continue;
+                };
                 let before = self.free_at(&format!("step{step}/before")).await?;
                 train_step(&self.step_ctx(), model, step, false, &|| {})?;
                 let after = self.free_at(&format!("step{step}/after")).await?;
-                if let Some((k, given, took, woke, warm)) = row.take() {
-                    println!(
-                        "{k:>7} {:>16.1} {:>15.1} {woke:>10.1} {warm:>10.1} {:>17.1}   (rank {me})",
-                        mib(given) + 0.0,
-                        mib(took),
-                        mib(before - after) + 0.0
-                    );
-                }
+                println!(
+                    "{k:>7} {:>16.1} {:>15.1} {woke:>10.1} {warm:>10.1} {:>17.1}   (rank {me})",
+                    mib(given) + 0.0,
+                    mib(took),
+                    mib(before - after) + 0.0
+                );
                 step += 1;
             }
         }
