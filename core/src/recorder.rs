@@ -339,6 +339,12 @@ impl FlightRecorder {
         }
     }
 
+    /// [`FlightRecorder::now_coarse_ns`] as an instant: when an operation is issued (a read
+    /// of the coarse clock where the precise one costs several times more, on every call).
+    pub(crate) fn now_coarse(&self) -> Instant {
+        self.base + Duration::from_nanos(self.now_coarse_ns())
+    }
+
     /// Slot `i` copied whole, or `None` while it is empty or being written.
     fn copy(&self, i: usize) -> Option<Copied> {
         let s = &self.slots[i];

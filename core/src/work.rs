@@ -29,7 +29,8 @@ pub struct WorkInfo {
     pub group: Arc<str>,
     /// Rank within the group.
     pub rank: usize,
-    /// When it was enqueued.
+    /// When it was enqueued, to the coarse clock's tick (a few milliseconds at most; never
+    /// later than the precise time).
     pub started: Instant,
 }
 

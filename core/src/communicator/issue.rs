@@ -8,7 +8,6 @@ use crate::error::Result;
 use crate::recorder::{OpFields, OpState};
 use crate::work::{Work, WorkInfo};
 use std::sync::atomic::Ordering;
-use std::time::Instant;
 
 impl Communicator {
     /// Add `call`'s signature to the recording, keeping one entry per (op, dtype, size
@@ -57,7 +56,9 @@ impl Communicator {
             bytes = call.bytes
         );
         let _g = span.enter();
-        let started = Instant::now();
+        // To the coarse clock's tick: the recorder stamps completions on it too, and this
+        // runs on every operation.
+        let started = self.recorder.now_coarse();
         let ticket = self.recorder.push_pending(
             self.group_id,
             &OpFields {

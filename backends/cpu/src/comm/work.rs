@@ -260,8 +260,9 @@ impl CpuComm {
         let id = st.next_id;
         st.next_id += 1;
         // Wake the worker when it sleeps for good, or when a job is already queued (the
-        // program issues several before it waits: they must progress without it).
-        let wake = st.parked || (!st.jobs.is_empty() && !st.woken);
+        // program issues several before it waits: they must progress without it) and the
+        // worker would not look again within the grace.
+        let wake = st.parked || (st.dozing && !st.jobs.is_empty() && !st.woken);
         st.woken |= wake;
         let grace = Job::grace_for(self.sched.grace, admission.size, lent);
         st.jobs.push_back(Job { id, run, done: done.clone(), grace, _admission: admission });
