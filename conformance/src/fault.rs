@@ -88,6 +88,9 @@ impl Collective for Faulty {
     fn memory_held(&self) -> Option<u64> {
         self.inner.memory_held()
     }
+    fn path(&self, op: &str, bytes: usize) -> Option<String> {
+        self.inner.path(op, bytes)
+    }
     fn register(&self, buf: Buf<'_>) -> Result<Option<anyccl_core::RegHandle>> {
         self.inner.register(buf)
     }

@@ -107,6 +107,15 @@ pub trait Collective: Send + Sync + fmt::Debug + 'static {
     fn memory_held(&self) -> Option<u64> {
         None
     }
+    /// How this communicator runs `op` (an operation's name: "all_reduce", "broadcast",
+    /// "sendrecv"...) on a receive buffer of `bytes` bytes: the algorithm and the transport,
+    /// in words, for benchmarks and logs to print beside their numbers, so that a slow run
+    /// can be told from a fast one. `None` where the library chooses inside each call, or
+    /// for an operation the backend does not name.
+    fn path(&self, op: &str, bytes: usize) -> Option<String> {
+        let _ = (op, bytes);
+        None
+    }
 
     /// Element-wise reduction of every rank's input, result on every rank.
     fn all_reduce<'a>(&'a self, send: Option<Buf<'a>>, recv: BufMut<'a>, op: ReduceOp) -> Result<Work<'a>>;

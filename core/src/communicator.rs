@@ -325,6 +325,11 @@ impl Communicator {
     pub fn memory_held(&self) -> Option<u64> {
         self.inner.memory_held()
     }
+    /// How the backend runs `op` on a receive buffer of `bytes` bytes, in words (see
+    /// [`Collective::path`]); `None` where the library chooses inside each call.
+    pub fn path(&self, op: &str, bytes: usize) -> Option<String> {
+        self.inner.path(op, bytes)
+    }
     /// The settings.
     pub fn config(&self) -> &CommConfig {
         &self.config

@@ -86,6 +86,8 @@ pub struct CpuComm {
     windows: AtomicU64,
     queue: Arc<Queue>,
     pool: Arc<Pool>,
+    /// The engine's thresholds, for [`Collective::path`].
+    tune: Tuning,
 }
 
 /// What the CPU backend supports.
@@ -170,6 +172,7 @@ impl CpuComm {
             windows: AtomicU64::new(0),
             queue,
             pool,
+            tune,
         }))
     }
 
@@ -202,6 +205,10 @@ impl Collective for CpuComm {
     }
     fn capabilities(&self) -> &Capabilities {
         &self.caps
+    }
+    fn path(&self, op: &str, bytes: usize) -> Option<String> {
+        let route = |peer, kind, len, exchange| self.mesh.route(peer, kind, len, exchange);
+        algo::path(op, bytes, (self.info.rank, self.info.size), &self.tune, &route)
     }
 
     fn all_reduce<'a>(&'a self, send: Option<Buf<'a>>, mut recv: BufMut<'a>, op: ReduceOp) -> Result<Work<'a>> {

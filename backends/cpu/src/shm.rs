@@ -216,6 +216,11 @@ impl Tx {
         }
     }
 
+    /// Messages of at least this many bytes are written with streaming stores.
+    pub(crate) fn stream_min(&self) -> usize {
+        self.stream_min
+    }
+
     /// Whether the reader can read this process's memory (large messages go by reference).
     pub(crate) fn by_ref_ok(&self) -> bool {
         self.ring.ctl().reader.by_ref.load(Ordering::Acquire) == 1

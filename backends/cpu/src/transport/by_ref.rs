@@ -79,6 +79,24 @@ impl Mesh {
         ((exchange && in_step) || len >= alone) && tx.by_ref_ok()
     }
 
+    /// How a message of `kind` and `len` bytes to `peer` travels, sent in an exchange or
+    /// alone, in words: over TCP, by reference (the peer copies it out of this process's
+    /// memory), or through the shared-memory ring (with streaming stores from the ring's
+    /// threshold on).
+    pub(crate) fn route(&self, peer: usize, kind: Kind, len: usize, exchange: bool) -> &'static str {
+        let Some(l) = self.shm.get(peer).and_then(Option::as_ref) else {
+            return if peer == self.rank { "none" } else { "tcp" };
+        };
+        let tx = l.tx.lock().unwrap_or_else(|p| p.into_inner());
+        if self.by_ref(&tx, kind, len, exchange) {
+            "shm by reference"
+        } else if len >= tx.stream_min() {
+            "shm ring, streaming stores"
+        } else {
+            "shm ring"
+        }
+    }
+
     /// Whether a point-to-point message of `len` bytes to `peer` goes by reference, sent in
     /// an exchange (a sendrecv) or alone.
     pub(super) fn lends_to(&self, peer: usize, len: usize, exchange: bool) -> bool {

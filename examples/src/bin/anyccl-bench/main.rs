@@ -129,6 +129,18 @@ async fn run(args: Args) -> Result<()> {
             let t: Vec<String> = tuning.iter().map(|(k, v)| format!("{k}={v}")).collect();
             println!("# tuning: {}", t.join(" "));
         }
+        // The algorithm and transport each size takes on this communicator, as chosen at
+        // connect (thresholds from the host's cache and CPUs), so a slow run can be told
+        // from a fast one.
+        let mut b = first;
+        while b <= max {
+            let rc = counts(op, b, dtype.size(), n).1 * dtype.size();
+            match comm.path(op.name(), rc) {
+                Some(p) => println!("# path {b:>11} B: {p}"),
+                None => break,
+            }
+            b = b.saturating_mul(args.factor);
+        }
         if let Some(said) = how.header(comm.capabilities()) {
             println!("# buffers: {said}");
         }
@@ -166,9 +178,17 @@ async fn run(args: Args) -> Result<()> {
         let alloc = |count: usize| alloc_mem(platform.as_ref(), &comm, how, dtype, count);
         let mut b = Bufs { send: alloc(sc).await?, recvs: Vec::new(), in_place_input: Vec::new() };
         platform.copy_from_host(&mut *b.send, &send_input)?;
+        // Each receive buffer written once before any call: a buffer the warm-up calls do
+        // not reach would otherwise take its first-touch page faults inside the timed calls
+        // (32 MiB pipelined 50 deep with 20 warm-up calls took 22-46 ms a call instead of
+        // 6.5-7.4), and the cold call's memory would count the bench's pages.
+        let zeros = vec![0u8; rc * dtype.size()];
         for _ in 0..depth(rc) {
-            b.recvs.push(alloc(rc).await?);
+            let mut r = alloc(rc).await?;
+            platform.copy_from_host(&mut *r, &zeros)?;
+            b.recvs.push(r);
         }
+        drop(zeros);
         // Cold: the first call of this size on this communicator, with its memory. The
         // ranks meet through the store, so no collective runs before it.
         sync.wait(&format!("cold{bytes}")).await?;

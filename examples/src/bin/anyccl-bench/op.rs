@@ -29,6 +29,19 @@ impl Op {
         })
     }
     /// nccl-tests' bus bandwidth factor.
+    /// The operation's name as the library says it.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Op::AllReduce => "all_reduce",
+            Op::AllGather => "all_gather",
+            Op::ReduceScatter => "reduce_scatter",
+            Op::Broadcast => "broadcast",
+            Op::Reduce => "reduce",
+            Op::AllToAll => "all_to_all",
+            Op::SendRecv => "sendrecv",
+        }
+    }
+
     pub(crate) fn bus_factor(self, n: usize) -> f64 {
         let n = n as f64;
         match self {
