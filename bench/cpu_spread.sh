@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Run-to-run steadiness of the CPU backend beside Open MPI (shared memory): the same command
+# RUNS times in a row per size, anyccl waited (`--depth 1`, the latency an MPI blocking loop
+# measures), anyccl pipelined (calls issued back to back, then waited) and Open MPI, the
+# three alternating so that a drift of the machine hits each alike. One row per size and
+# mode: the fastest, median and slowest run's time per call, slowest / fastest, Open MPI's
+# median, the worst ratio of a run's time to the Open MPI run right after it (the machine's
+# own slow spells, which slow Open MPI too, cancel there), and whether every run was at least
+# Open MPI's median speed.
+#
+#   bash bench/cpu_spread.sh                                  # all_reduce, 2 ranks, 10 runs
+#   OP=broadcast RANKS=4 SIZES="8 4K" RUNS=5 bash bench/cpu_spread.sh
+#
+# Installs Debian's Open MPI if absent (run as root with --allow-run-as-root and
+# --oversubscribe) and builds anyccl's release binaries.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OP=${OP:-all_reduce}
+RANKS=${RANKS:-2}
+SIZES=${SIZES:-"8 64K 2M 32M"}
+RUNS=${RUNS:-10}
+die() { echo "cpu_spread.sh: $*" >&2; exit 2; }
+[[ $RUNS =~ ^[1-9][0-9]*$ ]] || die "RUNS=$RUNS: not a whole number of 1 or more"
+[[ $RANKS =~ ^[1-9][0-9]*$ ]] && [ "$RANKS" -ge 2 ] || die "RANKS=$RANKS: not a world size of 2 or more"
+case $OP in
+  all_reduce | all_gather | reduce_scatter | broadcast | all_to_all | sendrecv) ;;
+  *) die "OP: unknown operation '$OP' (all_reduce all_gather reduce_scatter broadcast all_to_all sendrecv)" ;;
+esac
+sizes=()
+for s in $SIZES; do
+  b=$(numfmt --from=iec "$s" 2>/dev/null) && [ "$b" -ge 1 ] || die "SIZES: '$s' is not a size of 1 byte or more (8, 64K, 2M)"
+  sizes+=("$b")
+done
+[ "${#sizes[@]}" -gt 0 ] || die "SIZES is empty"
+if ! command -v mpicc >/dev/null || ! command -v mpirun >/dev/null; then
+  echo "# installing Open MPI (apt)" >&2
+  (apt-get update -qq && apt-get install -y -qq openmpi-bin libopenmpi-dev) >/dev/null 2>&1
+fi
+WORK=${WORK:-$(mktemp -d /tmp/cpu-spread.XXXXXX)}
+mkdir -p "$WORK"
+cargo build -q --release -p anyccl-examples --bin anyccl-run --bin anyccl-bench
+mpicc -O2 -o "$WORK/mpi_coll" bench/peers/mpi_coll.c
+R=target/release
+# Calls per run: many for small sizes, few for large (about a tenth of a second or more each).
+iters() { if [ "$1" -lt 65536 ]; then echo 20000; elif [ "$1" -lt 4194304 ]; then echo 1000; else echo 50; fi; }
+# anyccl's time per call at size "$1" (out of place; broadcast in place, as MPI_Bcast), mode "$2".
+col='$6'
+[ "$OP" = broadcast ] && col='$10'
+anyccl() {
+  local depth=()
+  [ "$2" = waited ] && depth=(--depth 1)
+  $R/anyccl-run -n "$RANKS" --no-prefix -- $R/anyccl-bench "$OP" --backend cpu -b "$1" -e "$1" -n "$(iters "$1")" \
+    -w 20 -c 0 ${depth[@]+"${depth[@]}"} | awk "!/^#/ && NF > 8 {print $col; exit}"
+}
+# Open MPI's time per call at size "$1".
+ompi() {
+  mpirun --allow-run-as-root --oversubscribe -np "$RANKS" "$WORK/mpi_coll" "$OP" "$1" "$1" "$(iters "$1")" \
+    2>"$WORK/mpi.err" | awk 'NF >= 2 {print $2; exit}'
+}
+echo "# $(nproc) cores, $(uname -r); Open MPI $(mpirun --allow-run-as-root --version 2>/dev/null | head -1 | awk '{print $NF}')"
+echo "# $OP float32 sum, $RANKS ranks, $RUNS runs a size; time in us per call"
+for s in "${sizes[@]}"; do
+  : >"$WORK/waited.$s"; : >"$WORK/pipelined.$s"; : >"$WORK/ompi.$s"
+  for ((r = 0; r < RUNS; r++)); do
+    anyccl "$s" waited >>"$WORK/waited.$s"
+    anyccl "$s" pipelined >>"$WORK/pipelined.$s"
+    ompi "$s" >>"$WORK/ompi.$s"
+  done
+done
+printf "%12s %10s | %9s %9s %9s %9s | %9s %9s | %s\n" size mode fastest median slowest "slow/fast" "ompi-med" "worst/ompi" "every run >= ompi median"
+stats() { sort -g "$1" | awk '{v[NR] = $1} END { if (NR) printf "%s %s %s", v[1], v[int((NR + 1) / 2)], v[NR] }'; }
+for s in "${sizes[@]}"; do
+  read -r _ om _ <<<"$(stats "$WORK/ompi.$s")"
+  for mode in waited pipelined; do
+    read -r lo med hi <<<"$(stats "$WORK/$mode.$s")"
+    [ -n "${lo:-}" ] || { printf "%12s %10s | no result (see %s)\n" "$s" "$mode" "$WORK"; continue; }
+    # The worst of each run's time over its Open MPI neighbour's.
+    pair=$(paste "$WORK/$mode.$s" "$WORK/ompi.$s" | awk 'NF == 2 && $2 > 0 { r = $1 / $2; if (r > w) w = r } END { printf "%.2f", w }')
+    awk -v s="$s" -v m="$mode" -v lo="$lo" -v med="$med" -v hi="$hi" -v om="${om:-0}" -v pair="$pair" 'BEGIN {
+      ok = (om > 0) ? (hi <= om ? "yes" : "no") : "n/a"
+      printf "%12s %10s | %9.2f %9.2f %9.2f %9.2f | %9.2f %10s | %s\n", s, m, lo, med, hi, hi / lo, om, pair, ok }'
+  done
+done
+echo "# raw outputs: $WORK"
