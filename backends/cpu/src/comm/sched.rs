@@ -78,6 +78,10 @@ pub(super) struct SchedState {
     /// CPU taken away: 8 B all_reduce 4 in flight took 1.3-1.6 us a call against 0.5 waited
     /// one by one).
     pub(super) dozing: bool,
+    /// A caller waits for a queued job without running it itself (its wait is shorter than
+    /// the operation timeout, or it polls): the worker runs the queue at once rather than
+    /// leaving each job the grace. Cleared once the queue is empty.
+    pub(super) hurry: bool,
     /// Callers blocked in a wait until the engine comes free, to run their jobs themselves:
     /// while there are any, the worker ends its run after the job it has, rather than
     /// running the queue while they sleep and waking each in turn.
@@ -103,6 +107,7 @@ impl Sched {
                 parked: false,
                 woken: false,
                 dozing: false,
+                hurry: false,
                 helpers: 0,
             }),
             cv: Condvar::new(),
@@ -141,6 +146,18 @@ impl Sched {
             self.freed.notify_all();
         }
         (st, r)
+    }
+
+    /// A caller waits for a job that it will not run itself: have the worker run the queue
+    /// now (it would otherwise leave each job the grace, or look only at its next poll).
+    pub(super) fn hurry(&self) {
+        let mut st = self.lock();
+        if st.jobs.is_empty() || st.hurry {
+            return;
+        }
+        st.hurry = true;
+        drop(st);
+        self.cv.notify_one();
     }
 
     /// Wait at most `slice` for the engine to come free, if a job runs now (the caller then
@@ -209,6 +226,7 @@ pub(super) fn worker_loop(sched: &Sched) {
         }
         let Some(front) = st.jobs.front() else {
             seen = None;
+            st.hurry = false;
             if idle_since.elapsed() >= IDLE && !st.closed {
                 st.parked = true;
                 st = sched.cv.wait(st).unwrap_or_else(|p| p.into_inner());
@@ -233,7 +251,7 @@ pub(super) fn worker_loop(sched: &Sched) {
             }
         };
         let age = first_seen.elapsed();
-        if st.engine.is_none() || st.helpers > 0 || (age < patience && !st.closed) {
+        if st.engine.is_none() || st.helpers > 0 || (age < patience && !st.closed && !st.hurry) {
             // A caller runs a job, waits to run its own, or may take this one: look again
             // later (within the grace once callers stop waiting: the jobs nobody waits for
             // must go on).
@@ -268,6 +286,9 @@ pub(super) struct Completion {
     pub(super) cv: Condvar,
     /// Threads blocked on `cv` (a completion nobody waits for is set without a wake-up).
     pub(super) waiters: AtomicUsize,
+    /// Set once `slot` holds the result: a caller about to block looks at it for a while
+    /// first (see [`Completion::spin`]).
+    pub(super) done: std::sync::atomic::AtomicBool,
 }
 
 impl Completion {
@@ -283,8 +304,30 @@ impl Completion {
         g
     }
 
+    /// Look for the result for at most `SPIN` before the caller blocks: the worker that was
+    /// just asked to run the job (a small one takes microseconds) then sets it without a
+    /// wake-up, which costs tens of microseconds on a host whose cores are all busy. Whether
+    /// the result is in.
+    pub(super) fn spin(&self) -> bool {
+        const SPIN: Duration = Duration::from_micros(50);
+        let start = Instant::now();
+        loop {
+            for _ in 0..64 {
+                if self.done.load(Ordering::Acquire) {
+                    return true;
+                }
+                std::hint::spin_loop();
+            }
+            if start.elapsed() >= SPIN {
+                return self.done.load(Ordering::Acquire);
+            }
+            std::thread::yield_now();
+        }
+    }
+
     pub(super) fn set(&self, r: Result<Output>) {
         *self.slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+        self.done.store(true, Ordering::Release);
         if self.waiters.load(Ordering::SeqCst) > 0 {
             self.cv.notify_all();
         }

@@ -106,6 +106,8 @@ pub(super) struct CpuWork<'a> {
     pub(super) targets: Few<BufMut<'a>>,
     /// An input was lent: dropping this waits for the job.
     pub(super) lent: bool,
+    /// This handle asked the worker to hurry ([`Sched::hurry`]) already.
+    pub(super) prodded: bool,
 }
 
 impl CpuWork<'_> {
@@ -143,11 +145,26 @@ impl CpuWork<'_> {
     }
 }
 
+impl CpuWork<'_> {
+    /// Ask the worker, once, to run the queue now: this job's caller waits for it.
+    fn prod(&mut self) {
+        if !self.prodded {
+            self.prodded = true;
+            self.sched.hurry();
+        }
+    }
+}
+
 impl WorkImpl for CpuWork<'_> {
     fn poll(&mut self) -> Result<bool> {
         let r = self.done.slot.lock().unwrap_or_else(|p| p.into_inner()).take();
         match r {
-            None => Ok(false),
+            None => {
+                // Someone looks for it: the worker runs it now (a program that polls, or an
+                // async wait, would otherwise wait for the grace or the worker's next look).
+                self.prod();
+                Ok(false)
+            }
             Some(r) => self.deliver(r),
         }
     }
@@ -184,8 +201,16 @@ impl WorkImpl for CpuWork<'_> {
                 self.sched.wait_engine(slice);
                 continue;
             }
-            // The worker runs it (or an earlier job): wait for it, looking again now and
-            // then in case the engine came free with this job still queued.
+            // The worker runs it (or an earlier job): have it start now, and wait for it,
+            // looking again now and then in case the engine came free with this job still
+            // queued. (Without the prod, a wait of 60 s on a communicator whose operation
+            // timeout is 600 s waited for the worker's next look: up to 20 ms a call.)
+            if !self.prodded {
+                drop(g);
+                self.prod();
+                self.done.spin();
+                continue;
+            }
             g = self.done.park(g, slice);
             if let Some(r) = g.take() {
                 drop(g);
@@ -280,6 +305,7 @@ impl CpuComm {
             sources,
             targets,
             lent,
+            prodded: false,
         })))
     }
 
