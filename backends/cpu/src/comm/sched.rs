@@ -306,20 +306,20 @@ impl Completion {
 
     /// Look for the result for at most `SPIN` before the caller blocks: the worker that was
     /// just asked to run the job (a small one takes microseconds) then sets it without a
-    /// wake-up, which costs tens of microseconds on a host whose cores are all busy. Whether
-    /// the result is in.
-    pub(super) fn spin(&self) -> bool {
+    /// wake-up, which costs tens of microseconds on a host whose cores are all busy (the
+    /// caller looks at `slot` again after it).
+    pub(super) fn spin(&self) {
         const SPIN: Duration = Duration::from_micros(50);
         let start = Instant::now();
         loop {
             for _ in 0..64 {
                 if self.done.load(Ordering::Acquire) {
-                    return true;
+                    return;
                 }
                 std::hint::spin_loop();
             }
             if start.elapsed() >= SPIN {
-                return self.done.load(Ordering::Acquire);
+                return;
             }
             std::thread::yield_now();
         }

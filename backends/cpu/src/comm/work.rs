@@ -124,6 +124,14 @@ impl CpuWork<'_> {
         Ok(true)
     }
 
+    /// Ask the worker, once, to run the queue now: this job's caller waits for it.
+    fn prod(&mut self) {
+        if !self.prodded {
+            self.prodded = true;
+            self.sched.hurry();
+        }
+    }
+
     /// Run queued jobs on this thread up to this one, while the engine is free; this one
     /// with the caller's buffers when `direct`, returning its result.
     fn help(&mut self, direct: bool) -> Option<Result<Output>> {
@@ -142,16 +150,6 @@ impl CpuWork<'_> {
             st = next;
         }
         None
-    }
-}
-
-impl CpuWork<'_> {
-    /// Ask the worker, once, to run the queue now: this job's caller waits for it.
-    fn prod(&mut self) {
-        if !self.prodded {
-            self.prodded = true;
-            self.sched.hurry();
-        }
     }
 }
 
@@ -204,7 +202,7 @@ impl WorkImpl for CpuWork<'_> {
             // The worker runs it (or an earlier job): have it start now, and wait for it,
             // looking again now and then in case the engine came free with this job still
             // queued. (Without the prod, a wait of 60 s on a communicator whose operation
-            // timeout is 600 s waited for the worker's next look: up to 20 ms a call.)
+            // timeout is 600 s waited for the worker's next look: 378-485 us an 8 B call.)
             if !self.prodded {
                 drop(g);
                 self.prod();
