@@ -21,6 +21,12 @@
 #   PARTS=streams BIN=.gpu bash bench/gpu_acceptance.sh          # the two-GPU stream and graph
 #       tests ($BIN/nccl-streams-test: cargo test --release -p anyccl-nccl --test streams
 #       --no-run), compute beside an all_reduce (--overlap-us), replayed graphs (--graph)
+#   PARTS=one BIN=.gpu bash bench/gpu_acceptance.sh             # what one GPU can check: the
+#       Work path and stream order against raw NCCL at world size 1 (--vs-raw, with and
+#       without shared completion, raw with an event per call, alternating ROUNDS, default 2),
+#       the conformance suite at world size 1, sleep/wake cycles (CYCLES, default 20) and the
+#       colocated demo and the sleep cases with two ranks sharing the GPU over NCCL's socket
+#       transport
 #   SQUEEZE=8: the MiB the recovery demo leaves free (default 16)
 #
 # Logs go to $OUT (default /tmp/anyccl-acceptance), one file per part; a summary is
@@ -59,6 +65,34 @@ rm -rf /tmp/anyccl-acceptance-rec
   timeout 120 anyccl-recover demo --backend nccl --squeeze "${SQUEEZE:-16}" --no-warmup --out /tmp/anyccl-acceptance-rec; echo "exit=$?"
 } > "$OUT/recover.log" 2>&1
 grep -E 'exit=|bit-for-bit|failed with' "$OUT/recover.log" | cut -c1-300
+fi
+
+if want one; then
+echo "### one GPU: the Work path and stream order against raw NCCL, world size 1 ($(t))"
+for round in $(seq "${ROUNDS:-2}"); do for sc in 0 1; do
+  log="$OUT/one-raw-$round-sc$sc.log"
+  ANYCCL_SHARED_COMPLETION=$sc timeout 150 anyccl-run -n 1 -- anyccl-bench all_reduce --backend nccl \
+    --vs-raw "${PAIRS:-16}" -b 8 -e 4K -f 2 -n 100 -w 20 > "$log" 2>&1
+  echo "round $round, ANYCCL_SHARED_COMPLETION=$sc (exit $?): size raw anyccl median worst raw+events"
+  grep -E '^\[rank 0\] #.*(completion|NCCL|version)' "$log" | head -2 | cut -c1-200
+  awk '/^\[rank 0\] +[0-9]/ { print "  ", $3, $6, $7, $8, $9, $13 }' "$log"
+done; done
+SOCK=(env ANYCCL_RANK_ENV='NCCL_HOSTID=h{rank}' NCCL_IB_DISABLE=1 NCCL_SOCKET_IFNAME=lo)
+echo "### one GPU: ${CYCLES:-20} sleep/wake cycles, two ranks over sockets ($(t))"
+"${SOCK[@]}" timeout 240 anyccl-run -n 2 -- anyccl-warmup-check --backend nccl --sleep-cycles "${CYCLES:-20}" \
+  > "$OUT/one-sleep.log" 2>&1
+echo "exit $?"; grep -E '^\[rank 0\].*(sleep|wake|cycle|step|MiB)' "$OUT/one-sleep.log" | cut -c1-220 | tail -40
+echo "### one GPU: the colocated demo, two ranks over sockets ($(t))"
+rm -rf /tmp/anyccl-acceptance-col
+"${SOCK[@]}" timeout 240 anyccl-recover demo --backend nccl --colocated-phases 3 --steps 12 \
+  --out /tmp/anyccl-acceptance-col > "$OUT/one-colocated.log" 2>&1
+echo "exit $?"; grep -vE '^\[rank [0-9]+\] step ' "$OUT/one-colocated.log" | tail -25 | cut -c1-220
+echo "### one GPU: conformance at world size 1 ($(t))"
+timeout 300 anyccl-conformance --backend nccl --world-sizes 1 > "$OUT/one-conformance.log" 2>&1
+echo "exit $?"; grep -E 'passed|failed|FAIL' "$OUT/one-conformance.log" | tail -5
+echo "### one GPU: the sleep cases at world size 2, two ranks over sockets ($(t))"
+"${SOCK[@]}" timeout 200 anyccl-conformance --backend nccl --world-sizes 2 --filter sleep > "$OUT/one-sleep-cases.log" 2>&1
+echo "exit $?"; grep -E 'passed|failed|FAIL' "$OUT/one-sleep-cases.log" | tail -5
 fi
 
 if want check; then

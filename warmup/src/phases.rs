@@ -8,9 +8,10 @@
 //! a group already awake (or asleep) is not touched again. The report gives, per group, the
 //! device memory held before and after and how long each part took.
 
+use crate::outcome::{outcome, Outcome};
 use crate::plan::exclusion;
 use crate::run::{warmup, warmup_plans};
-use crate::session::{comm_ctx, Session};
+use crate::session::{comm_ctx, ctx, Session};
 use crate::{GroupPlan, Report, Target, WarmupConfig};
 use anyccl_core::{Backend, Communicator, Result};
 use serde::{Deserialize, Serialize};
@@ -127,11 +128,20 @@ pub async fn sleep_groups(s: &Session<'_>, groups: &mut [&mut Communicator]) -> 
 
 /// Wake an engine's groups that [`sleep_groups`] put to sleep, through `backend`, and warm
 /// them in the session's generation: from `plans` (one per group, by name: a recorded step)
-/// where given, else from their roles.
+/// where given, else from their roles. Every rank of the session calls it.
+///
+/// All or nothing: each group wakes on all its members or on none ([`Communicator::wake`]),
+/// and then every rank of the session learns whether every wake succeeded (a rank outside
+/// the group that failed would not know otherwise); should one have failed anywhere, or the
+/// warmup after, every rank puts the groups it woke in this call back to sleep
+/// ([`Communicator::sleep_agreed`]) and returns an error. A group's failed wake does not stop
+/// the others' (their members would wait for this rank until the connect timeout).
 ///
 /// # Errors
-/// A group's wake ([`Communicator::wake`]: the group stays asleep, and a retry wakes it);
-/// the warmup's (the same on every member; a retry in the same generation replays it).
+/// This rank's first failed wake; `PeerFailed` naming the ranks whose wake failed, or a
+/// `Timeout` naming those that never came; the warmup's (the same on every rank). The
+/// groups are then asleep on every member. A retry takes a new generation (the same
+/// generation replays the failure).
 pub async fn wake_groups(
     s: &Session<'_>,
     groups: &mut [&mut Communicator],
@@ -139,11 +149,16 @@ pub async fn wake_groups(
     plans: Option<&[GroupPlan]>,
     cfg: &WarmupConfig,
 ) -> Result<PhaseReport> {
-    let mut report = PhaseReport::default();
+    let (begun, mut report) = (Instant::now(), PhaseReport::default());
     let mut woke = Vec::new();
+    let mut failed = None;
     for g in chosen(groups, true, &mut report) {
         let (before, t) = (in_use(s), Instant::now());
-        g.wake(backend).await?;
+        if let Err(e) = g.wake(backend).await {
+            tracing::warn!("{}: wake failed ({e})", g.spec().name);
+            failed.get_or_insert(e);
+            continue;
+        }
         let ms = t.elapsed().as_secs_f64() * 1e3;
         report.groups.push(PhaseGroup {
             group: g.spec().name.clone(),
@@ -153,12 +168,68 @@ pub async fn wake_groups(
         });
         woke.push(g.spec().name.clone());
     }
+    let phase_job = format!("{}/wake", s.job);
+    let phase = Session { job: &phase_job, ..*s };
+    let exec = failed.map_or(Ok(()), Err);
+    let verdict = outcome(&phase, &exec, anyccl_core::deadline_in(cfg.timeout)).await;
+    if verdict != Outcome::Ok {
+        asleep_again(groups, &woke).await;
+        exec?;
+        let (why, timed_out) = match verdict {
+            Outcome::Timeout(why) => (why, true),
+            Outcome::Failed(why) => (why_or(why), false),
+            Outcome::Ok => (why_or(String::new()), false),
+        };
+        let cx = ctx(s.rank, &format!("wake {}", s.job));
+        let msg = format!("{why}; the groups this rank woke are asleep again");
+        return Err(if timed_out {
+            cx.timeout("wake outcome", begun.elapsed(), msg)
+        } else {
+            cx.peer_failed(None, msg)
+        });
+    }
     if woke.is_empty() {
         return Ok(report);
     }
-    let awake: Vec<&Communicator> = groups.iter().map(|g| &**g).filter(|g| woke.contains(&g.spec().name)).collect();
     let t = Instant::now();
-    let warmed = match plans {
+    let warmed = warm(s, groups, &woke, plans, cfg).await;
+    report.warm_ms = t.elapsed().as_secs_f64() * 1e3;
+    match warmed {
+        Ok(w) => report.warmup = Some(w),
+        Err(e) => {
+            asleep_again(groups, &woke).await;
+            return Err(e);
+        }
+    }
+    Ok(report)
+}
+
+fn why_or(why: String) -> String {
+    if why.is_empty() {
+        "the wake failed on another rank".into()
+    } else {
+        why
+    }
+}
+
+/// Put the groups named `woke` back to sleep on this rank, every rank having learnt that the
+/// phase failed.
+async fn asleep_again(groups: &mut [&mut Communicator], woke: &[String]) {
+    for g in groups.iter_mut().filter(|g| woke.contains(&g.spec().name)) {
+        g.sleep_agreed().await;
+    }
+}
+
+/// Warm the groups named `woke`, from `plans` where given.
+async fn warm(
+    s: &Session<'_>,
+    groups: &[&mut Communicator],
+    woke: &[String],
+    plans: Option<&[GroupPlan]>,
+    cfg: &WarmupConfig,
+) -> Result<Report> {
+    let awake: Vec<&Communicator> = groups.iter().map(|g| &**g).filter(|g| woke.contains(&g.spec().name)).collect();
+    match plans {
         Some(plans) => {
             let mut pairs = Vec::new();
             for c in &awake {
@@ -168,14 +239,11 @@ pub async fn wake_groups(
                 })?;
                 pairs.push((*c, p.clone()));
             }
-            warmup_plans(s, pairs, cfg).await?
+            warmup_plans(s, pairs, cfg).await
         }
         None => {
             let targets: Vec<Target<'_>> = awake.iter().map(|c| Target::new(c)).collect();
-            warmup(s, &targets, cfg).await?
+            warmup(s, &targets, cfg).await
         }
-    };
-    report.warm_ms = t.elapsed().as_secs_f64() * 1e3;
-    report.warmup = Some(warmed);
-    Ok(report)
+    }
 }

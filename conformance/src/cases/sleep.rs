@@ -126,8 +126,26 @@ fn member_never_sleeps(cx: &RankCtx) -> CaseResult {
         cx.signal("insomniac-timed-out")?;
     } else {
         cx.await_signal("insomniac-timed-out")?;
+        // Late: it adopts the verdict the others stored, at once, and stays awake too.
+        let t = std::time::Instant::now();
+        match cx.block_on(comm.sleep()) {
+            Err(Error::Timeout { .. }) => {}
+            other => {
+                return Err(CaseError(format!("a sleep after the others timed out: expected a Timeout, got {other:?}")))
+            }
+        }
+        ensure!(
+            t.elapsed() < Duration::from_secs(1),
+            "the late sleep waited {:?} instead of adopting the verdict",
+            t.elapsed()
+        );
+        ensure!(!comm.is_asleep(), "the late member is asleep alone");
     }
-    reduce_checked(cx, &comm, 3)
+    reduce_checked(cx, &comm, 3)?;
+    // Every member counted the failed meeting alike: the next sleep and wake meet.
+    cx.block_on(comm.sleep())?;
+    cx.block_on(comm.wake(cx.backend.as_ref()))?;
+    reduce_checked(cx, &comm, 8)
 }
 
 /// A member that never wakes: the others' wake fails with a `Timeout` within the connect
@@ -194,6 +212,51 @@ fn engine_groups(cx: &RankCtx) -> CaseResult {
     Ok(())
 }
 
+/// All or nothing across an engine's groups: the last rank leaves its pipeline group out of
+/// `wake_groups`, so that group's wake times out on the others, while its data group wakes
+/// everywhere. Every rank (the last one too, whose own wakes all succeeded) gets an error,
+/// and both groups are asleep again on every rank; a retry in a new generation wakes both,
+/// and results are right.
+fn failed_wake_fails_everywhere(cx: &RankCtx) -> CaseResult {
+    use anyccl_warmup::{sleep_groups, wake_groups, Session, WarmupConfig};
+    let group = |name: &str, role: Role| connect_as(cx, name, role, Duration::from_secs(3));
+    let (mut dp, mut pp) = (group("partial-dp", Role::Data)?, group("partial-pp", Role::Pipeline)?);
+    let session = |generation| Session {
+        store: cx.store.as_ref(),
+        job: "conformance-partial-wake",
+        generation,
+        rank: cx.rank,
+        world_size: cx.size,
+        members: None,
+        platform: cx.platform.as_ref(),
+    };
+    let cfg = WarmupConfig { enabled: true, force: true, timeout: CONNECT, ..WarmupConfig::default() };
+    cx.block_on(sleep_groups(&session(1), &mut [&mut dp, &mut pp]))?;
+    let last = cx.rank == cx.size - 1;
+    let woke = if last {
+        cx.block_on(wake_groups(&session(2), &mut [&mut dp], cx.backend.as_ref(), None, &cfg))
+    } else {
+        cx.block_on(wake_groups(&session(2), &mut [&mut dp, &mut pp], cx.backend.as_ref(), None, &cfg))
+    };
+    match woke {
+        Ok(r) => return Err(CaseError(format!("wake_groups succeeded though a group's wake failed: {r:?}"))),
+        Err(e) => ensure!(
+            matches!(e, Error::Timeout { .. } | Error::PeerFailed { .. }),
+            "expected a Timeout or PeerFailed, got {} error: {e}",
+            e.kind()
+        ),
+    }
+    ensure!(
+        dp.is_asleep() && pp.is_asleep(),
+        "after the failed wake: dp asleep {}, pp asleep {}",
+        dp.is_asleep(),
+        pp.is_asleep()
+    );
+    cx.block_on(wake_groups(&session(3), &mut [&mut dp, &mut pp], cx.backend.as_ref(), None, &cfg))?;
+    reduce_checked(cx, &dp, 9)?;
+    reduce_checked(cx, &pp, 10)
+}
+
 /// Register the sleep cases.
 pub fn register(v: &mut Vec<Case>) {
     v.push(Case::new("sleep", "wake_gives_correct_results", &[1, 2, 3, 4, 8], wake_gives_correct_results));
@@ -202,4 +265,5 @@ pub fn register(v: &mut Vec<Case>) {
     v.push(Case::new("sleep", "detail_mode_refuses_at_once", &[2, 3], detail_mode_refuses_at_once));
     v.push(Case::new("sleep", "member_never_wakes", &[2, 3], member_never_wakes));
     v.push(Case::new("sleep", "engine_groups_sleep_and_wake_warmed", &[2, 3, 4], engine_groups));
+    v.push(Case::new("sleep", "failed_wake_fails_everywhere", &[2, 3], failed_wake_fails_everywhere));
 }

@@ -6,6 +6,7 @@
 //! `Work` or registration of the group can outlive a sleep: the compiler checks it. The live
 //! path pays nothing: an operation while asleep reaches [`Asleep`], which refuses it.
 
+use super::meet::{decide, Verdict};
 use super::Communicator;
 use crate::buffer::{Buf, BufMut, StreamRef};
 use crate::capability::Capabilities;
@@ -16,13 +17,25 @@ use crate::work::Work;
 use async_trait::async_trait;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+/// How long after the connect deadline a wake's members wait for each other's outcome (one
+/// may have connected at the last moment).
+const WAKE_GRACE: Duration = Duration::from_secs(5);
+
+/// How long a communicator that a failed wake connected gets to abort.
+const ABORT_WAIT: Duration = Duration::from_secs(10);
 
 /// Where a group stands between its sleeps and wakes.
 #[derive(Debug, Default)]
 pub(super) struct Sleeps {
     /// Sleeps so far (each wake's namespace is numbered by it).
     pub(super) count: u64,
+    /// Sleep meetings that failed since the last sleep: a failed meeting's store keys keep
+    /// its verdict (a member that comes late adopts it), so the next try meets under new
+    /// ones. Every member counts the same failures. (A wake finds its try in the store: a
+    /// member that never took part in a failed wake joins the next one.)
+    pub(super) tries: u64,
     /// Whether the group is asleep now.
     pub(super) asleep: bool,
     /// Operations captured into graphs that still exist ([`super::Captured`]): a graph
@@ -139,38 +152,6 @@ impl Collective for Asleep {
     }
 }
 
-/// Every member publishes that it is ready for `step` (or why it refuses) under `prefix` and
-/// waits for the others: `Ok` once all are ready; the same `InvalidArgument` on every member
-/// when any refused (naming each and why); a `Timeout` naming the members that never came.
-///
-/// # Errors
-/// As above; the store's.
-async fn all_ready(
-    store: &dyn crate::Store,
-    prefix: &str,
-    ctx: &Ctx,
-    (rank, size): (usize, usize),
-    step: &'static str,
-    refusal: Option<&str>,
-    deadline: Instant,
-) -> Result<()> {
-    let mine = refusal.map_or_else(|| "ok".to_string(), |why| format!("! {why}"));
-    let theirs = super::meet::publish_and_read(store, prefix, ctx, (rank, size), (step, &mine), deadline, |missing| {
-        format!("ranks {missing:?} of the group never called {step}")
-    })
-    .await?;
-    let mut problems: Vec<String> = refusal.map(|why| format!("this rank: {why}")).into_iter().collect();
-    for (r, theirs) in &theirs {
-        if let Some(why) = theirs.strip_prefix("! ") {
-            problems.push(format!("rank {r}: {why}"));
-        }
-    }
-    if problems.is_empty() {
-        return Ok(());
-    }
-    Err(ctx.invalid(step, "communicator", format!("no member can {step}: {}", problems.join("; "))))
-}
-
 impl Communicator {
     /// Give the group's library communicator back, with everything its library connected
     /// (NCCL's and HCCL's buffers on the device, the CPU backend's sockets, shared-memory
@@ -223,19 +204,50 @@ impl Communicator {
             )
         });
         let deadline = crate::deadline_in(self.config.init_timeout);
-        let prefix = format!("{}/sleep{}", self.name, self.sleeps.count);
-        let who = (self.rank(), self.size());
-        all_ready(store.as_ref(), &prefix, &self.ctx(), who, OP, refusal.as_deref(), deadline).await?;
+        let (started, prefix) =
+            (Instant::now(), format!("{}/sleep{}.{}", self.name, self.sleeps.count, self.sleeps.tries));
+        let verdict =
+            decide(store.as_ref(), &prefix, (self.rank(), self.size()), OP, refusal.as_deref(), deadline).await?;
+        match verdict {
+            Verdict::Go => {}
+            Verdict::Refused(why) => {
+                self.sleeps.tries += 1;
+                return Err(self.invalid(OP, "communicator", format!("no member can sleep: {why}")));
+            }
+            Verdict::Missing(why) => {
+                self.sleeps.tries += 1;
+                return Err(self.ctx().timeout(OP, started.elapsed(), why));
+            }
+        }
         let drained = self.inner.shutdown(deadline).await;
+        self.fall_asleep();
+        drained
+    }
+
+    /// Put the group to sleep on this member without meeting the others, for a caller whose
+    /// own agreement decided that every member does the same: the warmup's `wake_groups`
+    /// after a wake or warmup that failed on another member. The library communicator is
+    /// aborted, not drained (a member may be gone). A group asleep already is left so.
+    pub async fn sleep_agreed(&mut self) {
+        if self.sleeps.asleep {
+            return;
+        }
+        if let Err(e) = self.inner.abort(crate::deadline_in(ABORT_WAIT)).await {
+            tracing::warn!("{}: abort before an agreed sleep failed ({e}); released all the same", self.name);
+        }
+        self.fall_asleep();
+    }
+
+    /// Release the library communicator (the last reference, unless the program kept a
+    /// clone of it, and everything it holds with it) and stand [`Asleep`] in its place.
+    fn fall_asleep(&mut self) {
         let info = self.inner.info().clone();
         let caps = self.inner.capabilities().clone();
         let asleep = Arc::new(Asleep { ctx: self.ctx(), info, caps });
-        // The backend's communicator goes here (the last reference, unless the program
-        // kept a clone of it), and everything it holds with it.
         drop(std::mem::replace(&mut self.inner, asleep));
         self.sleeps.count += 1;
+        self.sleeps.tries = 0;
         self.sleeps.asleep = true;
-        drained
     }
 
     /// Connect the group again after [`Communicator::sleep`], among the same members,
@@ -260,26 +272,60 @@ impl Communicator {
             return Err(self.invalid(OP, "backend", msg));
         }
         let store = self.store_for(OP)?;
+        // The first try of this wake whose meeting has not decided yet: the one the others are
+        // in, or the next.
+        let count = self.sleeps.count;
+        let mut tries = 0u64;
+        while store.get(&format!("{}/wake{count}.{tries}/verdict", self.name)).await?.is_some() {
+            tries += 1;
+        }
+        let deadline = crate::deadline_in(self.config.init_timeout);
         let opts = ConnectOptions {
             rank: info.rank,
             size: info.size,
-            store,
-            namespace: format!("{}@wake{}", self.name, self.sleeps.count),
+            store: store.clone(),
+            namespace: format!("{}@wake{count}.{tries}", self.name),
             device: info.device,
             timeout: self.config.init_timeout,
             op_timeout: self.config.op_timeout,
             config: self.config.clone(),
         };
-        let inner = backend.connect(opts).await?;
-        let got = inner.info();
-        if (got.rank, got.size) != (info.rank, info.size) {
+        let started = Instant::now();
+        let connected = backend.connect(opts).await.and_then(|inner| {
+            let got = inner.info();
+            if (got.rank, got.size) == (info.rank, info.size) {
+                return Ok(inner);
+            }
             let msg =
                 format!("rank {} of {} after the wake, {} of {} before", got.rank, got.size, info.rank, info.size);
-            return Err(self.ctx().backend_error(OP, -1, msg, crate::Recovery::Fatal));
+            Err(self.ctx().backend_error(OP, -1, msg, crate::Recovery::Fatal))
+        });
+        // The members agree on the outcome, so that the group wakes on all of them or on none
+        // (one may have connected while another's connect failed).
+        let refusal = connected.as_ref().err().map(|e| format!("its connect failed: {e}"));
+        let prefix = format!("{}/wake{count}.{tries}", self.name);
+        let who = (self.rank(), self.size());
+        let verdict = decide(store.as_ref(), &prefix, who, OP, refusal.as_deref(), deadline + WAKE_GRACE).await;
+        let (inner, verdict) = match (connected, verdict) {
+            (Ok(inner), Ok(Verdict::Go)) => {
+                self.inner = inner;
+                self.sleeps.asleep = false;
+                return Ok(());
+            }
+            (Err(e), _) => return Err(e),
+            (Ok(inner), verdict) => (inner, verdict),
+        };
+        if let Err(e) = inner.abort(crate::deadline_in(ABORT_WAIT)).await {
+            tracing::warn!("{}: abort of the communicator a failed wake connected failed: {e}", self.name);
         }
-        self.inner = inner;
-        self.sleeps.asleep = false;
-        Ok(())
+        drop(inner);
+        let stays = "the group stays asleep on every member, and a later wake may try again";
+        Err(match verdict? {
+            Verdict::Refused(why) => self.ctx().peer_failed(None, format!("the wake failed on {why}; {stays}")),
+            Verdict::Missing(why) => self.ctx().timeout(OP, started.elapsed(), format!("{why}; {stays}")),
+            // Not reached: a wake all agreed on is kept above.
+            Verdict::Go => self.ctx().aborted(format!("this member's wake agreed but could not be kept; {stays}")),
+        })
     }
 
     /// Whether the group is asleep ([`Communicator::sleep`]).
