@@ -27,6 +27,11 @@
 #       the conformance suite at world size 1, sleep/wake cycles (CYCLES, default 20) and the
 #       colocated demo and the sleep cases with two ranks sharing the GPU over NCCL's socket
 #       transport
+#   PARTS=elastic BIN=.gpu bash bench/gpu_acceptance.sh         # recovery in place on two GPUs
+#       (dp 2 x pp 1, a rank killed mid-step, its replacement on the freed GPU): warmed, not
+#       warmed, and the restart path for the same fault
+#   PARTS=sleep BIN=.gpu bash bench/gpu_acceptance.sh           # sleep/wake on two GPUs: CYCLES
+#       (default 20) cycles of anyccl-warmup-check, and the colocated demo with and without sleep
 #   SQUEEZE=8: the MiB the recovery demo leaves free (default 16)
 #
 # Logs go to $OUT (default /tmp/anyccl-acceptance), one file per part; a summary is
@@ -93,6 +98,34 @@ echo "exit $?"; grep -E 'passed|failed|FAIL' "$OUT/one-conformance.log" | tail -
 echo "### one GPU: the sleep cases at world size 2, two ranks over sockets ($(t))"
 "${SOCK[@]}" timeout 200 anyccl-conformance --backend nccl --world-sizes 2 --filter sleep > "$OUT/one-sleep-cases.log" 2>&1
 echo "exit $?"; grep -E 'passed|failed|FAIL' "$OUT/one-sleep-cases.log" | tail -5
+fi
+
+if want elastic; then
+echo "### recovery in place on two GPUs, dp 2 x pp 1 ($(t))"
+for mode in "" "--no-warmup"; do
+  rm -rf /tmp/anyccl-acceptance-ip
+  timeout 200 anyccl-recover demo --backend nccl --in-place --dp 2 --pp 1 --steps 30 $mode \
+    --out /tmp/anyccl-acceptance-ip > "$OUT/elastic${mode:+-cold}.log" 2>&1
+  echo "in place ${mode:-warmed}: exit $?"
+  grep -vE '^\[rank [0-9]+\] step ' "$OUT/elastic${mode:+-cold}.log" | grep -iE 'timeline|fault|detect|agreed|rebuilt|warm|first step|back|MiB|bit-for-bit|lost|FAIL' | tail -25 | cut -c1-220
+done
+rm -rf /tmp/anyccl-acceptance-ip
+timeout 200 anyccl-recover demo --backend nccl --dp 2 --pp 1 --steps 30 --out /tmp/anyccl-acceptance-ip \
+  > "$OUT/elastic-restart.log" 2>&1
+echo "restart path: exit $?"; grep -vE '^\[rank [0-9]+\] step ' "$OUT/elastic-restart.log" | tail -12 | cut -c1-220
+fi
+
+if want sleep; then
+echo "### sleep and wake on two GPUs: ${CYCLES:-20} cycles ($(t))"
+timeout 300 anyccl-run -n 2 -- anyccl-warmup-check --backend nccl --sleep-cycles "${CYCLES:-20}" > "$OUT/sleep.log" 2>&1
+echo "exit $?"; grep -E '^\[rank 0\]' "$OUT/sleep.log" | grep -vE '\] step ' | tail -45 | cut -c1-220
+for mode in "" "--no-sleep"; do
+  rm -rf /tmp/anyccl-acceptance-col
+  timeout 200 anyccl-recover demo --backend nccl --colocated-phases 3 --steps 12 $mode \
+    --out /tmp/anyccl-acceptance-col > "$OUT/colocated${mode:+-awake}.log" 2>&1
+  echo "colocated ${mode:-asleep}: exit $?"
+  grep -vE '^\[rank [0-9]+\] step ' "$OUT/colocated${mode:+-awake}.log" | tail -14 | cut -c1-220
+done
 fi
 
 if want check; then
