@@ -337,6 +337,10 @@ impl Store for ClaimedStore {
         self.check()?;
         self.inner.delete(key).await
     }
+    async fn delete_prefix(&self, prefix: &str) -> Result<u64> {
+        self.check()?;
+        self.inner.delete_prefix(prefix).await
+    }
     async fn wait_many(&self, keys: &[String], deadline: Instant) -> Result<Vec<Option<Vec<u8>>>> {
         self.waiting(self.inner.wait_many(keys, deadline)).await
     }

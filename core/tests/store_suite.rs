@@ -113,6 +113,29 @@ async fn basics(f: Fixture) -> Outcome {
     check(st.get("c").await.map_err(e)?.is_none(), || "deleted key still there".into())
 }
 
+/// `delete_prefix` removes the keys under the prefix and no other (a key that only shares
+/// the prefix's characters up to a shorter name stays), says how many, and refuses an empty
+/// prefix.
+async fn delete_prefix_removes_only_the_prefix(f: Fixture) -> Outcome {
+    let st = f.client().await?;
+    for k in ["trim/e1/a", "trim/e1/b/c", "trim/e10/a", "trim/e2/a", "trim/e1"] {
+        st.set(k, b"v").await.map_err(e)?;
+    }
+    let n = st.delete_prefix("trim/e1/").await.map_err(e)?;
+    check(n == 2, || format!("deleted {n} keys under trim/e1/, expected 2"))?;
+    for (k, kept) in
+        [("trim/e1/a", false), ("trim/e1/b/c", false), ("trim/e10/a", true), ("trim/e2/a", true), ("trim/e1", true)]
+    {
+        let there = st.get(k).await.map_err(e)?.is_some();
+        check(there == kept, || format!("after delete_prefix(trim/e1/): {k} present {there}, expected {kept}"))?;
+    }
+    let n = st.delete_prefix("trim/none/").await.map_err(e)?;
+    check(n == 0, || format!("deleted {n} keys under an absent prefix"))?;
+    let r = st.delete_prefix("").await;
+    check(matches!(r, Err(Error::InvalidArgument { .. })), || format!("an empty prefix: {r:?}"))?;
+    check(st.get("trim/e2/a").await.map_err(e)?.is_some(), || "an empty prefix deleted keys".into())
+}
+
 async fn wait_times_out_and_wakes(f: Fixture) -> Outcome {
     let st = f.client().await?;
     let t = Instant::now();
@@ -279,6 +302,7 @@ fn main() -> std::process::ExitCode {
     let args = Arguments::from_args();
     let cases: Vec<(&str, Case)> = vec![
         ("basics", |f| Box::pin(basics(f))),
+        ("delete_prefix_removes_only_the_prefix", |f| Box::pin(delete_prefix_removes_only_the_prefix(f))),
         ("wait_times_out_and_wakes", |f| Box::pin(wait_times_out_and_wakes(f))),
         ("wait_many_gathers_present_late_and_absent_keys", |f| Box::pin(wait_many(f))),
         ("concurrent_adds_count_exactly", |f| Box::pin(concurrent_adds_count_exactly(f))),

@@ -619,6 +619,10 @@ impl Store for Counting {
         self.note(key);
         self.inner.delete(key).await
     }
+    async fn delete_prefix(&self, prefix: &str) -> anyccl_core::Result<u64> {
+        self.note(prefix);
+        self.inner.delete_prefix(prefix).await
+    }
     async fn wait_many(&self, keys: &[String], deadline: Instant) -> anyccl_core::Result<Vec<Option<Vec<u8>>>> {
         self.note(keys.first().map(String::as_str).unwrap_or(""));
         self.inner.wait_many(keys, deadline).await

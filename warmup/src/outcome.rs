@@ -86,6 +86,36 @@ pub(crate) async fn outcome(s: &Session<'_>, exec: &Result<()>, deadline: Instan
     }
 }
 
+/// After a generation's verdict, its first member removes the keys of the generation before
+/// the one before it: every rank of this generation reported, so each is done with the
+/// earlier ones (a retried call replays only the generation it repeats, the last one kept).
+/// The generations seen are kept under `warmup/<job>/generations` as "previous last". A
+/// failure to remove costs nothing but the space.
+pub(crate) async fn trim_generations(s: &Session<'_>) {
+    if s.ranks().first() != Some(&s.rank) {
+        return;
+    }
+    let key = format!("warmup/{}/generations", s.job);
+    let seen = match s.store.get(&key).await {
+        Ok(v) => v.map(|v| String::from_utf8_lossy(&v).into_owned()).unwrap_or_default(),
+        Err(_) => return,
+    };
+    let mut it = seen.split_whitespace().map(|g| g.parse::<u64>().ok());
+    let (prev, last) = (it.next().flatten(), it.next().flatten());
+    if last == Some(s.generation) || prev == Some(s.generation) {
+        return;
+    }
+    let last = last.map_or_else(|| "-".to_string(), |g| g.to_string());
+    if s.store.set(&key, format!("{last} {}", s.generation).as_bytes()).await.is_err() {
+        return;
+    }
+    if let Some(p) = prev {
+        if let Err(e) = s.store.delete_prefix(&format!("warmup/{}/{p}/", s.job)).await {
+            tracing::debug!("warmup {}: keys of generation {p} left in the store: {e}", s.job);
+        }
+    }
+}
+
 /// The verdict the reports `all` (of `keys`, one per rank of `ranks`) give.
 fn tally(ranks: &[usize], keys: &[String], all: &[Option<Vec<u8>>]) -> Outcome {
     let mut silent = Vec::new();

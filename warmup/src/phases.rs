@@ -8,7 +8,7 @@
 //! a group already awake (or asleep) is not touched again. The report gives, per group, the
 //! device memory held before and after and how long each part took.
 
-use crate::outcome::{outcome, Outcome};
+use crate::outcome::{outcome, trim_generations, Outcome};
 use crate::plan::exclusion;
 use crate::run::{warmup, warmup_plans};
 use crate::session::{comm_ctx, ctx, Session};
@@ -172,6 +172,7 @@ pub async fn wake_groups(
     let phase = Session { job: &phase_job, ..*s };
     let exec = failed.map_or(Ok(()), Err);
     let verdict = outcome(&phase, &exec, anyccl_core::deadline_in(cfg.timeout)).await;
+    trim_generations(&phase).await;
     if verdict != Outcome::Ok {
         asleep_again(groups, &woke).await;
         exec?;

@@ -4,7 +4,7 @@
 use crate::agree::agree;
 use crate::config::WarmupConfig;
 use crate::execute::execute;
-use crate::outcome::{outcome, publish_failure, Outcome};
+use crate::outcome::{outcome, publish_failure, trim_generations, Outcome};
 use crate::plan::{exclusion, plan_for, GroupPlan, Target};
 use crate::report::Report;
 use crate::session::{ctx, decode, encode, timed, waited, Session};
@@ -216,6 +216,7 @@ async fn run_claimed(
     // at once; rank 0 tallies every rank's report and stores success, or names the ranks
     // that never reported by the deadline.
     let verdict = outcome(s, &exec, deadline).await;
+    trim_generations(s).await;
     let (timed_out, why) = match verdict {
         Outcome::Ok => return Ok(()),
         Outcome::Timeout(t) => (true, t),

@@ -144,7 +144,8 @@ fn rank_hangs(cx: &RankCtx) -> CaseResult {
     Ok(())
 }
 
-/// A second call with the same generation replays the outcome and issues no collective.
+/// A second call with the same generation replays the outcome and issues no collective; the
+/// keys of old generations leave the store.
 fn repeated_generation(cx: &RankCtx) -> CaseResult {
     let g = as_group(cx, "dp", Role::Data, Fault::None)?;
     let cfg = config(Duration::from_secs(20));
@@ -157,6 +158,17 @@ fn repeated_generation(cx: &RankCtx) -> CaseResult {
     ensure!(again.replayed && shape(&again) == shape(&first), "the repeat did not return the recorded outcome");
     let next = cx.block_on(warmup(&session(cx, 8), &[Target::new(&g)], &cfg))?;
     ensure!(!next.replayed && g.issued() > issued, "a new generation should run again");
+    // Each generation's first member removes the keys of the generation two before it: the
+    // store does not grow with the generations.
+    for generation in [9, 10] {
+        cx.block_on(warmup(&session(cx, generation), &[Target::new(&g)], &cfg))?;
+    }
+    let held = |generation: u64| -> Result<bool, CaseError> {
+        let key = format!("warmup/conformance/{generation}/final/{}", cx.rank);
+        Ok(cx.block_on(cx.store.get(&key))?.is_some())
+    };
+    let kept: Vec<bool> = [7, 8, 9, 10].into_iter().map(held).collect::<Result<_, _>>()?;
+    ensure!(kept == [false, false, true, true], "outcome keys of generations 7, 8, 9, 10 present: {kept:?}");
     Ok(())
 }
 

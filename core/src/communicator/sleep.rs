@@ -219,9 +219,27 @@ impl Communicator {
                 return Err(self.ctx().timeout(OP, started.elapsed(), why));
             }
         }
+        self.trim_before(store.as_ref()).await;
         let drained = self.inner.shutdown(deadline).await;
         self.fall_asleep();
         drained
+    }
+
+    /// Once every member is in this sleep, nobody needs the keys of the sleep and wake before
+    /// it (their meetings, and the namespace of the communicator the sleep before released):
+    /// the group's first member removes them, so the store does not grow with the cycles.
+    /// A failure to remove them costs nothing but the space.
+    async fn trim_before(&self, store: &dyn crate::Store) {
+        let Some(k) = self.sleeps.count.checked_sub(1) else { return };
+        if self.rank() != 0 {
+            return;
+        }
+        let name = &self.name;
+        for prefix in [format!("{name}/sleep{k}."), format!("{name}/wake{k}."), format!("{name}@wake{k}.")] {
+            if let Err(e) = store.delete_prefix(&prefix).await {
+                tracing::debug!("{name}: keys under {prefix} left in the store: {e}");
+            }
+        }
     }
 
     /// Put the group to sleep on this member without meeting the others, for a caller whose

@@ -525,6 +525,21 @@ impl Store for EtcdStore {
             .await?;
         Ok(v.get("deleted").and_then(num).unwrap_or(0) > 0)
     }
+    async fn delete_prefix(&self, prefix: &str) -> Result<u64> {
+        if prefix.is_empty() {
+            return Err(super::empty_prefix());
+        }
+        let key = self.k(prefix).into_bytes();
+        let end = prefix_end(&key);
+        let v = self
+            .call(
+                "/v3/kv/deleterange",
+                json!({ "key": b64(&key), "range_end": b64(&end) }),
+                crate::deadline_in(REQUEST_TIMEOUT),
+            )
+            .await?;
+        Ok(v.get("deleted").and_then(num).unwrap_or(0).max(0) as u64)
+    }
 }
 
 #[cfg(test)]

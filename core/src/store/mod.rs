@@ -50,6 +50,17 @@ pub trait Store: Send + Sync + fmt::Debug {
     async fn compare_set(&self, key: &str, expected: Option<&[u8]>, new: &[u8]) -> Result<CasOutcome>;
     /// Remove `key`; whether it existed.
     async fn delete(&self, key: &str) -> Result<bool>;
+    /// Remove every key that starts with `prefix` (a non-empty prefix), in one request where
+    /// the store allows; how many there were. What a long job no longer needs (an old
+    /// epoch's or generation's keys) goes this way, so that the store does not grow with
+    /// the job's length. A store that cannot do it (the default) keeps them and says 0.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for an empty prefix; store errors.
+    async fn delete_prefix(&self, prefix: &str) -> Result<u64> {
+        let _ = prefix;
+        Ok(0)
+    }
     /// Wait until every key in `keys` exists or `deadline` passes, in one request where
     /// the store allows: each key's value, `None` for those still absent at the deadline
     /// (never a `Timeout`). With a deadline already passed it reads them all at once. A
@@ -344,6 +355,15 @@ impl KvCore {
     pub(crate) fn delete(&self, key: &str) -> Result<bool> {
         Ok(self.lock()?.map.remove(key).is_some())
     }
+    pub(crate) fn delete_prefix(&self, prefix: &str) -> Result<u64> {
+        if prefix.is_empty() {
+            return Err(empty_prefix());
+        }
+        let mut kv = self.lock()?;
+        let before = kv.map.len();
+        kv.map.retain(|k, _| !k.starts_with(prefix));
+        Ok((before - kv.map.len()) as u64)
+    }
 }
 
 /// An in-process store, for ranks that are threads of one process.
@@ -356,6 +376,12 @@ impl MemoryStore {
     /// An empty store.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// How many keys it holds, and their keys' and values' bytes (what a long job leaves in
+    /// its store).
+    pub fn size(&self) -> (usize, usize) {
+        self.core.lock().map_or((0, 0), |kv| (kv.map.len(), kv.map.iter().map(|(k, v)| k.len() + v.len()).sum()))
     }
 }
 
@@ -379,6 +405,9 @@ impl Store for MemoryStore {
     }
     async fn delete(&self, key: &str) -> Result<bool> {
         self.core.delete(key)
+    }
+    async fn delete_prefix(&self, prefix: &str) -> Result<u64> {
+        self.core.delete_prefix(prefix)
     }
     async fn wait_many(&self, keys: &[String], deadline: Instant) -> Result<Vec<Option<Vec<u8>>>> {
         self.core.wait_many(keys, deadline).await
@@ -422,8 +451,19 @@ impl Store for PrefixStore {
     async fn delete(&self, key: &str) -> Result<bool> {
         self.inner.delete(&self.k(key)).await
     }
+    async fn delete_prefix(&self, prefix: &str) -> Result<u64> {
+        if prefix.is_empty() {
+            return Err(empty_prefix());
+        }
+        self.inner.delete_prefix(&self.k(prefix)).await
+    }
     async fn wait_many(&self, keys: &[String], deadline: Instant) -> Result<Vec<Option<Vec<u8>>>> {
         let keys: Vec<String> = keys.iter().map(|k| self.k(k)).collect();
         self.inner.wait_many(&keys, deadline).await
     }
+}
+
+/// The error for `delete_prefix("")`, which would remove every key of the job.
+pub(crate) fn empty_prefix() -> Error {
+    Ctx::new("store", 0, "").invalid("delete_prefix", "prefix", "an empty prefix would delete every key of the store")
 }

@@ -25,7 +25,8 @@
 //! (`Communicator::sleep`): a row shows what the process holds awake -> asleep, and asleep
 //! nothing of the communicator may be held (`--check`: in every cycle no `memfd:` mapping more
 //! than before the connect and no device memory in use; descriptors and threads back to the
-//! first cycle's).
+//! first cycle's; the store's keys after the last cycle at most twice those after the first,
+//! since each sleep removes the keys of the cycle before).
 //!
 //! The HCCL backend finds its library as everywhere (`ANYCCL_HCCL_LIBRARY_DIR`, ...); the
 //! workspace's stand-in is in `anyccl_hccl_standin::library_dir()`.
@@ -200,9 +201,10 @@ fn run(args: &Args) -> Result<bool> {
         return Err(bad("--cycles", "at least one cycle of at least one element".into()));
     }
     let backend = anyccl::pick_backend(Some(&args.backend))?;
+    let memory = MemoryStore::new();
     let shared = Arc::new(Shared {
         backend,
-        store: Arc::new(MemoryStore::new()),
+        store: Arc::new(memory.clone()),
         ranks,
         count: args.count,
         sleep: args.sleep,
@@ -244,6 +246,8 @@ fn run(args: &Args) -> Result<bool> {
         threads.push(h);
     }
     let mut rows = Vec::new();
+    // The store's keys and bytes after each cycle.
+    let mut stored = Vec::new();
     // Sleep cycles in which the process held mappings or device memory asleep.
     let mut asleep_holds = Vec::new();
     let mut failed = None;
@@ -263,6 +267,7 @@ fn run(args: &Args) -> Result<bool> {
             (Ok(h), Ok(a)) => {
                 print_row(&(k + 1).to_string(), if args.sleep { "sleep" } else { End::of(k).name() }, h, a, device);
                 rows.push((*a, device.map(|d| d.1)));
+                stored.push(memory.size());
                 // Asleep: no mapping more than before the connect, no device memory in use
                 // (threads and descriptors: the ranks' runtimes and the library's own are
                 // there from the first cycle on, and compared across cycles).
@@ -289,6 +294,20 @@ fn run(args: &Args) -> Result<bool> {
         return Err(e);
     }
     let mut passed = verdict(&rows, args.rss_slack_mib << 10);
+    if let (Some(first), Some(last)) = (stored.first(), stored.last()) {
+        // Sleep and wake trim the keys of the cycle before the last: at most two cycles'.
+        let bounded = last.0 <= 2 * first.0;
+        let verdict = match (args.sleep, bounded) {
+            (false, _) => "not checked: each cycle connects a new group",
+            (true, true) => "bounded",
+            (true, false) => "GROWS",
+        };
+        println!(
+            "#   store    {} keys, {} bytes after the first cycle -> {} keys, {} bytes after the last: {verdict}",
+            first.0, first.1, last.0, last.1
+        );
+        passed &= !args.sleep || bounded;
+    }
     if args.sleep {
         if asleep_holds.is_empty() {
             println!("# asleep, every cycle: no mapping more than before the connect, no device memory in use");

@@ -172,6 +172,15 @@ impl Store for TcpStore {
             r => Err(unexpected(r)),
         }
     }
+    async fn delete_prefix(&self, prefix: &str) -> Result<u64> {
+        if prefix.is_empty() {
+            return Err(crate::store::empty_prefix());
+        }
+        match self.call(Request::DeletePrefix { prefix: prefix.into() }, self.std_deadline()).await? {
+            Response::Int(n) => Ok(n.max(0) as u64),
+            r => Err(unexpected(r)),
+        }
+    }
     async fn wait_many(&self, keys: &[String], deadline: Instant) -> Result<Vec<Option<Vec<u8>>>> {
         let timeout_ms = deadline.saturating_duration_since(Instant::now()).as_millis() as u64;
         let req = Request::WaitMany { keys: keys.to_vec(), timeout_ms };

@@ -292,6 +292,10 @@ async fn answer(s: &TcpStream, core: &KvCore, req: Request) -> std::result::Resu
         Request::Delete { key } => {
             core.delete(&key).map(Response::Bool).unwrap_or_else(|e| Response::Err(e.to_string()))
         }
+        Request::DeletePrefix { prefix } => core
+            .delete_prefix(&prefix)
+            .map(|n| Response::Int(n as i64))
+            .unwrap_or_else(|e| Response::Err(e.to_string())),
     })
 }
 

@@ -25,6 +25,7 @@ pub(super) enum Request {
     Add { key: String, delta: i64 },
     Cas { key: String, expected: Option<Vec<u8>>, new: Vec<u8> },
     Delete { key: String },
+    DeletePrefix { prefix: String },
     WaitMany { keys: Vec<String>, timeout_ms: u64 },
 }
 
@@ -117,6 +118,7 @@ impl Request {
             Request::Add { key, delta } => Enc::default().u8(5).bytes(key.as_bytes()).u64(*delta as u64),
             Request::Cas { key, expected, new } => Enc::default().u8(6).bytes(key.as_bytes()).opt(expected).bytes(new),
             Request::Delete { key } => Enc::default().u8(7).bytes(key.as_bytes()),
+            Request::DeletePrefix { prefix } => Enc::default().u8(9).bytes(prefix.as_bytes()),
             Request::WaitMany { keys, timeout_ms } => keys
                 .iter()
                 .fold(Enc::default().u8(8).u32(keys.len() as u32), |e, k| e.bytes(k.as_bytes()))
@@ -134,6 +136,7 @@ impl Request {
             5 => Request::Add { key: d.string()?, delta: d.u64()? as i64 },
             6 => Request::Cas { key: d.string()?, expected: d.opt()?, new: d.bytes()? },
             7 => Request::Delete { key: d.string()? },
+            9 => Request::DeletePrefix { prefix: d.string()? },
             8 => {
                 // Each key takes at least its 4-byte length: a count the frame cannot hold
                 // reserves nothing.

@@ -177,6 +177,9 @@ impl Store for Counting {
     async fn delete(&self, key: &str) -> Result<bool> {
         self.count(key, 1, false, self.inner.delete(key)).await
     }
+    async fn delete_prefix(&self, prefix: &str) -> Result<u64> {
+        self.count(prefix, 1, false, self.inner.delete_prefix(prefix)).await
+    }
     async fn wait_many(&self, keys: &[String], deadline: Instant) -> Result<Vec<Option<Vec<u8>>>> {
         let first = keys.first().map(String::as_str).unwrap_or("");
         self.count(first, keys.len(), false, self.inner.wait_many(keys, deadline)).await

@@ -126,6 +126,10 @@ impl Store for MemberStore {
         self.timeline.note();
         self.inner.delete(key).await
     }
+    async fn delete_prefix(&self, prefix: &str) -> anyccl::Result<u64> {
+        self.timeline.note();
+        self.inner.delete_prefix(prefix).await
+    }
     async fn wait_many(&self, keys: &[String], deadline: std::time::Instant) -> anyccl::Result<Vec<Option<Vec<u8>>>> {
         self.timeline.note();
         let r = self.inner.wait_many(keys, deadline).await;
