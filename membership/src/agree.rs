@@ -12,6 +12,10 @@ use anyccl_core::{Ctx, Error, Result, Store};
 use std::collections::BTreeMap;
 use std::time::Instant;
 
+/// How many epochs back a decision is kept (a process stopped that long, resumed inside an
+/// old agreement, reads it there and learns it was left out).
+pub(crate) const KEPT_EPOCHS: u64 = 16;
+
 /// The decision of epoch `e` as the store holds it.
 ///
 /// # Errors
@@ -231,6 +235,7 @@ impl Agreement<'_> {
                 let d = serde_json::to_vec(&Decision::View(view)).map_err(|err| Error::store_fatal(err.to_string()))?;
                 if store.compare_set(&keys.decision(e), None, &d).await?.swapped {
                     store.set(&keys.current(), e.to_string().as_bytes()).await?;
+                    self.trim(e).await;
                 }
                 return Ok(());
             }
@@ -244,6 +249,21 @@ impl Agreement<'_> {
                     serde_json::to_vec(&Decision::Failed(msg)).map_err(|err| Error::store_fatal(err.to_string()))?;
                 store.compare_set(&keys.decision(e), None, &d).await?;
                 return Ok(());
+            }
+        }
+    }
+
+    /// After epoch `e`'s view is decided, remove what no process needs any more, so the store
+    /// does not grow with the epochs: the arrivals at the epoch before (every member of `e`
+    /// arrived at `e`, so none is in an earlier agreement; a process left out may be, and
+    /// reads that epoch's decision, which stays), and every key of the epoch
+    /// [`KEPT_EPOCHS`] before. A failure to remove costs nothing but the space.
+    async fn trim(&self, e: u64) {
+        let old =
+            [e.checked_sub(1).map(|p| self.keys.arrivals(p)), e.checked_sub(KEPT_EPOCHS).map(|p| self.keys.epoch(p))];
+        for prefix in old.into_iter().flatten() {
+            if let Err(err) = self.store.delete_prefix(&prefix).await {
+                tracing::debug!("membership: keys under {prefix} left in the store: {err}");
             }
         }
     }

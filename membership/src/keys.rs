@@ -48,6 +48,14 @@ impl Keys {
     pub(crate) fn leader(&self, e: u64) -> String {
         format!("{}/epoch/{e}/leader", self.prefix)
     }
+    /// Every member's arrival at epoch `e`, as a prefix.
+    pub(crate) fn arrivals(&self, e: u64) -> String {
+        format!("{}/epoch/{e}/arrived/", self.prefix)
+    }
+    /// Every key of epoch `e`, as a prefix.
+    pub(crate) fn epoch(&self, e: u64) -> String {
+        format!("{}/epoch/{e}/", self.prefix)
+    }
     /// The decision of epoch `e` (a view, or the error every member gets).
     pub(crate) fn decision(&self, e: u64) -> String {
         format!("{}/epoch/{e}/decision", self.prefix)
