@@ -78,9 +78,10 @@ for round in $(seq "${ROUNDS:-2}"); do for sc in 0 1; do
   log="$OUT/one-raw-$round-sc$sc.log"
   ANYCCL_SHARED_COMPLETION=$sc timeout 150 anyccl-run -n 1 -- anyccl-bench all_reduce --backend nccl \
     --vs-raw "${PAIRS:-16}" -b 8 -e 4K -f 2 -n 100 -w 20 > "$log" 2>&1
-  echo "round $round, ANYCCL_SHARED_COMPLETION=$sc (exit $?): size raw anyccl median worst raw+events"
-  grep -E '^\[rank 0\] #.*(completion|NCCL|version)' "$log" | head -2 | cut -c1-200
-  awk '/^\[rank 0\] +[0-9]/ { print "  ", $3, $6, $7, $8, $9, $13 }' "$log"
+  echo "round $round, ANYCCL_SHARED_COMPLETION=$sc (exit $?):"
+  grep -E '^\[rank 0\] #.*(completion|NCCL|version|host cost)' "$log" | cut -c1-220
+  echo "   size raw(us) anyccl(us) ratio-median ratio-worst raw+events(us) enqueued(us) enqueued/raw vs-raw+events"
+  awk '/^\[rank 0\] +[0-9]/ { print "  ", $3, $6, $7, $8, $9, $13, $16, $17, $18 }' "$log"
 done; done
 SOCK=(env ANYCCL_RANK_ENV='NCCL_HOSTID=h{rank}' NCCL_IB_DISABLE=1 NCCL_SOCKET_IFNAME=lo)
 echo "### one GPU: ${CYCLES:-20} sleep/wake cycles, two ranks over sockets ($(t))"

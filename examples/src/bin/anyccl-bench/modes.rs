@@ -178,9 +178,15 @@ fn vs_raw_header(cx: &Ctx<'_>, raw: &anyccl::bench::RawNccl, pairs: usize) -> Re
             false => "plain (raw's are plain too)",
         }),
         format!("# host cost per call, ns: {}", costs.join(", ")),
+        format!("# completion: {}", if c.shared_completion {
+            "shared (ANYCCL_SHARED_COMPLETION=1): an event after the newest operation when a Work is first asked about, so a wait may also wait for later operations"
+        } else {
+            "an event recorded after each operation (the default: a wait waits for its own operation only)"
+        }),
         "# enqueued: the same calls through enqueue_all_reduce (stream order only: no Work), one signal_stream and one wait".into(),
         "# raw, N outputs: raw writing as many outputs in turn as anyccl's run keeps (N, one per Work in flight); raw and enqueued write one".into(),
-        "#       size         count      type    raw (us)  anyccl (us)  median ratio  worst ratio  raw busbw  anyccl busbw  issue raw/anyccl (us)  raw+events (us)  raw, N outputs (us)  enqueued (us)  median/worst ratio   pairs (raw/anyccl us)".into(),
+        "# vs raw+events: anyccl over raw NCCL with an event per call, per pair: median/worst".into(),
+        "#       size         count      type    raw (us)  anyccl (us)  median ratio  worst ratio  raw busbw  anyccl busbw  issue raw/anyccl (us)  raw+events (us)  raw, N outputs (us)  enqueued (us)  median/worst ratio  vs raw+events   pairs (raw/anyccl us)".into(),
     ]);
     Ok(())
 }
@@ -206,7 +212,7 @@ async fn vs_raw(cx: &mut Ctx<'_>, raw: &anyccl::bench::RawNccl, count: usize, pa
         drop(held);
         Ok(us)
     };
-    let [mut raws, mut ours, mut ratios, mut raw_issue, mut our_issue, mut with_events, mut enq, mut enq_ratios, mut raw_outputs]: [Vec<f64>; 9] =
+    let [mut raws, mut ours, mut ratios, mut raw_issue, mut our_issue, mut with_events, mut enq, mut enq_ratios, mut raw_outputs, mut ev_ratios]: [Vec<f64>; 10] =
         Default::default();
     let mut shown = Vec::new();
     for _ in 0..pairs {
@@ -231,9 +237,11 @@ async fn vs_raw(cx: &mut Ctx<'_>, raw: &anyccl::bench::RawNccl, count: usize, pa
         raw_issue.push(r.issue_us);
         our_issue.push(issue_us);
         with_events.push(e.us);
+        ev_ratios.push(us / e.us);
         shown.push(format!("{:.1}/{us:.1}", r.us));
     }
-    let (w, enq_w) = (worst(&ratios), worst(&enq_ratios));
+    let (w, enq_w, ev_w) = (worst(&ratios), worst(&enq_ratios), worst(&ev_ratios));
+    let ev_q = median(&mut ev_ratios);
     let (ri, ai, ev, ro) =
         (median(&mut raw_issue), median(&mut our_issue), median(&mut with_events), median(&mut raw_outputs));
     let (mr, ma, mq) = (median(&mut raws), median(&mut ours), median(&mut ratios));
@@ -241,15 +249,17 @@ async fn vs_raw(cx: &mut Ctx<'_>, raw: &anyccl::bench::RawNccl, count: usize, pa
     let busbw = |us: f64| (count * dtype.size()) as f64 / us / 1e3 * Op::AllReduce.bus_factor(cx.comm.size());
     let json = serde_json::json!({"raw_us": mr, "anyccl_us": ma, "median_ratio": mq, "worst_ratio": w, "pairs": shown,
         "raw_issue_us": ri, "anyccl_issue_us": ai, "raw_with_events_us": ev, "raw_outputs_us": ro, "raw_outputs": b.recvs.len(),
-        "enqueued_us": m_enq, "enqueued_median_ratio": mq_enq, "enqueued_worst_ratio": enq_w});
+        "enqueued_us": m_enq, "enqueued_median_ratio": mq_enq, "enqueued_worst_ratio": enq_w,
+        "vs_events_median_ratio": ev_q, "vs_events_worst_ratio": ev_w});
     cx.emit("vs_raw", count, json, || {
         format!(
-            "{mr:11.2} {ma:12.2} {mq:13.3} {w:12.3} {:10.2} {:13.2} {:>22} {ev:16.2} {:>20} {m_enq:14.2} {:>19}   {}",
+            "{mr:11.2} {ma:12.2} {mq:13.3} {w:12.3} {:10.2} {:13.2} {:>22} {ev:16.2} {:>20} {m_enq:14.2} {:>19} {:>14}   {}",
             busbw(mr),
             busbw(ma),
             format!("{ri:.2}/{ai:.2}"),
             format!("{ro:.2} (N={})", b.recvs.len()),
             format!("{mq_enq:.3}/{enq_w:.3}"),
+            format!("{ev_q:.3}/{ev_w:.3}"),
             shown.join(" ")
         )
     });
