@@ -73,40 +73,6 @@ fn membership_start_agrees_on_every_rank_at_epoch_0() {
     });
 }
 
-/// The store does not grow with the epochs: once an epoch is decided, the arrivals at the one
-/// before are removed, and every key of the epoch 16 before.
-#[test]
-fn membership_old_epochs_leave_the_store() {
-    rt().block_on(async {
-        let memory = MemoryStore::new();
-        let store: Arc<dyn Store> = Arc::new(memory.clone());
-        let c = cfg();
-        let mut ms = start(&store, 4, &c).await;
-        let mut sizes = Vec::new();
-        for _ in 0..40 {
-            let tasks: Vec<_> =
-                ms.into_iter().map(|m| tokio::spawn(async move { (m.agree("cycle").await, m) })).collect();
-            ms = Vec::new();
-            for t in tasks {
-                let (v, m) = t.await.expect("task");
-                v.expect("agreed");
-                ms.push(m);
-            }
-            sizes.push(memory.size().0);
-        }
-        let at = |e: u64, what: &str| format!("{}/epoch/{e}/{what}", c.prefix.trim_end_matches('/'));
-        let has = |k: String| {
-            let store = store.clone();
-            async move { store.get(&k).await.expect("get").is_some() }
-        };
-        assert!(has(at(40, "decision")).await && has(at(40, "arrived/0")).await, "the last epoch's keys are gone");
-        assert!(has(at(39, "decision")).await, "the decision before the last is gone");
-        assert!(!has(at(39, "arrived/0")).await, "the arrivals at the epoch before the last are kept");
-        assert!(!has(at(24, "decision")).await && has(at(25, "decision")).await, "decisions kept: {sizes:?}");
-        assert!(sizes[39] <= sizes[19] + 1, "keys grow with the epochs: {sizes:?}");
-    });
-}
-
 #[test]
 fn membership_a_killed_member_is_left_out_on_its_stale_record() {
     rt().block_on(async {
@@ -652,10 +618,6 @@ impl Store for Counting {
     async fn delete(&self, key: &str) -> anyccl_core::Result<bool> {
         self.note(key);
         self.inner.delete(key).await
-    }
-    async fn delete_prefix(&self, prefix: &str) -> anyccl_core::Result<u64> {
-        self.note(prefix);
-        self.inner.delete_prefix(prefix).await
     }
     async fn wait_many(&self, keys: &[String], deadline: Instant) -> anyccl_core::Result<Vec<Option<Vec<u8>>>> {
         self.note(keys.first().map(String::as_str).unwrap_or(""));
