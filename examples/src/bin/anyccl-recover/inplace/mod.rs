@@ -305,6 +305,7 @@ impl InPlace<'_> {
         }
         self.mark("rebuilt", seg.epoch);
         until_failure(m, self.start_step(seg)).await?;
+        self.forget_old_epochs(&groups).await;
         self.feed(seg, &groups)?;
         if seg.epoch > 0 && !self.job.no_warmup {
             until_failure(m, self.warm(seg, &groups)).await?;
@@ -312,6 +313,31 @@ impl InPlace<'_> {
         }
         self.segments.push(seg.clone());
         self.train(m, seg, &groups).await
+    }
+
+    /// Once every training rank met in this epoch (`start_step`), the keys of the epoch this
+    /// process trained before the last are no one's: each group's first member removes its
+    /// group's namespaces of those epochs, and the first member of stage 0's those epochs'
+    /// step counts, so the store does not grow with the recoveries (the membership and the
+    /// warmup remove their own).
+    async fn forget_old_epochs(&self, g: &Groups) {
+        // The epoch before the last one this process trained (one a call, so each once).
+        let Some(s) = self.segments.len().checked_sub(2).map(|i| &self.segments[i]) else { return };
+        let mut prefixes = Vec::new();
+        if g.ppc.rank() == 0 {
+            prefixes.push(format!("pp-replica{}@e{}/", self.replica, s.epoch));
+        }
+        if g.dpc.rank() == 0 {
+            prefixes.push(format!("dp-stage{}@e{}/", self.stage, s.epoch));
+            if self.stage == 0 {
+                prefixes.push(self.key(&format!("e{}/applied/", s.epoch)));
+            }
+        }
+        for p in prefixes {
+            if let Err(e) = self.store.delete_prefix(&p).await {
+                tracing::debug!("keys under {p} left in the store: {e}");
+            }
+        }
     }
 
     /// The epoch's groups: this replica's pipeline, and this stage of every training replica.
