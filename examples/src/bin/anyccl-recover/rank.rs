@@ -287,19 +287,7 @@ impl<'j> Rank<'j> {
         if self.platform.kind() == DeviceKind::Cpu {
             return Ok(squeezed);
         }
-        let leave = leave.saturating_mul(1 << 20);
-        let mut chunk: u64 = 1 << 30;
-        while chunk >= 1 << 20 {
-            let free = self.platform.mem_info()?.free;
-            if free <= leave.saturating_add(chunk) {
-                chunk /= 2;
-                continue;
-            }
-            match self.platform.alloc(DType::U8, chunk as usize) {
-                Ok(m) => squeezed.push(m),
-                Err(_) => chunk /= 2,
-            }
-        }
+        squeezed = fill_device(self.platform.as_ref(), leave.saturating_mul(1 << 20))?.0;
         println!("rank {}: squeezed device memory to {} MiB free", self.me(), self.platform.mem_info()?.free >> 20);
         Ok(squeezed)
     }
@@ -425,4 +413,30 @@ async fn new_job_id(store: &dyn Store, me: usize, timeout: Duration) -> Result<S
     }
     let v = store.wait(key, anyccl::raw::deadline_in(timeout)).await?;
     Ok(String::from_utf8_lossy(&v).into_owned())
+}
+
+/// Allocate device memory until only `leave` bytes are free, in pieces of 1 GiB down to
+/// 1 MiB: ranks that share a device (or anything else allocating meanwhile) then split what
+/// is free between them instead of one failing. The pieces, and the bytes they hold.
+///
+/// # Errors
+/// The platform's, when it cannot say how much is free.
+pub(crate) fn fill_device(platform: &dyn Platform, leave: u64) -> Result<(Vec<Box<dyn DeviceMemory>>, u64)> {
+    let (mut held, mut bytes) = (Vec::new(), 0u64);
+    let mut chunk: u64 = 1 << 30;
+    while chunk >= 1 << 20 {
+        let free = platform.mem_info()?.free;
+        if free <= leave.saturating_add(chunk) {
+            chunk /= 2;
+            continue;
+        }
+        match platform.alloc(DType::U8, chunk as usize) {
+            Ok(m) => {
+                held.push(m);
+                bytes += chunk;
+            }
+            Err(_) => chunk /= 2,
+        }
+    }
+    Ok((held, bytes))
 }

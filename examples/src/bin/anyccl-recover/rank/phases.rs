@@ -104,12 +104,19 @@ impl Rank<'_> {
             sleep_groups(&session, &mut [&mut self.dpc, &mut self.ppc]).await?;
         }
         let free = self.free_at(&format!("rollout{k}/asleep")).await?;
-        // The colocated engine: the device's free memory but a margin; host memory is capped.
-        let take = match platform.kind() {
-            DeviceKind::Cpu => (self.job.colocated_mib << 20) as i64,
-            _ => (free - ((self.job.squeeze.unwrap_or(MARGIN_MIB) << 20) as i64)).max(0),
+        // The colocated engine: the device's free memory but a margin, taken in pieces (ranks
+        // that share a device split it); host memory is capped.
+        let (engine, take) = match platform.kind() {
+            DeviceKind::Cpu => {
+                let take = self.job.colocated_mib << 20;
+                (vec![platform.alloc(DType::U8, take as usize)?], take as i64)
+            }
+            _ => {
+                let (held, bytes) =
+                    super::fill_device(platform.as_ref(), self.job.squeeze.unwrap_or(MARGIN_MIB) << 20)?;
+                (held, bytes as i64)
+            }
         };
-        let engine = platform.alloc(DType::U8, take as usize)?;
         std::thread::sleep(ROLLOUT);
         drop(engine);
         let (mut woke, mut warm) = (0.0, 0.0);
