@@ -90,11 +90,11 @@ echo "### one GPU: ${CYCLES:-20} sleep/wake cycles, two ranks over sockets ($(t)
 echo "exit $?"; grep -E '^\[rank 0\].*(sleep|wake|cycle|step|MiB)' "$OUT/one-sleep.log" | cut -c1-220 | tail -40
 echo "### one GPU: the colocated demo, two ranks over sockets ($(t))"
 rm -rf /tmp/anyccl-acceptance-col
-"${SOCK[@]}" timeout 240 anyccl-recover demo --backend nccl --colocated-phases 3 --steps 12 \
+"${SOCK[@]}" timeout 240 anyccl-recover demo --backend nccl --dp 1 --pp 2 --colocated-phases 3 --steps 12 \
   --out /tmp/anyccl-acceptance-col > "$OUT/one-colocated.log" 2>&1
 echo "exit $?"; grep -vE '^\[rank [0-9]+\] step ' "$OUT/one-colocated.log" | tail -25 | cut -c1-220
 echo "### one GPU: conformance at world size 1 ($(t))"
-timeout 300 anyccl-conformance --backend nccl --world-sizes 1 > "$OUT/one-conformance.log" 2>&1
+timeout 360 anyccl-conformance --backend nccl --world-sizes 1 > "$OUT/one-conformance.log" 2>&1
 echo "exit $?"; grep -E 'passed|failed|FAIL' "$OUT/one-conformance.log" | tail -5
 echo "### one GPU: the sleep cases at world size 2, two ranks over sockets ($(t))"
 "${SOCK[@]}" timeout 200 anyccl-conformance --backend nccl --world-sizes 2 --filter sleep > "$OUT/one-sleep-cases.log" 2>&1
