@@ -26,10 +26,7 @@ impl InPlace<'_> {
     /// their roles where there is none, among the epoch's training ranks.
     pub(super) async fn warm(&mut self, seg: &Segment, g: &Groups) -> Result<()> {
         if self.plans.is_none() {
-            // A replacement finds the plan its rank recorded in the store.
-            if let Some(v) = self.store.get(&self.key(&format!("plan/{}", self.me()))).await? {
-                self.plans = serde_json::from_slice(&v).ok();
-            }
+            self.plans = self.recorded_plans().await?;
         }
         let (job, members) = (self.key("warmup"), self.ranks_of(&seg.active));
         let session = self.session(&job, seg, &members);
@@ -58,6 +55,29 @@ impl InPlace<'_> {
             print!("{}", report.table());
         }
         Ok(())
+    }
+
+    /// The plans a replacement warms from: those its rank recorded in the store; else (its
+    /// first process was stopped or killed after the recording, before it stored them) each
+    /// group's plan as another rank stored it: a recorded plan is merged across the group's
+    /// members, so every member holds the same. `None` when no rank stored any.
+    async fn recorded_plans(&self) -> Result<Option<Vec<GroupPlan>>> {
+        let key = |r: usize| self.key(&format!("plan/{r}"));
+        if let Some(v) = self.store.get(&key(self.me())).await? {
+            return Ok(serde_json::from_slice(&v).ok());
+        }
+        let base = |name: &str| name.split('@').next().unwrap_or(name).to_string();
+        let mut found: Vec<GroupPlan> = Vec::new();
+        for r in (0..self.env.world_size).filter(|&r| r != self.me()) {
+            let Some(v) = self.store.get(&key(r)).await? else { continue };
+            let Ok(plans) = serde_json::from_slice::<Vec<GroupPlan>>(&v) else { continue };
+            for p in plans {
+                if !found.iter().any(|f| base(&f.group) == base(&p.group)) {
+                    found.push(p);
+                }
+            }
+        }
+        Ok((!found.is_empty()).then_some(found))
     }
 
     /// The first step's plan, merged across each group's members, kept in the store under
