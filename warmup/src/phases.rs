@@ -173,14 +173,14 @@ pub async fn wake_groups(
     let exec = failed.map_or(Ok(()), Err);
     let verdict = outcome(&phase, &exec, anyccl_core::deadline_in(cfg.timeout)).await;
     trim_generations(&phase).await;
-    if verdict != Outcome::Ok {
+    let failure = match verdict {
+        Outcome::Ok => None,
+        Outcome::Timeout(why) => Some((why, true)),
+        Outcome::Failed(why) => Some((why, false)),
+    };
+    if let Some((why, timed_out)) = failure {
         asleep_again(groups, &woke).await;
         exec?;
-        let (why, timed_out) = match verdict {
-            Outcome::Timeout(why) => (why, true),
-            Outcome::Failed(why) => (why_or(why), false),
-            Outcome::Ok => (why_or(String::new()), false),
-        };
         let cx = ctx(s.rank, &format!("wake {}", s.job));
         let msg = format!("{why}; the groups this rank woke are asleep again");
         return Err(if timed_out {
@@ -203,14 +203,6 @@ pub async fn wake_groups(
         }
     }
     Ok(report)
-}
-
-fn why_or(why: String) -> String {
-    if why.is_empty() {
-        "the wake failed on another rank".into()
-    } else {
-        why
-    }
 }
 
 /// Put the groups named `woke` back to sleep on this rank, every rank having learnt that the

@@ -168,28 +168,38 @@ fn member_never_wakes(cx: &RankCtx) -> CaseResult {
     Ok(())
 }
 
+/// The warmup session of an engine's phases in job `job`: every rank of the case.
+fn phase_session<'a>(cx: &'a RankCtx, job: &'a str, generation: u64) -> anyccl_warmup::Session<'a> {
+    anyccl_warmup::Session {
+        store: cx.store.as_ref(),
+        job,
+        generation,
+        rank: cx.rank,
+        world_size: cx.size,
+        members: None,
+        platform: cx.platform.as_ref(),
+    }
+}
+
+/// The warmup of a wake: on, forced (the CPU backend connects at init), within [`CONNECT`].
+fn phase_config() -> anyccl_warmup::WarmupConfig {
+    anyccl_warmup::WarmupConfig { enabled: true, force: true, timeout: CONNECT, ..Default::default() }
+}
+
 /// An engine's groups sleep and wake in one call each (`anyccl_warmup::sleep_groups`,
 /// `wake_groups`): the data and pipeline groups sleep, the cross-engine group is never
 /// touched; the wake warms both again (its report names them), results are right, and a
 /// second wake touches nothing.
 fn engine_groups(cx: &RankCtx) -> CaseResult {
-    use anyccl_warmup::{sleep_groups, wake_groups, Session, WarmupConfig};
+    use anyccl_warmup::{sleep_groups, wake_groups};
     let group = |name: &str, role: Role| connect_as(cx, name, role, CONNECT);
     let (mut dp, mut pp, mut sync) = (
         group("engine-dp", Role::Data)?,
         group("engine-pp", Role::Pipeline)?,
         group("engine-sync", Role::CrossEngine)?,
     );
-    let session = |generation| Session {
-        store: cx.store.as_ref(),
-        job: "conformance-phases",
-        generation,
-        rank: cx.rank,
-        world_size: cx.size,
-        members: None,
-        platform: cx.platform.as_ref(),
-    };
-    let cfg = WarmupConfig { enabled: true, force: true, timeout: CONNECT, ..WarmupConfig::default() };
+    let session = |generation| phase_session(cx, "conformance-phases", generation);
+    let cfg = phase_config();
     let slept = cx.block_on(sleep_groups(&session(1), &mut [&mut sync, &mut pp, &mut dp]))?;
     let names: Vec<&str> = slept.groups.iter().map(|g| g.group.as_str()).collect();
     ensure!(names == ["engine-dp", "engine-pp"], "slept {names:?}, expected the data and pipeline groups by name");
@@ -218,19 +228,11 @@ fn engine_groups(cx: &RankCtx) -> CaseResult {
 /// and both groups are asleep again on every rank; a retry in a new generation wakes both,
 /// and results are right.
 fn failed_wake_fails_everywhere(cx: &RankCtx) -> CaseResult {
-    use anyccl_warmup::{sleep_groups, wake_groups, Session, WarmupConfig};
+    use anyccl_warmup::{sleep_groups, wake_groups};
     let group = |name: &str, role: Role| connect_as(cx, name, role, Duration::from_secs(3));
     let (mut dp, mut pp) = (group("partial-dp", Role::Data)?, group("partial-pp", Role::Pipeline)?);
-    let session = |generation| Session {
-        store: cx.store.as_ref(),
-        job: "conformance-partial-wake",
-        generation,
-        rank: cx.rank,
-        world_size: cx.size,
-        members: None,
-        platform: cx.platform.as_ref(),
-    };
-    let cfg = WarmupConfig { enabled: true, force: true, timeout: CONNECT, ..WarmupConfig::default() };
+    let session = |generation| phase_session(cx, "conformance-partial-wake", generation);
+    let cfg = phase_config();
     cx.block_on(sleep_groups(&session(1), &mut [&mut dp, &mut pp]))?;
     let last = cx.rank == cx.size - 1;
     let woke = if last {
