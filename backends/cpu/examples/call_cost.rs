@@ -7,9 +7,10 @@
 //! operation on the caller's thread; a shorter one hands it to the communicator's worker
 //! thread (the last two rows: the hand-over's cost).
 //!
-//! `cargo run --release -p anyccl-cpu --example call_cost [CALLS] [BYTES]` prints nanoseconds
+//! `cargo run --release -p anyccl-cpu --example call_cost [CALLS] [BYTES] [long]` prints nanoseconds
 //! per call (issue, then wait), the median of 9 runs of CALLS calls (default 200000; a
-//! hundredth of them for the shorter waits) of an all_reduce of BYTES bytes (default 8).
+//! hundredth of them for the shorter waits) of an all_reduce of BYTES bytes (default 8);
+//! `long` leaves out the shorter waits (for a profile of the caller's own path).
 
 use anyccl_core::{Backend, CommConfig, Communicator, Ctx, DType, GroupSpec, ReduceOp, Result};
 use std::sync::Arc;
@@ -23,6 +24,8 @@ fn median(mut v: Vec<f64>) -> f64 {
 fn main() -> Result<()> {
     let arg = |i: usize, d: usize| std::env::args().nth(i).and_then(|a| a.parse().ok()).unwrap_or(d).max(1);
     let (calls, bytes) = (arg(1, 200_000), arg(2, 8));
+    // `long`: the first two rows only (a profile of the caller's own path, no worker).
+    let long_only = std::env::args().nth(3).is_some_and(|a| a == "long");
     let ctx = Ctx::process("call_cost");
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -56,6 +59,7 @@ fn main() -> Result<()> {
         ("shorter wait (the worker runs it), Communicator", short, (calls / 100).max(1), true),
         ("shorter wait (the worker runs it), the backend alone", short, (calls / 100).max(1), false),
     ];
+    let rows = &rows[..if long_only { 2 } else { 4 }];
     let mut times = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
     for _ in 0..9 {
         for (i, &(_, timeout, n, through)) in rows.iter().enumerate() {

@@ -32,13 +32,13 @@ fn refused(cx: &RankCtx, mem: Box<dyn DeviceMemory>, why: &str, what: &str) -> C
 
 /// Memory of no bytes on one member is refused there on the spot and on the others through
 /// the agreement; windows whose sizes differ between members are refused on every member
-/// (naming the argument, the rank, the group and the member that differs) before the library
+/// (naming the argument, the rank, the group and every member's size) before the library
 /// sees them; the communicator works on, and a later window of one size on all members
 /// registers (every member counted the refused ones alike).
 fn window_size_mismatch(cx: &RankCtx) -> CaseResult {
     let first = cx.rank == 0;
     // Only rank 0's memory is empty.
-    let why = if first { "no bytes" } else { "rank 0 cannot register it" };
+    let why = if first { "no bytes" } else { "rank 0: cannot register it" };
     refused(
         cx,
         cx.platform.alloc_registrable(DType::F32, if first { 0 } else { 64 })?,
@@ -46,7 +46,7 @@ fn window_size_mismatch(cx: &RankCtx) -> CaseResult {
         "a window empty on rank 0",
     )?;
     // Rank 0 asks for twice the others' size.
-    let why = if first { "rank 1 registers 256 bytes" } else { "rank 0 registers 512 bytes" };
+    let why = "the sizes differ (rank 0 512, rank 1 256";
     let mem = cx.platform.alloc_registrable(DType::F32, if first { 128 } else { 64 })?;
     refused(cx, mem, why, "windows of different sizes")?;
     let input = values(cx.rank, 64, Some(ReduceOp::Sum), 3);
@@ -61,13 +61,14 @@ fn window_size_mismatch(cx: &RankCtx) -> CaseResult {
 /// library needs its own allocator's) is refused on every member before the library's
 /// collective call, naming the member, and the communicator works on.
 fn window_rejects_plain_memory(cx: &RankCtx) -> CaseResult {
-    // Only rank 0 passes plain memory: the others learn of it from the agreement.
-    let (mem, why) = if cx.rank == 0 {
-        (cx.platform.alloc(DType::F32, 64)?, "this rank cannot register it")
+    // Only rank 0 passes plain memory: the others learn of it from the agreement, whose one
+    // verdict every member reports.
+    let mem = if cx.rank == 0 {
+        cx.platform.alloc(DType::F32, 64)?
     } else {
-        (cx.platform.alloc_registrable(DType::F32, 64)?, "rank 0 cannot register it")
+        cx.platform.alloc_registrable(DType::F32, 64)?
     };
-    refused(cx, mem, why, "plain memory as a window")?;
+    refused(cx, mem, "rank 0: cannot register it", "plain memory as a window")?;
     all_reduce_works_on(cx, "all_reduce after the refusal")
 }
 

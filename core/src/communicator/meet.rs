@@ -1,41 +1,10 @@
 //! Members meeting through the store before a collective step: each publishes a value, one
-//! multi-key wait reads the others'. Window registration compares sizes through it, sleep
-//! agrees that every member sleeps.
+//! multi-key wait reads the others', and one verdict, stored once, is what every member acts
+//! on. Window registration compares sizes through it; sleep and wake agree that every member
+//! sleeps or wakes.
 
-use crate::error::{Ctx, Result};
+use crate::error::Result;
 use std::time::Instant;
-
-/// Publish `mine` under `{prefix}/r{rank}` and read every other member's, in one multi-key
-/// wait until `deadline`: their values, by rank (this rank left out).
-///
-/// # Errors
-/// A `Timeout` in `op` whose text `missing` writes from the ranks that never published;
-/// the store's.
-pub(super) async fn publish_and_read(
-    store: &dyn crate::Store,
-    prefix: &str,
-    ctx: &Ctx,
-    (rank, size): (usize, usize),
-    (op, mine): (&str, &str),
-    deadline: Instant,
-    missing: impl FnOnce(&[usize]) -> String,
-) -> Result<Vec<(usize, String)>> {
-    let started = Instant::now();
-    store.set(&format!("{prefix}/r{rank}"), mine.as_bytes()).await?;
-    let others: Vec<usize> = (0..size).filter(|&r| r != rank).collect();
-    // One request where the store allows, rather than one per member.
-    let keys: Vec<String> = others.iter().map(|r| format!("{prefix}/r{r}")).collect();
-    let theirs = store.wait_many(&keys, deadline).await?;
-    let absent: Vec<usize> = others.iter().zip(&theirs).filter(|(_, v)| v.is_none()).map(|(&r, _)| r).collect();
-    if !absent.is_empty() {
-        return Err(ctx.timeout(op, started.elapsed(), missing(&absent)));
-    }
-    Ok(others
-        .into_iter()
-        .zip(theirs.into_iter().flatten())
-        .map(|(r, v)| (r, String::from_utf8_lossy(&v).into_owned()))
-        .collect())
-}
 
 /// How a meeting that [`decide`] held ended: the same on every member that took part.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,12 +17,33 @@ pub(super) enum Verdict {
     Missing(String),
 }
 
-/// Every member publishes under `{prefix}/r{rank}` that it is ready (`refusal` `None`) or
-/// why not, and one verdict is stored under `{prefix}/verdict` by the first member that can
-/// decide: a refusing member at once, a member that read every other's value, or one whose
-/// wait ran out at `deadline`. Every member adopts the stored verdict, so all act alike even
-/// when one saw everyone ready and another timed out, and a member arriving after the
-/// verdict adopts it at once. A failed meeting's prefix keeps its verdict: the next try
+/// What a member brings to a meeting: ready with `value` (which must be the same on every
+/// member), or a refusal saying why not.
+#[derive(Clone, Copy)]
+pub(super) enum Offer<'a> {
+    /// Ready; `differ` words the refusal when the members' values are not all the same
+    /// (given every member's, by rank).
+    Ready { value: &'a str, differ: &'a (dyn Fn(&[(usize, String)]) -> String + Sync) },
+    /// Not ready: why.
+    Refuse(&'a str),
+}
+
+impl<'a> Offer<'a> {
+    /// Ready with nothing to compare, or the refusal.
+    pub(super) fn ready_unless(refusal: Option<&'a str>) -> Offer<'a> {
+        match refusal {
+            Some(why) => Offer::Refuse(why),
+            None => Offer::Ready { value: "", differ: &|_| String::new() },
+        }
+    }
+}
+
+/// Every member publishes under `{prefix}/r{rank}` its offer, and one verdict is stored under
+/// `{prefix}/verdict` by the first member that can decide: a refusing member at once, a
+/// member that read every other's value (refused when one refused or the values differ), or
+/// one whose wait ran out at `deadline`. Every member adopts the stored verdict, so all act
+/// alike even when one saw everyone ready and another timed out, and a member arriving after
+/// the verdict adopts it at once. A failed meeting's prefix keeps its verdict: the next try
 /// meets under another.
 ///
 /// # Errors
@@ -63,11 +53,14 @@ pub(super) async fn decide(
     prefix: &str,
     (rank, size): (usize, usize),
     step: &str,
-    refusal: Option<&str>,
+    offer: Offer<'_>,
     deadline: Instant,
 ) -> Result<Verdict> {
     let key = format!("{prefix}/verdict");
-    let mine = refusal.map_or_else(|| "ok".to_string(), |why| format!("! {why}"));
+    let (mine, refusal) = match offer {
+        Offer::Ready { value, .. } => (format!("ok {value}"), None),
+        Offer::Refuse(why) => (format!("! {why}"), Some(why)),
+    };
     store.set(&format!("{prefix}/r{rank}"), mine.as_bytes()).await?;
     let proposal = match refusal {
         Some(why) => format!("R rank {rank}: {why}"),
@@ -84,20 +77,26 @@ pub(super) async fn decide(
             };
             let mut absent = Vec::new();
             let mut problems = Vec::new();
+            let mut values = vec![(rank, mine.get(3..).unwrap_or_default().to_string())];
             for (r, v) in others.iter().zip(&theirs) {
                 match v.as_deref().map(String::from_utf8_lossy) {
                     None => absent.push(*r),
-                    Some(v) => {
-                        if let Some(why) = v.strip_prefix("! ") {
-                            problems.push(format!("rank {r}: {why}"));
-                        }
-                    }
+                    Some(v) => match v.strip_prefix("! ") {
+                        Some(why) => problems.push(format!("rank {r}: {why}")),
+                        None => values.push((*r, v.get(3..).unwrap_or_default().to_string())),
+                    },
                 }
             }
+            values.sort();
             if !problems.is_empty() {
                 format!("R{}", problems.join("; "))
             } else if !absent.is_empty() {
                 format!("M ranks {absent:?} of the group never called {step}")
+            } else if let Some(differ) = match offer {
+                Offer::Ready { differ, .. } if values.iter().any(|(_, v)| *v != values[0].1) => Some(differ),
+                _ => None,
+            } {
+                format!("R{}", differ(&values))
             } else {
                 "G".to_string()
             }

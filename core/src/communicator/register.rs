@@ -189,37 +189,33 @@ pub async fn agree_window(
     deadline: std::time::Instant,
 ) -> Result<()> {
     const OP: &str = "register_window";
+    use super::meet::{decide, Offer, Verdict};
+    let started = std::time::Instant::now();
     let base = format!("{prefix}/window{seq}");
-    let mine = match refusal {
-        Some(why) => format!("! {why}"),
-        None => bytes.to_string(),
-    };
     let ctx = crate::Ctx::new("anyccl", rank, group);
-    let theirs = super::meet::publish_and_read(store, &base, &ctx, (rank, size), (OP, &mine), deadline, |missing| {
-        format!("ranks {missing:?} never registered window #{seq}")
-    })
-    .await?;
-    let mut problems: Vec<String> =
-        refusal.map(|why| format!("this rank cannot register it: {why}")).into_iter().collect();
-    for (r, theirs) in &theirs {
-        match theirs.strip_prefix("! ") {
-            Some(why) => problems.push(format!("rank {r} cannot register it: {why}")),
-            None if refusal.is_none() && *theirs != mine => problems.push(format!("rank {r} registers {theirs} bytes")),
-            None => {}
-        }
+    let sizes = |all: &[(usize, String)]| {
+        let each: Vec<String> = all.iter().map(|(r, v)| format!("rank {r} {v}")).collect();
+        format!("the sizes differ ({} bytes)", each.join(", "))
+    };
+    let (value, refused) = (bytes.to_string(), refusal.map(|why| format!("cannot register it: {why}")));
+    let offer = match &refused {
+        Some(why) => Offer::Refuse(why),
+        None => Offer::Ready { value: &value, differ: &sizes },
+    };
+    // One verdict for every member: a member that saw every size agree and one whose wait
+    // ran out would otherwise part, one into the library's collective call, one not.
+    match decide(store, &base, (rank, size), &format!("{OP} for window #{seq}"), offer, deadline).await? {
+        Verdict::Go => Ok(()),
+        Verdict::Missing(who) => Err(ctx.timeout(OP, started.elapsed(), who)),
+        Verdict::Refused(why) => Err(ctx.invalid(
+            OP,
+            "mem",
+            format!(
+                "window #{seq} ({bytes} bytes here) is registered by no member: {why} (a window is memory the \
+                 library can map, of the same size on every member)"
+            ),
+        )),
     }
-    if problems.is_empty() {
-        return Ok(());
-    }
-    Err(ctx.invalid(
-        OP,
-        "mem",
-        format!(
-            "window #{seq} ({bytes} bytes here) is registered by no member: {} (a window is memory the library \
-             can map, of the same size on every member)",
-            problems.join("; ")
-        ),
-    ))
 }
 
 #[cfg(test)]
@@ -278,16 +274,40 @@ mod tests {
     #[test]
     fn a_different_size_is_refused_on_every_member() {
         let r = agree(&[Some(Ok(64)), Some(Ok(64)), Some(Ok(128))], Duration::from_secs(5));
-        assert!(msg(&r[0]).contains("rank 2 registers 128 bytes"), "{}", msg(&r[0]));
-        assert!(msg(&r[1]).contains("rank 2 registers 128 bytes"), "{}", msg(&r[1]));
-        assert!(msg(&r[2]).contains("rank 0 registers 64 bytes"), "{}", msg(&r[2]));
+        // One verdict, the same words on every member.
+        for m in &r {
+            assert!(msg(m).contains("the sizes differ (rank 0 64, rank 1 64, rank 2 128 bytes)"), "{}", msg(m));
+        }
     }
 
     #[test]
     fn a_refusal_is_an_error_on_every_member() {
         let r = agree(&[Some(Ok(64)), Some(Err("not cuMem memory"))], Duration::from_secs(5));
-        assert!(msg(&r[0]).contains("rank 1 cannot register it: not cuMem memory"), "{}", msg(&r[0]));
-        assert!(msg(&r[1]).contains("this rank cannot register it: not cuMem memory"), "{}", msg(&r[1]));
+        for m in &r {
+            assert!(msg(m).contains("rank 1: cannot register it: not cuMem memory"), "{}", msg(m));
+        }
+    }
+
+    /// A member that comes after another's wait ran out sees every size agree, yet adopts
+    /// the stored verdict: both fail alike (neither enters the library's collective call
+    /// while the other does not), and it learns at once.
+    #[test]
+    fn a_member_that_comes_late_fails_like_the_one_that_timed_out() {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let store = MemoryStore::new();
+        let (early, late) = rt.block_on(async {
+            let early =
+                agree_window(&store, "t", "g", (0, 2), 0, 64, None, Instant::now() + Duration::from_millis(200));
+            let early = early.await;
+            let t = Instant::now();
+            let late =
+                agree_window(&store, "t", "g", (1, 2), 0, 64, None, Instant::now() + Duration::from_secs(30)).await;
+            (early, (late, t.elapsed()))
+        });
+        for r in [&early, &late.0] {
+            assert!(matches!(r, Err(Error::Timeout { op, .. }) if op == "register_window"), "{r:?}");
+        }
+        assert!(late.1 < Duration::from_secs(1), "the late member waited {:?}", late.1);
     }
 
     #[test]
@@ -296,7 +316,10 @@ mod tests {
         let r = agree(&[Some(Ok(64)), None], Duration::from_millis(300));
         match &r[0] {
             Some(Err(Error::Timeout { op, detail, .. })) if op == "register_window" => {
-                assert!(detail.contains("ranks [1] never registered window #0"), "{detail}")
+                assert!(
+                    detail.contains("ranks [1] of the group never called register_window for window #0"),
+                    "{detail}"
+                )
             }
             other => panic!("expected a timeout, got {other:?}"),
         }

@@ -6,7 +6,7 @@
 //! `Work` or registration of the group can outlive a sleep: the compiler checks it. The live
 //! path pays nothing: an operation while asleep reaches [`Asleep`], which refuses it.
 
-use super::meet::{decide, Verdict};
+use super::meet::{decide, Offer, Verdict};
 use super::Communicator;
 use crate::buffer::{Buf, BufMut, StreamRef};
 use crate::capability::Capabilities;
@@ -206,8 +206,15 @@ impl Communicator {
         let deadline = crate::deadline_in(self.config.init_timeout);
         let (started, prefix) =
             (Instant::now(), format!("{}/sleep{}.{}", self.name, self.sleeps.count, self.sleeps.tries));
-        let verdict =
-            decide(store.as_ref(), &prefix, (self.rank(), self.size()), OP, refusal.as_deref(), deadline).await?;
+        let verdict = decide(
+            store.as_ref(),
+            &prefix,
+            (self.rank(), self.size()),
+            OP,
+            Offer::ready_unless(refusal.as_deref()),
+            deadline,
+        )
+        .await?;
         match verdict {
             Verdict::Go => {}
             Verdict::Refused(why) => {
@@ -323,7 +330,9 @@ impl Communicator {
         let refusal = connected.as_ref().err().map(|e| format!("its connect failed: {e}"));
         let prefix = format!("{}/wake{count}.{tries}", self.name);
         let who = (self.rank(), self.size());
-        let verdict = decide(store.as_ref(), &prefix, who, OP, refusal.as_deref(), deadline + WAKE_GRACE).await;
+        let verdict =
+            decide(store.as_ref(), &prefix, who, OP, Offer::ready_unless(refusal.as_deref()), deadline + WAKE_GRACE)
+                .await;
         let (inner, verdict) = match (connected, verdict) {
             (Ok(inner), Ok(Verdict::Go)) => {
                 self.inner = inner;
