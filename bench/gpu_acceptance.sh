@@ -24,6 +24,8 @@
 #   PARTS=one BIN=.gpu bash bench/gpu_acceptance.sh             # what one GPU can check: the
 #       Work path and stream order against raw NCCL at world size 1 (--vs-raw, with and
 #       without shared completion, raw with an event per call, alternating ROUNDS, default 2),
+#       the host cost per call with real launches where $BIN has launch_cost (cargo build
+#       --release -p anyccl-nccl --example launch_cost: raw, raw with events, each anyccl path),
 #       the conformance suite at world size 1, sleep/wake cycles (CYCLES, default 20) and the
 #       colocated demo and the sleep cases with two ranks sharing the GPU over NCCL's socket
 #       transport
@@ -83,6 +85,11 @@ for round in $(seq "${ROUNDS:-2}"); do for sc in 0 1; do
   echo "   size raw(us) anyccl(us) ratio-median ratio-worst raw+events(us) enqueued(us) enqueued/raw vs-raw+events"
   awk '/^\[rank 0\] +[0-9]/ { print "  ", $3, $6, $7, $8, $9, $13, $16, $17, $18 }' "$log"
 done; done
+if [ -x "$BIN/launch_cost" ]; then
+  echo "### one GPU: host cost per call with real launches, world size 1 ($(t))"
+  timeout 120 "$BIN/launch_cost" 20000 7 > "$OUT/one-launch-cost.log" 2>&1
+  echo "exit $?"; cat "$OUT/one-launch-cost.log" | cut -c1-220
+fi
 SOCK=(env ANYCCL_RANK_ENV='NCCL_HOSTID=h{rank}' NCCL_IB_DISABLE=1 NCCL_SOCKET_IFNAME=lo)
 echo "### one GPU: ${CYCLES:-20} sleep/wake cycles, two ranks over sockets ($(t))"
 "${SOCK[@]}" timeout 240 anyccl-run -n 2 -- anyccl-warmup-check --backend nccl --sleep-cycles "${CYCLES:-20}" \

@@ -1,0 +1,174 @@
+//! What a small all_reduce costs the host with real launches, on one GPU at world size 1:
+//! raw NCCL, raw NCCL with an event recorded after each call (what a completion handle per
+//! operation costs by itself), and anyccl's paths over the same library: stream order only
+//! (`enqueue_all_reduce`), a `Work` per call through the `Communicator`, a `Work` from the
+//! backend's `Collective` called directly (no validation, no flight recorder), and a `Work`
+//! with shared completion. Each pattern issues CALLS calls of 8 B, out of place, in chunks
+//! of 100 in flight (each anyccl call borrows one of 100 outputs until waited), then waits
+//! for them; the rows give nanoseconds per call spent issuing and in all, the median of
+//! ROUNDS rounds that alternate the patterns, and each anyccl row's ratio to raw with events.
+//!
+//! `cargo build --release -p anyccl-nccl --example launch_cost`, then on the GPU host
+//! `launch_cost [CALLS] [ROUNDS] [PATTERN]` (default 20000 and 5; PATTERN, a row's number,
+//! runs that row alone, for a profiler). The `ANYCCL_*` settings apply to the communicators.
+
+use anyccl_core::{Backend, CommConfig, Communicator, Ctx, DType, DeviceMemory, GroupSpec, ReduceOp, Result};
+use anyccl_nccl::{EngineStream, Nccl, RawNccl};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Calls in flight before a wait, as `anyccl-bench` keeps them at these sizes.
+const DEPTH: usize = 100;
+const COUNT: usize = 2;
+
+const PATTERNS: [&str; 6] = [
+    "raw ncclAllReduce",
+    "raw, an event recorded after each call",
+    "anyccl stream order (enqueue_all_reduce)",
+    "anyccl Work, through the Communicator",
+    "anyccl Work, the backend's Collective alone",
+    "anyccl Work, shared completion",
+];
+
+struct Setup {
+    raw: RawNccl,
+    engine: EngineStream,
+    send: Arc<dyn DeviceMemory>,
+    shared_recv: Arc<dyn DeviceMemory>,
+    timeout: Duration,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// `$calls` calls `$issue(send, recv)` over the outputs `$recvs`, in chunks of [`DEPTH`],
+/// each chunk waited for: (issue, total) nanoseconds per call.
+macro_rules! chunks {
+    ($s:expr, $recvs:expr, $calls:expr, |$send:ident, $recv:ident| $issue:expr) => {{
+        let (mut issuing, t) = (Duration::ZERO, Instant::now());
+        let mut left = $calls;
+        let $send: &dyn DeviceMemory = &*$s.send;
+        while left > 0 {
+            let k = left.min(DEPTH);
+            let start = Instant::now();
+            let mut works = Vec::with_capacity(k);
+            for $recv in $recvs.iter_mut().take(k) {
+                works.push($issue?);
+            }
+            issuing += start.elapsed();
+            for mut w in works {
+                w.wait($s.timeout)?;
+            }
+            left -= k;
+        }
+        let per = |d: Duration| d.as_secs_f64() * 1e9 / $calls as f64;
+        Ok((per(issuing), per(t.elapsed())))
+    }};
+}
+
+fn run(
+    s: &Setup,
+    (comm, shared): (&Communicator, &Communicator),
+    recvs: &mut [Box<dyn DeviceMemory>],
+    pattern: usize,
+    calls: usize,
+) -> Result<(f64, f64)> {
+    let sum = ReduceOp::Sum;
+    match pattern {
+        0 | 1 => {
+            let t = s.raw.all_reduce_us(COUNT, DType::F32, (calls, 0), pattern == 1, 1)?;
+            Ok((t.issue_us * 1e3, t.us * 1e3))
+        }
+        2 => {
+            let t = Instant::now();
+            let mut held = Vec::with_capacity(calls);
+            for _ in 0..calls {
+                held.push(comm.enqueue_all_reduce(Some(&s.send), &s.shared_recv, sum)?);
+            }
+            let issued = t.elapsed();
+            comm.signal_stream(s.engine.stream_ref())?;
+            s.engine.synchronize(s.timeout)?;
+            let total = t.elapsed();
+            drop(held);
+            Ok((issued.as_secs_f64() * 1e9 / calls as f64, total.as_secs_f64() * 1e9 / calls as f64))
+        }
+        3 => chunks!(s, recvs, calls, |send, r| comm.all_reduce(Some(send.view()), r.view_mut(), sum)),
+        4 => chunks!(s, recvs, calls, |send, r| comm.collective().all_reduce(Some(send.view()), r.view_mut(), sum)),
+        _ => chunks!(s, recvs, calls, |send, r| shared.all_reduce(Some(send.view()), r.view_mut(), sum)),
+    }
+}
+
+fn main() -> Result<()> {
+    let arg = |i: usize| std::env::args().nth(i).and_then(|a| a.parse::<usize>().ok());
+    let (calls, rounds, only) = (arg(1).unwrap_or(20_000).max(1), arg(2).unwrap_or(5).max(1), arg(3));
+    if only.is_some_and(|p| p >= PATTERNS.len()) {
+        return Err(Ctx::process("launch_cost").invalid(
+            "main",
+            "PATTERN",
+            format!("a row number below {}", PATTERNS.len()),
+        ));
+    }
+    let ctx = Ctx::process("launch_cost");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| ctx.io("start a tokio runtime", "", e))?;
+    let nccl = Nccl::default();
+    let platform = nccl.platform(0)?;
+    let store = Arc::new(anyccl_core::MemoryStore::new());
+    // The ANYCCL_* settings apply (ANYCCL_FLIGHT_RECORDER, ANYCCL_NCCL_BLOCKING, ...).
+    let config = CommConfig::from_env()?;
+    let shared_config = CommConfig { shared_completion: true, ..config.clone() };
+    let connect = |name: &str, c: &CommConfig| {
+        Communicator::connect(&nccl, GroupSpec::world(1, name), 0, store.clone(), platform.device(), c.clone())
+    };
+    let (raw, comm, shared) = rt.block_on(async {
+        let raw = RawNccl::connect(&*store, "launch-cost/raw", 0, 1, 0, &config).await?;
+        Ok::<_, anyccl_core::Error>((
+            raw,
+            connect("launch-cost", &config).await?,
+            connect("launch-cost-shared", &shared_config).await?,
+        ))
+    })?;
+    let s = Setup {
+        raw,
+        engine: EngineStream::new(platform.device())?,
+        send: Arc::from(platform.alloc(DType::F32, COUNT)?),
+        shared_recv: Arc::from(platform.alloc(DType::F32, COUNT)?),
+        timeout: config.op_timeout,
+    };
+    let mut recvs: Vec<Box<dyn DeviceMemory>> =
+        (0..DEPTH).map(|_| platform.alloc(DType::F32, COUNT)).collect::<Result<_>>()?;
+    let patterns: Vec<usize> = only.map_or_else(|| (0..PATTERNS.len()).collect(), |p| vec![p]);
+    for &p in &patterns {
+        run(&s, (&comm, &shared), &mut recvs, p, (calls / 10).max(DEPTH))?;
+    }
+    let mut times: Vec<(Vec<f64>, Vec<f64>)> = vec![(Vec::new(), Vec::new()); PATTERNS.len()];
+    for _ in 0..rounds {
+        for &p in &patterns {
+            let (issue, total) = run(&s, (&comm, &shared), &mut recvs, p, calls)?;
+            times[p].0.push(issue);
+            times[p].1.push(total);
+        }
+    }
+    println!("# host cost per 8 B all_reduce with real launches, world size 1 ({} calls a round, {rounds} rounds, {DEPTH} in flight)", calls);
+    println!(
+        "# host cost per call, ns: {}",
+        s.raw.host_costs(20_000)?.iter().map(|(w, ns)| format!("{w} {ns:.0}")).collect::<Vec<_>>().join(", ")
+    );
+    println!("#{:>3} {:>48} {:>12} {:>12} {:>16}", "row", "pattern", "issue (ns)", "total (ns)", "vs raw+events");
+    let with_events = median(times[1].1.clone());
+    for &p in &patterns {
+        let (issue, total) = (median(times[p].0.clone()), median(times[p].1.clone()));
+        let ratio = if p >= 2 && with_events.is_finite() { format!("{:.3}", total / with_events) } else { "-".into() };
+        println!("{p:>4} {:>48} {issue:>12.0} {total:>12.0} {ratio:>16}", PATTERNS[p]);
+    }
+    drop(recvs);
+    drop(s);
+    rt.block_on(async {
+        comm.shutdown().await?;
+        shared.shutdown().await
+    })
+}
