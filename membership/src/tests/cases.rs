@@ -1,64 +1,10 @@
-//! The membership protocol among processes simulated as tasks of one runtime over one
-//! in-memory store: a member "killed" is dropped (its liveness record stops), "stopped" is
-//! one whose record stops while it keeps its handle.
+//! The protocol's cases: failures, replacements, stopped members, leaders replaced.
 
+use super::{agree_all, cfg, ranks, rt, start};
 use crate::{LivenessDriver, Member, Membership, MembershipConfig, View};
 use anyccl_core::{MemoryStore, Store};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-fn cfg() -> MembershipConfig {
-    MembershipConfig {
-        beat: Duration::from_millis(20),
-        stale_after: Duration::from_millis(300),
-        agree_timeout: Duration::from_secs(5),
-        ..MembershipConfig::default()
-    }
-}
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build().expect("runtime")
-}
-
-/// `n` members of a fresh job, all at epoch 0.
-async fn start(store: &Arc<dyn Store>, n: usize, cfg: &MembershipConfig) -> Vec<Membership> {
-    let joins: Vec<_> = (0..n).map(|r| tokio::spawn(Membership::join(store.clone(), r, n, cfg.clone()))).collect();
-    let mut out = Vec::new();
-    for j in joins {
-        out.push(j.await.expect("task").expect("join"));
-    }
-    out
-}
-
-/// Every member in `ms` agrees (each once it hears of the proposal, as a training loop
-/// would); their views.
-async fn agree_all(ms: Vec<Membership>) -> (Vec<Membership>, Vec<anyccl_core::Result<View>>) {
-    let tasks: Vec<_> = ms
-        .into_iter()
-        .map(|m| {
-            tokio::spawn(async move {
-                let t = Instant::now();
-                while m.proposed().is_none() && t.elapsed() < Duration::from_secs(10) {
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                }
-                let v = m.agree("a peer failed").await;
-                (m, v)
-            })
-        })
-        .collect();
-    let mut ms = Vec::new();
-    let mut vs = Vec::new();
-    for t in tasks {
-        let (m, v) = t.await.expect("task");
-        ms.push(m);
-        vs.push(v);
-    }
-    (ms, vs)
-}
-
-fn ranks(v: &View) -> Vec<usize> {
-    v.ranks()
-}
 
 #[test]
 fn membership_start_agrees_on_every_rank_at_epoch_0() {

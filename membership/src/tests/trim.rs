@@ -1,41 +1,21 @@
 //! The store does not grow with a job's epochs: what a decided epoch removes.
 
+use super::{cfg, rt, start};
 use anyccl_core::{MemoryStore, Store};
-use anyccl_membership::{Membership, MembershipConfig};
 use std::sync::Arc;
-use std::time::Duration;
-
-fn cfg() -> MembershipConfig {
-    MembershipConfig {
-        beat: Duration::from_millis(20),
-        stale_after: Duration::from_millis(300),
-        agree_timeout: Duration::from_secs(5),
-        ..MembershipConfig::default()
-    }
-}
-
-/// `n` members of a fresh job, all at epoch 0.
-async fn start(store: &Arc<dyn Store>, n: usize, cfg: &MembershipConfig) -> Vec<Membership> {
-    let joins: Vec<_> = (0..n).map(|r| tokio::spawn(Membership::join(store.clone(), r, n, cfg.clone()))).collect();
-    let mut out = Vec::new();
-    for j in joins {
-        out.push(j.await.expect("task").expect("join"));
-    }
-    out
-}
 
 /// The store does not grow with the epochs: once an epoch is decided, the arrivals at the one
 /// before are removed, and every key of the epoch 16 before.
 #[test]
 fn membership_old_epochs_leave_the_store() {
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build().expect("runtime");
-    rt.block_on(async {
+    rt().block_on(async {
         let memory = MemoryStore::new();
         let store: Arc<dyn Store> = Arc::new(memory.clone());
         let c = cfg();
         let mut ms = start(&store, 4, &c).await;
         let mut sizes = Vec::new();
         for _ in 0..40 {
+            // Agreed at once by every member (no proposal to wait for, as `agree_all` does).
             let tasks: Vec<_> =
                 ms.into_iter().map(|m| tokio::spawn(async move { (m.agree("cycle").await, m) })).collect();
             ms = Vec::new();
