@@ -70,6 +70,11 @@ pub struct FlightRecorder {
     /// Group and operation names, and failure texts: taken when a communicator is made, a
     /// new operation name is first seen, or an operation fails.
     names: Mutex<Names>,
+    /// Failure texts held in `names`: a push reads the tag of the slot it overwrites (to
+    /// drop that record's text) only while there are any. The slot's line is cold by then
+    /// (a whole ring of pushes ago), and the read was the recorder's one miss a call that
+    /// waited: with real NCCL launches, most of a push's time.
+    failed: AtomicU64,
     /// Operation names already seen, by index (a lookup without the lock).
     ops: [OnceLock<&'static str>; MAX_OPS],
 }
@@ -198,6 +203,7 @@ impl FlightRecorder {
             slots,
             pushed: AtomicU64::new(0),
             names: Mutex::new(Names::default()),
+            failed: AtomicU64::new(0),
             ops: std::array::from_fn(|_| OnceLock::new()),
         });
         if let Ok(mut live) = LIVE.lock() {
@@ -210,6 +216,20 @@ impl FlightRecorder {
     /// Every live recorder of the process, for a dump.
     pub(crate) fn live() -> Vec<Arc<FlightRecorder>> {
         LIVE.lock().map(|l| l.iter().filter_map(std::sync::Weak::upgrade).collect()).unwrap_or_default()
+    }
+
+    /// Keep the failure text of record `t` (counted in `failed` before its tag says FAILED).
+    fn keep_failure(&self, t: u64, text: String) {
+        let mut n = self.names();
+        n.failures.insert(t, text);
+        self.failed.store(n.failures.len() as u64, Ordering::Relaxed);
+    }
+
+    /// Drop the failure text of record `t`.
+    fn forget_failure(&self, t: u64) {
+        let mut n = self.names();
+        n.failures.remove(&t);
+        self.failed.store(n.failures.len() as u64, Ordering::Relaxed);
     }
 
     fn names(&self) -> std::sync::MutexGuard<'_, Names> {
@@ -265,7 +285,7 @@ impl FlightRecorder {
         let elapsed = rec.elapsed.map_or(0, nanos);
         let t = self.write(group, &f, state, elapsed);
         if let OpState::Failed(m) = rec.state {
-            self.names().failures.insert(t, m);
+            self.keep_failure(t, m);
         }
         Ticket(t)
     }
@@ -280,12 +300,12 @@ impl FlightRecorder {
         let t = self.pushed.fetch_add(1, Ordering::Relaxed);
         let s = &self.slots[(t % self.capacity as u64) as usize];
         // One writer a slot (the ring would have to come round during this push for two).
-        let old = s.tag.load(Ordering::Relaxed);
+        let old = (self.failed.load(Ordering::Relaxed) > 0).then(|| s.tag.load(Ordering::Relaxed));
         s.tag.store(t << 8 | WRITING, Ordering::Relaxed);
         // Fields written after the tag says so: a reader that saw the old tag sees it change.
         std::sync::atomic::fence(Ordering::Release);
-        if old != EMPTY && old & 0xff == FAILED {
-            self.names().failures.remove(&(old >> 8));
+        if let Some(old) = old.filter(|&o| o != EMPTY && o & 0xff == FAILED) {
+            self.forget_failure(old >> 8);
         }
         // `DType::ALL` lists the variants in declaration order, so a variant's number is its
         // index there (the reader maps it back through `ALL`).
@@ -315,12 +335,12 @@ impl FlightRecorder {
         s.elapsed_ns.store(self.now_coarse_ns().saturating_sub(started), Ordering::Relaxed);
         let code = code(&state);
         if let OpState::Failed(m) = state {
-            self.names().failures.insert(t, m);
+            self.keep_failure(t, m);
         }
         if s.tag.compare_exchange(pending, t << 8 | code, Ordering::Release, Ordering::Relaxed).is_err()
             && code == FAILED
         {
-            self.names().failures.remove(&t);
+            self.forget_failure(t);
         }
     }
 

@@ -45,9 +45,22 @@ pub struct WorkInfo {
 pub struct Work<'a> {
     imp: Option<Box<dyn WorkImpl + 'a>>,
     /// Set by the communicator that issued it; `None` for a backend's bare work.
-    info: Option<WorkInfo>,
+    issued: Option<Issued<'a>>,
+    /// Made from `issued` when first asked for (errors, traces, a caller's look).
+    info: std::sync::OnceLock<WorkInfo>,
     state: Option<std::result::Result<(), String>>,
     recorder: Option<(&'a FlightRecorder, Ticket)>,
+}
+
+/// What the communicator records of an operation as it issues it: a [`WorkInfo`] whose
+/// group name is lent rather than counted (every operation takes this path).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Issued<'a> {
+    pub(crate) op: &'static str,
+    pub(crate) seq: u64,
+    pub(crate) group: &'a Arc<str>,
+    pub(crate) rank: usize,
+    pub(crate) started: Instant,
 }
 
 impl fmt::Debug for Work<'_> {
@@ -59,16 +72,16 @@ impl fmt::Debug for Work<'_> {
 impl<'a> Work<'a> {
     /// Wrap a backend's work. Backends call this; the Communicator fills in `info`.
     pub fn new(imp: Box<dyn WorkImpl + 'a>) -> Self {
-        Work { imp: Some(imp), info: None, state: None, recorder: None }
+        Work { imp: Some(imp), issued: None, info: std::sync::OnceLock::new(), state: None, recorder: None }
     }
 
     /// Work that is already complete (e.g. an operation on zero elements).
     pub fn completed() -> Self {
-        Work { imp: None, info: None, state: Some(Ok(())), recorder: None }
+        Work { imp: None, issued: None, info: std::sync::OnceLock::new(), state: Some(Ok(())), recorder: None }
     }
 
-    pub(crate) fn attach(&mut self, info: WorkInfo, recorder: Option<(&'a FlightRecorder, Ticket)>) {
-        self.info = Some(info);
+    pub(crate) fn attach(&mut self, issued: Issued<'a>, recorder: Option<(&'a FlightRecorder, Ticket)>) {
+        self.issued = Some(issued);
         self.recorder = recorder;
         if self.state.is_some() {
             self.finish(Ok(()));
@@ -86,7 +99,16 @@ impl<'a> Work<'a> {
             rank: 0,
             started: Instant::now(),
         });
-        self.info.as_ref().unwrap_or(&NONE)
+        match &self.issued {
+            Some(i) => self.info.get_or_init(|| WorkInfo {
+                op: i.op,
+                seq: i.seq,
+                group: i.group.clone(),
+                rank: i.rank,
+                started: i.started,
+            }),
+            None => &NONE,
+        }
     }
 
     fn finish(&mut self, r: std::result::Result<(), String>) {

@@ -61,10 +61,91 @@ pub(crate) struct Mark<E> {
     event: Arc<E>,
 }
 
+/// The marks of a communicator's stream: the newest, and the events of earlier marks kept
+/// for reuse. An event that no `Work`, launch or newer mark holds any more is recorded again
+/// rather than a new one made: no allocation, and no round trip through the runtime's event
+/// pool, on every operation (with real launches, each of those is a line the library's
+/// launch pushed out of the caches).
+pub(crate) struct Marks<E> {
+    newest: Option<(u64, Arc<E>)>,
+    spare: Vec<Arc<E>>,
+    /// The next of `spare` to look at.
+    next: usize,
+}
+
+impl<E> Default for Marks<E> {
+    fn default() -> Self {
+        Marks { newest: None, spare: Vec::new(), next: 0 }
+    }
+}
+
+/// Events kept for reuse at most: more operations than this in flight at once take new
+/// events for the rest.
+const SPARE_MARKS: usize = 128;
+
+impl<E> Marks<E> {
+    /// The next kept event, if nothing else holds it (every clone is made under the marks'
+    /// lock from a holder, so none can appear meanwhile).
+    fn reusable(&mut self) -> Option<Arc<E>> {
+        let e = self.spare.get(self.next).filter(|e| Arc::strong_count(e) == 1)?.clone();
+        self.next = (self.next + 1) % self.spare.len();
+        Some(e)
+    }
+
+    /// Keep `e` for reuse, in place of the next kept event if there are enough (which goes
+    /// when its holders let go of it).
+    fn keep(&mut self, e: Arc<E>) {
+        if self.spare.len() < SPARE_MARKS {
+            self.spare.push(e);
+            self.next = 0;
+        } else {
+            self.spare[self.next] = e;
+            self.next = (self.next + 1) % SPARE_MARKS;
+        }
+    }
+}
+
 /// A device library's communicator as anyccl's `Collective`.
+// Laid out by hand: what a launch and a `Work`'s first look touch comes first, together (a
+// real library's launch pushes this out of the caches between calls, and each line touched
+// again is a miss), the rest after.
+#[repr(C)]
 pub struct DeviceComm<L: Library> {
     lib: &'static L,
     rt: Arc<L::Runtime>,
+    comm: L::Comm,
+    /// Whether `state` left `Live` (set under its lock): the calls' checks read this, not
+    /// the lock.
+    left_live: AtomicBool,
+    /// Whether `comm` was destroyed (it happens once, sometimes after the lifecycle left
+    /// `Live`: a library that cannot stop a blocked call is destroyed when the call returns).
+    freed: AtomicBool,
+    /// Whether `pending` holds a slot: set after it (both under the call lock), cleared
+    /// after it is emptied (under its lock), so a call that finds it clear takes neither
+    /// lock to learn that nothing is being launched.
+    pending_set: AtomicBool,
+    /// `settings.shared_completion`, here with the rest a launch reads.
+    shared_completion: bool,
+    /// Held for every call on `comm`.
+    calls: Mutex<()>,
+    /// When a call inside the library began ([`anyccl_core::coarse_now_ns`]); 0 when none
+    /// runs. Cleared, and `left_live` read after, in sequential consistency: the watchdog
+    /// stores `left_live` and then reads this in the same order, so one of the two sees the
+    /// other (the store-then-load pattern) and one of them frees the communicator.
+    in_call_since: AtomicU64,
+    /// Operations put on the stream so far: the number of the newest (counted once the
+    /// library has enqueued it: under the call lock, or, for a launch that was still in
+    /// progress, when it is resolved before any later launch; so numbers follow the
+    /// stream's order).
+    placed: AtomicU64,
+    /// Every operation up to this number is done and the library reported no error after
+    /// it: their `Work`s are finished without asking the device again (and, above 0, every
+    /// peer had joined when a later call blocks).
+    finished_upto: AtomicU64,
+    /// The newest mark recorded on the stream (marks are recorded under this lock, so
+    /// the operations they follow only grow), and the events of earlier marks kept for reuse.
+    marks: Mutex<Marks<Event<L>>>,
+    stream: Stream<L>,
     ctx: Ctx,
     info: CommInfo,
     caps: Capabilities,
@@ -75,45 +156,12 @@ pub struct DeviceComm<L: Library> {
     splits: AtomicU64,
     /// Windows registered so far (their agreement keys live under `ns`).
     windows: AtomicU64,
-    stream: Stream<L>,
     scratch: Memory<L>,
-    comm: L::Comm,
-    /// Held for every call on `comm`.
-    calls: Mutex<()>,
     state: Mutex<Lifecycle>,
-    /// Whether `state` left `Live` (set under its lock): the calls' checks read this, not
-    /// the lock.
-    left_live: AtomicBool,
-    /// Whether `comm` was destroyed (it happens once, sometimes after the lifecycle left
-    /// `Live`: a library that cannot stop a blocked call is destroyed when the call returns).
-    freed: AtomicBool,
-    /// When a call inside the library began ([`anyccl_core::coarse_now_ns`]); 0 when none
-    /// runs. Cleared, and `left_live` read after, in sequential consistency: the watchdog
-    /// stores `left_live` and then reads this in the same order, so one of the two sees the
-    /// other (the store-then-load pattern) and one of them frees the communicator.
-    in_call_since: AtomicU64,
     /// The slot of an operation the library is still launching. No other call may be
     /// made until it clears.
     pending: Mutex<Option<Arc<LaunchSlot<Event<L>>>>>,
-    /// Whether `pending` holds a slot: set after it (both under the call lock), cleared
-    /// after it is emptied (under its lock), so a call that finds it clear takes neither
-    /// lock to learn that nothing is being launched.
-    pending_set: AtomicBool,
-    /// Operations put on the stream so far: the number of the newest (counted once the
-    /// library has enqueued it: under the call lock, or, for a launch that was still in
-    /// progress, when it is resolved before any later launch; so numbers follow the
-    /// stream's order).
-    placed: AtomicU64,
     in_progress_returns: AtomicU64,
-    /// Operations whose completion a `Work` observed: whether the peers had ever joined
-    /// when a later call blocks.
-    completed: AtomicU64,
-    /// The newest mark recorded on the stream (marks are recorded under this lock, so
-    /// the operations they follow only grow).
-    newest: Mutex<Option<(u64, Arc<Event<L>>)>>,
-    /// Every operation up to this number is done and the library reported no error after
-    /// it: their `Work`s are finished without asking the device again.
-    finished_upto: AtomicU64,
 }
 
 impl<L: Library> std::fmt::Debug for DeviceComm<L> {
@@ -303,6 +351,7 @@ impl<L: Library> DeviceComm<L> {
         };
         let info = CommInfo { backend: lib.backend(), rank: ctx.rank, size, device: rt.device() };
         let c = Arc::new(DeviceComm {
+            shared_completion: settings.shared_completion,
             lib,
             rt,
             ctx,
@@ -325,8 +374,7 @@ impl<L: Library> DeviceComm<L> {
             pending_set: AtomicBool::new(false),
             in_progress_returns: AtomicU64::new(0),
             placed: AtomicU64::new(0),
-            completed: AtomicU64::new(0),
-            newest: Mutex::new(None),
+            marks: Mutex::new(Marks::default()),
             finished_upto: AtomicU64::new(0),
         });
         let weak: std::sync::Weak<dyn Watched> = Arc::downgrade(&(c.clone() as Arc<dyn Watched>));
@@ -448,7 +496,7 @@ impl<L: Library> DeviceComm<L> {
 
     /// What a call that blocked inside the library means, from what is known.
     fn blocked_why(&self) -> String {
-        match self.completed.load(Ordering::Relaxed) {
+        match self.finished_upto.load(Ordering::Relaxed) {
             0 => "no operation of this communicator has completed yet: a peer never joined (or is still connecting)"
                 .into(),
             n => format!(

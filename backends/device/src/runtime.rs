@@ -61,6 +61,13 @@ pub trait Runtime: Send + Sync + fmt::Debug + 'static {
     /// # Errors
     /// A runtime error.
     fn record(&self, stream: &Self::Stream) -> Result<Self::Event>;
+    /// Record `event` again at the current end of `stream` (its earlier record no longer
+    /// counts); the device is current. Marks reuse their events this way once nothing
+    /// holds them.
+    ///
+    /// # Errors
+    /// A runtime error.
+    fn record_again(&self, event: &Self::Event, stream: &Self::Stream) -> Result<()>;
     /// Whether the work before `event` has finished; the device is current.
     ///
     /// # Errors

@@ -51,6 +51,8 @@ impl Hooks for NoHooks {}
 pub struct NullRuntime {
     hooks: Arc<dyn Hooks>,
     records: AtomicU64,
+    /// Events made (the rest of the records reused one).
+    made: AtomicU64,
 }
 
 impl NullRuntime {
@@ -61,12 +63,17 @@ impl NullRuntime {
 
     /// A runtime that reports to `hooks`.
     pub fn with_hooks(hooks: Arc<dyn Hooks>) -> Self {
-        NullRuntime { hooks, records: AtomicU64::new(0) }
+        NullRuntime { hooks, records: AtomicU64::new(0), made: AtomicU64::new(0) }
     }
 
     /// Events recorded so far.
     pub fn records(&self) -> u64 {
         self.records.load(Ordering::Relaxed)
+    }
+
+    /// Events made so far (a record that reused an event made none).
+    pub fn events_made(&self) -> u64 {
+        self.made.load(Ordering::Relaxed)
     }
 }
 
@@ -90,6 +97,12 @@ impl Runtime for NullRuntime {
         Ok(())
     }
     fn record(&self, _stream: &()) -> Result<()> {
+        self.hooks.call("record an event");
+        self.records.fetch_add(1, Ordering::Relaxed);
+        self.made.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+    fn record_again(&self, _event: &(), _stream: &()) -> Result<()> {
         self.hooks.call("record an event");
         self.records.fetch_add(1, Ordering::Relaxed);
         Ok(())

@@ -227,6 +227,10 @@ impl anyccl_device::Runtime for Acl {
         let raw = unsafe { record_event(self.lib, stream.raw) }?;
         Ok(AclEvent { raw, lib: self.lib })
     }
+    fn record_again(&self, event: &AclEvent, stream: &AclStream) -> Result<()> {
+        // SAFETY: both handles are live.
+        acl_check(self.lib, "aclrtRecordEvent", unsafe { (self.lib.RecordEvent)(event.raw, stream.raw) })
+    }
     fn done(&self, event: &AclEvent) -> Result<bool> {
         // SAFETY: the event is live.
         unsafe { event_done(self.lib, event.raw) }

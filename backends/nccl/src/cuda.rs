@@ -509,6 +509,10 @@ impl anyccl_device::Runtime for Cuda {
     fn record(&self, stream: &Stream) -> Result<Event> {
         Event::record(stream)
     }
+    fn record_again(&self, event: &Event, stream: &Stream) -> Result<()> {
+        // SAFETY: both handles are live (the event's pool keeps it until it is dropped).
+        unsafe { cu::event::record(event.raw, stream.raw) }.map_err(|e| cuda_err("cuEventRecord", e))
+    }
     fn done(&self, event: &Event) -> Result<bool> {
         event.done()
     }

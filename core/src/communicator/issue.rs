@@ -6,7 +6,7 @@ use super::{Call, Communicator};
 use crate::collective::Collective;
 use crate::error::Result;
 use crate::recorder::{OpFields, OpState};
-use crate::work::{Work, WorkInfo};
+use crate::work::{Issued, Work};
 use std::sync::atomic::Ordering;
 
 impl Communicator {
@@ -44,13 +44,14 @@ impl Communicator {
             d.check(call.op, &call.fingerprint(), self.config.op_timeout).inspect_err(|e| self.dump(&call, e))?;
         }
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
-        let info = self.inner.info();
+        let rank = self.rank;
+        // The fields are read only when the span is enabled.
         let span = tracing::debug_span!(
             "collective",
-            backend = info.backend,
+            backend = self.inner.info().backend,
             group = %self.name,
-            rank = info.rank,
-            world_size = info.size,
+            rank,
+            world_size = self.inner.info().size,
             op = call.op,
             seq,
             bytes = call.bytes
@@ -62,7 +63,7 @@ impl Communicator {
         let ticket = self.recorder.push_pending(
             self.group_id,
             &OpFields {
-                rank: info.rank,
+                rank,
                 seq,
                 op: call.op,
                 dtype: call.dtype,
@@ -78,8 +79,9 @@ impl Communicator {
                 if self.recording_on.load(Ordering::Acquire) {
                     self.record(&call);
                 }
-                let winfo = WorkInfo { op: call.op, seq, group: self.name.clone(), rank: info.rank, started };
-                w.attach(winfo, Some((&self.recorder, ticket)));
+                // The name is lent, not counted: its count's line is another miss a call.
+                let issued = Issued { op: call.op, seq, group: &self.name, rank, started };
+                w.attach(issued, Some((&self.recorder, ticket)));
                 tracing::trace!("enqueued");
                 Ok(w)
             }

@@ -17,13 +17,17 @@ pub(super) enum Verdict {
     Missing(String),
 }
 
+/// Words a refusal for members' values that are not all the same, given every member's
+/// value by rank.
+pub(super) type Differ = dyn Fn(&[(usize, String)]) -> String + Sync;
+
 /// What a member brings to a meeting: ready with `value` (which must be the same on every
 /// member), or a refusal saying why not.
 #[derive(Clone, Copy)]
 pub(super) enum Offer<'a> {
     /// Ready; `differ` words the refusal when the members' values are not all the same
     /// (given every member's, by rank).
-    Ready { value: &'a str, differ: &'a (dyn Fn(&[(usize, String)]) -> String + Sync) },
+    Ready { value: &'a str, differ: &'a Differ },
     /// Not ready: why.
     Refuse(&'a str),
 }

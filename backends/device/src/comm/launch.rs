@@ -10,15 +10,25 @@ impl<L: Library> DeviceComm<L> {
     /// tracks: the caller fails the communicator (outside the call lock) rather than let a
     /// caller reuse buffers they may still touch.
     pub(super) fn mark_following(&self, op: u64) -> Result<Mark<Event<L>>> {
-        let mut newest = self.newest.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((seq, event)) = newest.as_ref().filter(|(seq, _)| *seq >= op) {
+        let mut marks = self.marks.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((seq, event)) = marks.newest.as_ref().filter(|(seq, _)| *seq >= op) {
             return Ok(Mark { seq: *seq, event: event.clone() });
         }
         // Read before the record: every operation counted was enqueued before it.
         // At least `op`: its number was taken when it was placed.
         let seq = self.placed.load(Ordering::Acquire);
-        let event = Arc::new(self.rt.record(&self.stream)?);
-        *newest = Some((seq, event.clone()));
+        let event = match marks.reusable() {
+            Some(e) => {
+                self.rt.record_again(&e, &self.stream)?;
+                e
+            }
+            None => {
+                let e = Arc::new(self.rt.record(&self.stream)?);
+                marks.keep(e.clone());
+                e
+            }
+        };
+        marks.newest = Some((seq, event.clone()));
         Ok(Mark { seq, event })
     }
 
@@ -52,7 +62,7 @@ impl<L: Library> DeviceComm<L> {
         }
         // Usually the operations after it are done too (waits come after a run of
         // launches): one more look settles all of them.
-        let newer = self.newest.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let newer = self.marks.lock().unwrap_or_else(|e| e.into_inner()).newest.clone();
         let upto = match newer {
             Some((seq, ev)) if seq > m.seq && self.rt.done(&ev).unwrap_or(false) => seq,
             _ => m.seq,
@@ -86,7 +96,7 @@ impl<L: Library> DeviceComm<L> {
                 // No other call was made while it was pending (`lock_settled`): the next
                 // number is its own, and a mark recorded now follows it alone.
                 let n = self.placed.fetch_add(1, Ordering::AcqRel) + 1;
-                let mark = if self.settings.shared_completion { Ok(None) } else { self.mark_following(n).map(Some) };
+                let mark = if self.shared_completion { Ok(None) } else { self.mark_following(n).map(Some) };
                 match mark {
                     Ok(m) => {
                         *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(Ok((n, m)));
@@ -218,7 +228,7 @@ impl<L: Library> DeviceComm<L> {
         let n = self.placed.fetch_add(1, Ordering::AcqRel) + 1;
         // Recorded under the call lock, so it follows this operation alone (no other launch
         // can come in between).
-        let mark = if mark && !self.settings.shared_completion { Some(self.mark_following(n)) } else { None };
+        let mark = if mark && !self.shared_completion { Some(self.mark_following(n)) } else { None };
         drop(g);
         if !mark_wanted {
             return Ok(None);
