@@ -53,13 +53,20 @@ pub trait Store: Send + Sync + fmt::Debug {
     /// Remove every key that starts with `prefix` (a non-empty prefix), in one request where
     /// the store allows; how many there were. What a long job no longer needs (an old
     /// epoch's or generation's keys) goes this way, so that the store does not grow with
-    /// the job's length. A store that cannot do it (the default) keeps them and says 0.
+    /// the job's length. A store that does not implement it (the default) keeps them and
+    /// says so: `Unsupported`, which the library's callers log and go on after (the keys
+    /// stay, and the store grows with the job).
     ///
     /// # Errors
-    /// `InvalidArgument` for an empty prefix; store errors.
+    /// `InvalidArgument` for an empty prefix; `Unsupported` by default; store errors.
     async fn delete_prefix(&self, prefix: &str) -> Result<u64> {
-        let _ = prefix;
-        Ok(0)
+        if prefix.is_empty() {
+            return Err(empty_prefix());
+        }
+        Err(Ctx::new("store", 0, "").unsupported(
+            "delete_prefix",
+            format!("this store cannot remove the keys under '{prefix}' (Store::delete_prefix is not implemented)"),
+        ))
     }
     /// Wait until every key in `keys` exists or `deadline` passes, in one request where
     /// the store allows: each key's value, `None` for those still absent at the deadline
@@ -466,4 +473,54 @@ impl Store for PrefixStore {
 /// The error for `delete_prefix("")`, which would remove every key of the job.
 pub(crate) fn empty_prefix() -> Error {
     Ctx::new("store", 0, "").invalid("delete_prefix", "prefix", "an empty prefix would delete every key of the store")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{CasOutcome, MemoryStore, Store};
+    use crate::{Error, Result};
+    use std::time::Instant;
+
+    /// A store that implements only what it must: its `delete_prefix` is the default.
+    #[derive(Debug, Default)]
+    struct Minimal(MemoryStore);
+
+    #[async_trait::async_trait]
+    impl Store for Minimal {
+        async fn set(&self, key: &str, value: &[u8]) -> Result<()> {
+            self.0.set(key, value).await
+        }
+        async fn get(&self, key: &str) -> Result<Option<Vec<u8>>> {
+            self.0.get(key).await
+        }
+        async fn wait(&self, key: &str, deadline: Instant) -> Result<Vec<u8>> {
+            self.0.wait(key, deadline).await
+        }
+        async fn add(&self, key: &str, delta: i64) -> Result<i64> {
+            self.0.add(key, delta).await
+        }
+        async fn compare_set(&self, key: &str, expected: Option<&[u8]>, new: &[u8]) -> Result<CasOutcome> {
+            self.0.compare_set(key, expected, new).await
+        }
+        async fn delete(&self, key: &str) -> Result<bool> {
+            self.0.delete(key).await
+        }
+    }
+
+    /// A store without `delete_prefix` says so (the callers log it and go on), rather than
+    /// answering "0 removed" while every key stays.
+    #[test]
+    fn a_store_without_delete_prefix_says_so() {
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let s = Minimal::default();
+        rt.block_on(async {
+            s.set("old/1", b"x").await.unwrap();
+            match s.delete_prefix("old/").await {
+                Err(Error::Unsupported { op: "delete_prefix", what, .. }) => assert!(what.contains("'old/'"), "{what}"),
+                other => panic!("expected Unsupported, got {other:?}"),
+            }
+            assert!(matches!(s.delete_prefix("").await, Err(Error::InvalidArgument { .. })));
+            assert!(s.get("old/1").await.unwrap().is_some());
+        });
+    }
 }
