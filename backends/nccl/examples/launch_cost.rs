@@ -100,9 +100,37 @@ fn run(
     }
 }
 
-fn main() -> Result<()> {
-    let arg = |i: usize| std::env::args().nth(i).and_then(|a| a.parse::<usize>().ok());
-    let (calls, rounds, only) = (arg(1).unwrap_or(20_000).max(1), arg(2).unwrap_or(5).max(1), arg(3));
+fn main() -> std::process::ExitCode {
+    match measure() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("launch_cost: {e}");
+            std::process::ExitCode::from(2)
+        }
+    }
+}
+
+fn measure() -> Result<()> {
+    // Each argument given is a whole number, or the program says which one is not.
+    let arg = |i: usize, name: &'static str| -> Result<Option<usize>> {
+        std::env::args()
+            .nth(i)
+            .map(|a| {
+                a.parse::<usize>().map_err(|_| {
+                    Ctx::process("launch_cost").invalid("main", name, format!("'{a}' is not a whole number"))
+                })
+            })
+            .transpose()
+    };
+    let calls = arg(1, "CALLS")?.unwrap_or(20_000).max(1);
+    let (rounds, only) = (arg(2, "ROUNDS")?.unwrap_or(5).max(1), arg(3, "PATTERN")?);
+    // Every call of a round is held until the round's end (raw's events, the stream-order
+    // handles): bounded, so a large count is refused rather than aborting on memory.
+    if calls > 10_000_000 || rounds > 1_000 {
+        let (name, v) = if calls > 10_000_000 { ("CALLS", calls) } else { ("ROUNDS", rounds) };
+        let most = if name == "CALLS" { 10_000_000 } else { 1_000 };
+        return Err(Ctx::process("launch_cost").invalid("main", name, format!("{v} is more than {most}")));
+    }
     if only.is_some_and(|p| p >= PATTERNS.len()) {
         return Err(Ctx::process("launch_cost").invalid(
             "main",
