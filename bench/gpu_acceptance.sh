@@ -88,7 +88,7 @@ done; done
 if [ -x "$BIN/launch_cost" ]; then
   echo "### one GPU: host cost per call with real launches, world size 1 ($(t))"
   timeout 120 "$BIN/launch_cost" 20000 7 > "$OUT/one-launch-cost.log" 2>&1
-  echo "exit $?"; cat "$OUT/one-launch-cost.log" | cut -c1-220
+  echo "exit $?"; cut -c1-220 "$OUT/one-launch-cost.log"
 fi
 SOCK=(env ANYCCL_RANK_ENV='NCCL_HOSTID=h{rank}' NCCL_IB_DISABLE=1 NCCL_SOCKET_IFNAME=lo)
 echo "### one GPU: ${CYCLES:-20} sleep/wake cycles, two ranks over sockets ($(t))"

@@ -315,7 +315,7 @@ impl Communicator {
 
     /// This rank in the group.
     pub fn rank(&self) -> usize {
-        self.inner.info().rank
+        self.rank
     }
     /// Group size.
     pub fn size(&self) -> usize {

@@ -510,7 +510,7 @@ impl anyccl_device::Runtime for Cuda {
         Event::record(stream)
     }
     fn record_again(&self, event: &Event, stream: &Stream) -> Result<()> {
-        // SAFETY: both handles are live (the event's pool keeps it until it is dropped).
+        // SAFETY: both handles are live (the event owns its handle until it is dropped).
         unsafe { cu::event::record(event.raw, stream.raw) }.map_err(|e| cuda_err("cuEventRecord", e))
     }
     fn done(&self, event: &Event) -> Result<bool> {

@@ -6,6 +6,9 @@
 use crate::error::Result;
 use std::time::Instant;
 
+/// How a ready member's value is published (a refusal is `! why`).
+const READY: &str = "ok ";
+
 /// How a meeting that [`decide`] held ended: the same on every member that took part.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Verdict {
@@ -62,7 +65,7 @@ pub(super) async fn decide(
 ) -> Result<Verdict> {
     let key = format!("{prefix}/verdict");
     let (mine, refusal) = match offer {
-        Offer::Ready { value, .. } => (format!("ok {value}"), None),
+        Offer::Ready { value, .. } => (format!("{READY}{value}"), None),
         Offer::Refuse(why) => (format!("! {why}"), Some(why)),
     };
     store.set(&format!("{prefix}/r{rank}"), mine.as_bytes()).await?;
@@ -81,13 +84,14 @@ pub(super) async fn decide(
             };
             let mut absent = Vec::new();
             let mut problems = Vec::new();
-            let mut values = vec![(rank, mine.get(3..).unwrap_or_default().to_string())];
+            let offered = |v: &str| v.strip_prefix(READY).unwrap_or(v).to_string();
+            let mut values = vec![(rank, offered(&mine))];
             for (r, v) in others.iter().zip(&theirs) {
                 match v.as_deref().map(String::from_utf8_lossy) {
                     None => absent.push(*r),
                     Some(v) => match v.strip_prefix("! ") {
                         Some(why) => problems.push(format!("rank {r}: {why}")),
-                        None => values.push((*r, v.get(3..).unwrap_or_default().to_string())),
+                        None => values.push((*r, offered(&v))),
                     },
                 }
             }

@@ -282,12 +282,11 @@ impl<'j> Rank<'j> {
     /// On GPUs, after a recovery, with `--squeeze`: fill device memory until only that many
     /// MiB are free for the first step. The memory is held until that step is done.
     fn squeeze(&self) -> Result<Vec<Box<dyn DeviceMemory>>> {
-        let mut squeezed = Vec::new();
-        let (Some(leave), Some(_)) = (self.job.squeeze, self.job.resume_from.as_ref()) else { return Ok(squeezed) };
+        let (Some(leave), Some(_)) = (self.job.squeeze, self.job.resume_from.as_ref()) else { return Ok(Vec::new()) };
         if self.platform.kind() == DeviceKind::Cpu {
-            return Ok(squeezed);
+            return Ok(Vec::new());
         }
-        squeezed = fill_device(self.platform.as_ref(), leave.saturating_mul(1 << 20))?.0;
+        let squeezed = fill_device(self.platform.as_ref(), leave.saturating_mul(1 << 20))?.0;
         println!("rank {}: squeezed device memory to {} MiB free", self.me(), self.platform.mem_info()?.free >> 20);
         Ok(squeezed)
     }
