@@ -33,6 +33,13 @@ async fn start(store: &Arc<dyn Store>, n: usize, cfg: &MembershipConfig) -> Vec<
     out
 }
 
+/// `n` members of a fresh job on a store of their own, all at epoch 0.
+async fn fresh(n: usize, cfg: &MembershipConfig) -> (Arc<dyn Store>, Vec<Membership>) {
+    let store: Arc<dyn Store> = Arc::new(anyccl_core::MemoryStore::new());
+    let ms = start(&store, n, cfg).await;
+    (store, ms)
+}
+
 /// Every member in `ms` agrees (each once it hears of the proposal, as a training loop
 /// would); their views.
 async fn agree_all(ms: Vec<Membership>) -> (Vec<Membership>, Vec<anyccl_core::Result<View>>) {
