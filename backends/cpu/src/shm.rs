@@ -14,7 +14,13 @@
 //!   process exited), or the deadline passed.
 //!
 //! The byte stream in a ring is the same framing the TCP transport uses; every message is
-//! padded to 8 bytes, so every piece a reader sees starts 8-byte aligned.
+//! padded to 8 bytes, so every piece a reader sees starts 8-byte aligned. A writer publishes
+//! what it writes as chunks, each behind a 16-byte header whose stamp, written last, says
+//! the chunk is there (see [`CHUNK`]): a reader looks at the word where the next chunk
+//! starts, in the line a small message lies in, and never at the writer's position, so a
+//! small message costs the reader one cache line from the writer (it cost two: the
+//! position's line, then the data's) and the writer no line taken back from a polling
+//! reader.
 //!
 //! **Restarts.** A writer that finds its ring empty past the first [`restart_at`] bytes
 //! starts again at the ring's first byte: the stream position jumps to the next multiple of
@@ -54,8 +60,9 @@ const PIECE: usize = 256 << 10;
 /// a sleeper on this side must wake, and whether the other side sleeps.
 ///
 /// The position, written at every message, has a cache-line pair of its own: the other
-/// fields change rarely, so the other side reads them from its own cache (a message then
-/// costs the data's line and the position's, not a third line for the sleep flag).
+/// fields change rarely, so the other side reads them from its own cache. (The reader's
+/// position is read by the writer only when its last look leaves too little room; the
+/// writer's by nobody on the way of a message: readers look at chunk stamps.)
 #[repr(C, align(128))]
 struct Side {
     /// Bytes written (writer's side) or consumed (reader's side) since the start.
@@ -85,6 +92,9 @@ struct Side {
     /// The CPU this side last wrote or read from, plus one (0: not yet): the other side stops
     /// spinning for it where that is its own CPU (see `wait::spin_then_yield`).
     cpu: AtomicU32,
+    /// Reader's side: the ring's stamp key (see [`CHUNK`]), set by the segment's owner before
+    /// any peer maps the segment.
+    key: AtomicU64,
 }
 
 /// A value alone in its cache-line pair (no false sharing with its neighbours).
@@ -124,7 +134,34 @@ pub(crate) fn restart_at(cap: usize) -> u64 {
     (cap / 4).clamp(8, 64 << 10) as u64
 }
 
+/// Bytes of a chunk's header: its stamp (the chunk's stream position XOR the ring's key),
+/// then its payload's length. A writer publishes each piece it writes as one chunk, header
+/// after payload, the stamp last: a reader that finds the stamp it expects at its position
+/// has the whole chunk, having read one cache line, the one a small message lies in (it
+/// never reads the writer's position). A stamp of an earlier lap, or payload bytes, never
+/// match: positions only grow, and the key is random.
+const CHUNK: usize = 16;
+
+/// A new random stamp key (top bit set: no stream position reaches it, so no stamp is 0 and
+/// zeroed memory never matches).
+fn new_key() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(std::process::id().into());
+    h.finish() | 1 << 63
+}
+
 impl RingPtr {
+    /// The word at stream position `pos` (a multiple of 8).
+    fn word(&self, pos: u64) -> &AtomicU64 {
+        let at = (pos % self.cap as u64) as usize;
+        debug_assert!(at.is_multiple_of(8), "an unaligned ring word");
+        // SAFETY: `at` is a multiple of 8 below the capacity (a multiple of 8), so the word
+        // lies inside the ring's data, which is 8-aligned (a page-aligned segment, control
+        // blocks and rings of multiples of 8 bytes) and lives while the ring's mapping does.
+        unsafe { &*self.data.add(at).cast::<AtomicU64>() }
+    }
+
     fn ctl(&self) -> &Ctl {
         // SAFETY: `ctl` points into a live mapping (the ring's owner keeps the segment) and
         // the control block is only ever accessed through atomics.
@@ -160,6 +197,8 @@ pub(crate) struct Tx {
     /// Messages of at least this many bytes are written with streaming stores
     /// ([`crate::settings::RING_STREAM_MIN`]).
     stream_min: usize,
+    /// The ring's stamp key ([`CHUNK`]).
+    key: u64,
 }
 
 // SAFETY: the ring's writer side is used by one thread at a time (the caller holds `Tx`
@@ -172,12 +211,24 @@ pub(crate) struct Rx {
     _seg: std::sync::Arc<Segment>,
     patience: Patience,
     /// The reader's position, kept here as well (only this end moves it; the writer reads
-    /// the shared line).
+    /// the shared line). Inside a chunk, past its header.
     tail: std::cell::Cell<u64>,
+    /// The end of the chunk the reader is in (equal to `tail` between chunks).
+    chunk_end: std::cell::Cell<u64>,
+    /// The ring's stamp key ([`CHUNK`]).
+    key: u64,
 }
 
 // SAFETY: as for `Tx`, for the reader side.
 unsafe impl Send for Rx {}
+
+/// Give every ring of `own` (this rank's segment, laid out as `layout`, not yet mapped by
+/// any peer) its stamp key.
+pub(crate) fn init_rings(own: &Segment, layout: Layout) {
+    for sender in 0..layout.locals {
+        own.ring(layout.offset(sender), layout.ring).ctl().reader.key.store(new_key(), Ordering::Release);
+    }
+}
 
 /// The two ends between this rank and one peer of its host.
 pub(crate) fn link(
@@ -192,10 +243,13 @@ pub(crate) fn link(
     let ring = peer.ring(layout.offset(me_local), layout.ring);
     let tail_seen = std::cell::Cell::new(ring.ctl().reader.pos.load(Ordering::Acquire));
     let head = std::cell::Cell::new(ring.ctl().writer.pos.load(Ordering::Acquire));
-    let tx = Tx { ring, _seg: peer.clone(), patience, tail_seen, head, stream_min };
+    let key = ring.ctl().reader.key.load(Ordering::Acquire);
+    let tx = Tx { ring, _seg: peer.clone(), patience, tail_seen, head, stream_min, key };
     let ring = own.ring(layout.offset(peer_local), layout.ring);
-    let tail = std::cell::Cell::new(ring.ctl().reader.pos.load(Ordering::Acquire));
-    let rx = Rx { ring, _seg: own.clone(), patience, tail };
+    let pos = ring.ctl().reader.pos.load(Ordering::Acquire);
+    let (tail, chunk_end) = (std::cell::Cell::new(pos), std::cell::Cell::new(pos));
+    let key = ring.ctl().reader.key.load(Ordering::Acquire);
+    let rx = Rx { ring, _seg: own.clone(), patience, tail, chunk_end, key };
     (tx, rx)
 }
 
@@ -252,7 +306,7 @@ impl Tx {
 
     /// Whether there is room in the ring for what [`Tx::write_some`] writes of `w` next.
     pub(crate) fn has_room(&self, w: &Writing<'_>) -> bool {
-        self.room() >= w.next_min() as u64
+        self.room() >= (CHUNK + w.next_min()) as u64
     }
 
     /// Wait until there is room in the ring for what [`Tx::write_some`] writes of `w` next.
@@ -308,15 +362,19 @@ impl Tx {
             }
         }
         let mut room = (cap - (head - self.tail_seen.get())) as usize;
-        if room < want {
+        if room < CHUNK + want {
             self.tail_seen.set(self.ring.resume(ctl.reader.pos.load(Ordering::Acquire)));
             room = (cap - (head - self.tail_seen.get())) as usize;
         }
-        let mut n = room.min(want) & !7;
+        let mut n = room.saturating_sub(CHUNK).min(want) & !7;
         if n < w.next_min() {
             return false;
         }
         w.left -= n;
+        // One chunk: its payload from after the header, then its length and its stamp.
+        let chunk = head;
+        head += CHUNK as u64;
+        let len = n as u64;
         while n > 0 {
             let at = (head % cap) as usize;
             let contiguous = n.min(self.ring.cap - at);
@@ -331,7 +389,7 @@ impl Tx {
                 };
                 // SAFETY: `at + filled .. + len` lies inside the ring's data (at most
                 // `contiguous` bytes from `at`), a range the reader does not touch until the
-                // head is published past it.
+                // chunk's stamp is published.
                 let dst = unsafe { self.ring.data.add(at + filled) };
                 match src {
                     Some(s) => {
@@ -356,6 +414,9 @@ impl Tx {
             head += contiguous as u64;
             n -= contiguous;
         }
+        // (Streaming stores end with a store fence: they too come before the stamp.)
+        self.ring.word(chunk + 8).store(len, Ordering::Relaxed);
+        self.ring.word(chunk).store(chunk ^ self.key, Ordering::Release);
         self.head.set(head);
         publish_cpu(&ctl.writer.cpu);
         ctl.writer.pos.store(head, Ordering::SeqCst);
@@ -465,16 +526,47 @@ impl Rx {
         self.tail.get()
     }
 
-    /// Unread bytes in the ring.
-    pub(crate) fn available(&self) -> u64 {
-        let ctl = self.ring.ctl();
-        let head = ctl.writer.pos.load(Ordering::Acquire);
-        let tail = self.tail.get();
-        if head == tail {
-            0
-        } else {
-            head - self.ring.resume(tail)
+    /// The chunk at stream position `pos` (past a restart there), if its writer has
+    /// published it: where its payload starts, and its length.
+    fn chunk_at(&self, pos: u64) -> Option<(u64, u64)> {
+        let at = self.ring.resume(pos);
+        if self.ring.word(at).load(Ordering::Acquire) != at ^ self.key {
+            return None;
         }
+        let len = self.ring.word(at + 8).load(Ordering::Relaxed);
+        // A length no writer writes (the peer's memory was overwritten): nothing readable,
+        // so the wait runs out and fails naming the peer.
+        (len > 0 && len.is_multiple_of(8) && len <= (self.ring.cap - CHUNK) as u64).then_some((at + CHUNK as u64, len))
+    }
+
+    /// Unread bytes of the chunk the reader is in, entering the next chunk when the reader
+    /// is between chunks and its writer has published it (0: nothing has arrived).
+    fn current(&self) -> u64 {
+        let (tail, end) = (self.tail.get(), self.chunk_end.get());
+        if tail < end {
+            return end - tail;
+        }
+        match self.chunk_at(tail) {
+            Some((start, len)) => {
+                self.tail.set(start);
+                self.chunk_end.set(start + len);
+                len
+            }
+            None => 0,
+        }
+    }
+
+    /// Unread bytes in the ring: the rest of the chunk the reader is in and the chunks
+    /// published after it, looked at until they make [`SEEN_MAX`] bytes.
+    pub(crate) fn available(&self) -> u64 {
+        let (tail, end) = (self.tail.get(), self.chunk_end.get());
+        let (mut seen, mut next) = if tail < end { (end - tail, end) } else { (0, tail) };
+        while seen < SEEN_MAX {
+            let Some((start, len)) = self.chunk_at(next) else { break };
+            seen += len;
+            next = start + len;
+        }
+        seen
     }
 
     /// Wait until at least `n` bytes (at most the ring's capacity) are unread.
@@ -511,134 +603,46 @@ impl Rx {
         let padded = len.next_multiple_of(8);
         let ctl = self.ring.ctl();
         let cap = self.ring.cap as u64;
-        let avail = self.available();
-        // After `available` saw the head: a restart at the reader's position is on record.
-        let mut tail = self.ring.resume(self.tail.get());
-        let mut take = (avail as usize).min(padded.saturating_sub(done));
-        if take == 0 {
-            return done;
-        }
-        while take > 0 {
-            let at = (tail % cap) as usize;
-            let contiguous = take.min(self.ring.cap - at);
-            let useful = contiguous.min(len.saturating_sub(done));
-            if useful > 0 {
-                // SAFETY: `at .. at + contiguous` lies inside the ring's data and holds bytes
-                // the writer published (below the head) and will not touch until the tail
-                // moves past them.
-                let piece = unsafe { std::slice::from_raw_parts(self.ring.data.add(at), useful) };
-                sink(done, piece);
+        let mut moved = false;
+        while done < padded {
+            let here = self.current() as usize;
+            if here == 0 {
+                break;
             }
-            done += contiguous;
-            tail += contiguous as u64;
-            take -= contiguous;
+            let mut take = here.min(padded - done);
+            let mut tail = self.tail.get();
+            while take > 0 {
+                let at = (tail % cap) as usize;
+                let contiguous = take.min(self.ring.cap - at);
+                let useful = contiguous.min(len.saturating_sub(done));
+                if useful > 0 {
+                    // SAFETY: `at .. at + contiguous` lies inside the ring's data and holds
+                    // bytes of a chunk the writer published (its stamp was seen) and will not
+                    // touch until the reader's position moves past them.
+                    let piece = unsafe { std::slice::from_raw_parts(self.ring.data.add(at), useful) };
+                    sink(done, piece);
+                }
+                done += contiguous;
+                tail += contiguous as u64;
+                take -= contiguous;
+            }
+            self.tail.set(tail);
+            moved = true;
         }
-        self.tail.set(tail);
-        publish_cpu(&ctl.reader.cpu);
-        ctl.reader.pos.store(tail, Ordering::SeqCst);
-        if ctl.writer.sleeping.load(Ordering::SeqCst) != 0 {
-            futex_wake(&ctl.reader.bell);
+        if moved {
+            publish_cpu(&ctl.reader.cpu);
+            ctl.reader.pos.store(self.tail.get(), Ordering::SeqCst);
+            if ctl.writer.sleeping.load(Ordering::SeqCst) != 0 {
+                futex_wake(&ctl.reader.bell);
+            }
         }
         done
     }
 }
 
+/// [`Rx::available`] looks at chunks ahead until it has seen this many bytes (a caller asks
+/// for a message header at most).
+const SEEN_MAX: u64 = 64;
+
 #[cfg(test)]
-mod tests {
-    use super::{link, restart_at, Layout, Patience, Segment, Writing, WHOLE_MAX};
-    use std::sync::atomic::Ordering;
-    use std::sync::Arc;
-
-    /// A writer and a reader thread on one ring of 4 KiB: messages of every size from a word
-    /// to twice the ring, sent in bursts (the ring fills) and one at a time (it empties, so
-    /// the writer restarts at offset 0), arrive whole and in order, and the restarts happen;
-    /// written with plain stores, and from 1000 bytes with streaming stores.
-    #[test]
-    fn ring_stream_survives_restarts() {
-        for stream_min in [usize::MAX, 1000] {
-            ring_stream(stream_min);
-        }
-    }
-
-    fn ring_stream(stream_min: usize) {
-        let layout = Layout { locals: 2, ring: 4096 };
-        let seg = Arc::new(Segment::create(layout.segment_bytes()).unwrap());
-        let patience = Patience {
-            spin: std::time::Duration::from_micros(50),
-            yield_for: std::time::Duration::from_micros(500),
-            round: 64,
-        };
-        // Rank 0 writes to the ring that rank 1 reads, both in this one segment.
-        let (tx, _) = link(&seg, &seg, layout, 0, 1, patience, stream_min);
-        let (_, rx) = link(&seg, &seg, layout, 1, 0, patience, stream_min);
-        let sizes: Vec<usize> =
-            (0..3000).map(|i| [1, 8, 13, 100, 1024, 1500, 4096, 5000, 8191][i % 9] + i % 7).collect();
-        let msg = |i: usize, n: usize| -> Vec<u8> { (0..n).map(|k| (i * 7 + k * 13) as u8).collect() };
-        let expect = sizes.clone();
-        // Every wait ends within 30 s, so a lost restart fails instead of hanging.
-        let start = std::time::Instant::now();
-        let check = move || -> Result<(), anyccl_core::Error> {
-            match start.elapsed() > std::time::Duration::from_secs(30) {
-                true => Err(anyccl_core::Ctx::process("cpu").timeout("ring test", start.elapsed(), "stuck")),
-                false => Ok(()),
-            }
-        };
-        let reader = std::thread::spawn(move || {
-            for (i, &n) in expect.iter().enumerate() {
-                let mut got = vec![0u8; n];
-                rx.read(n, &mut |at, b| got[at..at + b.len()].copy_from_slice(b), &mut { check }).unwrap();
-                assert_eq!(got, msg(i, n), "message {i} of {n} bytes");
-                if i % 10 == 9 {
-                    // A pause now and then: the writer finds the ring empty.
-                    std::thread::sleep(std::time::Duration::from_micros(200));
-                }
-            }
-        });
-        let mut restarts = 0;
-        let mut last = 0;
-        for (i, &n) in sizes.iter().enumerate() {
-            let m = msg(i, n);
-            tx.write(&[&m], &mut { check }, false).unwrap();
-            let r = tx.ring.ctl().writer.restart.load(Ordering::Relaxed);
-            if r != last {
-                assert!(r % 4096 >= restart_at(4096), "restart at offset {}", r % 4096);
-                restarts += 1;
-                last = r;
-            }
-        }
-        reader.join().unwrap();
-        assert!(restarts > 10, "only {restarts} restarts");
-        assert_eq!(tx.consumed(), tx.ring.ctl().writer.pos.load(Ordering::Relaxed));
-    }
-
-    /// With 32 bytes free, a message of 40 (a by-reference header and body) writes nothing
-    /// until the reader makes room, then goes whole; one of 72 writes what fits.
-    #[test]
-    fn short_messages_are_written_whole() {
-        let layout = Layout { locals: 2, ring: 4096 };
-        let seg = Arc::new(Segment::create(layout.segment_bytes()).unwrap());
-        let patience = Patience { spin: std::time::Duration::ZERO, yield_for: std::time::Duration::ZERO, round: 1 };
-        let (tx, _) = link(&seg, &seg, layout, 0, 1, patience, usize::MAX);
-        let (_, rx) = link(&seg, &seg, layout, 1, 0, patience, usize::MAX);
-        let never = || -> Result<(), anyccl_core::Error> { panic!("the ring has room") };
-        tx.write(&[&[7u8; 4096 - 32]], &mut { never }, false).unwrap();
-        let (h, body) = ([1u8; 24], [2u8; 16]);
-        let parts: [&[u8]; 2] = [&h, &body];
-        let mut short = Writing::new(&parts);
-        assert!(short.total <= WHOLE_MAX);
-        assert!(!tx.has_room(&short) && !tx.write_some(&mut short), "a short message went in part");
-        assert_eq!(short.written(), 0);
-        let long_bytes = [3u8; 72];
-        let long_parts: [&[u8]; 1] = [&long_bytes];
-        let mut long = Writing::new(&long_parts);
-        assert!(tx.has_room(&long) && tx.write_some(&mut long));
-        assert_eq!(long.written(), 32);
-        let mut first = vec![0u8; 4096 - 32];
-        rx.read(first.len(), &mut |at, b| first[at..at + b.len()].copy_from_slice(b), &mut { never }).unwrap();
-        assert!(tx.write_some(&mut long) && long.done());
-        assert!(tx.write_some(&mut short) && short.done());
-        let mut rest = vec![0u8; 72 + 40];
-        rx.read(rest.len(), &mut |at, b| rest[at..at + b.len()].copy_from_slice(b), &mut { never }).unwrap();
-        assert_eq!(rest, [&long_bytes[..], &h, &body].concat());
-    }
-}
+mod tests;

@@ -230,6 +230,7 @@ pub(super) async fn shm_links(
     };
     let layout = shm::Layout { locals: locals.len(), ring: crate::settings::ring_bytes(locals.len(), ctx)? };
     let own = Arc::new(shm::Segment::create(layout.segment_bytes()).map_err(fail)?);
+    shm::init_rings(&own, layout);
     let fd = own.fd().unwrap_or(-1);
     store
         .set(
