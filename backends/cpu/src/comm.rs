@@ -46,6 +46,9 @@ type Output = Vec<Option<Vec<u8>>>;
 /// A few buffers (most operations have one), kept inline: no allocation.
 type Few<T> = smallvec::SmallVec<[T; 1]>;
 type JobFn = Box<dyn for<'d> FnOnce(&mut Engine, Option<Direct<'d>>) -> Result<Output> + Send>;
+/// A job's result on its way to its `Work`: the error boxed, so that the result, handed on
+/// through several calls, is moved as three words rather than as a whole error.
+type Done = std::result::Result<Output, Box<Error>>;
 
 /// State owned by the worker thread.
 struct Engine {

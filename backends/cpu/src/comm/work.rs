@@ -108,11 +108,14 @@ pub(super) struct CpuWork<'a> {
     pub(super) lent: bool,
     /// This handle asked the worker to hurry ([`Sched::hurry`]) already.
     pub(super) prodded: bool,
+    /// The result was delivered (or its error returned).
+    pub(super) delivered: bool,
 }
 
 impl CpuWork<'_> {
-    fn deliver(&mut self, r: Result<Output>) -> Result<bool> {
-        let outs = r?;
+    fn deliver(&mut self, r: Done) -> Result<bool> {
+        self.delivered = true;
+        let outs = r.map_err(|e| *e)?;
         for (t, o) in self.targets.iter_mut().zip(outs) {
             if let Some(o) = o {
                 if let Some(dst) = t.as_host_bytes_mut() {
@@ -134,7 +137,7 @@ impl CpuWork<'_> {
 
     /// Run queued jobs on this thread up to this one, while the engine is free; this one
     /// with the caller's buffers when `direct`, returning its result.
-    fn help(&mut self, direct: bool) -> Option<Result<Output>> {
+    fn help(&mut self, direct: bool) -> Option<Done> {
         let mut st = self.sched.lock();
         while st.engine.is_some() && st.jobs.front().is_some_and(|j| j.id <= self.id) {
             let mine = direct && st.jobs.front().is_some_and(|j| j.id == self.id);
@@ -219,7 +222,13 @@ impl WorkImpl for CpuWork<'_> {
 
     fn drain(&mut self) {
         if !self.lent {
-            // The job only touches its own copies: nothing to wait for.
+            // The job only touches its own copies: nothing to wait for. A result that comes
+            // later is dropped (the completion is kept for reuse).
+            if !self.delivered {
+                let mut g = self.done.slot.lock().unwrap_or_else(|p| p.into_inner());
+                self.done.abandoned.store(true, Ordering::Relaxed);
+                drop(g.take());
+            }
             return;
         }
         // It may still read the caller's memory: wait until it has run (each of its steps
@@ -275,11 +284,11 @@ impl CpuComm {
         {
             return Err(self.not_host(op));
         }
-        let done = Arc::new(Completion::default());
         let mut st = self.sched.lock();
         if st.closed {
             return Err(self.mesh.ctx.aborted("communicator shut down"));
         }
+        let done = st.completion();
         let id = st.next_id;
         st.next_id += 1;
         // Wake the worker when it sleeps for good, or when a job is already queued (the
@@ -304,6 +313,7 @@ impl CpuComm {
             targets,
             lent,
             prodded: false,
+            delivered: false,
         })))
     }
 
