@@ -42,7 +42,7 @@ use work::{Direct, Input};
 
 /// What a job leaves for each of its target buffers (`None`, or no entry: leave it
 /// unchanged; a job run on its caller's buffers returns an empty list).
-type Output = Vec<Option<Vec<u8>>>;
+type Output = Few<Option<Vec<u8>>>;
 /// A few buffers (most operations have one), kept inline: no allocation.
 type Few<T> = smallvec::SmallVec<[T; 1]>;
 type JobFn = Box<dyn for<'d> FnOnce(&mut Engine, Option<Direct<'d>>) -> Result<Output> + Send>;
@@ -218,8 +218,8 @@ impl Collective for CpuComm {
         let n = recv.bytes();
         let adm = self.admit([n])?;
         let input = match &send {
-            Some(s) => self.input("all_reduce", s)?,
-            None => self.input_mut("all_reduce", &mut recv, 0, n)?,
+            Some(s) => self.input("all_reduce", s, adm.alone)?,
+            None => self.input_mut("all_reduce", &mut recv, 0, n, adm.alone)?,
         };
         let (dtype, lent) = (recv.dtype(), input.lent());
         self.enqueue_lent(
@@ -234,11 +234,11 @@ impl Collective for CpuComm {
                     // already when in place), reading the send buffer where it is needed.
                     let out = &mut *outs[0];
                     algo::all_reduce(&e.coll(algo::OP_ALL_REDUCE), out, srcs.first().copied(), dtype, op, &tune)?;
-                    return Ok(Vec::new());
+                    return Ok(Few::new());
                 }
                 let mut data = input.take(e)?;
                 algo::all_reduce(&e.coll(algo::OP_ALL_REDUCE), &mut data, None, dtype, op, &tune)?;
-                Ok(vec![Some(data)])
+                Ok(smallvec::smallvec![Some(data)])
             }),
         )
     }
@@ -253,8 +253,8 @@ impl Collective for CpuComm {
         let n = recv.bytes();
         let adm = self.admit([n])?;
         let input = match &send {
-            Some(s) => self.input("reduce", s)?,
-            None => self.input_mut("reduce", &mut recv, 0, n)?,
+            Some(s) => self.input("reduce", s, adm.alone)?,
+            None => self.input_mut("reduce", &mut recv, 0, n, adm.alone)?,
         };
         let (dtype, me, lent) = (recv.dtype(), self.info.rank, input.lent());
         self.enqueue_lent(
@@ -267,11 +267,11 @@ impl Collective for CpuComm {
                     // In the caller's wait: sent from, or folded into, the caller's buffers.
                     let out = &mut *outs[0];
                     algo::reduce(&e.coll(algo::OP_REDUCE), out, srcs.first().copied(), dtype, op, root)?;
-                    return Ok(Vec::new());
+                    return Ok(Few::new());
                 }
                 let mut data = input.take(e)?;
                 algo::reduce(&e.coll(algo::OP_REDUCE), &mut data, None, dtype, op, root)?;
-                Ok(vec![(me == root).then_some(data)])
+                Ok(smallvec::smallvec![(me == root).then_some(data)])
             }),
         )
     }
@@ -281,8 +281,8 @@ impl Collective for CpuComm {
         let adm = self.admit([n])?;
         let input = match (me == root, &send) {
             (false, _) => None,
-            (true, Some(s)) => Some(self.input("broadcast", s)?),
-            (true, None) => Some(self.input_mut("broadcast", &mut recv, 0, n)?),
+            (true, Some(s)) => Some(self.input("broadcast", s, adm.alone)?),
+            (true, None) => Some(self.input_mut("broadcast", &mut recv, 0, n, adm.alone)?),
         };
         let lent = input.as_ref().is_some_and(Input::lent);
         self.enqueue_lent(
@@ -297,14 +297,14 @@ impl Collective for CpuComm {
                         crate::shm::copy(out, src);
                     }
                     algo::broadcast(&e.coll_writing(algo::OP_BROADCAST, out.len()), out, root)?;
-                    return Ok(Vec::new());
+                    return Ok(Few::new());
                 }
                 let mut data = match input {
                     Some(i) => i.take(e)?,
                     None => e.pool.zeroed(n),
                 };
                 algo::broadcast(&e.coll(algo::OP_BROADCAST), &mut data, root)?;
-                Ok(vec![Some(data)])
+                Ok(smallvec::smallvec![Some(data)])
             }),
         )
     }
@@ -315,8 +315,8 @@ impl Collective for CpuComm {
         let adm = self.admit([recv.bytes()])?;
         // Only this rank's chunk is input; the others are all overwritten.
         let own = match &send {
-            Some(s) => self.input("all_gather", s)?,
-            None => self.input_mut("all_gather", &mut recv, me * chunk, chunk)?,
+            Some(s) => self.input("all_gather", s, adm.alone)?,
+            None => self.input_mut("all_gather", &mut recv, me * chunk, chunk, adm.alone)?,
         };
         let (total, lent) = (recv.bytes(), own.lent());
         self.enqueue_lent(
@@ -328,12 +328,12 @@ impl Collective for CpuComm {
                 if let Some(Direct { srcs, mut outs }) = direct {
                     let cx = e.coll_writing(algo::OP_ALL_GATHER, outs[0].len());
                     algo::all_gather(&cx, outs[0], srcs.first().copied(), chunk)?;
-                    return Ok(Vec::new());
+                    return Ok(Few::new());
                 }
                 let mut out = e.pool.zeroed(total);
                 own.read_into(e, &mut out[me * chunk..(me + 1) * chunk])?;
                 algo::all_gather(&e.coll(algo::OP_ALL_GATHER), &mut out, None, chunk)?;
-                Ok(vec![Some(out)])
+                Ok(smallvec::smallvec![Some(out)])
             }),
         )
     }
@@ -344,8 +344,8 @@ impl Collective for CpuComm {
         let c = total / n;
         let adm = self.admit([total])?;
         let input = match &send {
-            Some(s) => self.input("reduce_scatter", s)?,
-            None => self.input_mut("reduce_scatter", &mut recv, 0, total)?,
+            Some(s) => self.input("reduce_scatter", s, adm.alone)?,
+            None => self.input_mut("reduce_scatter", &mut recv, 0, total, adm.alone)?,
         };
         let (dtype, lent, send_given) = (recv.dtype(), input.lent(), send.is_some());
         self.enqueue_lent(
@@ -375,7 +375,7 @@ impl Collective for CpuComm {
                         }
                     }
                     pool.put(scratch);
-                    return Ok(Vec::new());
+                    return Ok(Few::new());
                 }
                 let mut data = input.take(e)?;
                 let cx = e.coll(algo::OP_REDUCE_SCATTER);
@@ -383,14 +383,14 @@ impl Collective for CpuComm {
                     let mut out = pool.zeroed(c);
                     algo::reduce_scatter(&cx, &algo::Parts::of(&data, me, c), &mut out, &mut scratch, dtype, op)?;
                     pool.put(data);
-                    vec![Some(out)]
+                    smallvec::smallvec![Some(out)]
                 } else {
                     // The whole buffer comes back: the other chunks as they were.
                     let (before, rest) = data.split_at_mut(me * c);
                     let (mine, after) = rest.split_at_mut(c);
                     let parts = algo::Parts { before, own: None, after };
                     algo::reduce_scatter(&cx, &parts, mine, &mut scratch, dtype, op)?;
-                    vec![Some(data)]
+                    smallvec::smallvec![Some(data)]
                 };
                 pool.put(scratch);
                 Ok(r)
@@ -408,7 +408,7 @@ impl Collective for CpuComm {
             None => (vec![send.bytes() / n; n], vec![recv.bytes() / n; n]),
         };
         let adm = self.admit([send.bytes()])?;
-        let data = self.input("all_to_all", &send)?;
+        let data = self.input("all_to_all", &send, adm.alone)?;
         let (total, lent) = (recv.bytes(), data.lent());
         self.enqueue_lent(
             smallvec::smallvec![send],
@@ -420,20 +420,20 @@ impl Collective for CpuComm {
                 if let Some(Direct { srcs, mut outs }) = direct {
                     let cx = e.coll_writing(algo::OP_ALL_TO_ALL, outs[0].len());
                     algo::all_to_all(&cx, srcs[0], &sb, outs[0], &rb, max)?;
-                    return Ok(Vec::new());
+                    return Ok(Few::new());
                 }
                 let data = data.take(e)?;
                 let mut out = e.pool.zeroed(total);
                 algo::all_to_all(&e.coll(algo::OP_ALL_TO_ALL), &data, &sb, &mut out, &rb, max)?;
                 e.pool.put(data);
-                Ok(vec![Some(out)])
+                Ok(smallvec::smallvec![Some(out)])
             }),
         )
     }
 
     fn send<'a>(&'a self, buf: Buf<'a>, peer: usize) -> Result<Work<'a>> {
         let adm = self.admit([buf.bytes()])?;
-        let data = self.input("send", &buf)?;
+        let data = self.input("send", &buf, false)?;
         let lent = data.lent();
         self.enqueue_lent(
             smallvec::smallvec![buf],
@@ -446,7 +446,7 @@ impl Collective for CpuComm {
                     None => data.data(),
                 };
                 e.mesh.send_data(peer, Kind::P2p, 0, 0, d)?;
-                Ok(vec![])
+                Ok(Few::new())
             }),
         )
     }
@@ -460,11 +460,11 @@ impl Collective for CpuComm {
             Box::new(move |e, direct| {
                 if let Some(Direct { mut outs, .. }) = direct {
                     e.mesh.recv_p2p_into(peer, outs[0])?;
-                    return Ok(Vec::new());
+                    return Ok(Few::new());
                 }
                 let mut out = e.pool.zeroed(bytes);
                 e.mesh.recv_p2p_into(peer, &mut out)?;
-                Ok(vec![Some(out)])
+                Ok(smallvec::smallvec![Some(out)])
             }),
         )
     }
@@ -479,7 +479,7 @@ impl Collective for CpuComm {
         for o in ops {
             match o {
                 P2POp::Send(b, p) => {
-                    sends.push((p, self.input("p2p_group", &b)?));
+                    sends.push((p, self.input("p2p_group", &b, false)?));
                     sources.push(b);
                 }
                 P2POp::Recv(b, p) => {
@@ -517,7 +517,7 @@ impl Collective for CpuComm {
                 }
                 drop(outs);
                 let n = recvs.len();
-                Ok(if own.is_empty() { vec![None; n] } else { own.into_iter().map(Some).collect() })
+                Ok(if own.is_empty() { smallvec::smallvec![None; n] } else { own.into_iter().map(Some).collect() })
             }),
         )
     }
@@ -529,7 +529,7 @@ impl Collective for CpuComm {
             adm,
             Box::new(|e, _| {
                 algo::barrier(&e.coll(algo::OP_BARRIER))?;
-                Ok(vec![])
+                Ok(Few::new())
             }),
         )
     }

@@ -114,6 +114,17 @@ struct Ctl {
     reader: Side,
 }
 
+/// Whether this process may read its own memory through the kernel (`process_vm_readv`,
+/// which some sandboxes forbid): looked at once.
+pub(crate) fn self_read_ok() -> bool {
+    static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *OK.get_or_init(|| {
+        let word = std::hint::black_box([0x5au8; 8]);
+        let mut out = [0u8; 8];
+        read_remote(std::process::id() as i32, word.as_ptr() as usize, &mut out).is_ok() && out == word
+    })
+}
+
 /// The last OS error, after `what`.
 pub(super) fn os_err(what: &str) -> String {
     format!("{what}: {}", std::io::Error::last_os_error())

@@ -61,12 +61,13 @@ fn pattern(rank: usize, n: usize) -> Vec<f32> {
     (0..n).map(|i| (rank * 1000 + i % 997) as f32).collect()
 }
 
-/// Every operation with lent inputs (1 MiB and 24 MiB: through the rings, and by
-/// reference), run by the worker.
+/// Every operation with lent inputs (1 KiB and 16 KiB, lent because each is issued while
+/// nothing else is queued; 1 MiB and 24 MiB: through the rings, and by reference), run by
+/// the worker.
 fn worker_reads_lent_inputs() -> Result<(), Failed> {
     two_ranks("lent-worker", |me, c| {
         let peer = 1 - me;
-        for bytes in [MIB, 24 * MIB] {
+        for bytes in [1 << 10, 16 << 10, MIB, 24 * MIB] {
             let n = bytes / 4;
             let mine = pattern(me, n);
             let theirs = pattern(peer, n);
@@ -188,12 +189,47 @@ fn dropped_work_waits_for_lent_job() -> Result<(), Failed> {
     })
 }
 
+/// A small collective issued while nothing else is queued lends its input (it is likely
+/// waited for at once); dropped unfinished, its `Work` waits for the job, so overwriting
+/// the buffer after the drop changes nothing the peer receives.
+fn dropped_small_collective_waits_for_its_job() -> Result<(), Failed> {
+    two_ranks("lent-drop-small", |me, c| {
+        for bytes in [256, 1 << 10, 16 << 10] {
+            let n = bytes / 4;
+            let mut data = pattern(me, n);
+            let mut out = vec![0f32; n];
+            if me == 0 {
+                let w = c
+                    .all_reduce(Some(Buf::host(&data)), BufMut::host(&mut out), ReduceOp::Sum)
+                    .map_err(|e| e.to_string())?;
+                drop(w);
+                data.iter_mut().for_each(|x| *x = -1.0);
+                std::hint::black_box(&data);
+            } else {
+                std::thread::sleep(Duration::from_millis(100));
+                c.all_reduce(Some(Buf::host(&data)), BufMut::host(&mut out), ReduceOp::Sum)
+                    .and_then(|mut w| w.wait(Duration::from_secs(10)))
+                    .map_err(|e| e.to_string())?;
+                let want: Vec<f32> = pattern(0, n).iter().zip(&data).map(|(a, b)| a + b).collect();
+                if out != want {
+                    return Err(format!("all_reduce of {bytes} bytes: the dropped side's input changed under it"));
+                }
+            }
+        }
+        c.barrier().and_then(|mut w| w.wait(Duration::from_secs(10))).map_err(|e| e.to_string())
+    })
+}
+
 fn main() -> std::process::ExitCode {
     let args = Arguments::from_args();
     let trials = vec![
         Trial::test("cpu::lent::worker_reads_lent_inputs[w=2]", worker_reads_lent_inputs),
         Trial::test("cpu::lent::dropped_work_waits_for_lent_job[w=2]", dropped_work_waits_for_lent_job),
         Trial::test("cpu::lent::large_in_callers_wait[w=2]", large_in_callers_wait),
+        Trial::test(
+            "cpu::lent::dropped_small_collective_waits_for_its_job[w=2]",
+            dropped_small_collective_waits_for_its_job,
+        ),
     ];
     libtest_mimic::run(&args, trials).exit_code()
 }

@@ -11,6 +11,8 @@ pub(super) struct Admission {
     pub(super) bytes: usize,
     /// The inputs' sizes.
     pub(super) size: usize,
+    /// No other job was queued or running when this one was admitted.
+    pub(super) alone: bool,
 }
 
 impl Drop for Admission {
@@ -49,16 +51,16 @@ impl Queue {
     }
 
     /// Take `n` bytes if they fit the bound (a share larger than the bound fits an empty
-    /// queue).
-    pub(super) fn try_take(&self, n: usize) -> bool {
+    /// queue); the bytes held before, if taken.
+    pub(super) fn try_take(&self, n: usize) -> Option<usize> {
         let mut cur = self.bytes.load(Ordering::SeqCst);
         while cur == 0 || cur.saturating_add(n) <= self.limit {
             match self.bytes.compare_exchange_weak(cur, cur.saturating_add(n), Ordering::SeqCst, Ordering::SeqCst) {
-                Ok(_) => return true,
+                Ok(_) => return Some(cur),
                 Err(c) => cur = c,
             }
         }
-        false
+        None
     }
 
     /// Wait until `n` bytes fit the bound and take them, at most `slice`; whether they were
@@ -67,9 +69,9 @@ impl Queue {
         let g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
         self.waiters.fetch_add(1, Ordering::SeqCst);
         // Looked at after announcing the wait: a release now either is seen here or wakes it.
-        let taken = self.try_take(n) || {
+        let taken = self.try_take(n).is_some() || {
             drop(self.cv.wait_timeout(g, slice).unwrap_or_else(|p| p.into_inner()));
-            self.try_take(n)
+            self.try_take(n).is_some()
         };
         self.waiters.fetch_sub(1, Ordering::SeqCst);
         taken
@@ -101,8 +103,8 @@ impl CpuComm {
         }
         let bytes = bytes.max(work::RECORD);
         let q = &self.queue;
-        if q.try_take(bytes) {
-            return Ok(Admission { queue: q.clone(), bytes, size });
+        if let Some(before) = q.try_take(bytes) {
+            return Ok(Admission { queue: q.clone(), bytes, size, alone: before == 0 });
         }
         let t = self.mesh.op_timeout;
         let deadline = anyccl_core::deadline_in(t);
@@ -114,10 +116,10 @@ impl CpuComm {
             let mut room = false;
             while !room && st.engine.is_some() && !st.jobs.is_empty() {
                 st = self.sched.run_front(st, None).0;
-                room = q.try_take(bytes);
+                room = q.try_take(bytes).is_some();
             }
             drop(st);
-            if room || q.try_take(bytes) {
+            if room || q.try_take(bytes).is_some() {
                 break;
             }
             if let Some(d) = self.mesh.mailbox.dead() {
@@ -137,6 +139,6 @@ impl CpuComm {
                 break;
             }
         }
-        Ok(Admission { queue: q.clone(), bytes, size })
+        Ok(Admission { queue: q.clone(), bytes, size, alone: false })
     }
 }

@@ -398,7 +398,7 @@ mod tests {
     fn completions_are_reused_only_when_free() {
         let mut st = state();
         let a = st.completion();
-        a.set(Ok(vec![Some(vec![1u8; 8])]));
+        a.set(Ok(smallvec::smallvec![Some(vec![1u8; 8])]));
         let b = st.completion();
         assert!(!Arc::ptr_eq(&a, &b), "a completion still held was given again");
         drop(a);
@@ -417,7 +417,7 @@ mod tests {
         let mut st = state();
         let done = st.completion();
         done.abandoned.store(true, Ordering::Relaxed);
-        done.set(Ok(vec![Some(vec![0u8; 1 << 20])]));
+        done.set(Ok(smallvec::smallvec![Some(vec![0u8; 1 << 20])]));
         assert!(done.slot.lock().unwrap().is_none(), "an abandoned result was kept");
         assert!(done.done.load(Ordering::Acquire));
     }

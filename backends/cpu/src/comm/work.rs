@@ -44,9 +44,10 @@ pub(super) enum Input {
 }
 
 impl Input {
-    /// Copy a small input; lend a large one.
-    pub(super) fn of(bytes: &[u8], pool: &Pool) -> Input {
-        if bytes.len() >= LEND_MIN {
+    /// Copy a small input; lend a large one, or, with `lend`, any one above
+    /// [`INLINE_MAX`] bytes (where this process may read its own memory through the kernel).
+    pub(super) fn of(bytes: &[u8], pool: &Pool, lend: bool) -> Input {
+        if bytes.len() >= LEND_MIN || (lend && bytes.len() > INLINE_MAX && crate::shm::self_read_ok()) {
             Input::Lent { addr: bytes.as_ptr() as usize, len: bytes.len() }
         } else if bytes.len() <= INLINE_MAX {
             let mut inline = [0u8; INLINE_MAX];
@@ -317,14 +318,27 @@ impl CpuComm {
         })))
     }
 
-    /// A send buffer's bytes as a job's input ([`Input::of`]).
-    pub(super) fn input(&self, op: &'static str, b: &Buf<'_>) -> Result<Input> {
-        b.as_host_bytes().map(|s| Input::of(s, &self.pool)).ok_or_else(|| self.not_host(op))
+    /// A send buffer's bytes as a job's input ([`Input::of`]), lent with `lend`. A
+    /// collective issued while no other operation was queued or running
+    /// ([`Admission::alone`]) is likely waited for at once, and then runs on its caller's
+    /// buffers: its input is lent rather than copied (a copy nothing would read; should the
+    /// worker run it after all, it reads the lent bytes through the kernel). Point-to-point
+    /// sends are copied: a send is often left while its receive is waited for, and then
+    /// runs first, off its caller's buffers.
+    pub(super) fn input(&self, op: &'static str, b: &Buf<'_>, lend: bool) -> Result<Input> {
+        b.as_host_bytes().map(|s| Input::of(s, &self.pool, lend)).ok_or_else(|| self.not_host(op))
     }
 
-    /// An in-place operation's input: the target's bytes `[at, at + len)`.
-    pub(super) fn input_mut(&self, op: &'static str, b: &mut BufMut<'_>, at: usize, len: usize) -> Result<Input> {
+    /// An in-place operation's input: the target's bytes `[at, at + len)` ([`CpuComm::input`]).
+    pub(super) fn input_mut(
+        &self,
+        op: &'static str,
+        b: &mut BufMut<'_>,
+        at: usize,
+        len: usize,
+        lend: bool,
+    ) -> Result<Input> {
         let pool = &self.pool;
-        b.as_host_bytes_mut().map(|s| Input::of(&s[at..at + len], pool)).ok_or_else(|| self.not_host(op))
+        b.as_host_bytes_mut().map(|s| Input::of(&s[at..at + len], pool, lend)).ok_or_else(|| self.not_host(op))
     }
 }
