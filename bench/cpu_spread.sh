@@ -6,7 +6,11 @@
 # mode: the fastest, median and slowest run's time per call, slowest / fastest, Open MPI's
 # median, the worst ratio of a run's time to the Open MPI run right after it (the machine's
 # own slow spells, which slow Open MPI too, cancel there), and whether every run was at least
-# Open MPI's median speed.
+# Open MPI's median speed. Before each run the host's own cross-core round trip is measured
+# (`bench/peers/probe.c`: two threads passing a cache line); a second row per size and mode
+# repeats the figures over the runs made while the host was quiet (a probe within 1.5x of
+# the session's lowest), since on a shared virtual machine the host itself slows down by
+# several times for minutes at a time (its other tenants), Open MPI alike.
 #
 #   bash bench/cpu_spread.sh                                  # all_reduce, 2 ranks, 10 runs
 #   OP=broadcast RANKS=4 SIZES="8 4K" RUNS=5 bash bench/cpu_spread.sh
@@ -40,6 +44,7 @@ WORK=${WORK:-$(mktemp -d /tmp/cpu-spread.XXXXXX)}
 mkdir -p "$WORK"
 cargo build -q --release -p anyccl-examples --bin anyccl-run --bin anyccl-bench
 mpicc -O2 -o "$WORK/mpi_coll" bench/peers/mpi_coll.c
+cc -O2 -o "$WORK/probe" bench/peers/probe.c -lpthread
 R=target/release
 # Calls per run: many for small sizes, few for large (about a tenth of a second or more each).
 iters() { if [ "$1" -lt 65536 ]; then echo 20000; elif [ "$1" -lt 4194304 ]; then echo 1000; else echo 50; fi; }
@@ -60,25 +65,44 @@ ompi() {
 echo "# $(nproc) cores, $(uname -r); Open MPI $(mpirun --allow-run-as-root --version 2>/dev/null | head -1 | awk '{print $NF}')"
 echo "# $OP float32 sum, $RANKS ranks, $RUNS runs a size; time in us per call"
 for s in "${sizes[@]}"; do
-  : >"$WORK/waited.$s"; : >"$WORK/pipelined.$s"; : >"$WORK/ompi.$s"
+  for f in waited pipelined ompi; do : >"$WORK/$f.$s"; : >"$WORK/$f.$s.probe"; done
   for ((r = 0; r < RUNS; r++)); do
+    "$WORK/probe" >>"$WORK/waited.$s.probe"
     anyccl "$s" waited >>"$WORK/waited.$s"
+    "$WORK/probe" >>"$WORK/pipelined.$s.probe"
     anyccl "$s" pipelined >>"$WORK/pipelined.$s"
+    "$WORK/probe" >>"$WORK/ompi.$s.probe"
     ompi "$s" >>"$WORK/ompi.$s"
   done
 done
-printf "%12s %10s | %9s %9s %9s %9s | %9s %9s | %s\n" size mode fastest median slowest "slow/fast" "ompi-med" "worst/ompi" "every run >= ompi median"
+# The session's quietest probe, and the runs made within 1.5x of it ("$1": a results file;
+# its probes are "$1.probe", line by line).
+low=$(cat "$WORK"/*.probe | awk '$1 + 0 > 0 && (m == "" || $1 < m) { m = $1 } END { print m + 0 }')
+quiet() { paste "$1.probe" "$1" | awk -v low="$low" 'NF == 2 && low > 0 && $1 + 0 > 0 && $1 <= 1.5 * low { print $2 }'; }
+echo "# host probe (cross-core round trip, ns): lowest $low, per run in $WORK/*.probe"
+for s in "${sizes[@]}"; do
+  for f in waited pipelined ompi; do quiet "$WORK/$f.$s" >"$WORK/$f.$s.quiet"; done
+done
+printf "%12s %10s %6s | %9s %9s %9s %9s | %9s %9s | %s\n" size mode runs fastest median slowest "slow/fast" "ompi-med" "worst/ompi" "every run >= ompi median"
 stats() { sort -g "$1" | awk '{v[NR] = $1} END { if (NR) printf "%s %s %s", v[1], v[int((NR + 1) / 2)], v[NR] }'; }
 for s in "${sizes[@]}"; do
-  read -r _ om _ <<<"$(stats "$WORK/ompi.$s")"
-  for mode in waited pipelined; do
-    read -r lo med hi <<<"$(stats "$WORK/$mode.$s")"
-    [ -n "${lo:-}" ] || { printf "%12s %10s | no result (see %s)\n" "$s" "$mode" "$WORK"; continue; }
-    # The worst of each run's time over its Open MPI neighbour's.
-    pair=$(paste "$WORK/$mode.$s" "$WORK/ompi.$s" | awk 'NF == 2 && $2 > 0 { r = $1 / $2; if (r > w) w = r } END { printf "%.2f", w }')
-    awk -v s="$s" -v m="$mode" -v lo="$lo" -v med="$med" -v hi="$hi" -v om="${om:-0}" -v pair="$pair" 'BEGIN {
-      ok = (om > 0) ? (hi <= om ? "yes" : "no") : "n/a"
-      printf "%12s %10s | %9.2f %9.2f %9.2f %9.2f | %9.2f %10s | %s\n", s, m, lo, med, hi, hi / lo, om, pair, ok }'
+  for set in all quiet; do
+    suffix=""
+    [ "$set" = quiet ] && suffix=".quiet"
+    read -r _ om _ <<<"$(stats "$WORK/ompi.$s$suffix")"
+    for mode in waited pipelined; do
+      f="$WORK/$mode.$s$suffix"
+      read -r lo med hi <<<"$(stats "$f")"
+      [ -n "${lo:-}" ] || { printf "%12s %10s %6s | no result (see %s)\n" "$s" "$mode" "$set" "$WORK"; continue; }
+      n=$(wc -l <"$f")
+      # The worst of each run's time over its Open MPI neighbour's (every run only: the
+      # quiet sets need not pair up).
+      pair="-"
+      [ "$set" = all ] && pair=$(paste "$f" "$WORK/ompi.$s" | awk 'NF == 2 && $2 > 0 { r = $1 / $2; if (r > w) w = r } END { printf "%.2f", w }')
+      awk -v s="$s" -v m="$mode" -v set="$set:$n" -v lo="$lo" -v med="$med" -v hi="$hi" -v om="${om:-0}" -v pair="$pair" 'BEGIN {
+        ok = (om > 0) ? (hi <= om ? "yes" : "no") : "n/a"
+        printf "%12s %10s %6s | %9.2f %9.2f %9.2f %9.2f | %9.2f %10s | %s\n", s, m, set, lo, med, hi, hi / lo, om, pair, ok }'
+    done
   done
 done
 echo "# raw outputs: $WORK"
