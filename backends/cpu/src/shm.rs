@@ -226,6 +226,8 @@ pub(crate) struct Rx {
     tail: std::cell::Cell<u64>,
     /// The end of the chunk the reader is in (equal to `tail` between chunks).
     chunk_end: std::cell::Cell<u64>,
+    /// The position last published to the writer ([`Rx::publish`]).
+    published: std::cell::Cell<u64>,
     /// The ring's stamp key ([`CHUNK`]).
     key: u64,
 }
@@ -258,9 +260,10 @@ pub(crate) fn link(
     let tx = Tx { ring, _seg: peer.clone(), patience, tail_seen, head, stream_min, key };
     let ring = own.ring(layout.offset(peer_local), layout.ring);
     let pos = ring.ctl().reader.pos.load(Ordering::Acquire);
-    let (tail, chunk_end) = (std::cell::Cell::new(pos), std::cell::Cell::new(pos));
+    let (tail, chunk_end, published) =
+        (std::cell::Cell::new(pos), std::cell::Cell::new(pos), std::cell::Cell::new(pos));
     let key = ring.ctl().reader.key.load(Ordering::Acquire);
-    let rx = Rx { ring, _seg: own.clone(), patience, tail, chunk_end, key };
+    let rx = Rx { ring, _seg: own.clone(), patience, tail, chunk_end, published, key };
     (tx, rx)
 }
 
@@ -610,11 +613,18 @@ impl Rx {
     /// bytes (padding included) were consumed before, giving it to `sink` as [`Rx::read`]
     /// does. Returns the bytes consumed so far; the message is complete at `len` rounded up
     /// to 8.
-    pub(crate) fn read_some(&self, mut done: usize, len: usize, sink: &mut dyn FnMut(usize, &[u8])) -> usize {
+    pub(crate) fn read_some(&self, done: usize, len: usize, sink: &mut dyn FnMut(usize, &[u8])) -> usize {
+        let done = self.take_some(done, len, sink);
+        self.publish();
+        done
+    }
+
+    /// [`Rx::read_some`] without telling the writer: the caller reads on at once (a
+    /// message's body after its header) and then calls [`Rx::publish`], once for both, and
+    /// before it waits for anything (a writer may be waiting for the room).
+    pub(crate) fn take_some(&self, mut done: usize, len: usize, sink: &mut dyn FnMut(usize, &[u8])) -> usize {
         let padded = len.next_multiple_of(8);
-        let ctl = self.ring.ctl();
         let cap = self.ring.cap as u64;
-        let mut moved = false;
         while done < padded {
             let here = self.current() as usize;
             if here == 0 {
@@ -638,16 +648,23 @@ impl Rx {
                 take -= contiguous;
             }
             self.tail.set(tail);
-            moved = true;
-        }
-        if moved {
-            publish_cpu(&ctl.reader.cpu);
-            ctl.reader.pos.store(self.tail.get(), Ordering::SeqCst);
-            if ctl.writer.sleeping.load(Ordering::SeqCst) != 0 {
-                futex_wake(&ctl.reader.bell);
-            }
         }
         done
+    }
+
+    /// Tell the writer how far this reader has read, if it moved since it last did.
+    pub(crate) fn publish(&self) {
+        let tail = self.tail.get();
+        if tail == self.published.get() {
+            return;
+        }
+        self.published.set(tail);
+        let ctl = self.ring.ctl();
+        publish_cpu(&ctl.reader.cpu);
+        ctl.reader.pos.store(tail, Ordering::SeqCst);
+        if ctl.writer.sleeping.load(Ordering::SeqCst) != 0 {
+            futex_wake(&ctl.reader.bell);
+        }
     }
 }
 

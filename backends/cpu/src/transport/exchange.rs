@@ -135,7 +135,7 @@ impl Mesh {
                 }
                 let received = match body {
                     None => {
-                        let d = rx.read_some(hdone, HEADER, &mut |at, b| hdr[at..at + b.len()].copy_from_slice(b));
+                        let d = rx.take_some(hdone, HEADER, &mut |at, b| hdr[at..at + b.len()].copy_from_slice(b));
                         progressed |= d != hdone;
                         hdone = d;
                         if hdone == HEADER {
@@ -185,6 +185,8 @@ impl Mesh {
                     deadline.restart();
                     continue;
                 }
+                // The header read above is told to the writer before any wait.
+                rx.publish();
                 let sending = !w.done();
                 let ready = || (sending && tx.has_room(&w)) || (!received && rx.available() > 0);
                 // A point-to-point writer out of room says so (see `shm_send`).
@@ -205,6 +207,7 @@ impl Mesh {
                 waited?;
             }
         }
+        st.rx.publish();
         drop(st);
         lent.as_mut().map_or(Ok(()), |l| self.wait_ack(to, l, &what))
     }
