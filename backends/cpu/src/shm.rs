@@ -153,6 +153,16 @@ pub(crate) fn restart_at(cap: usize) -> u64 {
 /// match: positions only grow, and the key is random.
 const CHUNK: usize = 16;
 
+/// Chunks start on cache-line boundaries: a message of up to 24 bytes (with its chunk and
+/// message headers, 64) lies in one line, which the reader polls and the writer fills, and no
+/// line holds the end of one message and the start of the next.
+const LINE: u64 = 64;
+
+/// `n` rounded up to a whole number of lines.
+fn lines(n: u64) -> u64 {
+    n.next_multiple_of(LINE)
+}
+
 /// A new random stamp key (top bit set: no stream position reaches it, so no stamp is 0 and
 /// zeroed memory never matches).
 fn new_key() -> u64 {
@@ -320,7 +330,7 @@ impl Tx {
 
     /// Whether there is room in the ring for what [`Tx::write_some`] writes of `w` next.
     pub(crate) fn has_room(&self, w: &Writing<'_>) -> bool {
-        self.room() >= (CHUNK + w.next_min()) as u64
+        self.room() >= lines((CHUNK + w.next_min()) as u64)
     }
 
     /// Wait until there is room in the ring for what [`Tx::write_some`] writes of `w` next.
@@ -376,11 +386,12 @@ impl Tx {
             }
         }
         let mut room = (cap - (head - self.tail_seen.get())) as usize;
-        if room < CHUNK + want {
+        if room < lines((CHUNK + want) as u64) as usize {
             self.tail_seen.set(self.ring.resume(ctl.reader.pos.load(Ordering::Acquire)));
             room = (cap - (head - self.tail_seen.get())) as usize;
         }
-        let mut n = room.saturating_sub(CHUNK).min(want) & !7;
+        // Whole lines (the head is at a line's start; the reader's position may not be).
+        let mut n = (room & !(LINE as usize - 1)).saturating_sub(CHUNK).min(want) & !7;
         if n < w.next_min() {
             return false;
         }
@@ -431,6 +442,7 @@ impl Tx {
         // (Streaming stores end with a store fence: they too come before the stamp.)
         self.ring.word(chunk + 8).store(len, Ordering::Relaxed);
         self.ring.word(chunk).store(chunk ^ self.key, Ordering::Release);
+        let head = lines(head);
         self.head.set(head);
         publish_cpu(&ctl.writer.cpu);
         ctl.writer.pos.store(head, Ordering::SeqCst);
@@ -574,11 +586,11 @@ impl Rx {
     /// published after it, looked at until they make [`SEEN_MAX`] bytes.
     pub(crate) fn available(&self) -> u64 {
         let (tail, end) = (self.tail.get(), self.chunk_end.get());
-        let (mut seen, mut next) = if tail < end { (end - tail, end) } else { (0, tail) };
+        let (mut seen, mut next) = if tail < end { (end - tail, lines(end)) } else { (0, tail) };
         while seen < SEEN_MAX {
             let Some((start, len)) = self.chunk_at(next) else { break };
             seen += len;
-            next = start + len;
+            next = lines(start + len);
         }
         seen
     }
@@ -646,6 +658,11 @@ impl Rx {
                 done += contiguous;
                 tail += contiguous as u64;
                 take -= contiguous;
+            }
+            if tail == self.chunk_end.get() {
+                // The chunk is read: on to the line where the next one starts.
+                tail = lines(tail);
+                self.chunk_end.set(tail);
             }
             self.tail.set(tail);
         }

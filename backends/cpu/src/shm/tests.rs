@@ -66,9 +66,8 @@ fn ring_stream(stream_min: usize) {
     assert_eq!(tx.consumed(), tx.ring.ctl().writer.pos.load(Ordering::Relaxed));
 }
 
-/// With 32 bytes free (a chunk's header and 16 bytes), a message of 40 (a by-reference
-/// header and body) writes nothing until the reader makes room, then goes whole; one of
-/// 72 writes what fits.
+/// With a line free (a chunk's header and 48 bytes), a message of 56 (a header and a body)
+/// writes nothing until the reader makes room, then goes whole; one of 72 writes what fits.
 #[test]
 fn short_messages_are_written_whole() {
     let layout = Layout { locals: 2, ring: 4096 };
@@ -78,8 +77,8 @@ fn short_messages_are_written_whole() {
     let (tx, _) = link(&seg, &seg, layout, 0, 1, patience, usize::MAX);
     let (_, rx) = link(&seg, &seg, layout, 1, 0, patience, usize::MAX);
     let never = || -> Result<(), anyccl_core::Error> { panic!("the ring has room") };
-    tx.write(&[&[7u8; 4096 - 32 - CHUNK]], &mut { never }, false).unwrap();
-    let (h, body) = ([1u8; 24], [2u8; 16]);
+    tx.write(&[&[7u8; 4096 - 64 - CHUNK]], &mut { never }, false).unwrap();
+    let (h, body) = ([1u8; 24], [2u8; 32]);
     let parts: [&[u8]; 2] = [&h, &body];
     let mut short = Writing::new(&parts);
     assert!(short.total <= WHOLE_MAX);
@@ -89,12 +88,12 @@ fn short_messages_are_written_whole() {
     let long_parts: [&[u8]; 1] = [&long_bytes];
     let mut long = Writing::new(&long_parts);
     assert!(tx.has_room(&long) && tx.write_some(&mut long));
-    assert_eq!(long.written(), 32 - CHUNK);
-    let mut first = vec![0u8; 4096 - 32 - CHUNK];
+    assert_eq!(long.written(), 64 - CHUNK);
+    let mut first = vec![0u8; 4096 - 64 - CHUNK];
     rx.read(first.len(), &mut |at, b| first[at..at + b.len()].copy_from_slice(b), &mut { never }).unwrap();
     assert!(tx.write_some(&mut long) && long.done());
     assert!(tx.write_some(&mut short) && short.done());
-    let mut rest = vec![0u8; 72 + 40];
+    let mut rest = vec![0u8; 72 + 56];
     rx.read(rest.len(), &mut |at, b| rest[at..at + b.len()].copy_from_slice(b), &mut { never }).unwrap();
     assert_eq!(rest, [&long_bytes[..], &h, &body].concat());
 }
