@@ -2,7 +2,8 @@
 //! thread per communicator, or on the thread of a caller that waits for one of them.
 //!
 //! The worker never dereferences a caller's buffer: a small input is copied at enqueue, a
-//! large one is lent (its address is kept, and the worker copies it through the kernel,
+//! large one, or a collective's issued while nothing else is queued (likely waited for at
+//! once), is lent (its address is kept, and the worker copies it through the kernel,
 //! which fails cleanly instead of faulting, or a peer of this host copies it out the same
 //! way), and results are copied into the caller's buffers when completion is observed. A
 //! job that runs inside its own caller's wait, where the borrow is live, reads and writes

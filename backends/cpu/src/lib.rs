@@ -40,8 +40,9 @@
 //!   number, so mismatched collectives across ranks are reported, not mixed.
 //! - **No copy in or out for a caller that waits.** A job run in its own caller's wait
 //!   reads and writes the caller's buffers. The worker never dereferences them: small
-//!   inputs are copied at enqueue, large ones (64 KiB up) are lent and read through the
-//!   kernel (a leaked `Work` then yields an error or stale bytes, never a stray access), and
+//!   inputs are copied at enqueue, large ones (64 KiB up), and those of a collective issued
+//!   while nothing else is queued, are lent and read through the kernel (a leaked `Work`
+//!   then yields an error or stale bytes, never a stray access), and
 //!   results are copied in when the caller observes completion. Dropping an unfinished
 //!   `Work` with lent inputs waits for its job.
 //! - **Deterministic results.** all_reduce gives bit-identical results on every rank:
