@@ -8,7 +8,9 @@
 //! way), and results are copied into the caller's buffers when completion is observed. A
 //! job that runs inside its own caller's wait, where the borrow is live, reads and writes
 //! the caller's buffers directly: no copy in or out. Dropping an unfinished `Work` whose
-//! inputs were lent waits until its job has run (every step of which has a deadline).
+//! large inputs were lent waits until its job has run (every step of which has a deadline);
+//! one whose small input was lent leaves its job a copy if the job has not read it yet (the
+//! job reads it first thing), and never waits for peers.
 //!
 //! Memory is bounded: inputs queued and not yet run may hold at most
 //! `ANYCCL_CPU_MAX_QUEUED_BYTES` (default 256 MiB), a lent input counted as 64 KiB (about
@@ -39,7 +41,7 @@ mod work;
 use crate::bufs::Pool;
 use pool::{Admission, Queue};
 use sched::{worker_loop, Completion, Job, Sched};
-use work::{Direct, Input};
+use work::{Direct, Input, Lending};
 
 /// What a job leaves for each of its target buffers (`None`, or no entry: leave it
 /// unchanged; a job run on its caller's buffers returns an empty list).
@@ -57,6 +59,9 @@ struct Engine {
     seq: u64,
     tune: Tuning,
     pool: Arc<Pool>,
+    /// The completion of the job now running off its caller's buffers whose small input was
+    /// lent ([`Lending::Rescuable`]): its input is read through it ([`Engine::read_lent`]).
+    current: Option<Arc<Completion>>,
 }
 
 impl Engine {
@@ -64,6 +69,15 @@ impl Engine {
         let seq = self.seq;
         self.seq += 1;
         Coll { mesh: &self.mesh, op, seq, stream: false }
+    }
+
+    /// Read the lent input at `addr` into `dst`: through the kernel, or from the copy its
+    /// `Work` left when it was dropped before the job read it ([`Completion::take_input`]).
+    fn read_lent(&self, addr: usize, dst: &mut [u8]) -> Result<()> {
+        match &self.current {
+            Some(c) => c.take_input(dst, |d| self.mesh.read_own(addr, d)),
+            None => self.mesh.read_own(addr, dst),
+        }
     }
 
     /// [`Engine::coll`] for an operation that writes `bytes` into the caller's buffer:
@@ -156,7 +170,7 @@ impl CpuComm {
         let grace = crate::settings::handoff(&mesh.ctx)?;
         let queue = Arc::new(Queue::new(limit));
         let pool = Arc::new(Pool::new(limit));
-        let engine = Engine { mesh: mesh.clone(), seq: 0, tune, pool: pool.clone() };
+        let engine = Engine { mesh: mesh.clone(), seq: 0, tune, pool: pool.clone(), current: None };
         let sched = Arc::new(Sched::new(engine, grace));
         let s2 = sched.clone();
         let worker = std::thread::Builder::new()
@@ -285,7 +299,7 @@ impl Collective for CpuComm {
             (true, Some(s)) => Some(self.input("broadcast", s, adm.alone)?),
             (true, None) => Some(self.input_mut("broadcast", &mut recv, 0, n, adm.alone)?),
         };
-        let lent = input.as_ref().is_some_and(Input::lent);
+        let lent = input.as_ref().map_or(Lending::No, Input::lent);
         self.enqueue_lent(
             send.into_iter().collect(),
             smallvec::smallvec![recv],
@@ -489,7 +503,7 @@ impl Collective for CpuComm {
                 }
             }
         }
-        let lent = sends.iter().any(|(_, i)| i.lent());
+        let lent = if sends.iter().any(|(_, i)| i.lent() != Lending::No) { Lending::Held } else { Lending::No };
         self.enqueue_lent(
             sources,
             targets,

@@ -220,6 +220,70 @@ fn dropped_small_collective_waits_for_its_job() -> Result<(), Failed> {
     })
 }
 
+/// Dropping an unfinished small collective returns at once, whatever the peers do next:
+/// rank 0 issues an all_reduce on one communicator, drops it unwaited and sends to rank 1 on
+/// another, which receives that first and only then joins the all_reduce (a drop that
+/// waited for the all_reduce would wait for rank 1, which waits for the send: both until
+/// the operation timeout; on a device the two communicators' streams run side by side).
+fn dropped_small_collective_does_not_wait_for_peers() -> Result<(), Failed> {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let run = |me: usize, store: Arc<dyn Store>| -> Result<(), String> {
+        let t = Duration::from_secs(20);
+        let a = common::connect(store.clone(), me, 2, "drop-a", t).map_err(|e| e.to_string())?;
+        let b = common::connect(store, me, 2, "drop-b", t).map_err(|e| e.to_string())?;
+        for bytes in [256, 1 << 10, 16 << 10] {
+            let n = bytes / 4;
+            let data = pattern(me, n);
+            let mut out = vec![0f32; n];
+            if me == 0 {
+                // Issued while nothing else is queued on `a` (the barrier below ran all):
+                // its input is lent.
+                let w = a
+                    .all_reduce(Some(Buf::host(&data)), BufMut::host(&mut out), ReduceOp::Sum)
+                    .map_err(|e| e.to_string())?;
+                let start = Instant::now();
+                drop(w);
+                let took = start.elapsed();
+                if took > Duration::from_secs(2) {
+                    return Err(format!("dropping an unfinished {bytes}-byte all_reduce took {took:?}"));
+                }
+                b.send(Buf::host(&[1f32]), 1).and_then(|mut w| w.wait(t)).map_err(|e| e.to_string())?;
+            } else {
+                let mut token = [0f32; 1];
+                b.recv(BufMut::host(&mut token), 0).and_then(|mut w| w.wait(t)).map_err(|e| e.to_string())?;
+                a.all_reduce(Some(Buf::host(&data)), BufMut::host(&mut out), ReduceOp::Sum)
+                    .and_then(|mut w| w.wait(t))
+                    .map_err(|e| e.to_string())?;
+                let want: Vec<f32> = pattern(0, n).iter().zip(&data).map(|(x, y)| x + y).collect();
+                if out != want {
+                    return Err(format!("all_reduce of {bytes} bytes after the peer dropped its Work: wrong result"));
+                }
+            }
+            a.barrier().and_then(|mut w| w.wait(t)).map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    };
+    let handles: Vec<_> = (0..2)
+        .map(|r| {
+            let s = store.clone();
+            std::thread::spawn(move || run(r, s).map_err(|e| format!("rank {r}: {e}")))
+        })
+        .collect();
+    let errs: Vec<String> = handles
+        .into_iter()
+        .filter_map(|h| match h.join() {
+            Ok(Ok(())) => None,
+            Ok(Err(e)) => Some(e),
+            Err(_) => Some("a rank panicked".into()),
+        })
+        .collect();
+    if errs.is_empty() {
+        Ok(())
+    } else {
+        Err(errs.join("; ").into())
+    }
+}
+
 fn main() -> std::process::ExitCode {
     let args = Arguments::from_args();
     let trials = vec![
@@ -229,6 +293,10 @@ fn main() -> std::process::ExitCode {
         Trial::test(
             "cpu::lent::dropped_small_collective_waits_for_its_job[w=2]",
             dropped_small_collective_waits_for_its_job,
+        ),
+        Trial::test(
+            "cpu::lent::dropped_small_collective_does_not_wait_for_peers[w=2]",
+            dropped_small_collective_does_not_wait_for_peers,
         ),
     ];
     libtest_mimic::run(&args, trials).exit_code()

@@ -12,6 +12,8 @@ pub(super) struct Job {
     /// How long the worker leaves the job to a caller that may come to wait for it
     /// ([`Job::grace_for`]).
     pub(super) grace: Duration,
+    /// Its input is a small lent one ([`super::work::Lending::Rescuable`]).
+    pub(super) rescuable: bool,
     /// The job's share of the queue bound, given back when the job is dropped (it has run).
     pub(super) _admission: Admission,
 }
@@ -105,6 +107,7 @@ impl SchedState {
                     *free.slot.get_mut().unwrap_or_else(|p| p.into_inner()) = None;
                     *free.done.get_mut() = false;
                     *free.abandoned.get_mut() = false;
+                    *free.rescue.get_mut().unwrap_or_else(|p| p.into_inner()) = Rescue::default();
                     self.spare.push_back(c.clone());
                     return c;
                 }
@@ -164,7 +167,11 @@ impl Sched {
         drop(st);
         let direct = direct.and_then(|(id, d)| (id == job.id).then_some(d));
         let mine = direct.is_some();
+        if job.rescuable && !mine {
+            engine.current = Some(job.done.clone());
+        }
         let r = run_job(&mut engine, job.run, direct);
+        engine.current = None;
         let r = if mine {
             Some(r)
         } else {
@@ -325,6 +332,15 @@ pub(super) struct Completion {
     /// Its `Work` went without the result (changed under `slot`'s lock): a result set after
     /// that is dropped, not kept in a completion waiting for reuse.
     pub(super) abandoned: std::sync::atomic::AtomicBool,
+    /// A small lent input: whether the job read it, or the copy its dropped `Work` left.
+    pub(super) rescue: Mutex<Rescue>,
+}
+
+/// See [`Completion::rescue`].
+#[derive(Default)]
+pub(super) struct Rescue {
+    pub(super) taken: bool,
+    pub(super) copy: Option<Vec<u8>>,
 }
 
 impl Completion {
@@ -358,6 +374,21 @@ impl Completion {
                 return;
             }
             std::thread::yield_now();
+        }
+    }
+
+    /// The job reads its small lent input into `dst`: the copy its dropped `Work` left, or
+    /// through `read`; either way under the lock a dropping `Work` takes, so that the caller's
+    /// buffer is not released while the job reads it.
+    pub(super) fn take_input(&self, dst: &mut [u8], read: impl FnOnce(&mut [u8]) -> Result<()>) -> Result<()> {
+        let mut r = self.rescue.lock().unwrap_or_else(|p| p.into_inner());
+        r.taken = true;
+        match r.copy.take() {
+            Some(c) if c.len() == dst.len() => {
+                dst.copy_from_slice(&c);
+                Ok(())
+            }
+            _ => read(dst),
         }
     }
 

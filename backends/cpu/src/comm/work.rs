@@ -58,8 +58,13 @@ impl Input {
         }
     }
 
-    pub(super) fn lent(&self) -> bool {
-        matches!(self, Input::Lent { .. })
+    /// How the input is lent, if it is.
+    pub(super) fn lent(&self) -> Lending {
+        match *self {
+            Input::Lent { addr, len } if len < LEND_MIN => Lending::Rescuable { addr, len },
+            Input::Lent { .. } => Lending::Held,
+            _ => Lending::No,
+        }
     }
 
     /// What to send: the copy, or the lent range (which a peer of this host copies out).
@@ -78,7 +83,7 @@ impl Input {
             Input::Copied(v) => Ok(v),
             Input::Lent { addr, len } => {
                 let mut v = e.pool.zeroed(len);
-                e.mesh.read_own(addr, &mut v)?;
+                e.read_lent(addr, &mut v)?;
                 Ok(v)
             }
         }
@@ -89,10 +94,25 @@ impl Input {
         match self {
             Input::Inline { bytes, len } => dst.copy_from_slice(&bytes[..*len]),
             Input::Copied(v) => crate::shm::copy(dst, v),
-            Input::Lent { addr, .. } => e.mesh.read_own(*addr, dst)?,
+            Input::Lent { addr, .. } => e.read_lent(*addr, dst)?,
         }
         Ok(())
     }
+}
+
+/// Whether and how an operation's input is lent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Lending {
+    No,
+    /// A large input, read while its job runs: dropping the `Work` waits for the job.
+    Held,
+    /// A small input lent because its collective was issued while nothing else was queued:
+    /// the job reads it first thing, so a `Work` dropped before that leaves it a copy
+    /// instead of waiting (the job may need peers that wait for this rank's next steps).
+    Rescuable {
+        addr: usize,
+        len: usize,
+    },
 }
 
 pub(super) struct CpuWork<'a> {
@@ -107,6 +127,9 @@ pub(super) struct CpuWork<'a> {
     pub(super) targets: Few<BufMut<'a>>,
     /// An input was lent: dropping this waits for the job.
     pub(super) lent: bool,
+    /// A small lent input (address and length), copied for the job if this is dropped
+    /// before the job read it.
+    pub(super) rescue: Option<(usize, usize)>,
     /// This handle asked the worker to hurry ([`Sched::hurry`]) already.
     pub(super) prodded: bool,
     /// The result was delivered (or its error returned).
@@ -154,6 +177,30 @@ impl CpuWork<'_> {
             st = next;
         }
         None
+    }
+}
+
+impl CpuWork<'_> {
+    /// Leave the job a copy of its lent input (`len` bytes at `addr`, inside one of this
+    /// `Work`'s buffers, borrowed until it is dropped), unless it has read it already.
+    fn rescue_input(&mut self, addr: usize, len: usize) {
+        let within = |b: &[u8]| {
+            let base = b.as_ptr() as usize;
+            (addr >= base && addr + len <= base + b.len()).then(|| b[addr - base..addr - base + len].to_vec())
+        };
+        let mut r = self.done.rescue.lock().unwrap_or_else(|p| p.into_inner());
+        if r.taken {
+            return;
+        }
+        let from_sources = self.sources.iter().find_map(|b| b.as_host_bytes().and_then(within));
+        let copy = from_sources
+            .or_else(|| self.targets.iter_mut().find_map(|b| b.as_host_bytes_mut().and_then(|b| within(b))));
+        match copy {
+            Some(c) => r.copy = Some(c),
+            // Not in any buffer of this Work (it always is): wait for the job, as for a
+            // large input.
+            None => self.lent = true,
+        }
     }
 }
 
@@ -222,6 +269,9 @@ impl WorkImpl for CpuWork<'_> {
     }
 
     fn drain(&mut self) {
+        if let (Some((addr, len)), false) = (self.rescue, self.delivered) {
+            self.rescue_input(addr, len);
+        }
         if !self.lent {
             // The job only touches its own copies: nothing to wait for. A result that comes
             // later is dropped (the completion is kept for reuse).
@@ -261,7 +311,7 @@ impl CpuComm {
         admission: Admission,
         run: JobFn,
     ) -> Result<Work<'a>> {
-        self.enqueue_lent(Few::new(), targets, false, admission, run)
+        self.enqueue_lent(Few::new(), targets, Lending::No, admission, run)
     }
 
     /// [`CpuComm::enqueue`] of a job that reads `sources` when it runs in its caller's wait;
@@ -270,7 +320,7 @@ impl CpuComm {
         &'a self,
         sources: Few<Buf<'a>>,
         targets: Few<BufMut<'a>>,
-        lent: bool,
+        lent: Lending,
         admission: Admission,
         run: JobFn,
     ) -> Result<Work<'a>> {
@@ -297,8 +347,13 @@ impl CpuComm {
         // worker would not look again within the grace.
         let wake = st.parked || (st.dozing && !st.jobs.is_empty() && !st.woken);
         st.woken |= wake;
-        let grace = Job::grace_for(self.sched.grace, admission.size, lent);
-        st.jobs.push_back(Job { id, run, done: done.clone(), grace, _admission: admission });
+        let grace = Job::grace_for(self.sched.grace, admission.size, lent != Lending::No);
+        let rescue = match lent {
+            Lending::Rescuable { addr, len } => Some((addr, len)),
+            _ => None,
+        };
+        let rescuable = rescue.is_some();
+        st.jobs.push_back(Job { id, run, done: done.clone(), grace, rescuable, _admission: admission });
         drop(st);
         if wake {
             self.sched.cv.notify_one();
@@ -312,7 +367,8 @@ impl CpuComm {
             done,
             sources,
             targets,
-            lent,
+            lent: lent == Lending::Held,
+            rescue,
             prodded: false,
             delivered: false,
         })))
