@@ -97,6 +97,22 @@ pub(super) struct SchedState {
 const SPARE: usize = 64;
 
 impl SchedState {
+    /// Nothing queued, nothing issued yet, `engine` free (if given).
+    fn new(engine: Option<Box<Engine>>) -> SchedState {
+        SchedState {
+            jobs: Default::default(),
+            engine,
+            next_id: 0,
+            closed: false,
+            parked: false,
+            woken: false,
+            dozing: false,
+            hurry: false,
+            helpers: 0,
+            spare: Default::default(),
+        }
+    }
+
     /// A completion for a new job: the oldest kept one when nothing else holds it any more
     /// (its job has run and its `Work` is gone), else a new one, kept too while there is
     /// room. (An allocation and its release were a tenth of an 8-byte operation's own cost.)
@@ -104,10 +120,7 @@ impl SchedState {
         if let Some(mut c) = self.spare.pop_front() {
             match Arc::get_mut(&mut c) {
                 Some(free) => {
-                    *free.slot.get_mut().unwrap_or_else(|p| p.into_inner()) = None;
-                    *free.done.get_mut() = false;
-                    *free.abandoned.get_mut() = false;
-                    *free.rescue.get_mut().unwrap_or_else(|p| p.into_inner()) = Rescue::default();
+                    *free = Completion::default();
                     self.spare.push_back(c.clone());
                     return c;
                 }
@@ -133,18 +146,7 @@ impl Sched {
     /// `grace`.
     pub(super) fn new(engine: Engine, grace: Duration) -> Sched {
         Sched {
-            st: Mutex::new(SchedState {
-                jobs: Default::default(),
-                engine: Some(Box::new(engine)),
-                next_id: 0,
-                closed: false,
-                parked: false,
-                woken: false,
-                dozing: false,
-                hurry: false,
-                helpers: 0,
-                spare: Default::default(),
-            }),
+            st: Mutex::new(SchedState::new(Some(Box::new(engine)))),
             cv: Condvar::new(),
             freed: Condvar::new(),
             grace,
@@ -409,18 +411,7 @@ mod tests {
     use super::*;
 
     fn state() -> SchedState {
-        SchedState {
-            jobs: Default::default(),
-            engine: None,
-            next_id: 0,
-            closed: false,
-            parked: false,
-            woken: false,
-            dozing: false,
-            hurry: false,
-            helpers: 0,
-            spare: Default::default(),
-        }
+        SchedState::new(None)
     }
 
     /// A completion is given again once only the scheduler holds it, emptied; never while a
