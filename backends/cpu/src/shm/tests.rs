@@ -1,8 +1,26 @@
-//! The rings' own tests: a stream through restarts, and short messages written whole.
+//! The rings' own tests: a stream through restarts, short messages written whole, and chunks
+//! of earlier laps never read again.
 
-use super::{init_rings, link, restart_at, Layout, Patience, Segment, Writing, CHUNK, WHOLE_MAX};
+use super::{init_rings, link, restart_at, Layout, Patience, Rx, Segment, Tx, Writing, CHUNK, WHOLE_MAX};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+
+/// The two ends of one 4 KiB ring in a segment of this process: rank 0 writes to the ring
+/// that rank 1 reads.
+fn ring(patience: Patience, stream_min: usize) -> (Tx, Rx) {
+    let layout = Layout { locals: 2, ring: 4096 };
+    let seg = Arc::new(Segment::create(layout.segment_bytes()).unwrap());
+    init_rings(&seg, layout);
+    let (tx, _) = link(&seg, &seg, layout, 0, 1, patience, stream_min);
+    let (_, rx) = link(&seg, &seg, layout, 1, 0, patience, stream_min);
+    (tx, rx)
+}
+
+/// A ring whose waits never spin or yield (the single-thread cases never wait).
+fn quiet_ring() -> (Tx, Rx) {
+    let patience = Patience { spin: std::time::Duration::ZERO, yield_for: std::time::Duration::ZERO, round: 1 };
+    ring(patience, usize::MAX)
+}
 
 /// A writer and a reader thread on one ring of 4 KiB: messages of every size from a word
 /// to twice the ring, sent in bursts (the ring fills) and one at a time (it empties, so
@@ -16,17 +34,12 @@ fn ring_stream_survives_restarts() {
 }
 
 fn ring_stream(stream_min: usize) {
-    let layout = Layout { locals: 2, ring: 4096 };
-    let seg = Arc::new(Segment::create(layout.segment_bytes()).unwrap());
-    init_rings(&seg, layout);
     let patience = Patience {
         spin: std::time::Duration::from_micros(50),
         yield_for: std::time::Duration::from_micros(500),
         round: 64,
     };
-    // Rank 0 writes to the ring that rank 1 reads, both in this one segment.
-    let (tx, _) = link(&seg, &seg, layout, 0, 1, patience, stream_min);
-    let (_, rx) = link(&seg, &seg, layout, 1, 0, patience, stream_min);
+    let (tx, rx) = ring(patience, stream_min);
     let sizes: Vec<usize> = (0..3000).map(|i| [1, 8, 13, 100, 1024, 1500, 4096, 5000, 8191][i % 9] + i % 7).collect();
     let msg = |i: usize, n: usize| -> Vec<u8> { (0..n).map(|k| (i * 7 + k * 13) as u8).collect() };
     let expect = sizes.clone();
@@ -70,12 +83,7 @@ fn ring_stream(stream_min: usize) {
 /// writes nothing until the reader makes room, then goes whole; one of 72 writes what fits.
 #[test]
 fn short_messages_are_written_whole() {
-    let layout = Layout { locals: 2, ring: 4096 };
-    let seg = Arc::new(Segment::create(layout.segment_bytes()).unwrap());
-    init_rings(&seg, layout);
-    let patience = Patience { spin: std::time::Duration::ZERO, yield_for: std::time::Duration::ZERO, round: 1 };
-    let (tx, _) = link(&seg, &seg, layout, 0, 1, patience, usize::MAX);
-    let (_, rx) = link(&seg, &seg, layout, 1, 0, patience, usize::MAX);
+    let (tx, rx) = quiet_ring();
     let never = || -> Result<(), anyccl_core::Error> { panic!("the ring has room") };
     tx.write(&[&[7u8; 4096 - 64 - CHUNK]], &mut { never }, false).unwrap();
     let (h, body) = ([1u8; 24], [2u8; 32]);
@@ -103,12 +111,7 @@ fn short_messages_are_written_whole() {
 /// offset), the reader sees nothing, and each message is what was sent.
 #[test]
 fn stale_chunks_are_not_read() {
-    let layout = Layout { locals: 2, ring: 4096 };
-    let seg = Arc::new(Segment::create(layout.segment_bytes()).unwrap());
-    init_rings(&seg, layout);
-    let patience = Patience { spin: std::time::Duration::ZERO, yield_for: std::time::Duration::ZERO, round: 1 };
-    let (tx, _) = link(&seg, &seg, layout, 0, 1, patience, usize::MAX);
-    let (_, rx) = link(&seg, &seg, layout, 1, 0, patience, usize::MAX);
+    let (tx, rx) = quiet_ring();
     let never = || -> Result<(), anyccl_core::Error> { panic!("the ring has room and the message") };
     for i in 0..3000usize {
         let n = 8 + (i * 37) % 1500;
