@@ -125,11 +125,9 @@ pub(super) struct CpuWork<'a> {
     /// The send buffers, for the job to read when it runs inside this caller's wait.
     pub(super) sources: Few<Buf<'a>>,
     pub(super) targets: Few<BufMut<'a>>,
-    /// An input was lent: dropping this waits for the job.
-    pub(super) lent: bool,
-    /// A small lent input (address and length), copied for the job if this is dropped
-    /// before the job read it.
-    pub(super) rescue: Option<(usize, usize)>,
+    /// How its input is lent: dropping this waits for a job with a `Held` one, and leaves a
+    /// job that has not read its `Rescuable` one a copy.
+    pub(super) lending: Lending,
     /// This handle asked the worker to hurry ([`Sched::hurry`]) already.
     pub(super) prodded: bool,
     /// The result was delivered (or its error returned).
@@ -178,9 +176,7 @@ impl CpuWork<'_> {
         }
         None
     }
-}
 
-impl CpuWork<'_> {
     /// Leave the job a copy of its lent input (`len` bytes at `addr`, inside one of this
     /// `Work`'s buffers, borrowed until it is dropped), unless it has read it already.
     fn rescue_input(&mut self, addr: usize, len: usize) {
@@ -199,7 +195,7 @@ impl CpuWork<'_> {
             Some(c) => r.copy = Some(c),
             // Not in any buffer of this Work (it always is): wait for the job, as for a
             // large input.
-            None => self.lent = true,
+            None => self.lending = Lending::Held,
         }
     }
 }
@@ -269,10 +265,10 @@ impl WorkImpl for CpuWork<'_> {
     }
 
     fn drain(&mut self) {
-        if let (Some((addr, len)), false) = (self.rescue, self.delivered) {
+        if let (Lending::Rescuable { addr, len }, false) = (self.lending, self.delivered) {
             self.rescue_input(addr, len);
         }
-        if !self.lent {
+        if self.lending != Lending::Held {
             // The job only touches its own copies: nothing to wait for. A result that comes
             // later is dropped (the completion is kept for reuse).
             if !self.delivered {
@@ -348,11 +344,7 @@ impl CpuComm {
         let wake = st.parked || (st.dozing && !st.jobs.is_empty() && !st.woken);
         st.woken |= wake;
         let grace = Job::grace_for(self.sched.grace, admission.size, lent != Lending::No);
-        let rescue = match lent {
-            Lending::Rescuable { addr, len } => Some((addr, len)),
-            _ => None,
-        };
-        let rescuable = rescue.is_some();
+        let rescuable = matches!(lent, Lending::Rescuable { .. });
         st.jobs.push_back(Job { id, run, done: done.clone(), grace, rescuable, _admission: admission });
         drop(st);
         if wake {
@@ -367,8 +359,7 @@ impl CpuComm {
             done,
             sources,
             targets,
-            lent: lent == Lending::Held,
-            rescue,
+            lending: lent,
             prodded: false,
             delivered: false,
         })))
