@@ -122,15 +122,17 @@ fn measure() -> Result<()> {
             })
             .transpose()
     };
-    let calls = arg(1, "CALLS")?.unwrap_or(20_000).max(1);
-    let (rounds, only) = (arg(2, "ROUNDS")?.unwrap_or(5).max(1), arg(3, "PATTERN")?);
     // Every call of a round is held until the round's end (raw's events, the stream-order
     // handles): bounded, so a large count is refused rather than aborting on memory.
-    if calls > 10_000_000 || rounds > 1_000 {
-        let (name, v) = if calls > 10_000_000 { ("CALLS", calls) } else { ("ROUNDS", rounds) };
-        let most = if name == "CALLS" { 10_000_000 } else { 1_000 };
-        return Err(Ctx::process("launch_cost").invalid("main", name, format!("{v} is more than {most}")));
-    }
+    let at_most = |v: usize, most: usize, name: &'static str| -> Result<usize> {
+        if v > most {
+            return Err(Ctx::process("launch_cost").invalid("main", name, format!("{v} is more than {most}")));
+        }
+        Ok(v)
+    };
+    let calls = at_most(arg(1, "CALLS")?.unwrap_or(20_000).max(1), 10_000_000, "CALLS")?;
+    let rounds = at_most(arg(2, "ROUNDS")?.unwrap_or(5).max(1), 1_000, "ROUNDS")?;
+    let only = arg(3, "PATTERN")?;
     if only.is_some_and(|p| p >= PATTERNS.len()) {
         return Err(Ctx::process("launch_cost").invalid(
             "main",
