@@ -22,11 +22,29 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn main() -> Result<()> {
-    let arg = |i: usize, d: usize| std::env::args().nth(i).and_then(|a| a.parse().ok()).unwrap_or(d).max(1);
-    let (calls, bytes) = (arg(1, 200_000), arg(2, 8));
-    // `long`: the first two rows only (a profile of the caller's own path, no worker).
-    let long_only = std::env::args().nth(3).is_some_and(|a| a == "long");
     let ctx = Ctx::process("call_cost");
+    // Each argument given is a whole number of 1 up to its bound, or the program says which
+    // one is not (`args_os`: one that is not UTF-8 is an error too, not a panic).
+    let arg = |i: usize, name: &'static str, default: usize, most: usize| -> Result<usize> {
+        let Some(a) = std::env::args_os().nth(i) else { return Ok(default) };
+        match a.to_str().and_then(|t| t.parse::<usize>().ok()) {
+            Some(v) if (1..=most).contains(&v) => Ok(v),
+            _ => Err(ctx.invalid(
+                "main",
+                name,
+                format!("'{}' is not a whole number from 1 to {most}", a.to_string_lossy()),
+            )),
+        }
+    };
+    let (calls, bytes) = (arg(1, "CALLS", 200_000, 100_000_000)?, arg(2, "BYTES", 8, 64 << 20)?);
+    // `long`: the first two rows only (a profile of the caller's own path, no worker).
+    let long_only = match std::env::args_os().nth(3) {
+        None => false,
+        Some(a) if a == "long" => true,
+        Some(a) => {
+            return Err(ctx.invalid("main", "PATTERN", format!("'{}': only `long` is known", a.to_string_lossy())))
+        }
+    };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

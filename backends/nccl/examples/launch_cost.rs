@@ -113,11 +113,13 @@ fn main() -> std::process::ExitCode {
 fn measure() -> Result<()> {
     // Each argument given is a whole number, or the program says which one is not.
     let arg = |i: usize, name: &'static str| -> Result<Option<usize>> {
-        std::env::args()
+        // `args_os`: an argument that is not UTF-8 is an error here, not a panic.
+        std::env::args_os()
             .nth(i)
             .map(|a| {
-                a.parse::<usize>().map_err(|_| {
-                    Ctx::process("launch_cost").invalid("main", name, format!("'{a}' is not a whole number"))
+                a.to_str().and_then(|t| t.parse::<usize>().ok()).ok_or_else(|| {
+                    let shown = a.to_string_lossy();
+                    Ctx::process("launch_cost").invalid("main", name, format!("'{shown}' is not a whole number"))
                 })
             })
             .transpose()
