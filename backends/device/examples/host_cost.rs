@@ -43,8 +43,22 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn main() -> Result<()> {
-    let calls: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(100_000).max(1);
-    let sweep_kib: usize = std::env::args().nth(2).and_then(|a| a.parse().ok()).unwrap_or(0);
+    // Each argument given is a whole number within its bounds, or the program says which one
+    // is not (`args_os`: one that is not UTF-8 is an error too, not a panic).
+    let arg = |i: usize, name: &'static str, default: usize, (least, most): (usize, usize)| -> Result<usize> {
+        let Some(a) = std::env::args_os().nth(i) else { return Ok(default) };
+        match a.to_str().and_then(|t| t.parse::<usize>().ok()) {
+            Some(v) if (least..=most).contains(&v) => Ok(v),
+            _ => Err(Ctx::process("host_cost").invalid(
+                "main",
+                name,
+                format!("'{}' is not a whole number from {least} to {most}", a.to_string_lossy()),
+            )),
+        }
+    };
+    let calls = arg(1, "CALLS", 100_000, (1, 100_000_000))?;
+    // The swept memory is allocated: at most 64 MiB, past any cache.
+    let sweep_kib = arg(2, "SWEEP_KIB", 0, (0, 64 << 10))?;
     SWEPT.get_or_init(|| (0..sweep_kib * 128).map(|i| AtomicU64::new(i as u64)).collect());
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
