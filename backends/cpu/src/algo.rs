@@ -3,7 +3,7 @@
 
 use crate::reduce::{finish_avg, reduce_into, reduce_to};
 use crate::settings::Tuning;
-use crate::transport::{Copier, Kind, Mesh, Sink};
+use crate::transport::{Copier, Eager, Kind, Mesh, Sink};
 use anyccl_core::{DType, ReduceOp, Result};
 
 pub(crate) const OP_ALL_REDUCE: u8 = 1;
@@ -232,13 +232,62 @@ fn direct_pair(cx: &Coll<'_>, data: &mut [u8], src: Option<&[u8]>, dtype: DType,
         None => keep(&mut kept, data),
     };
     cx.exchange(1 - me, (own, None), 1 - me, len, &mut |at, b| {
-        let (d, o) = (&mut data[at..at + b.len()], &own[at..at + b.len()]);
-        if me == 0 {
-            reduce_to(d, o, b, dtype, op)
-        } else {
-            reduce_to(d, b, o, dtype, op)
-        }
+        fold_pair(me, &mut data[at..at + b.len()], &own[at..at + b.len()], b, dtype, op)
     })
+}
+
+/// [`direct_pair`] tried as the all_reduce is issued, as operation number `seq`: `Done`
+/// with the result in `data`; `Sent` when the peer's input had not arrived within `spin`
+/// (`data` untouched: [`all_reduce_rest`] receives it); `NotStarted`: nothing was sent.
+pub(crate) fn all_reduce_now(
+    mesh: &Mesh,
+    seq: u64,
+    data: &mut [u8],
+    src: Option<&[u8]>,
+    (dtype, op): (DType, ReduceOp),
+    spin: std::time::Duration,
+) -> Result<Eager> {
+    let (me, len) = (mesh.rank, data.len());
+    let mut kept = Kept::new();
+    let own: &[u8] = match src {
+        Some(s) => s,
+        None => keep(&mut kept, data),
+    };
+    let got = mesh.exchange_now((OP_ALL_REDUCE, seq), 1 - me, own, len, spin, &mut |at, b| {
+        fold_pair(me, &mut data[at..at + b.len()], &own[at..at + b.len()], b, dtype, op)
+    })?;
+    if got == Eager::Done && op == ReduceOp::Avg {
+        finish_avg(data, dtype, 2);
+    }
+    Ok(got)
+}
+
+/// The rest of an [`all_reduce_now`] that sent `own` (operation number `seq`): the peer's
+/// input received and folded with it into `data`.
+pub(crate) fn all_reduce_rest(
+    mesh: &Mesh,
+    seq: u64,
+    data: &mut [u8],
+    own: &[u8],
+    (dtype, op): (DType, ReduceOp),
+) -> Result<()> {
+    let me = mesh.rank;
+    mesh.recv_coll_with(1 - me, OP_ALL_REDUCE, seq, data.len(), &mut |at, b| {
+        fold_pair(me, &mut data[at..at + b.len()], &own[at..at + b.len()], b, dtype, op)
+    })?;
+    if op == ReduceOp::Avg {
+        finish_avg(data, dtype, 2);
+    }
+    Ok(())
+}
+
+/// `d = own op theirs` between two ranks, rank 0's operand first on both (the same bits).
+fn fold_pair(me: usize, d: &mut [u8], own: &[u8], theirs: &[u8], dtype: DType, op: ReduceOp) {
+    if me == 0 {
+        reduce_to(d, own, theirs, dtype, op)
+    } else {
+        reduce_to(d, theirs, own, dtype, op)
+    }
 }
 
 /// A copy of a small input: on the stack up to the default direct size (the smallest,

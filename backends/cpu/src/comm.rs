@@ -1,5 +1,8 @@
 //! `CpuComm`: the CPU backend's communicator. Operations run in issue order on one worker
-//! thread per communicator, or on the thread of a caller that waits for one of them.
+//! thread per communicator, or on the thread of a caller that waits for one of them; a
+//! small all_reduce of two ranks issued while nothing else is queued, on its caller's
+//! thread as it is issued, where the peer's input arrives within a few microseconds
+//! (`eager`).
 //!
 //! The worker never dereferences a caller's buffer: a small input is copied at enqueue, a
 //! large one, or a collective's issued while nothing else is queued (likely waited for at
@@ -33,6 +36,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+mod eager;
 mod pool;
 mod sched;
 mod split;
@@ -106,6 +110,8 @@ pub struct CpuComm {
     pool: Arc<Pool>,
     /// The engine's thresholds, for [`Collective::path`].
     tune: Tuning,
+    /// Whether and how a small all_reduce runs as it is issued.
+    eager: eager::Eagerness,
 }
 
 /// What the CPU backend supports.
@@ -168,6 +174,7 @@ impl CpuComm {
         let tune = Tuning::from_env(&mesh.ctx, mesh.step)?;
         let limit = crate::settings::max_queued_bytes(&mesh.ctx)?;
         let grace = crate::settings::handoff(&mesh.ctx)?;
+        let eager = eager::Eagerness::new(crate::settings::eager(&mesh.ctx)?);
         let queue = Arc::new(Queue::new(limit));
         let pool = Arc::new(Pool::new(limit));
         let engine = Engine { mesh: mesh.clone(), seq: 0, tune, pool: pool.clone(), current: None };
@@ -191,6 +198,7 @@ impl CpuComm {
             queue,
             pool,
             tune,
+            eager,
         }))
     }
 
@@ -229,9 +237,13 @@ impl Collective for CpuComm {
         algo::path(op, bytes, (self.info.rank, self.info.size), &self.tune, &route)
     }
 
-    fn all_reduce<'a>(&'a self, send: Option<Buf<'a>>, mut recv: BufMut<'a>, op: ReduceOp) -> Result<Work<'a>> {
+    fn all_reduce<'a>(&'a self, send: Option<Buf<'a>>, recv: BufMut<'a>, op: ReduceOp) -> Result<Work<'a>> {
         let n = recv.bytes();
         let adm = self.admit([n])?;
+        let (send, mut recv, adm) = match self.all_reduce_now(send, recv, op, adm)? {
+            eager::Now::Issued(w) => return Ok(w),
+            eager::Now::Usual(send, recv, adm) => (send, recv, adm),
+        };
         let input = match &send {
             Some(s) => self.input("all_reduce", s, adm.alone)?,
             None => self.input_mut("all_reduce", &mut recv, 0, n, adm.alone)?,

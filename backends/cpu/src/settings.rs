@@ -53,6 +53,7 @@ pub(crate) fn check(ctx: &Ctx, links_given: bool) -> Result<()> {
     max_inbox_bytes(ctx)?;
     max_queued_bytes(ctx)?;
     handoff(ctx)?;
+    eager(ctx)?;
     by_ref_min(ctx)?;
     ring_bytes(2, ctx)?;
     ring_stream_min(true, ctx)?;
@@ -182,6 +183,26 @@ const HANDOFF_MAX_US: usize = 1_000_000;
 pub(crate) fn handoff(ctx: &Ctx) -> Result<Duration> {
     let default = HANDOFF.as_micros() as usize;
     Ok(Duration::from_micros(whole("ANYCCL_CPU_HANDOFF_US", default, HANDOFF_MAX_US, ctx)? as u64))
+}
+
+/// The default of `ANYCCL_CPU_EAGER_US`: how long a small all_reduce between two ranks of
+/// one host, issued while nothing else is queued, looks for the peer's input as it is
+/// issued (it then completes there, with no job queued, no hand-over and no wait); past it,
+/// the receive is queued as usual. A pair calling in step arrives within a microsecond.
+pub(crate) const EAGER: Duration = Duration::from_micros(5);
+
+/// The longest look `ANYCCL_CPU_EAGER_US` may set: the issue blocks at most this long.
+const EAGER_MAX_US: usize = 1000;
+
+/// `ANYCCL_CPU_EAGER_US` ([`EAGER`]): whole microseconds up to a millisecond; 0 turns the
+/// eager path off.
+///
+/// # Errors
+/// `InvalidArgument` naming the variable, the rank and the group when it is not a whole
+/// number of microseconds from 0 to 1000.
+pub(crate) fn eager(ctx: &Ctx) -> Result<Duration> {
+    let default = EAGER.as_micros() as usize;
+    Ok(Duration::from_micros(whole("ANYCCL_CPU_EAGER_US", default, EAGER_MAX_US, ctx)? as u64))
 }
 
 // ---------------------------------------------------------------- links

@@ -333,6 +333,25 @@ impl Tx {
         self.room() >= lines((CHUNK + w.next_min()) as u64)
     }
 
+    /// Without waiting: write the message `parts` (header and payload, at most a piece)
+    /// whole if the ring has room for it now; otherwise write nothing. Returns whether it
+    /// was written.
+    pub(crate) fn try_write_whole(&self, parts: &[&[u8]]) -> bool {
+        let mut w = Writing::new(parts);
+        let need = lines((CHUNK + w.total) as u64);
+        let cap = self.ring.cap as u64;
+        // The reader's position as last seen first (reading it is a line the reader
+        // writes), read again only where that leaves too little room.
+        if w.total > PIECE || (cap - (self.head.get() - self.tail_seen.get()) < need && self.room() < need) {
+            return false;
+        }
+        // Room for the whole message in one chunk (room only grows meanwhile: the reader
+        // alone frees it), so this writes all of it.
+        self.write_some(&mut w);
+        debug_assert!(w.done(), "a message written in part");
+        w.done()
+    }
+
     /// Wait until there is room in the ring for what [`Tx::write_some`] writes of `w` next.
     fn wait_room(&self, w: &Writing<'_>, check: Check<'_>, announce: bool) -> Result<(), Error> {
         let ctl = self.ring.ctl();
@@ -595,6 +614,20 @@ impl Rx {
         seen
     }
 
+    /// Without consuming anything: the first byte of the next message, where the reader is
+    /// between messages and its writer has published the chunk it starts (`None`: nothing
+    /// has arrived, or the reader is inside a message).
+    pub(crate) fn peek_first(&self) -> Option<u8> {
+        let (tail, end) = (self.tail.get(), self.chunk_end.get());
+        if tail < end {
+            return None;
+        }
+        let (start, _) = self.chunk_at(tail)?;
+        // A chunk's payload starts in the line of its header (chunks start on lines).
+        let word = self.ring.word(start).load(Ordering::Relaxed);
+        Some(word.to_le_bytes()[0])
+    }
+
     /// Wait until at least `n` bytes (at most the ring's capacity) are unread.
     pub(crate) fn wait_for(&self, n: usize, check: Check<'_>) -> Result<(), Error> {
         let n = (n as u64).min(self.ring.cap as u64);
@@ -611,7 +644,17 @@ impl Rx {
     /// them to `sink` in pieces as they arrive: `sink(offset, bytes)`. Every piece but the
     /// last holds a multiple of 8 bytes and starts 8-byte aligned in memory.
     pub(crate) fn read(&self, len: usize, sink: &mut dyn FnMut(usize, &[u8]), check: Check<'_>) -> Result<(), Error> {
-        let mut done = 0;
+        self.read_from(0, len, sink, check)
+    }
+
+    /// [`Rx::read`] of a message of which `done` bytes were consumed before.
+    pub(crate) fn read_from(
+        &self,
+        mut done: usize,
+        len: usize,
+        sink: &mut dyn FnMut(usize, &[u8]),
+        check: Check<'_>,
+    ) -> Result<(), Error> {
         loop {
             done = self.read_some(done, len, sink);
             if done >= len.next_multiple_of(8) {

@@ -27,12 +27,14 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 mod by_ref;
+mod eager;
 mod exchange;
 mod local;
 mod mailbox;
 mod setup;
 mod watch;
 
+pub(crate) use eager::Eager;
 use mailbox::{CollMsg, Inbox};
 pub(crate) use mailbox::{Dead, Mailbox, Missed};
 

@@ -6,44 +6,12 @@
 
 mod common;
 
-use anyccl_core::{Buf, BufMut, Communicator, MemoryStore, P2POp, ReduceOp, Store};
+use anyccl_core::{Buf, BufMut, MemoryStore, P2POp, ReduceOp, Store};
 use libtest_mimic::{Arguments, Failed, Trial};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const MIB: usize = 1 << 20;
-
-/// Run `f(rank, comm)` on two ranks (threads of this process).
-fn two_ranks(
-    name: &str,
-    f: impl Fn(usize, &Communicator) -> Result<(), String> + Send + Sync + 'static,
-) -> Result<(), Failed> {
-    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-    let f = Arc::new(f);
-    let handles: Vec<_> = (0..2)
-        .map(|r| {
-            let (s, f, name) = (store.clone(), f.clone(), name.to_string());
-            std::thread::spawn(move || -> Result<(), String> {
-                let c =
-                    common::connect(s, r, 2, &name, Duration::from_secs(10)).map_err(|e| format!("rank {r}: {e}"))?;
-                f(r, &c).map_err(|e| format!("rank {r}: {e}"))
-            })
-        })
-        .collect();
-    let mut errs = Vec::new();
-    for h in handles {
-        match h.join() {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => errs.push(e),
-            Err(_) => errs.push("a rank panicked".into()),
-        }
-    }
-    if errs.is_empty() {
-        Ok(())
-    } else {
-        Err(errs.join("; ").into())
-    }
-}
 
 /// Wait by polling only: the worker thread runs the job (a caller's wait never does).
 fn poll_until_done(w: &mut anyccl_core::Work<'_>) -> Result<(), String> {
@@ -65,7 +33,7 @@ fn pattern(rank: usize, n: usize) -> Vec<f32> {
 /// nothing else is queued; 1 MiB and 24 MiB: through the rings, and by reference), run by
 /// the worker.
 fn worker_reads_lent_inputs() -> Result<(), Failed> {
-    two_ranks("lent-worker", |me, c| {
+    common::two_ranks("lent-worker", |me, c| {
         let peer = 1 - me;
         for bytes in [1 << 10, 16 << 10, MIB, 24 * MIB] {
             let n = bytes / 4;
@@ -113,7 +81,7 @@ fn worker_reads_lent_inputs() -> Result<(), Failed> {
 /// conformance suite's sizes: the rings read the send buffer piece by piece and fold into
 /// the caller's buffer), out of place and in place, results checked.
 fn large_in_callers_wait() -> Result<(), Failed> {
-    two_ranks("lent-direct", |me, c| {
+    common::two_ranks("lent-direct", |me, c| {
         let peer = 1 - me;
         let n = 24 * MIB / 4;
         let (mine, theirs) = (pattern(me, n), pattern(peer, n));
@@ -164,7 +132,7 @@ fn large_in_callers_wait() -> Result<(), Failed> {
 /// buffer, and the peer, receiving late, still gets what was sent (1 MiB goes through the
 /// ring, 24 MiB by reference, where the drop waits for the peer's copy).
 fn dropped_work_waits_for_lent_job() -> Result<(), Failed> {
-    two_ranks("lent-drop", |me, c| {
+    common::two_ranks("lent-drop", |me, c| {
         for bytes in [MIB, 24 * MIB] {
             let n = bytes / 4;
             if me == 0 {
@@ -193,7 +161,7 @@ fn dropped_work_waits_for_lent_job() -> Result<(), Failed> {
 /// waited for at once); dropped unfinished, its `Work` waits for the job, so overwriting
 /// the buffer after the drop changes nothing the peer receives.
 fn dropped_small_collective_waits_for_its_job() -> Result<(), Failed> {
-    two_ranks("lent-drop-small", |me, c| {
+    common::two_ranks("lent-drop-small", |me, c| {
         for bytes in [256, 1 << 10, 16 << 10] {
             let n = bytes / 4;
             let mut data = pattern(me, n);
@@ -285,6 +253,10 @@ fn dropped_small_collective_does_not_wait_for_peers() -> Result<(), Failed> {
 }
 
 fn main() -> std::process::ExitCode {
+    // Set before any thread starts (read at every connect): a small all_reduce of two ranks
+    // issued in step would otherwise finish as it is issued (`comm/eager.rs`), and these
+    // cases are about the queued path (`eager.rs` runs the other).
+    std::env::set_var("ANYCCL_CPU_EAGER_US", "0");
     let args = Arguments::from_args();
     let trials = vec![
         Trial::test("cpu::lent::worker_reads_lent_inputs[w=2]", worker_reads_lent_inputs),

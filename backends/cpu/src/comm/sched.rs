@@ -216,12 +216,21 @@ impl Sched {
 
 /// Run one job on the engine; a failure (or a panic) fails the whole communicator.
 fn run_job(engine: &mut Engine, run: JobFn, direct: Option<Direct<'_>>) -> Done {
+    guarded(engine, |e| run(e, direct))
+}
+
+/// Run `f` on the engine as a job runs: not once the communicator has failed; a panic fails
+/// it, and so does an error (other than its abort), naming the peer where one failed.
+pub(super) fn guarded<T>(
+    engine: &mut Engine,
+    f: impl FnOnce(&mut Engine) -> Result<T>,
+) -> std::result::Result<T, Box<Error>> {
     if let Some(d) = engine.mesh.mailbox.dead() {
         return Err(Box::new(engine.mesh.dead_err(d)));
     }
     // A panic in an operation must not take the worker (and every later Work) with it: it
     // fails the communicator like any error.
-    let Ok(r) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(engine, direct))) else {
+    let Ok(r) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(engine))) else {
         // No library failed (there is no code to give): the communicator is gone, and every
         // peer hears why.
         let why = "an operation panicked; communicator failed";

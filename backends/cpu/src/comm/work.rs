@@ -350,19 +350,31 @@ impl CpuComm {
         if wake {
             self.sched.cv.notify_one();
         }
-        let op_timeout = self.mesh.op_timeout;
-        Ok(Work::new(Box::new(CpuWork {
+        Ok(self.work(id, done, sources, targets, lent))
+    }
+
+    /// The `Work` of queued job `id`, which reads `sources` and writes `targets` when it runs
+    /// in its caller's wait.
+    pub(super) fn work<'a>(
+        &'a self,
+        id: u64,
+        done: Arc<Completion>,
+        sources: Few<Buf<'a>>,
+        targets: Few<BufMut<'a>>,
+        lending: Lending,
+    ) -> Work<'a> {
+        Work::new(Box::new(CpuWork {
             id,
             pool: &self.pool,
-            op_timeout,
+            op_timeout: self.mesh.op_timeout,
             sched: &self.sched,
             done,
             sources,
             targets,
-            lending: lent,
+            lending,
             prodded: false,
             delivered: false,
-        })))
+        }))
     }
 
     /// A send buffer's bytes as a job's input ([`Input::of`]), lent with `lend`. A

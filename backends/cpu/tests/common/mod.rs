@@ -1,7 +1,7 @@
 //! What the CPU backend's own test programs share: a rank's communicator on an in-process
 //! store.
 
-use anyccl_core::{Backend, CommConfig, Communicator, Error, GroupSpec, Store};
+use anyccl_core::{Backend, CommConfig, Communicator, Error, GroupSpec, MemoryStore, Store};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,4 +27,37 @@ pub fn connect(
         cpu.platform(0)?.device(),
         config,
     ))
+}
+
+/// Run `f(rank, comm)` on two ranks (threads of this process), each connected with a 10 s
+/// operation timeout: the ranks' errors, joined.
+#[allow(dead_code)] // not every test program runs two ranks
+pub fn two_ranks(
+    name: &str,
+    f: impl Fn(usize, &Communicator) -> Result<(), String> + Send + Sync + 'static,
+) -> Result<(), libtest_mimic::Failed> {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let f = Arc::new(f);
+    let handles: Vec<_> = (0..2)
+        .map(|r| {
+            let (s, f, name) = (store.clone(), f.clone(), name.to_string());
+            std::thread::spawn(move || -> Result<(), String> {
+                let c = connect(s, r, 2, &name, Duration::from_secs(10)).map_err(|e| format!("rank {r}: {e}"))?;
+                f(r, &c).map_err(|e| format!("rank {r}: {e}"))
+            })
+        })
+        .collect();
+    let mut errs = Vec::new();
+    for h in handles {
+        match h.join() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => errs.push(e),
+            Err(_) => errs.push("a rank panicked".into()),
+        }
+    }
+    if errs.is_empty() {
+        Ok(())
+    } else {
+        Err(errs.join("; ").into())
+    }
 }

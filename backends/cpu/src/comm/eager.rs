@@ -1,0 +1,200 @@
+//! A small all_reduce of two ranks of one host, issued while nothing else is queued or
+//! running, runs as it is issued: its input is sent at once and the peer's taken if it
+//! arrives within `ANYCCL_CPU_EAGER_US`, and the call returns a finished `Work` (no job,
+//! no completion, no hand-over, nothing to wait for). A peer that has not arrived by then
+//! (it may wait for something this rank does after the issue) leaves the receive to a job
+//! queued first, run the usual way; a communicator whose peer keeps missing tries less
+//! often (after each miss in a row, twice as many calls the usual way, up to 1,024).
+
+use super::*;
+use crate::transport::Eager;
+use std::sync::atomic::AtomicU32;
+
+/// How a communicator tries the eager path.
+#[derive(Debug)]
+pub(super) struct Eagerness {
+    /// How long the issue looks for the peer's input (zero: never tried).
+    spin: Duration,
+    /// Calls left to go the usual way before the next try.
+    skip: AtomicU32,
+    /// Tries in a row whose peer had not arrived.
+    misses: AtomicU32,
+}
+
+impl Eagerness {
+    pub(super) fn new(spin: Duration) -> Eagerness {
+        Eagerness { spin, skip: AtomicU32::new(0), misses: AtomicU32::new(0) }
+    }
+
+    /// Whether this call tries (a call that does not counts the skip down).
+    fn now(&self) -> bool {
+        if self.spin.is_zero() {
+            return false;
+        }
+        // Calls on other threads may count it down at once: a try more or less.
+        match self.skip.load(Ordering::Relaxed) {
+            0 => true,
+            s => {
+                self.skip.store(s - 1, Ordering::Relaxed);
+                false
+            }
+        }
+    }
+
+    fn hit(&self) {
+        if self.misses.load(Ordering::Relaxed) != 0 {
+            self.misses.store(0, Ordering::Relaxed);
+        }
+    }
+
+    fn miss(&self) {
+        let m = self.misses.fetch_add(1, Ordering::Relaxed).saturating_add(1).min(10);
+        self.skip.store(1 << m, Ordering::Relaxed);
+    }
+}
+
+/// What [`CpuComm::all_reduce_now`] did.
+pub(super) enum Now<'a> {
+    /// Issued (finished, or its receive queued).
+    Issued(Work<'a>),
+    /// Nothing sent: the operation, given back, goes the usual way.
+    Usual(Option<Buf<'a>>, BufMut<'a>, Admission),
+}
+
+impl CpuComm {
+    /// The all_reduce of `send` (or in place) into `recv`, admitted as `adm`, run as it is
+    /// issued where it may be (see the module doc).
+    ///
+    /// # Errors
+    /// The peer's failure, a mismatched collective, this communicator's failure.
+    pub(super) fn all_reduce_now<'a>(
+        &'a self,
+        send: Option<Buf<'a>>,
+        mut recv: BufMut<'a>,
+        op: ReduceOp,
+        adm: Admission,
+    ) -> Result<Now<'a>> {
+        let (n, dtype) = (recv.bytes(), recv.dtype());
+        // (A communicator that failed already says so at the issue, the usual way.)
+        let fits = adm.alone
+            && self.mesh.size == 2
+            && n > 0
+            && n <= self.tune.all_reduce_direct_max
+            && self.mesh.mailbox.dead().is_none();
+        if !fits || !self.eager.now() {
+            return Ok(Now::Usual(send, recv, adm));
+        }
+        let mut st = self.sched.lock();
+        let engine = if st.closed || !st.jobs.is_empty() { None } else { st.engine.take() };
+        let Some(mut engine) = engine else {
+            drop(st);
+            return Ok(Now::Usual(send, recv, adm));
+        };
+        // Numbered now: a receive left for later is queued ahead of what other threads
+        // issue meanwhile.
+        let id = st.next_id;
+        st.next_id += 1;
+        drop(st);
+        let seq = engine.seq;
+        let (r, own) = {
+            let src = send.as_ref().and_then(|s| s.as_host_bytes());
+            match recv.as_host_bytes_mut() {
+                Some(data) if send.is_none() || src.is_some() => {
+                    let spin = self.eager.spin;
+                    let r = sched::guarded(&mut engine, |e| {
+                        algo::all_reduce_now(&e.mesh, seq, data, src, (dtype, op), spin)
+                    });
+                    // Sent and not received: `data` is untouched, so the input as sent is
+                    // there, or in the send buffer.
+                    let own = matches!(r, Ok(Eager::Sent)).then(|| self.pool.copy(src.unwrap_or(data)));
+                    (r, own)
+                }
+                _ => (Ok(Eager::NotStarted), None),
+            }
+        };
+        if !matches!(r, Ok(Eager::NotStarted)) {
+            engine.seq += 1;
+        }
+        let mut adm = Some(adm);
+        let mut st = self.sched.lock();
+        let rest = match (own, adm.take()) {
+            (Some(own), Some(admission)) => {
+                let done = st.completion();
+                let grace = Job::grace_for(self.sched.grace, n, false);
+                let wake = st.parked || (st.dozing && !st.jobs.is_empty() && !st.woken);
+                st.woken |= wake;
+                let run = rest(seq, own, n, (dtype, op));
+                st.jobs.push_front(Job { id, run, done: done.clone(), grace, rescuable: false, _admission: admission });
+                Some((done, wake))
+            }
+            (_, a) => {
+                adm = a;
+                None
+            }
+        };
+        st.engine = Some(engine);
+        if st.helpers > 0 {
+            self.sched.freed.notify_all();
+        }
+        drop(st);
+        // What the operation found (the peer's failure, a mismatch) is its `Work`'s to
+        // report, as on the usual path.
+        let r = match r {
+            Ok(r) => r,
+            Err(e) => return Ok(Now::Issued(Work::new(Box::new(Failed(Some(*e), self.mesh.ctx.clone()))))),
+        };
+        match (r, rest, adm) {
+            (Eager::Done, _, _) => {
+                self.eager.hit();
+                Ok(Now::Issued(Work::completed()))
+            }
+            (Eager::Sent, Some((done, wake)), _) => {
+                self.eager.miss();
+                if wake {
+                    self.sched.cv.notify_one();
+                }
+                let targets = smallvec::smallvec![recv];
+                Ok(Now::Issued(self.work(id, done, send.into_iter().collect(), targets, Lending::No)))
+            }
+            (_, _, Some(adm)) => Ok(Now::Usual(send, recv, adm)),
+            (_, _, None) => Err(self.mesh.ctx.aborted("an all_reduce's receive was left without its job")),
+        }
+    }
+}
+
+/// The `Work` of an operation that failed as it was issued: the failure, at the first look.
+struct Failed(Option<Error>, anyccl_core::Ctx);
+
+impl WorkImpl for Failed {
+    fn poll(&mut self) -> Result<bool> {
+        Err(self.0.take().unwrap_or_else(|| self.1.aborted("the all_reduce failed earlier")))
+    }
+    fn wait_for(&mut self, _timeout: Duration) -> Result<bool> {
+        self.poll()
+    }
+    fn drain(&mut self) {}
+}
+
+/// The job that receives the peer's input of all_reduce number `seq` (of `n` bytes) and
+/// folds it with `own`, this rank's as sent: into the caller's buffer when it runs in its
+/// wait, into a buffer of its own otherwise.
+fn rest(seq: u64, own: Vec<u8>, n: usize, how: (DType, ReduceOp)) -> JobFn {
+    Box::new(move |e: &mut Engine, direct: Option<Direct<'_>>| {
+        let out = match direct {
+            Some(Direct { mut outs, .. }) => match outs.first_mut() {
+                Some(out) => {
+                    algo::all_reduce_rest(&e.mesh, seq, out, &own, how)?;
+                    Few::new()
+                }
+                None => return Err(e.mesh.ctx.aborted("an all_reduce ran without its output buffer")),
+            },
+            None => {
+                let mut data = e.pool.zeroed(n);
+                algo::all_reduce_rest(&e.mesh, seq, &mut data, &own, how)?;
+                smallvec::smallvec![Some(data)]
+            }
+        };
+        e.pool.put(own);
+        Ok(out)
+    })
+}

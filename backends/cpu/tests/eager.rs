@@ -1,0 +1,165 @@
+//! A small all_reduce of two ranks of one host, issued while nothing else is queued, runs as
+//! it is issued (`comm/eager.rs`): in step it returns finished; a peer that comes late, or
+//! that sent a point-to-point message first, leaves the receive queued and the issue
+//! returns at once; a mismatch fails both ranks. Results checked in every case.
+
+mod common;
+
+use anyccl_core::{Buf, BufMut, Communicator, ReduceOp, Work};
+use libtest_mimic::{Arguments, Failed, Trial};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const T: Duration = Duration::from_secs(20);
+
+fn input(rank: usize, n: usize, round: usize) -> Vec<f32> {
+    (0..n).map(|i| (rank * 1000 + i + round) as f32).collect()
+}
+
+fn wait(w: anyccl_core::Result<Work<'_>>) -> Result<(), String> {
+    w.and_then(|mut w| w.wait(T)).map_err(|e| e.to_string())
+}
+
+/// Both ranks arrive here before either leaves; they leave together, within the time one
+/// look at a shared counter takes (a sleeping barrier would wake one of them tens of
+/// microseconds later, past the eager look).
+fn meet(arrived: &AtomicUsize, call: &mut usize) {
+    *call += 1;
+    arrived.fetch_add(1, Ordering::SeqCst);
+    while arrived.load(Ordering::SeqCst) < 2 * *call {
+        std::hint::spin_loop();
+        std::thread::yield_now();
+    }
+}
+
+/// Issued in step (the ranks meet first), out of place and in place, sum and average, 4 B
+/// to 2 KiB: every result right, and at least some calls finished as they were issued (a
+/// finished `Work` says so before any wait).
+fn in_step_all_reduce_finishes_at_issue() -> Result<(), Failed> {
+    let arrived = Arc::new(AtomicUsize::new(0));
+    common::two_ranks("eager-in-step", move |me, c| {
+        let mut at_issue = 0;
+        let mut calls = 0;
+        for round in 0..100 {
+            for n in [1usize, 16, 512] {
+                let (mine, theirs) = (input(me, n, round), input(1 - me, n, round));
+                for (op, in_place) in [(ReduceOp::Sum, false), (ReduceOp::Sum, true), (ReduceOp::Avg, false)] {
+                    let mut out = if in_place { mine.clone() } else { vec![0f32; n] };
+                    meet(&arrived, &mut calls);
+                    let send = (!in_place).then(|| Buf::host(&mine));
+                    let mut w = c.all_reduce(send, BufMut::host(&mut out), op).map_err(|e| e.to_string())?;
+                    if w.is_completed().map_err(|e| e.to_string())? {
+                        at_issue += 1;
+                    }
+                    wait(Ok(w))?;
+                    let want = |i: usize| match op {
+                        ReduceOp::Avg => (mine[i] + theirs[i]) / 2.0,
+                        _ => mine[i] + theirs[i],
+                    };
+                    if let Some(i) = (0..n).find(|&i| out[i] != want(i)) {
+                        return Err(format!("{n} x f32 {op:?} (in place: {in_place}): [{i}] = {}", out[i]));
+                    }
+                }
+            }
+        }
+        if at_issue == 0 {
+            return Err(format!("none of {calls} calls in step finished as it was issued"));
+        }
+        Ok(())
+    })
+}
+
+/// Rank 1 issues 200 ms after rank 0: rank 0's issue returns within the eager look (not
+/// after the peer's), unfinished; both waits then give the right sums, and the calls after
+/// it (in step again) are right too.
+fn late_peer_leaves_the_receive_queued() -> Result<(), Failed> {
+    common::two_ranks("eager-late", |me, c| {
+        for round in 0..3 {
+            let (mine, theirs) = (input(me, 8, round), input(1 - me, 8, round));
+            let mut out = vec![0f32; 8];
+            if me == 1 && round == 0 {
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            let t = Instant::now();
+            let mut w = c
+                .all_reduce(Some(Buf::host(&mine)), BufMut::host(&mut out), ReduceOp::Sum)
+                .map_err(|e| e.to_string())?;
+            let took = t.elapsed();
+            if me == 0 && round == 0 {
+                if took > Duration::from_millis(100) {
+                    return Err(format!("the issue waited {took:?} for a peer 200 ms late"));
+                }
+                if w.is_completed().map_err(|e| e.to_string())? {
+                    return Err("finished at issue with the peer 200 ms late".into());
+                }
+            }
+            wait(Ok(w))?;
+            if (0..8).any(|i| out[i] != mine[i] + theirs[i]) {
+                return Err(format!("round {round}: wrong sum {out:?}"));
+            }
+        }
+        Ok(())
+    })
+}
+
+/// Rank 1 sends rank 0 a message and then issues the all_reduce; rank 0 issues the
+/// all_reduce, then the receive: the message that comes first is not the collective's, so
+/// the collective's receive is queued, and both operations get their own bytes.
+fn message_before_the_collective() -> Result<(), Failed> {
+    common::two_ranks("eager-p2p-first", |me, c| {
+        let (mine, theirs) = (input(me, 4, 0), input(1 - me, 4, 0));
+        let mut out = vec![0f32; 4];
+        let note = [7f32; 3];
+        if me == 1 {
+            wait(c.send(Buf::host(&note), 0))?;
+            wait(c.all_reduce(Some(Buf::host(&mine)), BufMut::host(&mut out), ReduceOp::Sum))?;
+        } else {
+            // Issued after the peer's message has arrived (the peer waited for its send).
+            std::thread::sleep(Duration::from_millis(50));
+            let w = c.all_reduce(Some(Buf::host(&mine)), BufMut::host(&mut out), ReduceOp::Sum);
+            let mut got = [0f32; 3];
+            let r = c.recv(BufMut::host(&mut got), 1);
+            wait(w)?;
+            wait(r)?;
+            if got != note {
+                return Err(format!("the message arrived as {got:?}"));
+            }
+        }
+        if (0..4).any(|i| out[i] != mine[i] + theirs[i]) {
+            return Err(format!("wrong sum {out:?}"));
+        }
+        Ok(())
+    })
+}
+
+/// Rank 0 reduces 8 B, rank 1 16 B: each fails naming the collective, within the operation
+/// timeout, whether its issue or its wait finds out.
+fn mismatch_fails_both_ranks() -> Result<(), Failed> {
+    common::two_ranks("eager-mismatch", |me, c: &Communicator| {
+        let n = if me == 0 { 2 } else { 4 };
+        let mine = input(me, n, 0);
+        let mut out = vec![0f32; n];
+        let t = Instant::now();
+        match wait(c.all_reduce(Some(Buf::host(&mine)), BufMut::host(&mut out), ReduceOp::Sum)) {
+            Ok(()) => Err("an all_reduce of 8 B against one of 16 B succeeded".into()),
+            Err(e) if e.contains("all_reduce") && t.elapsed() < T => Ok(()),
+            Err(e) => Err(format!("after {:?}: {e}", t.elapsed())),
+        }
+    })
+}
+
+fn main() -> std::process::ExitCode {
+    // Set before any thread starts (read at every connect): a millisecond's look, not the
+    // default 5 us, since a test build's path to the send can take longer than 5 us, and a
+    // peer that missed goes the usual, slower, way for its next calls.
+    std::env::set_var("ANYCCL_CPU_EAGER_US", "1000");
+    let args = Arguments::from_args();
+    let trials = vec![
+        Trial::test("cpu::eager::in_step_all_reduce_finishes_at_issue[w=2]", in_step_all_reduce_finishes_at_issue),
+        Trial::test("cpu::eager::late_peer_leaves_the_receive_queued[w=2]", late_peer_leaves_the_receive_queued),
+        Trial::test("cpu::eager::message_before_the_collective[w=2]", message_before_the_collective),
+        Trial::test("cpu::eager::mismatch_fails_both_ranks[w=2]", mismatch_fails_both_ranks),
+    ];
+    libtest_mimic::run(&args, trials).exit_code()
+}
