@@ -26,7 +26,7 @@ impl Eagerness {
         Eagerness { spin, skip: AtomicU32::new(0), misses: AtomicU32::new(0) }
     }
 
-    /// Whether this call tries (a call that does not counts the skip down).
+    /// Whether this call may try (one that may not counts the skip down).
     fn now(&self) -> bool {
         if self.spin.is_zero() {
             return false;
@@ -75,13 +75,16 @@ impl CpuComm {
         adm: Admission,
     ) -> Result<Now<'a>> {
         let (n, dtype) = (recv.bytes(), recv.dtype());
-        // (A communicator that failed already says so at the issue, the usual way.)
-        let fits = adm.alone
-            && self.mesh.size == 2
+        // A skip after misses counts every call that could go this way, queued behind
+        // another or not (a pipeline's batch then tries again at its next start). A
+        // communicator that failed already says so at the issue, the usual way.
+        let fits = self.mesh.size == 2
             && n > 0
             && n <= self.tune.all_reduce_direct_max
+            && self.eager.now()
+            && adm.alone
             && self.mesh.mailbox.dead().is_none();
-        if !fits || !self.eager.now() {
+        if !fits {
             return Ok(Now::Usual(send, recv, adm));
         }
         let mut st = self.sched.lock();
