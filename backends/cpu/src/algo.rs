@@ -290,9 +290,9 @@ fn fold_pair(me: usize, d: &mut [u8], own: &[u8], theirs: &[u8], dtype: DType, o
     }
 }
 
-/// A copy of a small input: on the stack up to the default direct size (the smallest,
-/// latency-bound calls), in words so that every element type is aligned for the reduction.
-type Kept = smallvec::SmallVec<[u64; crate::settings::DIRECT_MAX / 8]>;
+/// A copy of a small input: on the stack up to the default direct size of two ranks (the
+/// smallest, latency-bound calls), in words so that every element type is aligned for the reduction.
+type Kept = smallvec::SmallVec<[u64; crate::settings::DIRECT_MAX_PAIR / 8]>;
 
 /// Fill `kept` with a copy of `data` and return it. Filled where it lies: a move of the
 /// vector would copy its whole inline array.

@@ -171,7 +171,7 @@ impl CpuComm {
     }
 
     fn start(mesh: Arc<Mesh>, store: Arc<dyn Store>, ns: String) -> Result<Arc<CpuComm>> {
-        let tune = Tuning::from_env(&mesh.ctx, mesh.step)?;
+        let tune = Tuning::from_env(&mesh.ctx, mesh.step, mesh.size)?;
         let limit = crate::settings::max_queued_bytes(&mesh.ctx)?;
         let grace = crate::settings::handoff(&mesh.ctx)?;
         let eager = eager::Eagerness::new(crate::settings::eager(&mesh.ctx)?);
@@ -234,16 +234,24 @@ impl Collective for CpuComm {
     }
     fn path(&self, op: &str, bytes: usize) -> Option<String> {
         let route = |peer, kind, len, exchange| self.mesh.route(peer, kind, len, exchange);
-        algo::path(op, bytes, (self.info.rank, self.info.size), &self.tune, &route)
+        let path = algo::path(op, bytes, (self.info.rank, self.info.size), &self.tune, &route)?;
+        Some(match (op, self.eager_look(bytes)) {
+            ("all_reduce", Some(us)) => {
+                format!(
+                    "{path}; as it is issued where nothing else is queued and the peer's input comes within {us} us"
+                )
+            }
+            _ => path,
+        })
     }
 
     fn all_reduce<'a>(&'a self, send: Option<Buf<'a>>, recv: BufMut<'a>, op: ReduceOp) -> Result<Work<'a>> {
         let n = recv.bytes();
-        let adm = self.admit([n])?;
-        let (send, mut recv, adm) = match self.all_reduce_now(send, recv, op, adm)? {
+        let (send, mut recv) = match self.all_reduce_now(send, recv, op)? {
             eager::Now::Issued(w) => return Ok(w),
-            eager::Now::Usual(send, recv, adm) => (send, recv, adm),
+            eager::Now::Usual(send, recv) => (send, recv),
         };
+        let adm = self.admit([n])?;
         let input = match &send {
             Some(s) => self.input("all_reduce", s, adm.alone)?,
             None => self.input_mut("all_reduce", &mut recv, 0, n, adm.alone)?,

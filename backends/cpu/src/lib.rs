@@ -119,7 +119,10 @@ fn tuning(links: Option<Links>) -> Vec<(String, String)> {
         ("ANYCCL_CPU_LINKS".into(), links),
         ("ANYCCL_CPU_HUGE_PAGES".into(), env("ANYCCL_CPU_HUGE_PAGES", "1".into())),
         ("ANYCCL_CPU_HUGE_PAGES_MIN".into(), env("ANYCCL_CPU_HUGE_PAGES_MIN", s::HUGE_PAGES_MIN.to_string())),
-        ("ANYCCL_CPU_ALLREDUCE_DIRECT_MAX".into(), env("ANYCCL_CPU_ALLREDUCE_DIRECT_MAX", s::DIRECT_MAX.to_string())),
+        (
+            "ANYCCL_CPU_ALLREDUCE_DIRECT_MAX".into(),
+            env("ANYCCL_CPU_ALLREDUCE_DIRECT_MAX", format!("{} ({} on two ranks)", s::DIRECT_MAX, s::DIRECT_MAX_PAIR)),
+        ),
         (
             "ANYCCL_CPU_ALLTOALL_DIRECT_MAX".into(),
             env("ANYCCL_CPU_ALLTOALL_DIRECT_MAX", s::ALL_TO_ALL_DIRECT_MAX.to_string()),
@@ -157,6 +160,7 @@ fn tuning(links: Option<Links>) -> Vec<(String, String)> {
             ),
         ),
         ("ANYCCL_CPU_HANDOFF_US".into(), env("ANYCCL_CPU_HANDOFF_US", s::HANDOFF.as_micros().to_string())),
+        ("ANYCCL_CPU_EAGER_US".into(), env("ANYCCL_CPU_EAGER_US", s::EAGER.as_micros().to_string())),
         ("ANYCCL_CPU_MAX_QUEUED_BYTES".into(), env("ANYCCL_CPU_MAX_QUEUED_BYTES", s::MAX_HELD.to_string())),
         ("ANYCCL_CPU_MAX_INBOX_BYTES".into(), env("ANYCCL_CPU_MAX_INBOX_BYTES", s::MAX_HELD.to_string())),
         ("ANYCCL_CPU_HOST".into(), env("ANYCCL_CPU_HOST", s::HOST.into())),

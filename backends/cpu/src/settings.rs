@@ -58,7 +58,7 @@ pub(crate) fn check(ctx: &Ctx, links_given: bool) -> Result<()> {
     ring_bytes(2, ctx)?;
     ring_stream_min(true, ctx)?;
     Patience::for_host(2, ctx)?;
-    Tuning::from_env(ctx, 0)?;
+    Tuning::from_env(ctx, 0, 2)?;
     Ok(())
 }
 
@@ -68,6 +68,12 @@ pub(crate) fn check(ctx: &Ctx, links_given: bool) -> Result<()> {
 /// are exchanged (MPICH's short-message threshold; measured here, ring reduce-scatter +
 /// all-gather is faster from 2-8 KiB on).
 pub(crate) const DIRECT_MAX: usize = 2 << 10;
+
+/// [`DIRECT_MAX`] of a communicator of two ranks: one exchange of the whole buffer against the
+/// ring's two steps (2 ranks waited, quiet host: 4 KiB 1.14-1.16 us against 1.33-1.34 by the
+/// ring, 8 KiB 1.81-1.94 against 2.02-2.09; with the eager path, 4 KiB 0.92-0.93 against
+/// 1.28-1.90 and Open MPI's 1.13-1.24).
+pub(crate) const DIRECT_MAX_PAIR: usize = 8 << 10;
 
 /// The default of `ANYCCL_CPU_ALLTOALL_DIRECT_MAX`: all_to_all segment size up to which a
 /// rank sends every segment before it receives any. Measured at 4 ranks on 2 cores: 16 B-4
@@ -130,15 +136,17 @@ pub(crate) struct Tuning {
 }
 
 impl Tuning {
-    /// The thresholds; the stream and pair sizes default to at least `step` (the group's
-    /// whole-buffer step, from its hosts' L3: `cache::L3::step`).
+    /// The thresholds of a communicator of `size` ranks; the stream and pair sizes default to
+    /// at least `step` (the group's whole-buffer step, from its hosts' L3:
+    /// `cache::L3::step`).
     ///
     /// # Errors
     /// `InvalidArgument` naming the variable, the rank and the group when one is malformed
     /// (or a piece is below 4 KiB).
-    pub(crate) fn from_env(ctx: &Ctx, step: usize) -> Result<Self> {
+    pub(crate) fn from_env(ctx: &Ctx, step: usize, size: usize) -> Result<Self> {
+        let direct_max = if size == 2 { DIRECT_MAX_PAIR } else { DIRECT_MAX };
         Ok(Tuning {
-            all_reduce_direct_max: bytes("ANYCCL_CPU_ALLREDUCE_DIRECT_MAX", DIRECT_MAX, ctx)?,
+            all_reduce_direct_max: bytes("ANYCCL_CPU_ALLREDUCE_DIRECT_MAX", direct_max, ctx)?,
             all_to_all_direct_max: bytes("ANYCCL_CPU_ALLTOALL_DIRECT_MAX", ALL_TO_ALL_DIRECT_MAX, ctx)?,
             stream_min: bytes("ANYCCL_CPU_STREAM_MIN", STREAM_MIN.max(step), ctx)?,
             pair_min: bytes("ANYCCL_CPU_PAIR_MIN", PAIR_MIN.max(step), ctx)?,

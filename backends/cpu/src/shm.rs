@@ -38,12 +38,14 @@ mod copy;
 mod huge;
 mod segment;
 mod wait;
+mod writing;
 
 pub(crate) use copy::{copy, copy_streaming, copy_to_vec, read_remote};
 pub(crate) use huge::HugeMemory;
 pub(crate) use segment::{host_id, Layout, Segment};
 use wait::{futex_wake, publish_cpu, sleep_until, spin_then_yield, wait_until};
 pub(crate) use wait::{Check, Patience};
+pub(crate) use writing::{Writing, WHOLE_MAX};
 
 use anyccl_core::Error;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -469,55 +471,6 @@ impl Tx {
             futex_wake(&ctl.writer.bell);
         }
         true
-    }
-}
-
-/// Messages of at most this many bytes (padding included) are written to a ring whole: a
-/// header never arrives without the short body that follows it (a by-reference message's
-/// address and number, which the reader waits for while it writes nothing: two ranks
-/// exchanging such messages over nearly full rings would otherwise each wait for the
-/// other's body).
-pub(crate) const WHOLE_MAX: usize = 64;
-
-/// A message being written: its parts, where the writer is, and the bytes (padding
-/// included) still to write.
-pub(crate) struct Writing<'a> {
-    parts: &'a [&'a [u8]],
-    part: usize,
-    off: usize,
-    left: usize,
-    /// Bytes of the message, padding included.
-    total: usize,
-}
-
-impl<'a> Writing<'a> {
-    pub(crate) fn new(parts: &'a [&'a [u8]]) -> Self {
-        let total = parts.iter().map(|p| p.len()).sum::<usize>().next_multiple_of(8);
-        let mut w = Writing { parts, part: 0, off: 0, left: total, total };
-        w.skip_finished();
-        w
-    }
-    /// Bytes written so far, padding included.
-    pub(crate) fn written(&self) -> usize {
-        self.total - self.left
-    }
-    fn skip_finished(&mut self) {
-        while self.parts.get(self.part).is_some_and(|p| self.off == p.len()) {
-            self.part += 1;
-            self.off = 0;
-        }
-    }
-    pub(crate) fn done(&self) -> bool {
-        self.left == 0
-    }
-    /// The fewest bytes the next write may put in the ring: the whole message when it is
-    /// of at most [`WHOLE_MAX`] bytes, a word otherwise.
-    fn next_min(&self) -> usize {
-        if self.total <= WHOLE_MAX {
-            self.left.max(8)
-        } else {
-            8
-        }
     }
 }
 

@@ -34,7 +34,7 @@ fn meet(arrived: &AtomicUsize, call: &mut usize) {
 }
 
 /// Issued in step (the ranks meet first), out of place and in place, sum and average, 4 B
-/// to 2 KiB: every result right, and at least some calls finished as they were issued (a
+/// to 8 KiB: every result right, and at least some calls finished as they were issued (a
 /// finished `Work` says so before any wait).
 fn in_step_all_reduce_finishes_at_issue() -> Result<(), Failed> {
     let arrived = Arc::new(AtomicUsize::new(0));
@@ -42,7 +42,7 @@ fn in_step_all_reduce_finishes_at_issue() -> Result<(), Failed> {
         let mut at_issue = 0;
         let mut calls = 0;
         for round in 0..100 {
-            for n in [1usize, 16, 512] {
+            for n in [1usize, 16, 512, 2048] {
                 let (mine, theirs) = (input(me, n, round), input(1 - me, n, round));
                 for (op, in_place) in [(ReduceOp::Sum, false), (ReduceOp::Sum, true), (ReduceOp::Avg, false)] {
                     let mut out = if in_place { mine.clone() } else { vec![0f32; n] };

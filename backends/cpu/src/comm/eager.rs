@@ -28,9 +28,6 @@ impl Eagerness {
 
     /// Whether this call may try (one that may not counts the skip down).
     fn now(&self) -> bool {
-        if self.spin.is_zero() {
-            return false;
-        }
         // Calls on other threads may count it down at once: a try more or less.
         match self.skip.load(Ordering::Relaxed) {
             0 => true,
@@ -58,12 +55,25 @@ pub(super) enum Now<'a> {
     /// Issued (finished, or its receive queued).
     Issued(Work<'a>),
     /// Nothing sent: the operation, given back, goes the usual way.
-    Usual(Option<Buf<'a>>, BufMut<'a>, Admission),
+    Usual(Option<Buf<'a>>, BufMut<'a>),
 }
 
 impl CpuComm {
-    /// The all_reduce of `send` (or in place) into `recv`, admitted as `adm`, run as it is
-    /// issued where it may be (see the module doc).
+    /// Whether an all_reduce of `n` bytes may run as it is issued here (two ranks of one
+    /// host, a size the direct exchange takes, the look not turned off): the look's
+    /// microseconds.
+    pub(super) fn eager_look(&self, n: usize) -> Option<u128> {
+        let fits = self.info.size == 2
+            && n > 0
+            && n <= self.tune.all_reduce_direct_max
+            && !self.eager.spin.is_zero()
+            && self.mesh.is_local(1 - self.info.rank);
+        fits.then_some(self.eager.spin.as_micros())
+    }
+
+    /// The all_reduce of `send` (or in place) into `recv`, run as it is issued where it may
+    /// be (see the module doc). Nothing counts against the queue bound unless a receive is
+    /// left queued.
     ///
     /// # Errors
     /// The peer's failure, a mismatched collective, this communicator's failure.
@@ -72,26 +82,24 @@ impl CpuComm {
         send: Option<Buf<'a>>,
         mut recv: BufMut<'a>,
         op: ReduceOp,
-        adm: Admission,
     ) -> Result<Now<'a>> {
         let (n, dtype) = (recv.bytes(), recv.dtype());
         // A skip after misses counts every call that could go this way, queued behind
-        // another or not (a pipeline's batch then tries again at its next start). A
-        // communicator that failed already says so at the issue, the usual way.
-        let fits = self.mesh.size == 2
-            && n > 0
-            && n <= self.tune.all_reduce_direct_max
+        // another or not (a pipeline's batch then tries again at its next start); then only
+        // a call issued while nothing is queued or running tries. A communicator that failed
+        // already says so at the issue, the usual way.
+        let fits = self.eager_look(n).is_some()
             && self.eager.now()
-            && adm.alone
+            && self.queue.held() == 0
             && self.mesh.mailbox.dead().is_none();
         if !fits {
-            return Ok(Now::Usual(send, recv, adm));
+            return Ok(Now::Usual(send, recv));
         }
         let mut st = self.sched.lock();
         let engine = if st.closed || !st.jobs.is_empty() { None } else { st.engine.take() };
         let Some(mut engine) = engine else {
             drop(st);
-            return Ok(Now::Usual(send, recv, adm));
+            return Ok(Now::Usual(send, recv));
         };
         // Numbered now: a receive left for later is queued ahead of what other threads
         // issue meanwhile.
@@ -118,23 +126,17 @@ impl CpuComm {
         if !matches!(r, Ok(Eager::NotStarted)) {
             engine.seq += 1;
         }
-        let mut adm = Some(adm);
         let mut st = self.sched.lock();
-        let rest = match (own, adm.take()) {
-            (Some(own), Some(admission)) => {
-                let done = st.completion();
-                let grace = Job::grace_for(self.sched.grace, n, false);
-                let wake = st.parked || (st.dozing && !st.jobs.is_empty() && !st.woken);
-                st.woken |= wake;
-                let run = rest(seq, own, n, (dtype, op));
-                st.jobs.push_front(Job { id, run, done: done.clone(), grace, rescuable: false, _admission: admission });
-                Some((done, wake))
-            }
-            (_, a) => {
-                adm = a;
-                None
-            }
-        };
+        let rest = own.map(|own| {
+            let done = st.completion();
+            let grace = Job::grace_for(self.sched.grace, n, false);
+            let wake = st.parked || (st.dozing && !st.jobs.is_empty() && !st.woken);
+            st.woken |= wake;
+            let run = rest(seq, own, n, (dtype, op));
+            let _admission = self.admitted_anyway(n);
+            st.jobs.push_front(Job { id, run, done: done.clone(), grace, rescuable: false, _admission });
+            (done, wake)
+        });
         st.engine = Some(engine);
         if st.helpers > 0 {
             self.sched.freed.notify_all();
@@ -146,12 +148,12 @@ impl CpuComm {
             Ok(r) => r,
             Err(e) => return Ok(Now::Issued(Work::new(Box::new(Failed(Some(*e), self.mesh.ctx.clone()))))),
         };
-        match (r, rest, adm) {
-            (Eager::Done, _, _) => {
+        match (r, rest) {
+            (Eager::Done, _) => {
                 self.eager.hit();
                 Ok(Now::Issued(Work::completed()))
             }
-            (Eager::Sent, Some((done, wake)), _) => {
+            (Eager::Sent, Some((done, wake))) => {
                 self.eager.miss();
                 if wake {
                     self.sched.cv.notify_one();
@@ -159,8 +161,8 @@ impl CpuComm {
                 let targets = smallvec::smallvec![recv];
                 Ok(Now::Issued(self.work(id, done, send.into_iter().collect(), targets, Lending::No)))
             }
-            (_, _, Some(adm)) => Ok(Now::Usual(send, recv, adm)),
-            (_, _, None) => Err(self.mesh.ctx.aborted("an all_reduce's receive was left without its job")),
+            (Eager::NotStarted, _) => Ok(Now::Usual(send, recv)),
+            (Eager::Sent, None) => Err(self.mesh.ctx.aborted("an all_reduce's receive was left without its job")),
         }
     }
 }

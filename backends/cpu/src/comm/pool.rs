@@ -77,6 +77,12 @@ impl Queue {
         taken
     }
 
+    /// Count `n` bytes in, over the bound if need be (for a job that must be queued: its
+    /// operation is under way).
+    pub(super) fn take_anyway(&self, n: usize) {
+        self.bytes.fetch_add(n, Ordering::SeqCst);
+    }
+
     pub(super) fn release(&self, n: usize) {
         let _ = self.bytes.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |b| Some(b.saturating_sub(n)));
         if self.waiters.load(Ordering::SeqCst) > 0 {
@@ -87,6 +93,14 @@ impl Queue {
 }
 
 impl CpuComm {
+    /// The admission of a job with one input of `n` bytes that must be queued now (its
+    /// operation is under way): counted even past the bound, by one job at most.
+    pub(super) fn admitted_anyway(&self, n: usize) -> Admission {
+        let bytes = work::held(n).max(work::RECORD);
+        self.queue.take_anyway(bytes);
+        Admission { queue: self.queue.clone(), bytes, size: n, alone: false }
+    }
+
     /// Wait until a job with inputs of these sizes fits the queue bound (a job larger than
     /// the bound waits for an empty queue), at most the operation timeout. Each input counts
     /// what it holds while queued ([`work::held`]: a lent one as the largest copied one), the

@@ -24,6 +24,11 @@ pub(crate) enum Eager {
 const SPIN_LOOKS: u32 = 64;
 
 impl Mesh {
+    /// Whether `peer` is a peer of this host (linked by shared memory).
+    pub(crate) fn is_local(&self, peer: usize) -> bool {
+        self.shm.get(peer).is_some_and(Option::is_some)
+    }
+
     /// Send `data` to `peer`, a peer of this host, as collective message `op` number `seq`,
     /// then receive its `expect`-byte message of that number into `sink` if it arrives
     /// within `spin`; without ever waiting for room or for a message that has not arrived.
