@@ -247,7 +247,7 @@ impl Collective for CpuComm {
 
     fn all_reduce<'a>(&'a self, send: Option<Buf<'a>>, recv: BufMut<'a>, op: ReduceOp) -> Result<Work<'a>> {
         let n = recv.bytes();
-        let (send, mut recv) = match self.all_reduce_now(send, recv, op)? {
+        let (send, mut recv) = match self.all_reduce_now(send, recv, op) {
             eager::Now::Issued(w) => return Ok(w),
             eager::Now::Usual(send, recv) => (send, recv),
         };

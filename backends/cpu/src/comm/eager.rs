@@ -73,16 +73,9 @@ impl CpuComm {
 
     /// The all_reduce of `send` (or in place) into `recv`, run as it is issued where it may
     /// be (see the module doc). Nothing counts against the queue bound unless a receive is
-    /// left queued.
-    ///
-    /// # Errors
-    /// The peer's failure, a mismatched collective, this communicator's failure.
-    pub(super) fn all_reduce_now<'a>(
-        &'a self,
-        send: Option<Buf<'a>>,
-        mut recv: BufMut<'a>,
-        op: ReduceOp,
-    ) -> Result<Now<'a>> {
+    /// left queued. What the exchange finds (the peer's failure, a mismatch) is the returned
+    /// `Work`'s to report.
+    pub(super) fn all_reduce_now<'a>(&'a self, send: Option<Buf<'a>>, mut recv: BufMut<'a>, op: ReduceOp) -> Now<'a> {
         let (n, dtype) = (recv.bytes(), recv.dtype());
         // A skip after misses counts every call that could go this way, queued behind
         // another or not (a pipeline's batch then tries again at its next start); then only
@@ -93,13 +86,13 @@ impl CpuComm {
             && self.queue.held() == 0
             && self.mesh.mailbox.dead().is_none();
         if !fits {
-            return Ok(Now::Usual(send, recv));
+            return Now::Usual(send, recv);
         }
         let mut st = self.sched.lock();
         let engine = if st.closed || !st.jobs.is_empty() { None } else { st.engine.take() };
         let Some(mut engine) = engine else {
             drop(st);
-            return Ok(Now::Usual(send, recv));
+            return Now::Usual(send, recv);
         };
         // Numbered now: a receive left for later is queued ahead of what other threads
         // issue meanwhile.
@@ -107,64 +100,86 @@ impl CpuComm {
         st.next_id += 1;
         drop(st);
         let seq = engine.seq;
-        let (r, own) = {
+        let ran = {
             let src = send.as_ref().and_then(|s| s.as_host_bytes());
             match recv.as_host_bytes_mut() {
                 Some(data) if send.is_none() || src.is_some() => {
                     let spin = self.eager.spin;
-                    let r = sched::guarded(&mut engine, |e| {
+                    match sched::guarded(&mut engine, |e| {
                         algo::all_reduce_now(&e.mesh, seq, data, src, (dtype, op), spin)
-                    });
-                    // Sent and not received: `data` is untouched, so the input as sent is
-                    // there, or in the send buffer.
-                    let own = matches!(r, Ok(Eager::Sent)).then(|| self.pool.copy(src.unwrap_or(data)));
-                    (r, own)
+                    }) {
+                        Ok(Eager::NotStarted) => Ran::NotStarted,
+                        Ok(Eager::Done) => Ran::Done,
+                        // Sent and not received: `data` is untouched, so the input as sent
+                        // is there, or in the send buffer.
+                        Ok(Eager::Sent) => Ran::Sent(self.pool.copy(src.unwrap_or(data))),
+                        Err(e) => Ran::Failed(e),
+                    }
                 }
-                _ => (Ok(Eager::NotStarted), None),
+                _ => Ran::NotStarted,
             }
         };
-        if !matches!(r, Ok(Eager::NotStarted)) {
+        if !matches!(ran, Ran::NotStarted) {
             engine.seq += 1;
         }
         let mut st = self.sched.lock();
-        let rest = own.map(|own| {
-            let done = st.completion();
-            let grace = Job::grace_for(self.sched.grace, n, false);
-            let wake = st.parked || (st.dozing && !st.jobs.is_empty() && !st.woken);
-            st.woken |= wake;
-            let run = rest(seq, own, n, (dtype, op));
-            let _admission = self.admitted_anyway(n);
-            st.jobs.push_front(Job { id, run, done: done.clone(), grace, rescuable: false, _admission });
-            (done, wake)
-        });
+        let after = match ran {
+            Ran::NotStarted => After::NotStarted,
+            Ran::Done => After::Done,
+            Ran::Failed(e) => After::Failed(e),
+            Ran::Sent(own) => {
+                let done = st.completion();
+                let grace = Job::grace_for(self.sched.grace, n, false);
+                let wake = st.parked || (st.dozing && !st.jobs.is_empty() && !st.woken);
+                st.woken |= wake;
+                let run = rest(seq, own, n, (dtype, op));
+                let _admission = self.admitted_anyway(n);
+                st.jobs.push_front(Job { id, run, done: done.clone(), grace, rescuable: false, _admission });
+                After::Queued(done, wake)
+            }
+        };
         st.engine = Some(engine);
         if st.helpers > 0 {
             self.sched.freed.notify_all();
         }
         drop(st);
-        // What the operation found (the peer's failure, a mismatch) is its `Work`'s to
-        // report, as on the usual path.
-        let r = match r {
-            Ok(r) => r,
-            Err(e) => return Ok(Now::Issued(Work::new(Box::new(Failed(Some(*e), self.mesh.ctx.clone()))))),
-        };
-        match (r, rest) {
-            (Eager::Done, _) => {
+        match after {
+            After::NotStarted => Now::Usual(send, recv),
+            After::Done => {
                 self.eager.hit();
-                Ok(Now::Issued(Work::completed()))
+                Now::Issued(Work::completed())
             }
-            (Eager::Sent, Some((done, wake))) => {
+            // What the operation found (the peer's failure, a mismatch) is its `Work`'s to
+            // report, as on the usual path.
+            After::Failed(e) => Now::Issued(Work::new(Box::new(Failed(Some(*e), self.mesh.ctx.clone())))),
+            After::Queued(done, wake) => {
                 self.eager.miss();
                 if wake {
                     self.sched.cv.notify_one();
                 }
                 let targets = smallvec::smallvec![recv];
-                Ok(Now::Issued(self.work(id, done, send.into_iter().collect(), targets, Lending::No)))
+                Now::Issued(self.work(id, done, send.into_iter().collect(), targets, Lending::No))
             }
-            (Eager::NotStarted, _) => Ok(Now::Usual(send, recv)),
-            (Eager::Sent, None) => Err(self.mesh.ctx.aborted("an all_reduce's receive was left without its job")),
         }
     }
+}
+
+/// How far the eager exchange went, with what its next step needs.
+enum Ran {
+    NotStarted,
+    Done,
+    /// Sent; this rank's input as sent, for the receive left for later.
+    Sent(Vec<u8>),
+    Failed(Box<Error>),
+}
+
+/// What the issue returns after the eager exchange.
+enum After {
+    NotStarted,
+    Done,
+    Failed(Box<Error>),
+    /// The receive queued as job `done` follows; `true`: the worker is to be woken.
+    Queued(Arc<Completion>, bool),
 }
 
 /// The `Work` of an operation that failed as it was issued: the failure, at the first look.
