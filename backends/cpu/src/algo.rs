@@ -237,7 +237,7 @@ fn direct_pair(cx: &Coll<'_>, data: &mut [u8], src: Option<&[u8]>, dtype: DType,
 }
 
 /// [`direct_pair`] tried as the all_reduce is issued, as operation number `seq`: `Done`
-/// with the result in `data`; `Sent` when the peer's input had not arrived within `spin`
+/// with the result in `data`; `Later` when the peer's input had not arrived within `spin`
 /// (`data` untouched: [`all_reduce_rest`] receives it); `NotStarted`: nothing was sent.
 pub(crate) fn all_reduce_now(
     mesh: &Mesh,
@@ -253,9 +253,9 @@ pub(crate) fn all_reduce_now(
         Some(s) => s,
         None => keep(&mut kept, data),
     };
-    let got = mesh.exchange_now((OP_ALL_REDUCE, seq), 1 - me, own, len, spin, &mut |at, b| {
-        fold_pair(me, &mut data[at..at + b.len()], &own[at..at + b.len()], b, dtype, op)
-    })?;
+    let mut fold =
+        |at: usize, b: &[u8]| fold_pair(me, &mut data[at..at + b.len()], &own[at..at + b.len()], b, dtype, op);
+    let got = mesh.exchange_now((OP_ALL_REDUCE, seq), 1 - me, Some(own), Some((len, &mut fold)), spin)?;
     if got == Eager::Done && op == ReduceOp::Avg {
         finish_avg(data, dtype, 2);
     }

@@ -1,8 +1,8 @@
 //! `CpuComm`: the CPU backend's communicator. Operations run in issue order on one worker
 //! thread per communicator, or on the thread of a caller that waits for one of them; a
-//! small all_reduce of two ranks issued while nothing else is queued, on its caller's
-//! thread as it is issued, where the peer's input arrives within a few microseconds
-//! (`eager`).
+//! small all_reduce, all_gather, broadcast or barrier of two ranks issued while nothing
+//! else is queued, on its caller's thread as it is issued, where the peer's message arrives
+//! within a few microseconds (`eager`).
 //!
 //! The worker never dereferences a caller's buffer: a small input is copied at enqueue, a
 //! large one, or a collective's issued while nothing else is queued (likely waited for at
@@ -235,8 +235,11 @@ impl Collective for CpuComm {
     fn path(&self, op: &str, bytes: usize) -> Option<String> {
         let route = |peer, kind, len, exchange| self.mesh.route(peer, kind, len, exchange);
         let path = algo::path(op, bytes, (self.info.rank, self.info.size), &self.tune, &route)?;
-        Some(match (op, self.eager_look(bytes)) {
-            ("all_reduce", Some(us)) => {
+        let max = if op == "all_reduce" { self.tune.all_reduce_direct_max } else { eager::EAGER_MAX };
+        let message = if op == "all_gather" { bytes / 2 } else { bytes };
+        let eager = ["all_reduce", "all_gather", "broadcast", "barrier"].contains(&op) && bytes > 0;
+        Some(match (eager, self.eager_look(message, max)) {
+            (true, Some(us)) => {
                 format!(
                     "{path}; as it is issued where nothing else is queued and the peer's input comes within {us} us"
                 )
@@ -249,7 +252,7 @@ impl Collective for CpuComm {
         let n = recv.bytes();
         let (send, mut recv) = match self.all_reduce_now(send, recv, op) {
             eager::Now::Issued(w) => return Ok(w),
-            eager::Now::Usual(send, recv) => (send, recv),
+            eager::Now::Usual(bufs) => bufs,
         };
         let adm = self.admit([n])?;
         let input = match &send {
@@ -311,7 +314,11 @@ impl Collective for CpuComm {
         )
     }
 
-    fn broadcast<'a>(&'a self, send: Option<Buf<'a>>, mut recv: BufMut<'a>, root: usize) -> Result<Work<'a>> {
+    fn broadcast<'a>(&'a self, send: Option<Buf<'a>>, recv: BufMut<'a>, root: usize) -> Result<Work<'a>> {
+        let (send, mut recv) = match self.broadcast_now(send, recv, root) {
+            eager::Now::Issued(w) => return Ok(w),
+            eager::Now::Usual(bufs) => bufs,
+        };
         let (n, me) = (recv.bytes(), self.info.rank);
         let adm = self.admit([n])?;
         let input = match (me == root, &send) {
@@ -344,7 +351,11 @@ impl Collective for CpuComm {
         )
     }
 
-    fn all_gather<'a>(&'a self, send: Option<Buf<'a>>, mut recv: BufMut<'a>) -> Result<Work<'a>> {
+    fn all_gather<'a>(&'a self, send: Option<Buf<'a>>, recv: BufMut<'a>) -> Result<Work<'a>> {
+        let (send, mut recv) = match self.all_gather_now(send, recv) {
+            eager::Now::Issued(w) => return Ok(w),
+            eager::Now::Usual(bufs) => bufs,
+        };
         let (n, me) = (self.info.size, self.info.rank);
         let chunk = recv.bytes() / n;
         let adm = self.admit([recv.bytes()])?;
@@ -558,6 +569,9 @@ impl Collective for CpuComm {
     }
 
     fn barrier(&self) -> Result<Work<'_>> {
+        if let eager::Now::Issued(w) = self.barrier_now() {
+            return Ok(w);
+        }
         let adm = self.admit([])?;
         self.enqueue(
             Few::new(),

@@ -1,7 +1,8 @@
-//! A small all_reduce of two ranks of one host, issued while nothing else is queued, runs as
-//! it is issued (`comm/eager.rs`): in step it returns finished; a peer that comes late, or
-//! that sent a point-to-point message first, leaves the receive queued and the issue
-//! returns at once; a mismatch fails both ranks. Results checked in every case.
+//! A small all_reduce, all_gather, broadcast or barrier of two ranks of one host, issued
+//! while nothing else is queued, runs as it is issued (`comm/eager.rs`): in step it returns
+//! finished; a peer that comes late, or that sent a point-to-point message first, leaves the
+//! receive queued and the issue returns at once; a mismatch fails both ranks. Results
+//! checked in every case.
 
 mod common;
 
@@ -67,6 +68,98 @@ fn in_step_all_reduce_finishes_at_issue() -> Result<(), Failed> {
             return Err(format!("none of {calls} calls in step finished as it was issued"));
         }
         Ok(())
+    })
+}
+
+/// all_gather, broadcast (from either rank) and barrier issued in step, in place and out
+/// of place, 4 B to 8 KiB a part: every result right, and at least some calls of each
+/// finished as they were issued.
+fn in_step_others_finish_at_issue() -> Result<(), Failed> {
+    let arrived = Arc::new(AtomicUsize::new(0));
+    common::two_ranks("eager-others", move |me, c| {
+        let mut calls = 0;
+        // Calls finished at issue: all_gather, broadcast, barrier.
+        let mut at_issue = [0usize; 3];
+        let mut issued = |w: anyccl_core::Result<Work<'_>>, kind: usize| -> Result<(), String> {
+            let mut w = w.map_err(|e| e.to_string())?;
+            if w.is_completed().map_err(|e| e.to_string())? {
+                at_issue[kind] += 1;
+            }
+            wait(Ok(w))
+        };
+        for round in 0..60 {
+            for n in [1usize, 16, 2048] {
+                let (mine, theirs) = (input(me, n, round), input(1 - me, n, round));
+                let want: Vec<f32> =
+                    if me == 0 { [&mine[..], &theirs[..]].concat() } else { [&theirs[..], &mine[..]].concat() };
+                for in_place in [false, true] {
+                    let mut all = vec![0f32; 2 * n];
+                    if in_place {
+                        all[me * n..(me + 1) * n].copy_from_slice(&mine);
+                    }
+                    meet(&arrived, &mut calls);
+                    let send = (!in_place).then(|| Buf::host(&mine));
+                    issued(c.all_gather(send, BufMut::host(&mut all)), 0)?;
+                    if all != want {
+                        return Err(format!(
+                            "all_gather of {n} x f32 (in place: {in_place}): {:?}",
+                            &all[..4.min(2 * n)]
+                        ));
+                    }
+                    for root in 0..2 {
+                        let mut b = if in_place { mine.clone() } else { vec![0f32; n] };
+                        meet(&arrived, &mut calls);
+                        let send = (!in_place).then(|| Buf::host(&mine));
+                        issued(c.broadcast(send, BufMut::host(&mut b), root), 1)?;
+                        if b != input(root, n, round) {
+                            return Err(format!("broadcast of {n} x f32 from {root} (in place: {in_place}): wrong"));
+                        }
+                    }
+                }
+            }
+            meet(&arrived, &mut calls);
+            issued(c.barrier(), 2)?;
+        }
+        if let Some(k) = (0..3).find(|&k| at_issue[k] == 0) {
+            let what = ["all_gather", "broadcast", "barrier"][k];
+            return Err(format!("no {what} in step finished as it was issued ({calls} calls)"));
+        }
+        Ok(())
+    })
+}
+
+/// Rank 1 comes 200 ms late to a broadcast from rank 0 and to a barrier: rank 0's broadcast
+/// finishes as it is issued (the root only sends), its barrier's issue returns at once,
+/// unfinished; rank 1 gets the root's bytes.
+fn late_peer_others() -> Result<(), Failed> {
+    common::two_ranks("eager-late-others", |me, c| {
+        let mine = input(me, 8, 0);
+        let mut b = if me == 0 { mine.clone() } else { vec![0f32; 8] };
+        if me == 1 {
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let mut w = c.broadcast(None, BufMut::host(&mut b), 0).map_err(|e| e.to_string())?;
+        if me == 0 && !w.is_completed().map_err(|e| e.to_string())? {
+            return Err("the root's broadcast did not finish as it was issued".into());
+        }
+        wait(Ok(w))?;
+        if b != input(0, 8, 0) {
+            return Err(format!("broadcast: {b:?}"));
+        }
+        if me == 1 {
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let t = Instant::now();
+        let mut w = c.barrier().map_err(|e| e.to_string())?;
+        if me == 0 {
+            if t.elapsed() > Duration::from_millis(100) {
+                return Err(format!("the barrier's issue waited {:?} for a peer 200 ms late", t.elapsed()));
+            }
+            if w.is_completed().map_err(|e| e.to_string())? {
+                return Err("a barrier finished at issue with the peer 200 ms late".into());
+            }
+        }
+        wait(Ok(w))
     })
 }
 
@@ -158,6 +251,8 @@ fn main() -> std::process::ExitCode {
     let trials = vec![
         Trial::test("cpu::eager::in_step_all_reduce_finishes_at_issue[w=2]", in_step_all_reduce_finishes_at_issue),
         Trial::test("cpu::eager::late_peer_leaves_the_receive_queued[w=2]", late_peer_leaves_the_receive_queued),
+        Trial::test("cpu::eager::in_step_others_finish_at_issue[w=2]", in_step_others_finish_at_issue),
+        Trial::test("cpu::eager::late_peer_others[w=2]", late_peer_others),
         Trial::test("cpu::eager::message_before_the_collective[w=2]", message_before_the_collective),
         Trial::test("cpu::eager::mismatch_fails_both_ranks[w=2]", mismatch_fails_both_ranks),
     ];

@@ -1,14 +1,21 @@
-//! A small all_reduce of two ranks of one host, issued while nothing else is queued or
-//! running, runs as it is issued: its input is sent at once and the peer's taken if it
-//! arrives within `ANYCCL_CPU_EAGER_US`, and the call returns a finished `Work` (no job,
-//! no completion, no hand-over, nothing to wait for). A peer that has not arrived by then
-//! (it may wait for something this rank does after the issue) leaves the receive to a job
-//! queued first, run the usual way; a communicator whose peer keeps missing tries less
-//! often (after each miss in a row, twice as many calls the usual way, up to 1,024).
+//! A small all_reduce, all_gather, broadcast or barrier of two ranks of one host, issued
+//! while nothing else is queued or running, runs as it is issued: its message is sent at
+//! once and the peer's taken if it arrives within `ANYCCL_CPU_EAGER_US`, and the call
+//! returns a finished `Work` (no job, no completion, no hand-over, nothing to wait for). A
+//! peer that has not arrived by then (it may wait for something this rank does after the
+//! issue) leaves the receive to a job queued first, run the usual way; a communicator whose
+//! peer keeps missing tries less often (after each miss in a row, twice as many calls the
+//! usual way, up to 1,024). Every operation goes on the wire as its usual path sends it
+//! (one message each way between two ranks), so a rank that goes the usual way meets a peer
+//! that did not.
 
 use super::*;
 use crate::transport::Eager;
 use std::sync::atomic::AtomicU32;
+
+/// The largest message of an all_gather (each rank's part) or a broadcast that goes this way
+/// (an all_reduce's is its direct size, `ANYCCL_CPU_ALLREDUCE_DIRECT_MAX`).
+pub(super) const EAGER_MAX: usize = 8 << 10;
 
 /// How a communicator tries the eager path.
 #[derive(Debug)]
@@ -50,90 +57,105 @@ impl Eagerness {
     }
 }
 
-/// What [`CpuComm::all_reduce_now`] did.
-pub(super) enum Now<'a> {
+/// How far an operation tried as it is issued went; `Later`: with what the receive left
+/// for later needs.
+pub(super) enum Step<S> {
+    NotStarted,
+    Done,
+    Later(S),
+}
+
+/// `got` as a [`Step`], `later` making what a receive left for later needs.
+fn step<S>(got: Eager, later: impl FnOnce() -> S) -> Step<S> {
+    match got {
+        Eager::NotStarted => Step::NotStarted,
+        Eager::Done => Step::Done,
+        Eager::Later => Step::Later(later()),
+    }
+}
+
+/// What a try as the operation is issued did.
+pub(super) enum Now<'a, B> {
     /// Issued (finished, or its receive queued).
     Issued(Work<'a>),
-    /// Nothing sent: the operation, given back, goes the usual way.
-    Usual(Option<Buf<'a>>, BufMut<'a>),
+    /// Nothing sent: the operation's buffers, given back, go the usual way.
+    Usual(B),
+}
+
+/// What the issue returns after the try.
+enum After {
+    NotStarted,
+    Done,
+    Failed(Box<Error>),
+    /// The receive queued as job `done` follows; `true`: the worker is to be woken.
+    Queued(Arc<Completion>, bool),
+}
+
+/// An operation's send buffer (if any) and receive buffer.
+type Pair<'a> = (Option<Buf<'a>>, BufMut<'a>);
+
+/// The buffers of a [`Pair`] as its `Work` holds them.
+fn parts(p: Pair<'_>) -> (Few<Buf<'_>>, Few<BufMut<'_>>) {
+    (p.0.into_iter().collect(), smallvec::smallvec![p.1])
 }
 
 impl CpuComm {
-    /// Whether an all_reduce of `n` bytes may run as it is issued here (two ranks of one
-    /// host, a size the direct exchange takes, the look not turned off): the look's
-    /// microseconds.
-    pub(super) fn eager_look(&self, n: usize) -> Option<u128> {
-        let fits = self.info.size == 2
-            && n > 0
-            && n <= self.tune.all_reduce_direct_max
-            && !self.eager.spin.is_zero()
-            && self.mesh.is_local(1 - self.info.rank);
+    /// Whether an operation whose messages are `bytes` bytes (at most `max`) may run as it is
+    /// issued here (two ranks of one host, the look not turned off): the look's microseconds.
+    pub(super) fn eager_look(&self, bytes: usize, max: usize) -> Option<u128> {
+        let fits =
+            self.info.size == 2 && bytes <= max && !self.eager.spin.is_zero() && self.mesh.is_local(1 - self.info.rank);
         fits.then_some(self.eager.spin.as_micros())
     }
 
-    /// The all_reduce of `send` (or in place) into `recv`, run as it is issued where it may
-    /// be (see the module doc). Nothing counts against the queue bound unless a receive is
-    /// left queued. What the exchange finds (the peer's failure, a mismatch) is the returned
-    /// `Work`'s to report.
-    pub(super) fn all_reduce_now<'a>(&'a self, send: Option<Buf<'a>>, mut recv: BufMut<'a>, op: ReduceOp) -> Now<'a> {
-        let (n, dtype) = (recv.bytes(), recv.dtype());
+    /// Try an operation on `bufs` (`bytes` of input) as it is issued, where nothing is
+    /// queued or running: `attempt` runs its exchange on the engine as operation number
+    /// `seq`; `rest` makes the job that receives what did not come within the look; `parts`
+    /// gives the buffers to that job's `Work`. Nothing counts against the queue bound unless
+    /// a receive is left queued; what the exchange finds (the peer's failure, a mismatch) is
+    /// the returned `Work`'s to report.
+    fn try_now<'a, B, S>(
+        &'a self,
+        bytes: usize,
+        mut bufs: B,
+        attempt: impl FnOnce(&Mesh, u64, Duration, &mut B) -> Result<Step<S>>,
+        rest: impl FnOnce(u64, S) -> JobFn,
+        parts: impl FnOnce(B) -> (Few<Buf<'a>>, Few<BufMut<'a>>),
+    ) -> Now<'a, B> {
         // A skip after misses counts every call that could go this way, queued behind
         // another or not (a pipeline's batch then tries again at its next start); then only
         // a call issued while nothing is queued or running tries. A communicator that failed
         // already says so at the issue, the usual way.
-        let fits = self.eager_look(n).is_some()
-            && self.eager.now()
-            && self.queue.held() == 0
-            && self.mesh.mailbox.dead().is_none();
-        if !fits {
-            return Now::Usual(send, recv);
+        if !(self.eager.now() && self.queue.held() == 0 && self.mesh.mailbox.dead().is_none()) {
+            return Now::Usual(bufs);
         }
         let mut st = self.sched.lock();
         let engine = if st.closed || !st.jobs.is_empty() { None } else { st.engine.take() };
         let Some(mut engine) = engine else {
             drop(st);
-            return Now::Usual(send, recv);
+            return Now::Usual(bufs);
         };
         // Numbered now: a receive left for later is queued ahead of what other threads
         // issue meanwhile.
         let id = st.next_id;
         st.next_id += 1;
         drop(st);
-        let seq = engine.seq;
-        let ran = {
-            let src = send.as_ref().and_then(|s| s.as_host_bytes());
-            match recv.as_host_bytes_mut() {
-                Some(data) if send.is_none() || src.is_some() => {
-                    let spin = self.eager.spin;
-                    match sched::guarded(&mut engine, |e| {
-                        algo::all_reduce_now(&e.mesh, seq, data, src, (dtype, op), spin)
-                    }) {
-                        Ok(Eager::NotStarted) => Ran::NotStarted,
-                        Ok(Eager::Done) => Ran::Done,
-                        // Sent and not received: `data` is untouched, so the input as sent
-                        // is there, or in the send buffer.
-                        Ok(Eager::Sent) => Ran::Sent(self.pool.copy(src.unwrap_or(data))),
-                        Err(e) => Ran::Failed(e),
-                    }
-                }
-                _ => Ran::NotStarted,
-            }
-        };
-        if !matches!(ran, Ran::NotStarted) {
+        let (seq, spin) = (engine.seq, self.eager.spin);
+        let ran = sched::guarded(&mut engine, |e| attempt(&e.mesh, seq, spin, &mut bufs));
+        if !matches!(ran, Ok(Step::NotStarted)) {
             engine.seq += 1;
         }
         let mut st = self.sched.lock();
         let after = match ran {
-            Ran::NotStarted => After::NotStarted,
-            Ran::Done => After::Done,
-            Ran::Failed(e) => After::Failed(e),
-            Ran::Sent(own) => {
+            Ok(Step::NotStarted) => After::NotStarted,
+            Ok(Step::Done) => After::Done,
+            Err(e) => After::Failed(e),
+            Ok(Step::Later(saved)) => {
                 let done = st.completion();
-                let grace = Job::grace_for(self.sched.grace, n, false);
+                let grace = Job::grace_for(self.sched.grace, bytes, false);
                 let wake = st.parked || (st.dozing && !st.jobs.is_empty() && !st.woken);
                 st.woken |= wake;
-                let run = rest(seq, own, n, (dtype, op));
-                let _admission = self.admitted_anyway(n);
+                let (run, _admission) = (rest(seq, saved), self.admitted_anyway(bytes));
                 st.jobs.push_front(Job { id, run, done: done.clone(), grace, rescuable: false, _admission });
                 After::Queued(done, wake)
             }
@@ -144,42 +166,132 @@ impl CpuComm {
         }
         drop(st);
         match after {
-            After::NotStarted => Now::Usual(send, recv),
+            After::NotStarted => Now::Usual(bufs),
             After::Done => {
                 self.eager.hit();
                 Now::Issued(Work::completed())
             }
-            // What the operation found (the peer's failure, a mismatch) is its `Work`'s to
-            // report, as on the usual path.
             After::Failed(e) => Now::Issued(Work::new(Box::new(Failed(Some(*e), self.mesh.ctx.clone())))),
             After::Queued(done, wake) => {
                 self.eager.miss();
                 if wake {
                     self.sched.cv.notify_one();
                 }
-                let targets = smallvec::smallvec![recv];
-                Now::Issued(self.work(id, done, send.into_iter().collect(), targets, Lending::No))
+                let (sources, targets) = parts(bufs);
+                Now::Issued(self.work(id, done, sources, targets, Lending::No))
             }
         }
     }
-}
 
-/// How far the eager exchange went, with what its next step needs.
-enum Ran {
-    NotStarted,
-    Done,
-    /// Sent; this rank's input as sent, for the receive left for later.
-    Sent(Vec<u8>),
-    Failed(Box<Error>),
-}
+    /// all_reduce of `send` (or in place) into `recv`, as it is issued where it may be: the
+    /// direct exchange's one message each way, folded in rank order ([`algo::all_reduce_now`]).
+    pub(super) fn all_reduce_now<'a>(
+        &'a self,
+        send: Option<Buf<'a>>,
+        recv: BufMut<'a>,
+        op: ReduceOp,
+    ) -> Now<'a, Pair<'a>> {
+        let (n, dtype) = (recv.bytes(), recv.dtype());
+        if n == 0 || self.eager_look(n, self.tune.all_reduce_direct_max).is_none() {
+            return Now::Usual((send, recv));
+        }
+        let pool = &self.pool;
+        let attempt = |mesh: &Mesh, seq, spin, (send, recv): &mut Pair<'a>| {
+            let src = send.as_ref().and_then(|s| s.as_host_bytes());
+            let (Some(data), false) = (recv.as_host_bytes_mut(), send.is_some() && src.is_none()) else {
+                return Ok(Step::NotStarted);
+            };
+            let got = algo::all_reduce_now(mesh, seq, data, src, (dtype, op), spin)?;
+            // Not received: `data` is untouched, so the input as sent is there, or in `src`.
+            Ok(step(got, || pool.copy(src.unwrap_or(data))))
+        };
+        let rest = move |seq, own| all_reduce_rest(seq, own, n, (dtype, op));
+        self.try_now(n, (send, recv), attempt, rest, parts)
+    }
 
-/// What the issue returns after the eager exchange.
-enum After {
-    NotStarted,
-    Done,
-    Failed(Box<Error>),
-    /// The receive queued as job `done` follows; `true`: the worker is to be woken.
-    Queued(Arc<Completion>, bool),
+    /// all_gather of this rank's part (`send`, or in place) into `recv`, as it is issued where
+    /// it may be: the ring's one step between two ranks, each part a message.
+    pub(super) fn all_gather_now<'a>(&'a self, send: Option<Buf<'a>>, recv: BufMut<'a>) -> Now<'a, Pair<'a>> {
+        let (me, total) = (self.info.rank, recv.bytes());
+        let chunk = total / 2;
+        if chunk == 0 || total != 2 * chunk || self.eager_look(chunk, EAGER_MAX).is_none() {
+            return Now::Usual((send, recv));
+        }
+        let pool = &self.pool;
+        let attempt = |mesh: &Mesh, seq, spin, (send, recv): &mut Pair<'a>| {
+            let src = send.as_ref().and_then(|s| s.as_host_bytes());
+            let (Some(out), false) = (recv.as_host_bytes_mut(), send.is_some() && src.is_none()) else {
+                return Ok(Step::NotStarted);
+            };
+            let (lo, hi) = out.split_at_mut(chunk);
+            let (mine, theirs) = if me == 0 { (lo, hi) } else { (hi, lo) };
+            if let Some(src) = src.filter(|s| s.len() == chunk) {
+                // This rank's part in place first, as the ring's first step puts it.
+                mine.copy_from_slice(src);
+            }
+            let mut take = |at: usize, b: &[u8]| theirs[at..at + b.len()].copy_from_slice(b);
+            let got =
+                mesh.exchange_now((algo::OP_ALL_GATHER, seq), 1 - me, Some(mine), Some((chunk, &mut take)), spin)?;
+            Ok(step(got, || pool.copy(mine)))
+        };
+        let rest = move |seq, own| all_gather_rest(seq, own, me, chunk);
+        self.try_now(total, (send, recv), attempt, rest, parts)
+    }
+
+    /// broadcast from `root` into `recv` (the root's input `send`, or in place), as it is
+    /// issued where it may be: the root's one message (the root never leaves anything for
+    /// later: it is done once its message is in the ring).
+    pub(super) fn broadcast_now<'a>(
+        &'a self,
+        send: Option<Buf<'a>>,
+        recv: BufMut<'a>,
+        root: usize,
+    ) -> Now<'a, Pair<'a>> {
+        let (me, n) = (self.info.rank, recv.bytes());
+        if n == 0 || root > 1 || self.eager_look(n, EAGER_MAX).is_none() {
+            return Now::Usual((send, recv));
+        }
+        let attempt = |mesh: &Mesh, seq, spin, (send, recv): &mut Pair<'a>| {
+            let src = send.as_ref().and_then(|s| s.as_host_bytes());
+            let Some(data) = recv.as_host_bytes_mut() else { return Ok(Step::NotStarted) };
+            let op = (algo::OP_BROADCAST, seq);
+            if me != root {
+                let mut take = |at: usize, b: &[u8]| data[at..at + b.len()].copy_from_slice(b);
+                return Ok(step(mesh.exchange_now(op, root, None, Some((n, &mut take)), spin)?, || ()));
+            }
+            let out: &[u8] = match (send.is_some(), src) {
+                (true, Some(s)) if s.len() == n => s,
+                (true, _) => return Ok(Step::NotStarted),
+                (false, _) => data,
+            };
+            let got = mesh.exchange_now(op, 1 - root, Some(out), None, spin)?;
+            if let (Eager::Done, Some(s)) = (got, src) {
+                data.copy_from_slice(s);
+            }
+            Ok(step(got, || ()))
+        };
+        let rest = move |seq, ()| broadcast_rest(seq, root, n);
+        self.try_now(n, (send, recv), attempt, rest, parts)
+    }
+
+    /// barrier, as it is issued where it may be: the one empty message each way.
+    pub(super) fn barrier_now(&self) -> Now<'_, ()> {
+        if self.eager_look(0, 0).is_none() {
+            return Now::Usual(());
+        }
+        let peer = 1 - self.info.rank;
+        let attempt = move |mesh: &Mesh, seq, spin, _: &mut ()| {
+            let got = mesh.exchange_now((algo::OP_BARRIER, seq), peer, Some(&[]), Some((0, &mut |_, _| {})), spin)?;
+            Ok(step(got, || ()))
+        };
+        let rest = move |seq, ()| -> JobFn {
+            Box::new(move |e: &mut Engine, _| {
+                e.mesh.recv_coll_with(peer, algo::OP_BARRIER, seq, 0, &mut |_, _| {})?;
+                Ok(Few::new())
+            })
+        };
+        self.try_now(0, (), attempt, rest, |()| (Few::new(), Few::new()))
+    }
 }
 
 /// The `Work` of an operation that failed as it was issued: the failure, at the first look.
@@ -187,7 +299,7 @@ struct Failed(Option<Error>, anyccl_core::Ctx);
 
 impl WorkImpl for Failed {
     fn poll(&mut self) -> Result<bool> {
-        Err(self.0.take().unwrap_or_else(|| self.1.aborted("the all_reduce failed earlier")))
+        Err(self.0.take().unwrap_or_else(|| self.1.aborted("the operation failed earlier")))
     }
     fn wait_for(&mut self, _timeout: Duration) -> Result<bool> {
         self.poll()
@@ -195,26 +307,59 @@ impl WorkImpl for Failed {
     fn drain(&mut self) {}
 }
 
-/// The job that receives the peer's input of all_reduce number `seq` (of `n` bytes) and
-/// folds it with `own`, this rank's as sent: into the caller's buffer when it runs in its
-/// wait, into a buffer of its own otherwise.
-fn rest(seq: u64, own: Vec<u8>, n: usize, how: (DType, ReduceOp)) -> JobFn {
-    Box::new(move |e: &mut Engine, direct: Option<Direct<'_>>| {
-        let out = match direct {
-            Some(Direct { mut outs, .. }) => match outs.first_mut() {
-                Some(out) => {
-                    algo::all_reduce_rest(&e.mesh, seq, out, &own, how)?;
-                    Few::new()
-                }
-                None => return Err(e.mesh.ctx.aborted("an all_reduce ran without its output buffer")),
-            },
-            None => {
-                let mut data = e.pool.zeroed(n);
-                algo::all_reduce_rest(&e.mesh, seq, &mut data, &own, how)?;
-                smallvec::smallvec![Some(data)]
-            }
-        };
-        e.pool.put(own);
-        Ok(out)
+/// The job that finishes an operation whose receive was left for later: `recv` receives
+/// into the output, which is the caller's buffer when it runs in its wait (`fresh` not
+/// called), else a buffer of its own (`fresh` makes it).
+fn finish(
+    fresh: impl FnOnce(&Engine) -> Vec<u8> + Send + 'static,
+    recv: impl FnOnce(&Engine, &mut [u8]) -> Result<()> + Send + 'static,
+) -> JobFn {
+    Box::new(move |e: &mut Engine, direct: Option<Direct<'_>>| match direct {
+        Some(Direct { mut outs, .. }) => match outs.first_mut() {
+            Some(out) => recv(e, out).map(|()| Few::new()),
+            None => Err(e.mesh.ctx.aborted("an operation ran without its output buffer")),
+        },
+        None => {
+            let mut data = fresh(e);
+            recv(e, &mut data)?;
+            Ok(smallvec::smallvec![Some(data)])
+        }
     })
+}
+
+/// The rest of all_reduce number `seq` (of `n` bytes): the peer's input folded with `own`,
+/// this rank's as sent.
+fn all_reduce_rest(seq: u64, own: Vec<u8>, n: usize, how: (DType, ReduceOp)) -> JobFn {
+    finish(
+        move |e| e.pool.zeroed(n),
+        move |e, out| {
+            let r = algo::all_reduce_rest(&e.mesh, seq, out, &own, how);
+            e.pool.put(own);
+            r
+        },
+    )
+}
+
+/// The rest of all_gather number `seq` (parts of `chunk` bytes): the peer's part, beside
+/// `own`, this rank's (in the caller's buffer already when it runs in its wait).
+fn all_gather_rest(seq: u64, own: Vec<u8>, me: usize, chunk: usize) -> JobFn {
+    let peer = 1 - me;
+    let part = move |i: usize| i * chunk..(i + 1) * chunk;
+    finish(
+        move |e| e.pool.zeroed(2 * chunk),
+        move |e, out| {
+            out[part(me)].copy_from_slice(&own);
+            let r = e.mesh.recv_coll_into(peer, algo::OP_ALL_GATHER, seq, &mut out[part(peer)], crate::shm::copy);
+            e.pool.put(own);
+            r
+        },
+    )
+}
+
+/// The rest of broadcast number `seq` (of `n` bytes) from `root` on the other rank.
+fn broadcast_rest(seq: u64, root: usize, n: usize) -> JobFn {
+    finish(
+        move |e| e.pool.zeroed(n),
+        move |e, out| e.mesh.recv_coll_into(root, algo::OP_BROADCAST, seq, out, crate::shm::copy),
+    )
 }

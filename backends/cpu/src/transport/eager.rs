@@ -7,15 +7,18 @@ use super::local::Sink;
 use super::watch::Watch;
 use super::*;
 
+/// A message to receive: its length, and where its bytes go (`sink(offset, bytes)`).
+pub(crate) type Take<'s> = (usize, &'s mut dyn FnMut(usize, &[u8]));
+
 /// How far [`Mesh::exchange_now`] got.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Eager {
     /// Nothing was sent: the operation goes the usual way, from the start.
     NotStarted,
-    /// The message was sent; the peer's has not arrived: receive it later
+    /// The message, if any, was sent; the peer's has not arrived: receive it later
     /// ([`Mesh::recv_coll_with`]).
-    Sent,
-    /// Sent and received.
+    Later,
+    /// Sent and received (whichever the step has).
     Done,
 }
 
@@ -29,9 +32,10 @@ impl Mesh {
         self.shm.get(peer).is_some_and(Option::is_some)
     }
 
-    /// Send `data` to `peer`, a peer of this host, as collective message `op` number `seq`,
-    /// then receive its `expect`-byte message of that number into `sink` if it arrives
-    /// within `spin`; without ever waiting for room or for a message that has not arrived.
+    /// Send `data` (if any) to `peer`, a peer of this host, as collective message `op` number
+    /// `seq`, then receive its message of that number, `expect` bytes into `sink` (if one is
+    /// expected), if it arrives within `spin`; without ever waiting for room or for a message
+    /// that has not arrived.
     ///
     /// # Errors
     /// The peer's failure, a mismatched message, this communicator's failure.
@@ -39,27 +43,27 @@ impl Mesh {
         &self,
         (op, seq): (u8, u64),
         peer: usize,
-        data: &[u8],
-        expect: usize,
+        data: Option<&[u8]>,
+        recv: Option<Take<'_>>,
         spin: Duration,
-        sink: &mut dyn FnMut(usize, &[u8]),
     ) -> Result<Eager> {
         // (Called as a job runs: not on a communicator that failed already.)
         let Some(link) = &self.shm[peer] else { return Ok(Eager::NotStarted) };
         // Held throughout: only the thread that runs this communicator's operations reads
         // its rings (and moves what it finds there to the inbox).
         let st = link.rx.lock().unwrap_or_else(|p| p.into_inner());
-        if st.partial.is_some() || self.mailbox.has_coll(peer) {
+        if recv.is_some() && (st.partial.is_some() || self.mailbox.has_coll(peer)) {
             // What the peer sent is on its way through the inbox: the usual way takes it.
             return Ok(Eager::NotStarted);
         }
-        {
+        if let Some(data) = data {
             let tx = link.tx.lock().unwrap_or_else(|p| p.into_inner());
             let (h, by_ref) = self.header_for(&tx, link, (Kind::Coll, op, seq), Data::Bytes(data), false);
             if by_ref.is_some() || !tx.try_write_whole(&[&h, data]) {
                 return Ok(Eager::NotStarted);
             }
         }
+        let Some((expect, sink)) = recv else { return Ok(Eager::Done) };
         // Looked at until the peer's next message is there: this collective's is taken;
         // one of another kind first, or the spin's end, leaves it for later. The clock is
         // read only once the first looks found nothing, and after those each look gives the
@@ -74,7 +78,7 @@ impl Mesh {
                     self.take_coll(peer, link, &st.rx, (op, seq), expect, sink)?;
                     return Ok(Eager::Done);
                 }
-                Some(_) => return Ok(Eager::Sent),
+                Some(_) => return Ok(Eager::Later),
                 None => {}
             }
             looks += 1;
@@ -83,7 +87,7 @@ impl Mesh {
                 continue;
             }
             if since.get_or_insert_with(Instant::now).elapsed() >= spin {
-                return Ok(Eager::Sent);
+                return Ok(Eager::Later);
             }
             std::thread::yield_now();
         }
