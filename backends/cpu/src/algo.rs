@@ -238,14 +238,15 @@ fn direct_pair(cx: &Coll<'_>, data: &mut [u8], src: Option<&[u8]>, dtype: DType,
 
 /// [`direct_pair`] tried as the all_reduce is issued, as operation number `seq`: `Done`
 /// with the result in `data`; `Later` when the peer's input had not arrived within `spin`
-/// (`data` untouched: [`all_reduce_rest`] receives it); `NotStarted`: nothing was sent.
+/// (or is not to be received now: `None`; `data` untouched: [`all_reduce_rest`] receives
+/// it); `NotStarted`: nothing was sent.
 pub(crate) fn all_reduce_now(
     mesh: &Mesh,
     seq: u64,
     data: &mut [u8],
     src: Option<&[u8]>,
     (dtype, op): (DType, ReduceOp),
-    spin: std::time::Duration,
+    spin: Option<std::time::Duration>,
 ) -> Result<Eager> {
     let (me, len) = (mesh.rank, data.len());
     let mut kept = Kept::new();

@@ -196,6 +196,73 @@ fn late_peer_leaves_the_receive_queued() -> Result<(), Failed> {
     })
 }
 
+/// A pipeline of 300 operations (all_reduce, all_gather and barrier in turn, issued back to
+/// back, then waited): rank 0 issues all of its own first, and waits for them only once
+/// rank 1 has issued all of its. Each of rank 0's issues sends its message and leaves its
+/// receive queued, in order (the worker, with a hand-over of a second, runs nothing
+/// meanwhile), so every one of rank 1's finds rank 0's message there and finishes as it is
+/// issued; every result right on both.
+fn pipeline_sends_at_issue() -> Result<(), Failed> {
+    let step = Arc::new(AtomicUsize::new(0));
+    common::two_ranks("eager-pipeline", move |me, c| {
+        const CALLS: usize = 300;
+        let until = |n: usize| -> Result<(), String> {
+            let t = Instant::now();
+            while step.load(Ordering::SeqCst) < n {
+                if t.elapsed() > T {
+                    return Err("the other rank never got there".into());
+                }
+                std::thread::yield_now();
+            }
+            Ok(())
+        };
+        let ins: Vec<Vec<f32>> = (0..CALLS).map(|k| input(me, 4, k)).collect();
+        let mut outs: Vec<Vec<f32>> = (0..CALLS).map(|k| vec![0f32; if k % 3 == 1 { 8 } else { 4 }]).collect();
+        if me == 1 {
+            until(1)?;
+        }
+        let mut works = Vec::with_capacity(CALLS);
+        let mut at_issue = 0;
+        for (k, out) in outs.iter_mut().enumerate() {
+            let send = Some(Buf::host(&ins[k]));
+            let w = match k % 3 {
+                0 => c.all_reduce(send, BufMut::host(out), ReduceOp::Sum),
+                1 => c.all_gather(send, BufMut::host(out)),
+                _ => c.barrier(),
+            };
+            let mut w = w.map_err(|e| e.to_string())?;
+            // (Only rank 1 looks: a look at an unfinished operation has the worker run it.)
+            if me == 1 && w.is_completed().map_err(|e| e.to_string())? {
+                at_issue += 1;
+            }
+            works.push(w);
+        }
+        step.fetch_add(1, Ordering::SeqCst);
+        if me == 0 {
+            until(2)?;
+        }
+        for w in works {
+            wait(Ok(w))?;
+        }
+        for (k, out) in outs.iter().enumerate() {
+            let (mine, theirs) = (input(me, 4, k), input(1 - me, 4, k));
+            let want: Vec<f32> = match k % 3 {
+                0 => (0..4).map(|i| mine[i] + theirs[i]).collect(),
+                1 if me == 0 => [&mine[..], &theirs[..]].concat(),
+                1 => [&theirs[..], &mine[..]].concat(),
+                _ => vec![0f32; 4],
+            };
+            if *out != want {
+                return Err(format!("operation {k}: {out:?}, not {want:?}"));
+            }
+        }
+        if me == 1 && at_issue < CALLS {
+            return Err(format!("{at_issue} of rank 1's {CALLS} operations finished as they were issued"));
+        }
+        Ok(())
+    })
+}
+
 /// Rank 1 sends rank 0 a message and then issues the all_reduce; rank 0 issues the
 /// all_reduce, then the receive: the message that comes first is not the collective's, so
 /// the collective's receive is queued, and both operations get their own bytes.
@@ -247,12 +314,16 @@ fn main() -> std::process::ExitCode {
     // default 5 us, since a test build's path to the send can take longer than 5 us, and a
     // peer that missed goes the usual, slower, way for its next calls.
     std::env::set_var("ANYCCL_CPU_EAGER_US", "1000");
+    // And the worker leaves queued operations to their callers for a second: what goes to
+    // the peer at the issue is what the eager path sends (see the pipeline case).
+    std::env::set_var("ANYCCL_CPU_HANDOFF_US", "1000000");
     let args = Arguments::from_args();
     let trials = vec![
         Trial::test("cpu::eager::in_step_all_reduce_finishes_at_issue[w=2]", in_step_all_reduce_finishes_at_issue),
         Trial::test("cpu::eager::late_peer_leaves_the_receive_queued[w=2]", late_peer_leaves_the_receive_queued),
         Trial::test("cpu::eager::in_step_others_finish_at_issue[w=2]", in_step_others_finish_at_issue),
         Trial::test("cpu::eager::late_peer_others[w=2]", late_peer_others),
+        Trial::test("cpu::eager::pipeline_sends_at_issue[w=2]", pipeline_sends_at_issue),
         Trial::test("cpu::eager::message_before_the_collective[w=2]", message_before_the_collective),
         Trial::test("cpu::eager::mismatch_fails_both_ranks[w=2]", mismatch_fails_both_ranks),
     ];

@@ -1,13 +1,15 @@
 //! A small all_reduce, all_gather, broadcast or barrier of two ranks of one host, issued
-//! while nothing else is queued or running, runs as it is issued: its message is sent at
-//! once and the peer's taken if it arrives within `ANYCCL_CPU_EAGER_US`, and the call
-//! returns a finished `Work` (no job, no completion, no hand-over, nothing to wait for). A
-//! peer that has not arrived by then (it may wait for something this rank does after the
-//! issue) leaves the receive to a job queued first, run the usual way; a communicator whose
-//! peer keeps missing tries less often (after each miss in a row, twice as many calls the
-//! usual way, up to 1,024). Every operation goes on the wire as its usual path sends it
-//! (one message each way between two ranks), so a rank that goes the usual way meets a peer
-//! that did not.
+//! while nothing but such operations' receives is queued, and nothing runs, runs as it is
+//! issued: its message is sent at once (where the ring has room for it) and, if nothing is
+//! queued, the peer's taken if it arrives within `ANYCCL_CPU_EAGER_US`; the call then
+//! returns a finished `Work` (no job, no completion, no hand-over, nothing to wait for).
+//! Otherwise its receive is left to a job queued in issue order, which never waits for the
+//! peer once its message is there: such receives whose messages have arrived run at the
+//! next issue, so a pipeline of calls keeps going this way. A peer that has not arrived
+//! within the look may be waiting for something this rank does after the issue: the issue
+//! never waits longer. After each miss in a row, twice as many calls (up to 1,024) send
+//! without looking. Every operation goes on the wire as its usual path sends it (one message
+//! each way between two ranks), so a rank that goes the usual way meets a peer that did not.
 
 use super::*;
 use crate::transport::Eager;
@@ -22,7 +24,7 @@ pub(super) const EAGER_MAX: usize = 8 << 10;
 pub(super) struct Eagerness {
     /// How long the issue looks for the peer's input (zero: never tried).
     spin: Duration,
-    /// Calls left to go the usual way before the next try.
+    /// Calls left that send without looking for the peer's message.
     skip: AtomicU32,
     /// Tries in a row whose peer had not arrived.
     misses: AtomicU32,
@@ -33,7 +35,8 @@ impl Eagerness {
         Eagerness { spin, skip: AtomicU32::new(0), misses: AtomicU32::new(0) }
     }
 
-    /// Whether this call may try (one that may not counts the skip down).
+    /// Whether this call may look for the peer's message (one that may not counts the skip
+    /// down).
     fn now(&self) -> bool {
         // Calls on other threads may count it down at once: a try more or less.
         match self.skip.load(Ordering::Relaxed) {
@@ -109,28 +112,32 @@ impl CpuComm {
     }
 
     /// Try an operation on `bufs` (`bytes` of input) as it is issued, where nothing is
-    /// queued or running: `attempt` runs its exchange on the engine as operation number
-    /// `seq`; `rest` makes the job that receives what did not come within the look; `parts`
-    /// gives the buffers to that job's `Work`. Nothing counts against the queue bound unless
-    /// a receive is left queued; what the exchange finds (the peer's failure, a mismatch) is
-    /// the returned `Work`'s to report.
+    /// queued or running but receives left for later: those whose messages have arrived run
+    /// first, here; if any is still waiting for its message, this operation only sends now
+    /// and leaves its receive for later too (messages arrive in order), otherwise it looks
+    /// for the peer's message (unless misses before say not to look for a while: it then
+    /// only sends too). `attempt` runs the exchange on the engine as operation number
+    /// `seq` (`None`: send only); `rest` makes the job that receives what did not come;
+    /// `parts` gives the buffers to that job's `Work`. Nothing counts against the queue bound
+    /// unless a receive is left queued; what the exchange finds (the peer's failure, a
+    /// mismatch) is the returned `Work`'s to report.
     fn try_now<'a, B, S>(
         &'a self,
         bytes: usize,
         mut bufs: B,
-        attempt: impl FnOnce(&Mesh, u64, Duration, &mut B) -> Result<Step<S>>,
+        attempt: impl FnOnce(&Mesh, u64, Option<Duration>, &mut B) -> Result<Step<S>>,
         rest: impl FnOnce(u64, S) -> JobFn,
         parts: impl FnOnce(B) -> (Few<Buf<'a>>, Few<BufMut<'a>>),
     ) -> Now<'a, B> {
-        // A skip after misses counts every call that could go this way, queued behind
-        // another or not (a pipeline's batch then tries again at its next start); then only
-        // a call issued while nothing is queued or running tries. A communicator that failed
-        // already says so at the issue, the usual way.
-        if !(self.eager.now() && self.queue.held() == 0 && self.mesh.mailbox.dead().is_none()) {
+        // A communicator that failed already says so at the issue, the usual way.
+        if self.mesh.mailbox.dead().is_some() {
             return Now::Usual(bufs);
         }
+        // After misses, a number of calls send without looking (see `Eagerness`).
+        let may_look = self.eager.now();
+        let peer = 1 - self.info.rank;
         let mut st = self.sched.lock();
-        let engine = if st.closed || !st.jobs.is_empty() { None } else { st.engine.take() };
+        let engine = if st.closed || st.jobs.len() != st.rests { None } else { st.engine.take() };
         let Some(mut engine) = engine else {
             drop(st);
             return Now::Usual(bufs);
@@ -139,9 +146,21 @@ impl CpuComm {
         // issue meanwhile.
         let id = st.next_id;
         st.next_id += 1;
+        // Receives left for later whose messages are here: run now, in order (they do not
+        // wait), so this operation may take its own.
+        while st.jobs.front().is_some_and(|j| j.rest_of.is_some()) && self.mesh.coll_arrived(peer) {
+            let Some(job) = st.jobs.pop_front() else { break };
+            st.rests -= 1;
+            drop(st);
+            let r = sched::run_job(&mut engine, job.run, None);
+            job.done.set(r);
+            drop(job._admission);
+            st = self.sched.lock();
+        }
+        let look = (st.jobs.is_empty() && may_look).then_some(self.eager.spin);
         drop(st);
-        let (seq, spin) = (engine.seq, self.eager.spin);
-        let ran = sched::guarded(&mut engine, |e| attempt(&e.mesh, seq, spin, &mut bufs));
+        let seq = engine.seq;
+        let ran = sched::guarded(&mut engine, |e| attempt(&e.mesh, seq, look, &mut bufs));
         if !matches!(ran, Ok(Step::NotStarted)) {
             engine.seq += 1;
         }
@@ -156,7 +175,11 @@ impl CpuComm {
                 let wake = st.parked || (st.dozing && !st.jobs.is_empty() && !st.woken);
                 st.woken |= wake;
                 let (run, _admission) = (rest(seq, saved), self.admitted_anyway(bytes));
-                st.jobs.push_front(Job { id, run, done: done.clone(), grace, rescuable: false, _admission });
+                let job = Job { id, run, done: done.clone(), grace, rescuable: false, rest_of: Some(peer), _admission };
+                // After the receives left before it, ahead of what was issued meanwhile.
+                let at = st.jobs.iter().position(|j| j.id > id).unwrap_or(st.jobs.len());
+                st.jobs.insert(at, job);
+                st.rests += 1;
                 After::Queued(done, wake)
             }
         };
@@ -173,7 +196,10 @@ impl CpuComm {
             }
             After::Failed(e) => Now::Issued(Work::new(Box::new(Failed(Some(*e), self.mesh.ctx.clone())))),
             After::Queued(done, wake) => {
-                self.eager.miss();
+                // A miss only where the look ran out (not a send behind receives left before).
+                if look.is_some() {
+                    self.eager.miss();
+                }
                 if wake {
                     self.sched.cv.notify_one();
                 }

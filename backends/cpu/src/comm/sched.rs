@@ -14,6 +14,10 @@ pub(super) struct Job {
     pub(super) grace: Duration,
     /// Its input is a small lent one ([`super::work::Lending::Rescuable`]).
     pub(super) rescuable: bool,
+    /// The receive an operation run as it was issued left for later, from this peer (the
+    /// operation's message went already: see `eager`): it does not wait once the peer's
+    /// message has arrived.
+    pub(super) rest_of: Option<usize>,
     /// The job's share of the queue bound, given back when the job is dropped (it has run).
     pub(super) _admission: Admission,
 }
@@ -88,6 +92,8 @@ pub(super) struct SchedState {
     /// while there are any, the worker ends its run after the job it has, rather than
     /// running the queue while they sleep and waking each in turn.
     pub(super) helpers: usize,
+    /// Jobs queued that are receives left for later ([`Job::rest_of`]).
+    pub(super) rests: usize,
     /// Completions kept for the next operations, oldest first ([`SchedState::completion`]).
     spare: std::collections::VecDeque<Arc<Completion>>,
 }
@@ -109,6 +115,7 @@ impl SchedState {
             dozing: false,
             hurry: false,
             helpers: 0,
+            rests: 0,
             spare: Default::default(),
         }
     }
@@ -166,6 +173,7 @@ impl Sched {
         direct: Option<(u64, Direct<'_>)>,
     ) -> (std::sync::MutexGuard<'g, SchedState>, Option<Done>) {
         let (Some(job), Some(mut engine)) = (st.jobs.pop_front(), st.engine.take()) else { return (st, None) };
+        st.rests -= usize::from(job.rest_of.is_some());
         drop(st);
         let direct = direct.and_then(|(id, d)| (id == job.id).then_some(d));
         let mine = direct.is_some();
@@ -215,7 +223,7 @@ impl Sched {
 }
 
 /// Run one job on the engine; a failure (or a panic) fails the whole communicator.
-fn run_job(engine: &mut Engine, run: JobFn, direct: Option<Direct<'_>>) -> Done {
+pub(super) fn run_job(engine: &mut Engine, run: JobFn, direct: Option<Direct<'_>>) -> Done {
     guarded(engine, |e| run(e, direct))
 }
 

@@ -345,7 +345,7 @@ impl CpuComm {
         st.woken |= wake;
         let grace = Job::grace_for(self.sched.grace, admission.size, lent != Lending::No);
         let rescuable = matches!(lent, Lending::Rescuable { .. });
-        st.jobs.push_back(Job { id, run, done: done.clone(), grace, rescuable, _admission: admission });
+        st.jobs.push_back(Job { id, run, done: done.clone(), grace, rescuable, rest_of: None, _admission: admission });
         drop(st);
         if wake {
             self.sched.cv.notify_one();

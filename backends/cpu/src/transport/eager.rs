@@ -32,10 +32,21 @@ impl Mesh {
         self.shm.get(peer).is_some_and(Option::is_some)
     }
 
+    /// Whether `peer`'s next message to this rank is a collective's and has begun to arrive
+    /// (a receive of it then does not wait for the peer).
+    pub(crate) fn coll_arrived(&self, peer: usize) -> bool {
+        let Some(link) = self.shm.get(peer).and_then(Option::as_ref) else { return false };
+        if self.mailbox.has_coll(peer) {
+            return true;
+        }
+        let st = link.rx.lock().unwrap_or_else(|p| p.into_inner());
+        st.partial.is_none() && st.rx.peek_first() == Some(Kind::Coll as u8)
+    }
+
     /// Send `data` (if any) to `peer`, a peer of this host, as collective message `op` number
     /// `seq`, then receive its message of that number, `expect` bytes into `sink` (if one is
-    /// expected), if it arrives within `spin`; without ever waiting for room or for a message
-    /// that has not arrived.
+    /// expected), if it arrives within `spin` (`None`: not now; earlier receives wait
+    /// already); without ever waiting for room or for a message that has not arrived.
     ///
     /// # Errors
     /// The peer's failure, a mismatched message, this communicator's failure.
@@ -45,14 +56,14 @@ impl Mesh {
         peer: usize,
         data: Option<&[u8]>,
         recv: Option<Take<'_>>,
-        spin: Duration,
+        spin: Option<Duration>,
     ) -> Result<Eager> {
         // (Called as a job runs: not on a communicator that failed already.)
         let Some(link) = &self.shm[peer] else { return Ok(Eager::NotStarted) };
         // Held throughout: only the thread that runs this communicator's operations reads
         // its rings (and moves what it finds there to the inbox).
         let st = link.rx.lock().unwrap_or_else(|p| p.into_inner());
-        if recv.is_some() && (st.partial.is_some() || self.mailbox.has_coll(peer)) {
+        if recv.is_some() && spin.is_some() && (st.partial.is_some() || self.mailbox.has_coll(peer)) {
             // What the peer sent is on its way through the inbox: the usual way takes it.
             return Ok(Eager::NotStarted);
         }
@@ -64,6 +75,7 @@ impl Mesh {
             }
         }
         let Some((expect, sink)) = recv else { return Ok(Eager::Done) };
+        let Some(spin) = spin else { return Ok(Eager::Later) };
         // Looked at until the peer's next message is there: this collective's is taken;
         // one of another kind first, or the spin's end, leaves it for later. The clock is
         // read only once the first looks found nothing, and after those each look gives the
