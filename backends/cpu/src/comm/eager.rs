@@ -129,8 +129,9 @@ impl CpuComm {
         rest: impl FnOnce(u64, S) -> JobFn,
         parts: impl FnOnce(B) -> (Few<Buf<'a>>, Few<BufMut<'a>>),
     ) -> Now<'a, B> {
-        // A communicator that failed already says so at the issue, the usual way.
-        if self.mesh.mailbox.dead().is_some() {
+        // A communicator that failed already says so at the issue, the usual way; so does
+        // one whose queue bound a receive left for later would pass (its admission waits).
+        if self.mesh.mailbox.dead().is_some() || !self.queue.has_room(work::counted(bytes)) {
             return Now::Usual(bufs);
         }
         // After misses, a number of calls send without looking (see `Eagerness`).

@@ -77,6 +77,11 @@ impl Queue {
         taken
     }
 
+    /// Whether `n` bytes more fit the bound now.
+    pub(super) fn has_room(&self, n: usize) -> bool {
+        self.held().saturating_add(n) <= self.limit
+    }
+
     /// Count `n` bytes in, over the bound if need be (for a job that must be queued: its
     /// operation is under way).
     pub(super) fn take_anyway(&self, n: usize) {
@@ -94,9 +99,10 @@ impl Queue {
 
 impl CpuComm {
     /// The admission of a job with one input of `n` bytes that must be queued now (its
-    /// operation is under way): counted even past the bound, by one job at most.
+    /// operation is under way): counted even past the bound (by one job at most: the eager
+    /// path starts only where there is room, `Queue::has_room`).
     pub(super) fn admitted_anyway(&self, n: usize) -> Admission {
-        let bytes = work::held(n).max(work::RECORD);
+        let bytes = work::counted(n);
         self.queue.take_anyway(bytes);
         Admission { queue: self.queue.clone(), bytes, size: n, alone: false }
     }

@@ -25,6 +25,12 @@ pub(super) fn held(len: usize) -> usize {
     len.min(LEND_MIN)
 }
 
+/// What a job with one input of `len` bytes counts against the queue bound ([`held`], at
+/// least [`RECORD`]).
+pub(super) fn counted(len: usize) -> usize {
+    held(len).max(RECORD)
+}
+
 /// What a queued job counts against the queue bound at least: its record (the job, its
 /// completion and its closure take a few hundred bytes), so that operations with small or
 /// no inputs (barriers, receives) are bounded in number too: 262,144 at the default bound.
