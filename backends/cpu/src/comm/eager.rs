@@ -97,6 +97,16 @@ enum After {
 /// An operation's send buffer (if any) and receive buffer.
 type Pair<'a> = (Option<Buf<'a>>, BufMut<'a>);
 
+/// A [`Pair`]'s host bytes: the send buffer's (if any) and the receive buffer's; `None`
+/// where either is not in host memory (the usual path then says so).
+fn host<'p>(send: &'p Option<Buf<'_>>, recv: &'p mut BufMut<'_>) -> Option<(Option<&'p [u8]>, &'p mut [u8])> {
+    let src = match send {
+        Some(s) => Some(s.as_host_bytes()?),
+        None => None,
+    };
+    Some((src, recv.as_host_bytes_mut()?))
+}
+
 /// The buffers of a [`Pair`] as its `Work` holds them.
 fn parts(p: Pair<'_>) -> (Few<Buf<'_>>, Few<BufMut<'_>>) {
     (p.0.into_iter().collect(), smallvec::smallvec![p.1])
@@ -224,10 +234,7 @@ impl CpuComm {
         }
         let pool = &self.pool;
         let attempt = |mesh: &Mesh, seq, spin, (send, recv): &mut Pair<'a>| {
-            let src = send.as_ref().and_then(|s| s.as_host_bytes());
-            let (Some(data), false) = (recv.as_host_bytes_mut(), send.is_some() && src.is_none()) else {
-                return Ok(Step::NotStarted);
-            };
+            let Some((src, data)) = host(send, recv) else { return Ok(Step::NotStarted) };
             let got = algo::all_reduce_now(mesh, seq, data, src, (dtype, op), spin)?;
             // Not received: `data` is untouched, so the input as sent is there, or in `src`.
             Ok(step(got, || pool.copy(src.unwrap_or(data))))
@@ -246,10 +253,7 @@ impl CpuComm {
         }
         let pool = &self.pool;
         let attempt = |mesh: &Mesh, seq, spin, (send, recv): &mut Pair<'a>| {
-            let src = send.as_ref().and_then(|s| s.as_host_bytes());
-            let (Some(out), false) = (recv.as_host_bytes_mut(), send.is_some() && src.is_none()) else {
-                return Ok(Step::NotStarted);
-            };
+            let Some((src, out)) = host(send, recv) else { return Ok(Step::NotStarted) };
             let (lo, hi) = out.split_at_mut(chunk);
             let (mine, theirs) = if me == 0 { (lo, hi) } else { (hi, lo) };
             if let Some(src) = src.filter(|s| s.len() == chunk) {
@@ -279,17 +283,16 @@ impl CpuComm {
             return Now::Usual((send, recv));
         }
         let attempt = |mesh: &Mesh, seq, spin, (send, recv): &mut Pair<'a>| {
-            let src = send.as_ref().and_then(|s| s.as_host_bytes());
-            let Some(data) = recv.as_host_bytes_mut() else { return Ok(Step::NotStarted) };
+            let Some((src, data)) = host(send, recv) else { return Ok(Step::NotStarted) };
             let op = (algo::OP_BROADCAST, seq);
             if me != root {
                 let mut take = |at: usize, b: &[u8]| data[at..at + b.len()].copy_from_slice(b);
                 return Ok(step(mesh.exchange_now(op, root, None, Some((n, &mut take)), spin)?, || ()));
             }
-            let out: &[u8] = match (send.is_some(), src) {
-                (true, Some(s)) if s.len() == n => s,
-                (true, _) => return Ok(Step::NotStarted),
-                (false, _) => data,
+            let out: &[u8] = match src {
+                Some(s) if s.len() == n => s,
+                Some(_) => return Ok(Step::NotStarted),
+                None => data,
             };
             let got = mesh.exchange_now(op, 1 - root, Some(out), None, spin)?;
             if let (Eager::Done, Some(s)) = (got, src) {
