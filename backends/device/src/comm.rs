@@ -13,8 +13,10 @@ use anyccl_core::Ctx;
 
 mod collective;
 mod launch;
+mod marks;
 mod work;
 use anyccl_core::{Buf, BufMut, Capabilities, CommInfo, ConnectOptions, DType, Error, Result, Store, Work};
+use marks::Marks;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -42,72 +44,10 @@ type Stream<L> = <<L as Library>::Runtime as Runtime>::Stream;
 type Memory<L> = <<L as Library>::Runtime as Runtime>::Memory;
 
 /// What a launch that the library answered with [`Launched::InProgress`] became: nothing
-/// yet, its number (and, unless completion is shared, its mark) once the library finished
-/// enqueuing it, or why it failed. Shared by the `Work` and the communicator (which
-/// resolves it at the next launch or wait).
-type LaunchSlot<E> = Mutex<Option<std::result::Result<(u64, Option<Mark<E>>), String>>>;
-
-/// An event on the stream and the operations it follows: every operation numbered up to
-/// `seq` (operations are numbered in stream order). When it is done, so are they, which
-/// lets one look at the device settle many `Work`s.
-///
-/// A mark is recorded at each operation's call, or, with `Settings::shared_completion`, at
-/// the first look at a `Work` whose operation no mark follows yet (a poll, a wait, a drop),
-/// at the stream's end then: a run of operations issued back to back and then waited costs
-/// one event, not one each (an event record is about a tenth of an all_reduce's host time
-/// on H200 hosts), and a wait also waits for what was issued after it.
-pub(crate) struct Mark<E> {
-    seq: u64,
-    event: Arc<E>,
-}
-
-/// The marks of a communicator's stream: the newest, and the events of earlier marks kept
-/// for reuse. An event that no `Work`, launch or newer mark holds any more is recorded again
-/// rather than a new one made: no allocation, and no round trip through the runtime's event
-/// pool, on every operation (with real launches, each of those is a line the library's
-/// launch pushed out of the caches).
-pub(crate) struct Marks<E> {
-    newest: Option<(u64, Arc<E>)>,
-    spare: Vec<Arc<E>>,
-    /// The next of `spare` to look at.
-    next: usize,
-}
-
-impl<E> Default for Marks<E> {
-    fn default() -> Self {
-        Marks { newest: None, spare: Vec::new(), next: 0 }
-    }
-}
-
-/// Events kept for reuse at most: more operations than this in flight at once take new
-/// events for the rest. As many as a benchmark or a pipelined engine keeps in flight (a
-/// thousand calls back to back, then waited): past it, each call takes an event from the
-/// runtime and allocates its holder, and gives both back when waited (on an H100 host,
-/// `anyccl-bench --vs-raw` with 1,000 in flight paid about 0.1 us a call more than with 100
-/// at 128 kept). Kept only as many as were ever in flight at once.
-const SPARE_MARKS: usize = 1024;
-
-impl<E> Marks<E> {
-    /// The next kept event, if nothing else holds it (every clone is made under the marks'
-    /// lock from a holder, so none can appear meanwhile).
-    fn reusable(&mut self) -> Option<Arc<E>> {
-        let e = self.spare.get(self.next).filter(|e| Arc::strong_count(e) == 1)?.clone();
-        self.next = (self.next + 1) % self.spare.len();
-        Some(e)
-    }
-
-    /// Keep `e` for reuse, in place of the next kept event if there are enough (which goes
-    /// when its holders let go of it).
-    fn keep(&mut self, e: Arc<E>) {
-        if self.spare.len() < SPARE_MARKS {
-            self.spare.push(e);
-            self.next = 0;
-        } else {
-            self.spare[self.next] = e;
-            self.next = (self.next + 1) % SPARE_MARKS;
-        }
-    }
-}
+/// yet, its number once the library finished enqueuing it (unless completion is shared, a
+/// mark follows it by then), or why it failed. Shared by the `Work` and the communicator
+/// (which resolves it at the next launch or wait).
+type LaunchSlot = Mutex<Option<std::result::Result<u64, String>>>;
 
 /// A device library's communicator as anyccl's `Collective`.
 // Laid out by hand: what a launch and a `Work`'s first look touch comes first, together (a
@@ -146,8 +86,8 @@ pub struct DeviceComm<L: Library> {
     /// it: their `Work`s are finished without asking the device again (and, above 0, every
     /// peer had joined when a later call blocks).
     finished_upto: AtomicU64,
-    /// The newest mark recorded on the stream (marks are recorded under this lock, so
-    /// the operations they follow only grow), and the events of earlier marks kept for reuse.
+    /// The marks on the stream not yet seen done, and the events of earlier ones (marks are
+    /// recorded, and asked about, under this lock).
     marks: Mutex<Marks<Event<L>>>,
     stream: Stream<L>,
     ctx: Ctx,
@@ -164,7 +104,7 @@ pub struct DeviceComm<L: Library> {
     state: Mutex<Lifecycle>,
     /// The slot of an operation the library is still launching. No other call may be
     /// made until it clears.
-    pending: Mutex<Option<Arc<LaunchSlot<Event<L>>>>>,
+    pending: Mutex<Option<Arc<LaunchSlot>>>,
     in_progress_returns: AtomicU64,
 }
 

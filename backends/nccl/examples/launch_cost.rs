@@ -1,6 +1,7 @@
 //! What a small all_reduce costs the host with real launches, on one GPU at world size 1:
-//! raw NCCL, raw NCCL with an event recorded after each call (what a completion handle per
-//! operation costs by itself), and anyccl's paths over the same library: stream order only
+//! raw NCCL (every call, then one wait), raw NCCL with an event recorded after each call
+//! (what a completion handle per operation costs by itself: events made before the timing
+//! and recorded again, waited in chunks as the `Work` rows are), and anyccl's paths over the same library: stream order only
 //! (`enqueue_all_reduce`), a `Work` per call through the `Communicator`, a `Work` from the
 //! backend's `Collective` called directly (no validation, no flight recorder), and a `Work`
 //! with shared completion. Each pattern issues CALLS calls of 8 B, out of place, in chunks
@@ -23,7 +24,7 @@ const COUNT: usize = 2;
 
 const PATTERNS: [&str; 6] = [
     "raw ncclAllReduce",
-    "raw, an event recorded after each call",
+    "raw, an event after each call, waited by 100",
     "anyccl stream order (enqueue_all_reduce)",
     "anyccl Work, through the Communicator",
     "anyccl Work, the backend's Collective alone",
@@ -78,7 +79,9 @@ fn run(
     let sum = ReduceOp::Sum;
     match pattern {
         0 | 1 => {
-            let t = s.raw.all_reduce_us(COUNT, DType::F32, (calls, 0), pattern == 1, 1)?;
+            // With events: waited in chunks of `DEPTH`, as the `Work` rows wait.
+            let events = (pattern == 1).then_some(DEPTH);
+            let t = s.raw.all_reduce_us(COUNT, DType::F32, (calls, 0), events, 1)?;
             Ok((t.issue_us * 1e3, t.us * 1e3))
         }
         2 => {

@@ -71,16 +71,20 @@ impl RawNccl {
     /// `Backend` on a library or driver error, `Timeout` when the calls do not finish
     /// within the operation timeout.
     ///
-    /// With `events`, an event is also recorded after each call (what a completion handle
-    /// per operation costs). The calls write `recvs` output buffers in turn (1: one buffer
-    /// for every call; more: what a caller that keeps each output until its call is waited
-    /// for does). Returns the time per call and the part of it the host spent issuing.
+    /// With `events: Some(depth)`, an event is also recorded after each call (what a
+    /// completion handle per operation costs by itself), and the calls are waited for in
+    /// chunks of `depth`, as a caller of `Work`s keeps `depth` in flight and waits for them:
+    /// each chunk's end waits for its last event. The events are made before the timing and
+    /// recorded again (as anyccl keeps its own), so no event is made or freed while timed.
+    /// The calls write `recvs` output buffers in turn (1: one buffer for every call; more:
+    /// what a caller that keeps each output until its call is waited for does). Returns the
+    /// time per call and the part of it the host spent issuing.
     pub fn all_reduce_us(
         &self,
         count: usize,
         dtype: DType,
         (iters, warmup): (usize, usize),
-        events: bool,
+        events: Option<usize>,
         recvs: usize,
     ) -> Result<RawTiming> {
         let send = crate::cuda::zeroed(&self.cuda, dtype, count)?;
@@ -89,17 +93,31 @@ impl RawNccl {
         let recv: Vec<CudaMemory> =
             (0..recvs.max(1)).map(|_| crate::cuda::zeroed(&self.cuda, dtype, count)).collect::<Result<_>>()?;
         self.cuda.bind()?;
+        // One event per call in flight, made (recorded once) before anything is timed.
+        let depth = events.map(|d| d.clamp(1, iters.max(warmup).max(1)));
+        let kept: Vec<Event> = (0..depth.unwrap_or(0)).map(|_| Event::record(&self.stream)).collect::<Result<_>>()?;
+        self.wait()?;
         let run = |k: usize| -> Result<(Duration, Duration)> {
-            let mut marks = Vec::with_capacity(if events { k } else { 0 });
-            let t = Instant::now();
-            for i in 0..k {
-                self.all_reduce(&send, &recv[i % recv.len()], count, dtype)?;
-                if events {
-                    marks.push(Event::record(&self.stream)?);
+            let (mut issued, t) = (Duration::ZERO, Instant::now());
+            let mut left = k;
+            let mut i = 0;
+            while left > 0 {
+                let chunk = depth.map_or(left, |d| d.min(left));
+                let start = Instant::now();
+                for e in 0..chunk {
+                    self.all_reduce(&send, &recv[i % recv.len()], count, dtype)?;
+                    i += 1;
+                    if let Some(ev) = kept.get(e) {
+                        <Cuda as anyccl_device::Runtime>::record_again(&self.cuda, ev, &self.stream)?;
+                    }
                 }
+                issued += start.elapsed();
+                match kept.get(chunk - 1) {
+                    Some(last) => self.wait_for(last)?,
+                    None => self.wait()?,
+                }
+                left -= chunk;
             }
-            let issued = t.elapsed();
-            self.wait()?;
             Ok((t.elapsed(), issued))
         };
         run(warmup.max(1))?;
@@ -130,10 +148,19 @@ impl RawNccl {
             std::hint::black_box(self.cuda.current()?);
         }
         out.push(("cuCtxGetCurrent", per(t)));
+        // A new event each (the runtime's pool holds a few; past them, each is made) ...
         let mut events = Vec::with_capacity(reps as usize);
         let t = Instant::now();
         for _ in 0..reps {
             events.push(Event::record(&self.stream)?);
+        }
+        out.push(("cuEventCreate+cuEventRecord", per(t)));
+        self.wait()?;
+        // ... and the same events recorded again, as a completion handle that keeps its
+        // events does.
+        let t = Instant::now();
+        for e in &events {
+            <Cuda as anyccl_device::Runtime>::record_again(&self.cuda, e, &self.stream)?;
         }
         out.push(("cuEventRecord", per(t)));
         self.wait()?;
@@ -229,7 +256,11 @@ impl RawNccl {
 
     /// Wait for the stream, checking NCCL's async error, within the operation timeout.
     fn wait(&self) -> Result<()> {
-        let ev = Event::record(&self.stream)?;
+        self.wait_for(&Event::record(&self.stream)?)
+    }
+
+    /// Wait for `ev`, checking NCCL's async error, within the operation timeout.
+    fn wait_for(&self, ev: &Event) -> Result<()> {
         let check = || match &self.handles {
             Some(h) => self
                 .lib

@@ -1,35 +1,47 @@
 //! Operations on the stream, in order: numbering, marks (the events that settle `Work`s),
 //! launches the library answered "in progress", and the launch itself.
 
+use super::marks::SPARE_MARKS;
 use super::*;
 
 impl<L: Library> DeviceComm<L> {
-    /// A mark that follows operation `op`: the newest, if it does, else one recorded now at
-    /// the stream's end (following every operation placed so far). The device must be
-    /// current. A mark that cannot be recorded leaves operations on the stream that nothing
-    /// tracks: the caller fails the communicator (outside the call lock) rather than let a
-    /// caller reuse buffers they may still touch.
-    pub(super) fn mark_following(&self, op: u64) -> Result<Mark<Event<L>>> {
+    /// Make sure a mark follows operation `op`: the newest, if it does, else one recorded
+    /// now at the stream's end (following every operation placed so far). The device must
+    /// be current. A mark that cannot be recorded leaves operations on the stream that
+    /// nothing tracks: the caller fails the communicator (outside the call lock) rather than
+    /// let a caller reuse buffers they may still touch.
+    pub(super) fn mark_following(&self, op: u64) -> Result<()> {
         let mut marks = self.marks.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((seq, event)) = marks.newest.as_ref().filter(|(seq, _)| *seq >= op) {
-            return Ok(Mark { seq: *seq, event: event.clone() });
+        if marks.live.back().is_some_and(|(seq, _)| *seq >= op) || marks.seen_done >= op {
+            return Ok(());
         }
+        self.record_mark(&mut marks)
+    }
+
+    /// Record a mark at the stream's end, on a spare event if there is one.
+    fn record_mark(&self, marks: &mut Marks<Event<L>>) -> Result<()> {
         // Read before the record: every operation counted was enqueued before it.
-        // At least `op`: its number was taken when it was placed.
         let seq = self.placed.load(Ordering::Acquire);
-        let event = match marks.reusable() {
-            Some(e) => {
-                self.rt.record_again(&e, &self.stream)?;
-                e
+        if marks.spare.is_empty() && marks.live.len() >= SPARE_MARKS {
+            // Many marks nobody asked about: if the oldest is done, its event is spare.
+            if let Some(&(oldest, ref e)) = marks.live.front() {
+                if self.rt.done(e)? {
+                    marks.done_upto(oldest);
+                }
             }
-            None => {
-                let e = Arc::new(self.rt.record(&self.stream)?);
-                marks.keep(e.clone());
-                e
-            }
+        }
+        let event = match marks.spare.pop() {
+            Some(e) => match self.rt.record_again(&e, &self.stream) {
+                Ok(()) => e,
+                Err(err) => {
+                    marks.spare.push(e);
+                    return Err(err);
+                }
+            },
+            None => self.rt.record(&self.stream)?,
         };
-        marks.newest = Some((seq, event.clone()));
-        Ok(Mark { seq, event })
+        marks.live.push_back((seq, event));
+        Ok(())
     }
 
     /// Follow every operation placed so far with a mark, if the newest does not: before
@@ -50,22 +62,38 @@ impl<L: Library> DeviceComm<L> {
         Ok(g)
     }
 
-    /// Whether mark `m` is done (the device must be current). When it is, the operations it
-    /// follows are settled, with those of the newest mark if that is done too, and the
-    /// library's asynchronous error is checked once for all of them.
-    pub(super) fn settle_mark(&self, m: &Mark<Event<L>>) -> Result<bool> {
-        if self.finished_upto.load(Ordering::Acquire) >= m.seq {
+    /// Whether operation `op` is done (the device must be current): asked of the first mark
+    /// that follows it, recorded now if none does (shared completion's first look). When it
+    /// is, the operations that mark follows are settled, with those of the newest mark if
+    /// that is done too, and the library's asynchronous error is checked once for all of
+    /// them.
+    pub(super) fn look(&self, op: u64) -> Result<bool> {
+        if self.finished_upto.load(Ordering::Acquire) >= op {
             return Ok(true);
         }
-        if !self.rt.done(&m.event)? {
-            return Ok(false);
-        }
-        // Usually the operations after it are done too (waits come after a run of
-        // launches): one more look settles all of them.
-        let newer = self.marks.lock().unwrap_or_else(|e| e.into_inner()).newest.clone();
-        let upto = match newer {
-            Some((seq, ev)) if seq > m.seq && self.rt.done(&ev).unwrap_or(false) => seq,
-            _ => m.seq,
+        let upto = {
+            let mut marks = self.marks.lock().unwrap_or_else(|e| e.into_inner());
+            if marks.seen_done < op {
+                if marks.following(op).is_none() {
+                    if let Err(e) = self.record_mark(&mut marks) {
+                        drop(marks);
+                        self.fail(&e);
+                        return Err(e);
+                    }
+                }
+                let Some((seq, e)) = marks.following(op) else { return Ok(false) };
+                if !self.rt.done(e)? {
+                    return Ok(false);
+                }
+                // Usually the operations after it are done too (waits come after a run of
+                // launches): one more look settles all of them.
+                let upto = match marks.live.back() {
+                    Some((newest, e)) if newest > seq && self.rt.done(e).unwrap_or(false) => *newest,
+                    _ => *seq,
+                };
+                marks.done_upto(upto);
+            }
+            marks.seen_done
         };
         // A failed operation still lets the stream move on: finished means succeeded only
         // if the library reported no error.
@@ -96,10 +124,10 @@ impl<L: Library> DeviceComm<L> {
                 // No other call was made while it was pending (`lock_settled`): the next
                 // number is its own, and a mark recorded now follows it alone.
                 let n = self.placed.fetch_add(1, Ordering::AcqRel) + 1;
-                let mark = if self.shared_completion { Ok(None) } else { self.mark_following(n).map(Some) };
+                let mark = if self.shared_completion { Ok(()) } else { self.mark_following(n) };
                 match mark {
-                    Ok(m) => {
-                        *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(Ok((n, m)));
+                    Ok(()) => {
+                        *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(Ok(n));
                         *p = None;
                         self.pending_set.store(false, Ordering::Release);
                         Ok(false)
@@ -198,7 +226,6 @@ impl<L: Library> DeviceComm<L> {
     /// # Safety
     /// As [`DeviceComm::launch`].
     pub(super) unsafe fn launch_op(&self, op: Op, mark: bool) -> Result<Option<Work<'_>>> {
-        let mark_wanted = mark;
         let name = op.name();
         if let Some(e) = self.dead() {
             return Err(e);
@@ -211,7 +238,7 @@ impl<L: Library> DeviceComm<L> {
         })?;
         if launched == Launched::InProgress {
             self.in_progress_returns.fetch_add(1, Ordering::Relaxed);
-            let slot: Arc<LaunchSlot<Event<L>>> = Arc::default();
+            let slot: Arc<LaunchSlot> = Arc::default();
             // Set while the lock is held, so no other launch can slip in between.
             // The flag under the pending lock too: a look that empties the slot at once (its
             // communicator failed) then clears the flag after this sets it.
@@ -228,20 +255,17 @@ impl<L: Library> DeviceComm<L> {
         let n = self.placed.fetch_add(1, Ordering::AcqRel) + 1;
         // Recorded under the call lock, so it follows this operation alone (no other launch
         // can come in between).
-        let mark = if mark && !self.shared_completion { Some(self.mark_following(n)) } else { None };
+        let marked = if mark && !self.shared_completion { self.mark_following(n) } else { Ok(()) };
         drop(g);
-        if !mark_wanted {
+        if let Err(e) = marked {
+            // On the stream but untracked: stop it rather than let the caller reuse
+            // buffers it may still touch.
+            self.fail(&e);
+            return Err(e);
+        }
+        if !mark {
             return Ok(None);
         }
-        let mark = match mark.transpose() {
-            Ok(m) => m,
-            Err(e) => {
-                // On the stream but untracked: stop it rather than let the caller reuse
-                // buffers it may still touch.
-                self.fail(&e);
-                return Err(e);
-            }
-        };
-        Ok(Some(Work::new(Box::new(DeviceWork { comm: self, state: WorkState::Placed { op: n, mark } }))))
+        Ok(Some(Work::new(Box::new(DeviceWork { comm: self, state: WorkState::Placed(n) }))))
     }
 }

@@ -1,8 +1,8 @@
-//! The `Work` of an operation on a [`DeviceComm`]: the mark that follows it (recorded at the
-//! first look), polled against the communicator's async error and the caller's deadline;
-//! drained on drop.
+//! The `Work` of an operation on a [`DeviceComm`]: its number, asked of the mark that follows
+//! it (recorded at the call, or at the first look with shared completion), polled against the
+//! communicator's async error and the caller's deadline; drained on drop.
 
-use super::{backoff, DeviceComm, Event, LaunchSlot, Mark};
+use super::{backoff, DeviceComm, LaunchSlot};
 use crate::library::{Library, Plane};
 use crate::runtime::Runtime;
 use anyccl_core::{Result, WorkImpl};
@@ -10,17 +10,17 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-pub(super) enum WorkState<E> {
+pub(super) enum WorkState {
     /// The library has not finished putting the operation on the stream.
-    Launching(Arc<LaunchSlot<E>>),
-    /// On the stream as operation number `op`; done when a mark that follows it is (the
-    /// first look takes one: [`DeviceComm::mark_following`]).
-    Placed { op: u64, mark: Option<Mark<E>> },
+    Launching(Arc<LaunchSlot>),
+    /// On the stream as operation number `op`; done when a mark that follows it is
+    /// ([`DeviceComm::look`]).
+    Placed(u64),
 }
 
 pub(super) struct DeviceWork<'a, L: Library> {
     pub(super) comm: &'a DeviceComm<L>,
-    pub(super) state: WorkState<Event<L>>,
+    pub(super) state: WorkState,
 }
 
 impl<L: Library> DeviceWork<'_, L> {
@@ -36,38 +36,23 @@ impl<L: Library> DeviceWork<'_, L> {
                     *s = Some(Err(msg.clone()));
                     return Err(self.comm.ctx.aborted(msg));
                 }
-                Some(Ok((op, mark))) => {
+                Some(Ok(op)) => {
                     drop(s);
-                    self.state = WorkState::Placed { op, mark };
+                    self.state = WorkState::Placed(op);
                 }
             }
         }
-        if self.settled() {
-            return Ok(true);
-        }
-        match &mut self.state {
+        match self.state {
             // Done, and the library's asynchronous error checked after it.
-            WorkState::Placed { op, mark } => {
-                let m = match mark {
-                    Some(m) => m,
-                    None => match self.comm.mark_following(*op) {
-                        Ok(m) => mark.insert(m),
-                        Err(e) => {
-                            self.comm.fail(&e);
-                            return Err(e);
-                        }
-                    },
-                };
-                self.comm.settle_mark(m)
-            }
+            WorkState::Placed(op) => self.comm.look(op),
             WorkState::Launching(_) => Ok(false),
         }
     }
 
     /// Settled without asking the device: a mark that follows it was seen done.
     fn settled(&self) -> bool {
-        match &self.state {
-            WorkState::Placed { op, .. } => self.comm.finished_upto.load(Ordering::Acquire) >= *op,
+        match self.state {
+            WorkState::Placed(op) => self.comm.finished_upto.load(Ordering::Acquire) >= op,
             WorkState::Launching(_) => false,
         }
     }

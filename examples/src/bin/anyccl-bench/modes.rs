@@ -171,7 +171,7 @@ fn vs_raw_header(cx: &Ctx<'_>, raw: &anyccl::bench::RawNccl, pairs: usize) -> Re
     let c = cx.comm.config();
     let costs: Vec<String> = raw.host_costs(20_000)?.into_iter().map(|(what, ns)| format!("{what} {ns:.0}")).collect();
     cx.print_header(&[
-        format!("# anyccl-bench all_reduce --vs-raw {pairs}: {} ranks, {pairs} pairs per size (raw NCCL, then anyccl), {} iters after {} warm-up calls", cx.comm.size(), cx.args.iters, cx.args.warmup),
+        format!("# anyccl-bench all_reduce --vs-raw {pairs}: {} ranks, {pairs} pairs per size (each pair runs the five patterns, in reverse order every other pair), {} iters after {} warm-up calls", cx.comm.size(), cx.args.iters, cx.args.warmup),
         format!("# raw: NCCL's defaults; anyccl: min_ctas {:?} max_ctas {:?} cga_cluster_size {:?}, shared_completion {}", c.min_ctas, c.max_ctas, c.cga_cluster_size, c.shared_completion),
         format!("# anyccl's buffers: {}", match cx.args.register {
             true => Registration::Local.header(cx.comm.capabilities()).unwrap_or_default(),
@@ -185,6 +185,7 @@ fn vs_raw_header(cx: &Ctx<'_>, raw: &anyccl::bench::RawNccl, pairs: usize) -> Re
         }),
         "# enqueued: the same calls through enqueue_all_reduce (stream order only: no Work), one signal_stream and one wait".into(),
         "# raw, N outputs: raw writing as many outputs in turn as anyccl's run keeps (N, one per Work in flight); raw and enqueued write one".into(),
+        "# raw+events: raw with an event recorded after each call on events made before the timing, waited in chunks of N calls as the Work run waits its Works".into(),
         "# vs raw+events: anyccl over raw NCCL with an event per call, per pair: median/worst".into(),
         "#       size         count      type    raw (us)  anyccl (us)  median ratio  worst ratio  raw busbw  anyccl busbw  issue raw/anyccl (us)  raw+events (us)  raw, N outputs (us)  enqueued (us)  median/worst ratio  vs raw+events   pairs (raw/anyccl us)".into(),
     ]);
@@ -215,20 +216,41 @@ async fn vs_raw(cx: &mut Ctx<'_>, raw: &anyccl::bench::RawNccl, count: usize, pa
     let [mut raws, mut ours, mut ratios, mut raw_issue, mut our_issue, mut with_events, mut enq, mut enq_ratios, mut raw_outputs, mut ev_ratios]: [Vec<f64>; 10] =
         Default::default();
     let mut shown = Vec::new();
-    for _ in 0..pairs {
-        cx.sync.wait("raw").await?;
-        let r = raw.all_reduce_us(count, dtype, (a.iters, a.warmup), false, 1)?;
-        let (us, issue_us) = cx.issued(&mut b).await?;
-        cx.sync.wait("raw-events").await?;
-        let e = raw.all_reduce_us(count, dtype, (a.iters, a.warmup), true, 1)?;
-        // Raw again, writing as many outputs in turn as anyccl's run keeps (its `Work`s
-        // borrow one output each until waited), so the two differ only in what anyccl adds.
-        cx.sync.wait("raw-outputs").await?;
-        let ro = raw.all_reduce_us(count, dtype, (a.iters, a.warmup), false, b.recvs.len())?;
+    for pair in 0..pairs {
+        // The patterns in one order, then in the reverse order in the next pair, so that no
+        // pattern always runs first or right after another (the host drifts within a pair).
+        let (mut r, mut mine, mut e, mut ro, mut q) = (None, None, None, None, None);
+        for step in 0..5 {
+            match if pair % 2 == 0 { step } else { 4 - step } {
+                0 => {
+                    cx.sync.wait("raw").await?;
+                    r = Some(raw.all_reduce_us(count, dtype, (a.iters, a.warmup), None, 1)?);
+                }
+                1 => mine = Some(cx.issued(&mut b).await?),
+                2 => {
+                    // An event per call, waited in chunks of as many calls as the `Work` run
+                    // keeps in flight.
+                    cx.sync.wait("raw-events").await?;
+                    e = Some(raw.all_reduce_us(count, dtype, (a.iters, a.warmup), Some(b.recvs.len()), 1)?);
+                }
+                3 => {
+                    // Raw again, writing as many outputs in turn as anyccl's run keeps (its
+                    // `Work`s borrow one output each until waited), so the two differ only
+                    // in what anyccl adds.
+                    cx.sync.wait("raw-outputs").await?;
+                    ro = Some(raw.all_reduce_us(count, dtype, (a.iters, a.warmup), None, b.recvs.len())?);
+                }
+                _ => {
+                    cx.sync.wait("enqueued").await?;
+                    enqueued(cx, a.warmup.max(1))?;
+                    q = Some(enqueued(cx, a.iters.max(1))?);
+                }
+            }
+        }
+        let (Some(r), Some((us, issue_us)), Some(e), Some(ro), Some(q)) = (r, mine, e, ro, q) else {
+            unreachable!("each of the five patterns ran once in the pair")
+        };
         raw_outputs.push(ro.us);
-        cx.sync.wait("enqueued").await?;
-        enqueued(cx, a.warmup.max(1))?;
-        let q = enqueued(cx, a.iters.max(1))?;
         enq.push(q);
         enq_ratios.push(q / r.us);
         raws.push(r.us);
