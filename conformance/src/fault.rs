@@ -44,7 +44,7 @@ impl Faulty {
                 Err(ctx.backend_error(op, -99, format!("injected failure of operation #{k}"), Recovery::Rebuild))
             }
             Fault::HangAt(h) if h == k => {
-                Ok(Work::new(Box::new(Hang { aborted: self.aborted.clone(), rank: self.inner.info().rank })))
+                Ok(Work::new(Hang { aborted: self.aborted.clone(), rank: self.inner.info().rank }))
             }
             _ => call(),
         }

@@ -205,7 +205,7 @@ impl CpuComm {
                 self.eager.hit();
                 Now::Issued(Work::completed())
             }
-            After::Failed(e) => Now::Issued(Work::new(Box::new(Failed(Some(*e), self.mesh.ctx.clone())))),
+            After::Failed(e) => Now::Issued(Work::new(Failed(Some(*e), self.mesh.ctx.clone()))),
             After::Queued(done, wake) => {
                 // A miss only where the look ran out (not a send behind receives left before).
                 if look.is_some() {

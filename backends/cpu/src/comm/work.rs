@@ -369,7 +369,7 @@ impl CpuComm {
         targets: Few<BufMut<'a>>,
         lending: Lending,
     ) -> Work<'a> {
-        Work::new(Box::new(CpuWork {
+        Work::new(CpuWork {
             id,
             pool: &self.pool,
             op_timeout: self.mesh.op_timeout,
@@ -380,7 +380,7 @@ impl CpuComm {
             lending,
             prodded: false,
             delivered: false,
-        }))
+        })
     }
 
     /// A send buffer's bytes as a job's input ([`Input::of`]), lent with `lend`. A

@@ -250,7 +250,7 @@ impl<L: Library> DeviceComm<L> {
             if !mark {
                 return Ok(None);
             }
-            return Ok(Some(Work::new(Box::new(DeviceWork { comm: self, state: WorkState::Launching(slot) }))));
+            return Ok(Some(Work::new(DeviceWork { comm: self, state: WorkState::Launching(slot) })));
         }
         let n = self.placed.fetch_add(1, Ordering::AcqRel) + 1;
         // Recorded under the call lock, so it follows this operation alone (no other launch
@@ -266,6 +266,6 @@ impl<L: Library> DeviceComm<L> {
         if !mark {
             return Ok(None);
         }
-        Ok(Some(Work::new(Box::new(DeviceWork { comm: self, state: WorkState::Placed(n) }))))
+        Ok(Some(Work::new(DeviceWork { comm: self, state: WorkState::Placed(n) })))
     }
 }

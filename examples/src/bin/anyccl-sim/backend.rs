@@ -132,13 +132,13 @@ impl SimComm {
                 return Err(Ctx::new("sim", self.info.rank, "").backend_error(op, -99, text, Recovery::Rebuild));
             }
             Fault::Hang => {
-                return Ok(Work::new(Box::new(SimWork {
+                return Ok(Work::new(SimWork {
                     ready: None,
                     rendezvous: None,
                     arrivals: self.arrivals.clone(),
                     aborted: self.aborted.clone(),
                     rank: self.info.rank,
-                })))
+                }))
             }
             Fault::Die => {
                 eprintln!("anyccl-sim: rank {} kills its process at its first {op} (as kill -9)", self.info.rank);
@@ -159,13 +159,13 @@ impl SimComm {
             self.arrivals.arrive(key);
             (key, self.local_members)
         });
-        Ok(Work::new(Box::new(SimWork {
+        Ok(Work::new(SimWork {
             ready: Some(ready),
             rendezvous,
             arrivals: self.arrivals.clone(),
             aborted: self.aborted.clone(),
             rank: self.info.rank,
-        })))
+        }))
     }
 
     fn sized(&self, op: &'static str, bytes: usize) -> Result<Work<'_>> {
