@@ -135,7 +135,8 @@ pub(crate) struct OpFields {
     pub(crate) count: usize,
     pub(crate) bytes: usize,
     pub(crate) peer: Option<usize>,
-    pub(crate) started: Instant,
+    /// When it was issued, in nanoseconds from the recorder's base.
+    pub(crate) started_ns: u64,
 }
 
 fn code(s: &OpState) -> u64 {
@@ -278,7 +279,7 @@ impl FlightRecorder {
             count: rec.count,
             bytes: rec.bytes,
             peer: rec.peer,
-            started: rec.started,
+            started_ns: nanos(rec.started.saturating_duration_since(self.base)),
         };
         let group = self.intern(&rec.group);
         let state = code(&rec.state);
@@ -312,7 +313,7 @@ impl FlightRecorder {
         let dtype = f.dtype.map_or(0xff, |d| d as u64);
         let peer = f.peer.map_or(u32::MAX as u64, |p| p.min(u32::MAX as usize - 1) as u64);
         s.seq.store(f.seq, Ordering::Relaxed);
-        s.started_ns.store(nanos(f.started.saturating_duration_since(self.base)), Ordering::Relaxed);
+        s.started_ns.store(f.started_ns, Ordering::Relaxed);
         s.elapsed_ns.store(elapsed_ns, Ordering::Relaxed);
         s.count.store(f.count as u64, Ordering::Relaxed);
         s.bytes.store(f.bytes as u64, Ordering::Relaxed);
@@ -348,7 +349,7 @@ impl FlightRecorder {
     /// completion is stamped on every operation, and reading the tick costs a load where
     /// the precise clock costs a computation several times slower. Never later than the
     /// precise time.
-    fn now_coarse_ns(&self) -> u64 {
+    pub(crate) fn now_coarse_ns(&self) -> u64 {
         #[cfg(target_os = "linux")]
         {
             mono_ns(rustix::time::ClockId::MonotonicCoarse).saturating_sub(self.base_ns)
@@ -359,10 +360,10 @@ impl FlightRecorder {
         }
     }
 
-    /// [`FlightRecorder::now_coarse_ns`] as an instant: when an operation is issued (a read
-    /// of the coarse clock where the precise one costs several times more, on every call).
-    pub(crate) fn now_coarse(&self) -> Instant {
-        self.base + Duration::from_nanos(self.now_coarse_ns())
+    /// The instant `ns` nanoseconds after the base (a time from
+    /// [`FlightRecorder::now_coarse_ns`]).
+    pub(crate) fn instant(&self, ns: u64) -> Instant {
+        self.base + Duration::from_nanos(ns)
     }
 
     /// Slot `i` copied whole, or `None` while it is empty or being written.
@@ -536,7 +537,7 @@ mod tests {
                             count: seq as usize,
                             bytes: 4 * seq as usize,
                             peer: (seq % 2 == 1).then_some(rank),
-                            started: Instant::now(),
+                            started_ns: r.now_coarse_ns(),
                         };
                         let t = r.push_pending(id, &f);
                         r.finish(

@@ -84,7 +84,8 @@ pub(crate) struct Issued<'a> {
     pub(crate) seq: u64,
     pub(crate) group: &'a Arc<str>,
     pub(crate) rank: usize,
-    pub(crate) started: Instant,
+    /// From the flight recorder's coarse clock ([`FlightRecorder::now_coarse_ns`]).
+    pub(crate) started_ns: u64,
 }
 
 impl fmt::Debug for Work<'_> {
@@ -134,7 +135,7 @@ impl<'a> Work<'a> {
                 seq: i.seq,
                 group: i.group.clone(),
                 rank: i.rank,
-                started: i.started,
+                started: self.held.recorder.map_or_else(Instant::now, |(r, _)| r.instant(i.started_ns)),
             }),
             None => &NONE,
         }

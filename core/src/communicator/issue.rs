@@ -58,8 +58,8 @@ impl Communicator {
         );
         let _g = span.enter();
         // To the coarse clock's tick: the recorder stamps completions on it too, and this
-        // runs on every operation.
-        let started = self.recorder.now_coarse();
+        // runs on every operation (kept as the recorder keeps it: an `Instant` only if asked).
+        let started_ns = self.recorder.now_coarse_ns();
         let ticket = self.recorder.push_pending(
             self.group_id,
             &OpFields {
@@ -70,7 +70,7 @@ impl Communicator {
                 count: call.count,
                 bytes: call.bytes,
                 peer: call.peer,
-                started,
+                started_ns,
             },
         );
         match f(self.inner.as_ref()) {
@@ -80,7 +80,7 @@ impl Communicator {
                     self.record(&call);
                 }
                 // The name is lent, not counted: its count's line is another miss a call.
-                let issued = Issued { op: call.op, seq, group: &self.name, rank, started };
+                let issued = Issued { op: call.op, seq, group: &self.name, rank, started_ns };
                 w.attach(issued, Some((&self.recorder, ticket)));
                 tracing::trace!("enqueued");
                 Ok(w)

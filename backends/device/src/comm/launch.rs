@@ -207,7 +207,7 @@ impl<L: Library> DeviceComm<L> {
     /// buffers they come from stay borrowed by the returned `Work`.
     pub(super) unsafe fn launch(&self, op: Op) -> Result<Work<'_>> {
         // SAFETY: per this function's contract.
-        let w = unsafe { self.launch_op(op, true) }?;
+        let w = unsafe { self.launch_op(&op, true) }?;
         w.ok_or_else(|| self.ctx.aborted("no completion handle for a marked launch".to_string()))
     }
 
@@ -218,14 +218,14 @@ impl<L: Library> DeviceComm<L> {
     /// passed the operation.
     pub(super) unsafe fn launch_unmarked(&self, op: Op) -> Result<()> {
         // SAFETY: per this function's contract.
-        unsafe { self.launch_op(op, false) }.map(|_| ())
+        unsafe { self.launch_op(&op, false) }.map(|_| ())
     }
 
     /// Put `op` on the stream; with `mark`, a `Work` follows it.
     ///
     /// # Safety
     /// As [`DeviceComm::launch`].
-    pub(super) unsafe fn launch_op(&self, op: Op, mark: bool) -> Result<Option<Work<'_>>> {
+    pub(super) unsafe fn launch_op(&self, op: &Op, mark: bool) -> Result<Option<Work<'_>>> {
         let name = op.name();
         if let Some(e) = self.dead() {
             return Err(e);
@@ -234,7 +234,7 @@ impl<L: Library> DeviceComm<L> {
         let g = self.lock_settled(name)?;
         let (g, launched) = self.watched_call_locked(g, name, || {
             // SAFETY: per this function's contract; the call lock is held.
-            unsafe { self.lib.launch(&self.comm, &self.stream, &op) }
+            unsafe { self.lib.launch(&self.comm, &self.stream, op) }
         })?;
         if launched == Launched::InProgress {
             self.in_progress_returns.fetch_add(1, Ordering::Relaxed);
