@@ -52,9 +52,11 @@ pub(crate) struct Args {
     /// Print rows as JSON lines instead.
     #[arg(long)]
     pub(crate) json: bool,
-    /// all_reduce only: time this many interleaved pairs per size, raw NCCL (its own
-    /// communicator, one stream, calls back to back, one wait) then the same calls through
-    /// anyccl, and print both medians and the ratios (at least 1).
+    /// all_reduce with NCCL only: time this many interleaved pairs per size, raw NCCL (its
+    /// own communicator, one stream, calls back to back, one wait), raw with an event per call
+    /// (events made before the timing, waited in chunks as anyccl's `Work`s are) and the same
+    /// calls through anyccl, in an order reversed every other pair, and print the medians and
+    /// the ratios (at least 1).
     #[arg(long, value_name = "PAIRS", value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub(crate) vs_raw: Option<u32>,
     /// all_reduce only: a step that computes for this many microseconds on the engine's

@@ -71,6 +71,9 @@ async fn run(args: Args) -> Result<()> {
     if args.check > 1 {
         return Err(bad_arg("-c", format!("{} is not 0 or 1", args.check)));
     }
+    if let Some(mode) = modes::Mode::of(&args).filter(|_| op != Op::AllReduce) {
+        return Err(bad_arg(mode.flag(), format!("this mode times all_reduce only, not {}", args.op)));
+    }
     let anyccl_examples::Rank { env, store, backend, platform, world: comm, server: _server, .. } =
         anyccl_examples::start_world("anyccl-bench", args.backend.as_deref(), CommConfig::from_env()?).await?;
     let (n, me) = (comm.size(), comm.rank());
@@ -93,8 +96,12 @@ async fn run(args: Args) -> Result<()> {
     let timeout = comm.config().op_timeout;
     let print = me == 0;
     if let Some(mode) = modes::Mode::of(&args) {
-        if op != Op::AllReduce {
-            return Err(bad_arg(mode.flag(), format!("this mode times all_reduce only, not {}", args.op)));
+        if platform.device().kind != anyccl::DeviceKind::Cuda {
+            let on = format!("the {} backend on {}", comm.info().backend, platform.device());
+            return Err(bad_arg(
+                mode.flag(),
+                format!("this mode times NCCL on a CUDA device (--backend nccl), not {on}"),
+            ));
         }
         let r = modes::run(mode, &args, &env, &comm, &platform, store.as_ref(), (min, max), dtype, rop).await;
         comm.shutdown().await?;
