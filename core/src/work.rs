@@ -54,7 +54,6 @@ pub struct Work<'a> {
 struct Held<'a, T: ?Sized> {
     /// Set by the communicator that issued it; `None` for a backend's bare work.
     issued: Option<Issued<'a>>,
-    recorder: Option<(&'a FlightRecorder, Ticket)>,
     /// Made from `issued` when first asked for (errors, traces, a caller's look).
     info: std::sync::OnceLock<WorkInfo>,
     /// How it ended, once it has: its failure's message kept for every later look. The
@@ -86,6 +85,9 @@ pub(crate) struct Issued<'a> {
     pub(crate) rank: usize,
     /// From the flight recorder's coarse clock ([`FlightRecorder::now_coarse_ns`]).
     pub(crate) started_ns: u64,
+    /// The flight recorder that holds its entry, and the entry.
+    pub(crate) recorder: &'a FlightRecorder,
+    pub(crate) ticket: Ticket,
 }
 
 impl fmt::Debug for Work<'_> {
@@ -106,13 +108,12 @@ impl<'a> Work<'a> {
     }
 
     fn holding(imp: impl WorkImpl + 'a, state: Option<std::result::Result<(), Box<str>>>) -> Self {
-        let held = Box::new(Held { issued: None, recorder: None, info: std::sync::OnceLock::new(), state, imp });
+        let held = Box::new(Held { issued: None, info: std::sync::OnceLock::new(), state, imp });
         Work { held }
     }
 
-    pub(crate) fn attach(&mut self, issued: Issued<'a>, recorder: Option<(&'a FlightRecorder, Ticket)>) {
+    pub(crate) fn attach(&mut self, issued: Issued<'a>) {
         self.held.issued = Some(issued);
-        self.held.recorder = recorder;
         if self.held.state.is_some() {
             self.finish(Ok(()));
         }
@@ -135,19 +136,19 @@ impl<'a> Work<'a> {
                 seq: i.seq,
                 group: i.group.clone(),
                 rank: i.rank,
-                started: self.held.recorder.map_or_else(Instant::now, |(r, _)| r.instant(i.started_ns)),
+                started: i.recorder.instant(i.started_ns),
             }),
             None => &NONE,
         }
     }
 
     fn finish(&mut self, r: std::result::Result<(), Box<str>>) {
-        if let Some((rec, ticket)) = &self.held.recorder {
+        if let Some(i) = &self.held.issued {
             let st = match &r {
                 Ok(()) => OpState::Completed,
                 Err(e) => OpState::Failed(e.to_string()),
             };
-            rec.finish(*ticket, st);
+            i.recorder.finish(i.ticket, st);
         }
         self.held.state = Some(r);
     }
@@ -235,7 +236,7 @@ impl<'a> Work<'a> {
         let info = self.info();
         crate::trace::dump(&format!("{} #{} of group '{}' timed out after {after:?}", info.op, info.seq, info.group));
         // What is known of the group: whether its members ever ran an operation together.
-        let history = match self.held.recorder.as_ref().map(|(r, _)| r.last_completed(&info.group)) {
+        let history = match self.held.issued.as_ref().map(|i| i.recorder.last_completed(&info.group)) {
             Some(Some((op, seq, ago))) => format!(
                 "every member had taken part before (the group's last completed operation here: {op} #{seq}, \
                  {ago:.1?} ago), so one stopped taking part"
@@ -258,8 +259,8 @@ impl Drop for Work<'_> {
     fn drop(&mut self) {
         if self.held.state.is_none() {
             self.held.imp.drain();
-            if let Some((rec, ticket)) = &self.held.recorder {
-                rec.finish(*ticket, OpState::Dropped);
+            if let Some(i) = &self.held.issued {
+                i.recorder.finish(i.ticket, OpState::Dropped);
             }
         }
     }

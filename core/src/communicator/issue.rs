@@ -80,8 +80,8 @@ impl Communicator {
                     self.record(&call);
                 }
                 // The name is lent, not counted: its count's line is another miss a call.
-                let issued = Issued { op: call.op, seq, group: &self.name, rank, started_ns };
-                w.attach(issued, Some((&self.recorder, ticket)));
+                let recorder = &self.recorder;
+                w.attach(Issued { op: call.op, seq, group: &self.name, rank, started_ns, recorder, ticket });
                 tracing::trace!("enqueued");
                 Ok(w)
             }

@@ -219,37 +219,37 @@ async fn vs_raw(cx: &mut Ctx<'_>, raw: &anyccl::bench::RawNccl, count: usize, pa
     for pair in 0..pairs {
         // The patterns in one order, then in the reverse order in the next pair, so that no
         // pattern always runs first or right after another (the host drifts within a pair).
-        let (mut r, mut mine, mut e, mut ro, mut q) = (None, None, None, None, None);
+        // Each filled once below.
+        let none = anyccl::bench::RawTiming { us: 0.0, issue_us: 0.0 };
+        let (mut r, mut mine, mut e, mut ro, mut q) = (none, (0.0, 0.0), none, none, 0.0);
         for step in 0..5 {
             match if pair % 2 == 0 { step } else { 4 - step } {
                 0 => {
                     cx.sync.wait("raw").await?;
-                    r = Some(raw.all_reduce_us(count, dtype, (a.iters, a.warmup), None, 1)?);
+                    r = raw.all_reduce_us(count, dtype, (a.iters, a.warmup), None, 1)?;
                 }
-                1 => mine = Some(cx.issued(&mut b).await?),
+                1 => mine = cx.issued(&mut b).await?,
                 2 => {
                     // An event per call, waited in chunks of as many calls as the `Work` run
                     // keeps in flight.
                     cx.sync.wait("raw-events").await?;
-                    e = Some(raw.all_reduce_us(count, dtype, (a.iters, a.warmup), Some(b.recvs.len()), 1)?);
+                    e = raw.all_reduce_us(count, dtype, (a.iters, a.warmup), Some(b.recvs.len()), 1)?;
                 }
                 3 => {
                     // Raw again, writing as many outputs in turn as anyccl's run keeps (its
                     // `Work`s borrow one output each until waited), so the two differ only
                     // in what anyccl adds.
                     cx.sync.wait("raw-outputs").await?;
-                    ro = Some(raw.all_reduce_us(count, dtype, (a.iters, a.warmup), None, b.recvs.len())?);
+                    ro = raw.all_reduce_us(count, dtype, (a.iters, a.warmup), None, b.recvs.len())?;
                 }
                 _ => {
                     cx.sync.wait("enqueued").await?;
                     enqueued(cx, a.warmup.max(1))?;
-                    q = Some(enqueued(cx, a.iters.max(1))?);
+                    q = enqueued(cx, a.iters.max(1))?;
                 }
             }
         }
-        let (Some(r), Some((us, issue_us)), Some(e), Some(ro), Some(q)) = (r, mine, e, ro, q) else {
-            unreachable!("each of the five patterns ran once in the pair")
-        };
+        let (us, issue_us) = mine;
         raw_outputs.push(ro.us);
         enq.push(q);
         enq_ratios.push(q / r.us);
