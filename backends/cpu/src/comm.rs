@@ -4,9 +4,9 @@
 //! else is queued, on its caller's thread as it is issued, where the peer's message arrives
 //! within a few microseconds (`eager`).
 //!
-//! The worker never dereferences a caller's buffer: a small input is copied at enqueue, a
-//! large one, or a collective's issued while nothing else is queued (likely waited for at
-//! once), is lent (its address is kept, and the worker copies it through the kernel,
+//! The worker never dereferences a caller's buffer: a small input (under 4 KiB) is copied
+//! at enqueue, a larger one, or a collective's issued while nothing else is queued (likely
+//! waited for at once), is lent (its address is kept, and the worker copies it through the kernel,
 //! which fails cleanly instead of faulting, or a peer of this host copies it out the same
 //! way), and results are copied into the caller's buffers when completion is observed. A
 //! job that runs inside its own caller's wait, where the borrow is live, reads and writes
@@ -23,7 +23,8 @@
 //! blocks the host when its queue is full. Messages from a peer that this rank has not
 //! consumed are bounded by `ANYCCL_CPU_MAX_INBOX_BYTES` (default 256 MiB, see the
 //! transport). The results of an operation the worker ran before its caller waited are held
-//! until that wait: at most the size of the caller's own output buffers.
+//! until that wait: at most the size of the caller's own output buffers, and the worker stops
+//! running the queue ahead of its callers once it holds 8 MiB of them (`sched::HOLD_AHEAD`).
 
 use crate::algo::{self, Coll};
 use crate::settings::Tuning;

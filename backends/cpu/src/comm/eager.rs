@@ -164,7 +164,7 @@ impl CpuComm {
             st.rests -= 1;
             drop(st);
             let r = sched::run_job(&mut engine, job.run, None);
-            job.done.set(r);
+            job.done.set(r, &self.sched.holding);
             drop(job._admission);
             st = self.sched.lock();
         }
