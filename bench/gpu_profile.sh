@@ -10,7 +10,8 @@
 #   PACK=1 BIN=.gpu bash bench/gpu_profile.sh     # here, after copying launch_cost into $BIN
 #   BIN=.gpu bash bench/gpu_profile.sh            # there (source the NCCL env.sh first)
 #
-# Output goes to $OUT (default /tmp/anyccl-profile), one file per row and function.
+# Output goes to $OUT (default /tmp/anyccl-profile), one file per row and function, and all of
+# them in $OUT.tar.gz. CALLS (default 400000) calls a row, sampled from DELAY_MS (default 3000).
 set -uo pipefail
 BIN=${BIN:-.gpu}
 OUT=${OUT:-/tmp/anyccl-profile}
@@ -29,9 +30,14 @@ P() { LD_LIBRARY_PATH="$PWD/$BIN/perf/lib" "$BIN/perf/perf" "$@"; }
 P stat -e task-clock true >/dev/null 2>&1 || { echo "gpu_profile.sh: perf cannot sample here (kernel.perf_event_paranoid = $(cat /proc/sys/kernel/perf_event_paranoid))" >&2; exit 2; }
 for row in 1 4 3; do
   echo "### row $row"
-  timeout 60 env LD_LIBRARY_PATH="$PWD/$BIN/perf/lib:${LD_LIBRARY_PATH:-}" "$BIN/perf/perf" record -F 15000 -o "$OUT/row$row.data" \
-    "$BIN/launch_cost" 30000 3 "$row" > "$OUT/row$row.run" 2>&1 || { echo "perf record failed (exit $?)"; tail -3 "$OUT/row$row.run"; continue; }
-  P report -i "$OUT/row$row.data" --stdio --no-children --sort dso,sym 2>/dev/null | grep -E '^ +[0-9]' | head -40 | tee "$OUT/row$row.txt"
+  # Sampling starts after DELAY_MS, past the driver's and NCCL's start (which otherwise fill
+  # the profile), and CALLS keep the row running well beyond it.
+  timeout 90 env LD_LIBRARY_PATH="$PWD/$BIN/perf/lib:${LD_LIBRARY_PATH:-}" "$BIN/perf/perf" record -F 15000 -D "${DELAY_MS:-3000}" -o "$OUT/row$row.data" \
+    "$BIN/launch_cost" "${CALLS:-400000}" 1 "$row" > "$OUT/row$row.run" 2>&1 || { echo "perf record failed (exit $?)"; tail -3 "$OUT/row$row.run"; continue; }
+  # Samples per library first (the rows differ by anyccl's code, or by what it asks of the
+  # driver and NCCL), then per symbol.
+  P report -i "$OUT/row$row.data" --stdio --no-children --sort dso 2>/dev/null | grep -E '^ +[0-9]' | head -8 | tee "$OUT/row$row.txt"
+  P report -i "$OUT/row$row.data" --stdio --no-children --sort dso,sym 2>/dev/null | grep -E '^ +[0-9]' | head -40 | tee -a "$OUT/row$row.txt"
   i=0
   while IFS= read -r s; do
     i=$((i + 1))
@@ -46,3 +52,4 @@ anyccl_core::recorder::FlightRecorder::write
 SYMS
   rm -f "$OUT/row$row.data"
 done
+tar -czf "$OUT.tar.gz" -C "$(dirname "$OUT")" "$(basename "$OUT")"

@@ -22,7 +22,7 @@ use op::{counts, in_place_layout, issue, Op};
 use timing::{timed, StoreBarrier, Warmup};
 
 use anyccl::raw::pattern;
-use anyccl::{CommConfig, DType, ReduceOp, Result};
+use anyccl::{CommConfig, DType, DeviceKind, ReduceOp, Result};
 use clap::Parser;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -154,6 +154,7 @@ async fn run(args: Args) -> Result<()> {
         println!("#  nThread 1 nGpus 1 minBytes {min} maxBytes {max} step: {}(factor) warmup iters: {} iters: {} validation: {} in flight: {}", args.factor, args.warmup, args.iters, args.check, match (args.depth, args.window) {
             (Some(d), _) => d.to_string(),
             (None, true) => WINDOW_DEPTH.to_string(),
+            (None, false) if platform.kind() == DeviceKind::Cpu => "as many as 1 MiB of outputs holds".to_string(),
             (None, false) => "as many as fit".to_string(),
         });
         println!("#");
