@@ -86,17 +86,27 @@ pub(crate) struct Bufs<'c> {
     pub(crate) in_place_input: Vec<u8>,
 }
 
+/// What a rank may hold for a run back to back ([`budget`]).
+#[derive(Clone, Copy)]
+pub(crate) struct Budget {
+    /// Bytes of receive buffers.
+    bytes: usize,
+    /// What each operation in flight counts at least: besides its output it holds a record
+    /// in the library (the CPU backend counts 1 KiB a job against its own queue bound).
+    per_op: usize,
+}
+
 /// Bytes of receive buffers a rank may hold for a run back to back: host memory is shared
 /// by this host's ranks, a device's is its rank's own. The bench holds up to three copies of
 /// the depth (results, in-place inputs, and a backend's copy of results not yet waited for),
 /// so each rank takes an eighth of its share, 4 GiB at most on a device and
-/// [`HOST_IN_FLIGHT`] on the host.
-pub(crate) fn budget(platform: &dyn Platform, local_world_size: usize) -> usize {
+/// [`HOST_IN_FLIGHT`] on the host, where each operation counts 1 KiB at least.
+pub(crate) fn budget(platform: &dyn Platform, local_world_size: usize) -> Budget {
     let free = platform.mem_info().map(|m| m.free).unwrap_or(u64::MAX);
     let host = platform.kind() == DeviceKind::Cpu;
     let sharing = if host { local_world_size.max(1) as u64 } else { 1 };
     let most = if host { HOST_IN_FLIGHT } else { 4 << 30 };
-    (free / sharing / 8).min(most as u64) as usize
+    Budget { bytes: (free / sharing / 8).min(most as u64) as usize, per_op: if host { 1 << 10 } else { 1 } }
 }
 
 /// The receive buffers a rank on the host cycles through back to back, at most (about a
@@ -104,10 +114,11 @@ pub(crate) fn budget(platform: &dyn Platform, local_world_size: usize) -> usize 
 /// cache measured the memory traffic of the bench's own buffers, not the library (2 ranks
 /// all_reduce, every call run on its caller's buffers: 16 KiB with 20,000 outputs in flight,
 /// 320 MiB, 12-21 us a call against 4.6-6.1 with 1,024 and 2.6-4.7 waited one by one; 2 MiB
-/// with 16 in flight 229-297 us against 143-147 waited). `--depth` sets a smaller depth.
+/// with 16 in flight 229-297 us against 143-147 waited; 8 B with 100,000 in flight, whose
+/// records alone took tens of MiB, 1.05 us against 0.5). `--depth` sets a smaller depth.
 const HOST_IN_FLIGHT: usize = 1 << 20;
 
 /// Receive buffers of `bytes` each for `iters` calls back to back within `budget`.
-pub(crate) fn depth(budget: usize, bytes: usize, iters: usize) -> usize {
-    budget.checked_div(bytes.max(1)).unwrap_or(1).clamp(1, iters.max(1))
+pub(crate) fn depth(budget: Budget, bytes: usize, iters: usize) -> usize {
+    budget.bytes.checked_div(bytes.max(budget.per_op)).unwrap_or(1).clamp(1, iters.max(1))
 }

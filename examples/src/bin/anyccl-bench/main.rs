@@ -154,7 +154,7 @@ async fn run(args: Args) -> Result<()> {
         println!("#  nThread 1 nGpus 1 minBytes {min} maxBytes {max} step: {}(factor) warmup iters: {} iters: {} validation: {} in flight: {}", args.factor, args.warmup, args.iters, args.check, match (args.depth, args.window) {
             (Some(d), _) => d.to_string(),
             (None, true) => WINDOW_DEPTH.to_string(),
-            (None, false) if platform.kind() == DeviceKind::Cpu => "as many as 1 MiB of outputs holds".to_string(),
+            (None, false) if platform.kind() == DeviceKind::Cpu => "as many as 1 MiB holds, 1 KiB an operation at least".to_string(),
             (None, false) => "as many as fit".to_string(),
         });
         println!("#");
