@@ -188,6 +188,59 @@ fn dropped_small_collective_waits_for_its_job() -> Result<(), Failed> {
     })
 }
 
+/// An input from 4 KiB issued behind another operation is lent too: dropped unfinished, its
+/// `Work` leaves the job a copy at once (it does not wait for the peer, which joins later),
+/// so overwriting the buffer after the drop changes nothing the peer receives.
+fn dropped_queued_collective_keeps_its_input() -> Result<(), Failed> {
+    common::two_ranks("lent-drop-queued", |me, c| {
+        let t = Duration::from_secs(10);
+        for bytes in [4 << 10, 16 << 10, 48 << 10] {
+            let n = bytes / 4;
+            let (first, mut data) = (pattern(me + 2, 256), pattern(me, n));
+            let (mut first_out, mut out) = (vec![0f32; 256], vec![0f32; n]);
+            if me == 0 {
+                // The first waits for rank 1, so the second is queued behind it.
+                let mut a = c
+                    .all_reduce(Some(Buf::host(&first)), BufMut::host(&mut first_out), ReduceOp::Sum)
+                    .map_err(|e| e.to_string())?;
+                let b = c
+                    .all_reduce(Some(Buf::host(&data)), BufMut::host(&mut out), ReduceOp::Sum)
+                    .map_err(|e| e.to_string())?;
+                let start = Instant::now();
+                drop(b);
+                let took = start.elapsed();
+                data.iter_mut().for_each(|x| *x = -1.0);
+                std::hint::black_box(&data);
+                if took > Duration::from_millis(250) {
+                    return Err(format!("dropping a queued {bytes}-byte all_reduce took {took:?}: it waited"));
+                }
+                a.wait(t).map_err(|e| e.to_string())?;
+            } else {
+                std::thread::sleep(Duration::from_millis(300));
+                c.all_reduce(Some(Buf::host(&first)), BufMut::host(&mut first_out), ReduceOp::Sum)
+                    .and_then(|mut w| w.wait(t))
+                    .map_err(|e| e.to_string())?;
+                c.all_reduce(Some(Buf::host(&data)), BufMut::host(&mut out), ReduceOp::Sum)
+                    .and_then(|mut w| w.wait(t))
+                    .map_err(|e| e.to_string())?;
+                let want: Vec<f32> = pattern(0, n).iter().zip(&data).map(|(a, b)| a + b).collect();
+                if out != want {
+                    let bad = out.iter().zip(&want).filter(|(a, b)| a != b).count();
+                    return Err(format!(
+                        "all_reduce of {bytes} bytes: {bad} of {n} elements took the input overwritten after the drop"
+                    ));
+                }
+            }
+            let want_first: Vec<f32> = pattern(2, 256).iter().zip(pattern(3, 256)).map(|(a, b)| a + b).collect();
+            if first_out != want_first {
+                return Err("the first all_reduce: wrong result".into());
+            }
+            c.barrier().and_then(|mut w| w.wait(t)).map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    })
+}
+
 /// Dropping an unfinished small collective returns at once, whatever the peers do next:
 /// rank 0 issues an all_reduce on one communicator, drops it unwaited and sends to rank 1 on
 /// another, which receives that first and only then joins the all_reduce (a drop that
@@ -265,6 +318,10 @@ fn main() -> std::process::ExitCode {
         Trial::test(
             "cpu::lent::dropped_small_collective_waits_for_its_job[w=2]",
             dropped_small_collective_waits_for_its_job,
+        ),
+        Trial::test(
+            "cpu::lent::dropped_queued_collective_keeps_its_input[w=2]",
+            dropped_queued_collective_keeps_its_input,
         ),
         Trial::test(
             "cpu::lent::dropped_small_collective_does_not_wait_for_peers[w=2]",
