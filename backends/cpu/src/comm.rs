@@ -6,9 +6,9 @@
 //!
 //! The worker never dereferences a caller's buffer: a small input (under 4 KiB) is copied
 //! at enqueue, a larger one, or a collective's issued while nothing else is queued (likely
-//! waited for at once), is lent (its address is kept, and the worker copies it through the kernel,
-//! which fails cleanly instead of faulting, or a peer of this host copies it out the same
-//! way), and results are copied into the caller's buffers when completion is observed. A
+//! waited for at once), is lent (its address is kept, and the worker copies it through the
+//! kernel, which fails cleanly instead of faulting, or a peer of this host copies it out the
+//! same way), and results are copied into the caller's buffers when completion is observed. A
 //! job that runs inside its own caller's wait, where the borrow is live, reads and writes
 //! the caller's buffers directly: no copy in or out. Dropping an unfinished `Work` whose
 //! large inputs were lent waits until its job has run (every step of which has a deadline);
