@@ -9,6 +9,8 @@
 //! `--fault kill-rank:R[@start|@steady] [--rejoin[=J]]` runs the membership instead (module
 //! `members`, the parent's side in `stages`): every rank a member, rank R killed, the
 //! survivors' agreement and a replacement's admission timed and counted.
+//! `ANYCCL_SIM_LATE_FIRST_LOOK=1` (a test's switch) holds the `@start` rank's first look at
+//! epoch 0 until another rank has decided it, so the answer that kills it also ends its join.
 #![forbid(unsafe_code)]
 
 mod args;

@@ -79,17 +79,37 @@ struct MemberStore {
     trigger: Option<(String, Arc<Notify>, AtomicBool)>,
     /// The rank took the lead of epoch 0 (the trigger's try succeeded).
     led: AtomicBool,
+    /// `ANYCCL_SIM_LATE_FIRST_LOOK`, on the rank killed at the start: its first look at
+    /// epoch 0's decision and leader waits until another rank has decided, so the answer
+    /// that fires the kill also holds the decision that ends the join (the race
+    /// [`MemberStore::unless_killed`] settles, forced in every run).
+    late_look: Option<(String, AtomicBool)>,
 }
 
 impl MemberStore {
     /// A request about `key` was answered; `led`: whether it showed a leader (a try to take
-    /// the lead counts, whatever its outcome).
-    fn answered(&self, key: &str, led: bool) {
+    /// the lead counts, whatever its outcome). Whether the answer fired the kill.
+    fn answered(&self, key: &str, led: bool) -> bool {
         if let Some((k, kill, fired)) = &self.trigger {
             if k == key && led && !fired.swap(true, Ordering::AcqRel) {
                 kill.notify_one();
+                return true;
             }
         }
+        false
+    }
+
+    /// The rank the answer just killed never reads it: the request does not return (the
+    /// kill, notified already, drops it with the join). Returned, an answer that fired the
+    /// kill could finish the join in the same poll (the decision of epoch 0 and the leader
+    /// came in one look), and the join's future, ready first, won the race with the kill:
+    /// the rank lived on as a member, nothing was left for the survivors to agree on, and
+    /// the run failed at the stage's limit (about one run in eight at 64 ranks).
+    async fn unless_killed<T>(&self, fired: bool, r: T) -> T {
+        if fired {
+            std::future::pending::<()>().await;
+        }
+        r
     }
 }
 
@@ -102,8 +122,8 @@ impl Store for MemberStore {
     async fn get(&self, key: &str) -> anyccl::Result<Option<Vec<u8>>> {
         self.timeline.note();
         let r = self.inner.get(key).await;
-        self.answered(key, matches!(r, Ok(Some(_))));
-        r
+        let fired = self.answered(key, matches!(r, Ok(Some(_))));
+        self.unless_killed(fired, r).await
     }
     async fn wait(&self, key: &str, deadline: std::time::Instant) -> anyccl::Result<Vec<u8>> {
         self.timeline.note();
@@ -119,8 +139,8 @@ impl Store for MemberStore {
         if self.trigger.as_ref().is_some_and(|t| t.0 == key) && r.as_ref().is_ok_and(|c| c.swapped) {
             self.led.store(true, Ordering::Release);
         }
-        self.answered(key, true);
-        r
+        let fired = self.answered(key, true);
+        self.unless_killed(fired, r).await
     }
     async fn delete(&self, key: &str) -> anyccl::Result<bool> {
         self.timeline.note();
@@ -132,11 +152,20 @@ impl Store for MemberStore {
     }
     async fn wait_many(&self, keys: &[String], deadline: std::time::Instant) -> anyccl::Result<Vec<Option<Vec<u8>>>> {
         self.timeline.note();
-        let r = self.inner.wait_many(keys, deadline).await;
-        if let Ok(vs) = &r {
-            keys.iter().zip(vs).for_each(|(k, v)| self.answered(k, v.is_some()));
+        if let Some((decision, waited)) = &self.late_look {
+            if keys.contains(decision) && !waited.swap(true, Ordering::AcqRel) {
+                // Whatever this returns, the look below reads what is there by then.
+                let _ = self.inner.wait(decision, std::time::Instant::now() + Duration::from_secs(60)).await;
+            }
         }
-        r
+        let r = self.inner.wait_many(keys, deadline).await;
+        let mut fired = false;
+        if let Ok(vs) = &r {
+            for (k, v) in keys.iter().zip(vs) {
+                fired |= self.answered(k, v.is_some());
+            }
+        }
+        self.unless_killed(fired, r).await
     }
 }
 
@@ -359,13 +388,16 @@ pub(crate) async fn child(
     let cfg = config(a)?;
     let doom = Arc::new(Notify::new());
     let lead0 = format!("{}/epoch/0/leader", cfg.prefix);
+    let late = std::env::var_os("ANYCCL_SIM_LATE_FIRST_LOOK").is_some_and(|v| v == "1");
     let members: Vec<Arc<MemberStore>> = mine
         .clone()
         .zip(stores)
         .map(|(r, inner)| {
-            let trigger = (r == kill.rank && kill.at == KillAt::Start)
-                .then(|| (lead0.clone(), doom.clone(), AtomicBool::new(false)));
-            Arc::new(MemberStore { inner, timeline: timeline.clone(), trigger, led: AtomicBool::new(false) })
+            let doomed = r == kill.rank && kill.at == KillAt::Start;
+            let trigger = doomed.then(|| (lead0.clone(), doom.clone(), AtomicBool::new(false)));
+            let late_look =
+                (doomed && late).then(|| (format!("{}/epoch/0/decision", cfg.prefix), AtomicBool::new(false)));
+            Arc::new(MemberStore { inner, timeline: timeline.clone(), trigger, led: AtomicBool::new(false), late_look })
         })
         .collect();
     let stores: Vec<Arc<dyn Store>> = members.iter().map(|m| m.clone() as Arc<dyn Store>).collect();
