@@ -62,8 +62,8 @@ pub(super) struct Sched {
     /// how often a worker that ran something recently looks at the queue without being
     /// woken (`ANYCCL_CPU_HANDOFF_US`).
     pub(super) grace: Duration,
-    /// Bytes of results the worker ran ahead that their callers have not taken yet
-    /// ([`Completion::counted`]): from [`HOLD_AHEAD`] on, the worker stops running the queue
+    /// Bytes of results set in completions and not taken yet ([`Completion::set`],
+    /// [`Completion::take`]): from [`HOLD_AHEAD`] on, the worker stops running the queue
     /// ahead of the callers' waits.
     pub(super) holding: AtomicUsize,
 }
@@ -394,9 +394,11 @@ pub(super) struct Completion {
     pub(super) abandoned: std::sync::atomic::AtomicBool,
     /// A small lent input: whether the job read it, or the copy its dropped `Work` left.
     pub(super) rescue: Mutex<Rescue>,
-    /// Bytes of the result in `slot` counted in its scheduler's [`Sched::holding`] (changed
-    /// under `slot`'s lock; given back by [`Completion::take`]).
-    pub(super) counted: AtomicUsize,
+}
+
+/// The bytes of a result's outputs (what it counts in [`Sched::holding`] while it is set).
+fn held_bytes(r: &Done) -> usize {
+    r.as_ref().map_or(0, |outs| outs.iter().flatten().map(Vec::len).sum())
 }
 
 /// See [`Completion::rescue`].
@@ -459,26 +461,22 @@ impl Completion {
     /// `holding` (its scheduler's [`Sched::holding`]).
     pub(super) fn take(&self, g: &mut Option<Done>, holding: &AtomicUsize) -> Option<Done> {
         let r = g.take()?;
-        let counted = self.counted.swap(0, Ordering::Relaxed);
-        if counted > 0 {
-            holding.fetch_sub(counted, Ordering::Relaxed);
-        }
+        holding.fetch_sub(held_bytes(&r), Ordering::Relaxed);
         Some(r)
     }
 
     /// Set the result, counting its bytes in `holding` (its scheduler's [`Sched::holding`])
     /// until it is taken ([`Completion::take`]); a result nobody will take is dropped.
     pub(super) fn set(&self, r: Done, holding: &AtomicUsize) {
-        let bytes = r.as_ref().map_or(0, |outs| outs.iter().flatten().map(Vec::len).sum::<usize>());
         let mut g = self.slot.lock().unwrap_or_else(|p| p.into_inner());
         let unwanted = if self.abandoned.load(Ordering::Relaxed) {
             Some(r)
         } else {
-            if bytes > 0 {
-                holding.fetch_add(bytes, Ordering::Relaxed);
-                self.counted.fetch_add(bytes, Ordering::Relaxed);
-            }
-            g.replace(r)
+            holding.fetch_add(held_bytes(&r), Ordering::Relaxed);
+            // (A completion is set once; one set again gives back what it held.)
+            let old = self.take(&mut g, holding);
+            *g = Some(r);
+            old
         };
         drop(g);
         drop(unwanted);

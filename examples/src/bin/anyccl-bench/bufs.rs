@@ -106,8 +106,16 @@ pub(crate) fn budget(platform: &dyn Platform, local_world_size: usize) -> Budget
     let host = platform.kind() == DeviceKind::Cpu;
     let sharing = if host { local_world_size.max(1) as u64 } else { 1 };
     let most = if host { HOST_IN_FLIGHT } else { 4 << 30 };
-    Budget { bytes: (free / sharing / 8).min(most as u64) as usize, per_op: if host { 1 << 10 } else { 1 } }
+    Budget { bytes: (free / sharing / 8).min(most as u64) as usize, per_op: if host { HOST_PER_OP } else { 1 } }
 }
+
+/// The header's word for the default depth on the host.
+pub(crate) fn host_depth_said() -> String {
+    format!("as many as {} KiB holds, {} bytes an operation at least", HOST_IN_FLIGHT >> 10, HOST_PER_OP)
+}
+
+/// What an operation in flight counts at least on the host ([`Budget::per_op`]).
+const HOST_PER_OP: usize = 1 << 10;
 
 /// The receive buffers a rank on the host cycles through back to back, at most (about a
 /// core's own cache): the host's processor is the device there, and outputs beyond its

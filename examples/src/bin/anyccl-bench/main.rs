@@ -96,7 +96,7 @@ async fn run(args: Args) -> Result<()> {
     let timeout = comm.config().op_timeout;
     let print = me == 0;
     if let Some(mode) = modes::Mode::of(&args) {
-        if platform.device().kind != anyccl::DeviceKind::Cuda {
+        if platform.device().kind != DeviceKind::Cuda {
             let on = format!("the {} backend on {}", comm.info().backend, platform.device());
             return Err(bad_arg(
                 mode.flag(),
@@ -154,7 +154,7 @@ async fn run(args: Args) -> Result<()> {
         println!("#  nThread 1 nGpus 1 minBytes {min} maxBytes {max} step: {}(factor) warmup iters: {} iters: {} validation: {} in flight: {}", args.factor, args.warmup, args.iters, args.check, match (args.depth, args.window) {
             (Some(d), _) => d.to_string(),
             (None, true) => WINDOW_DEPTH.to_string(),
-            (None, false) if platform.kind() == DeviceKind::Cpu => "as many as 1 MiB holds, 1 KiB an operation at least".to_string(),
+            (None, false) if platform.kind() == DeviceKind::Cpu => bufs::host_depth_said(),
             (None, false) => "as many as fit".to_string(),
         });
         println!("#");

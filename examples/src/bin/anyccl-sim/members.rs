@@ -105,7 +105,7 @@ impl MemberStore {
     /// came in one look), and the join's future, ready first, won the race with the kill:
     /// the rank lived on as a member, nothing was left for the survivors to agree on, and
     /// the run failed at the stage's limit (about one run in eight at 64 ranks).
-    async fn unless_killed<T>(&self, fired: bool, r: T) -> T {
+    async fn unless_killed<T>(fired: bool, r: T) -> T {
         if fired {
             std::future::pending::<()>().await;
         }
@@ -123,7 +123,7 @@ impl Store for MemberStore {
         self.timeline.note();
         let r = self.inner.get(key).await;
         let fired = self.answered(key, matches!(r, Ok(Some(_))));
-        self.unless_killed(fired, r).await
+        Self::unless_killed(fired, r).await
     }
     async fn wait(&self, key: &str, deadline: std::time::Instant) -> anyccl::Result<Vec<u8>> {
         self.timeline.note();
@@ -140,7 +140,7 @@ impl Store for MemberStore {
             self.led.store(true, Ordering::Release);
         }
         let fired = self.answered(key, true);
-        self.unless_killed(fired, r).await
+        Self::unless_killed(fired, r).await
     }
     async fn delete(&self, key: &str) -> anyccl::Result<bool> {
         self.timeline.note();
@@ -165,7 +165,7 @@ impl Store for MemberStore {
                 fired |= self.answered(k, v.is_some());
             }
         }
-        self.unless_killed(fired, r).await
+        Self::unless_killed(fired, r).await
     }
 }
 
