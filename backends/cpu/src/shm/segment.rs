@@ -94,6 +94,26 @@ impl Segment {
         self.fd
     }
 
+    /// Fault in bytes `offset .. offset + len` of this mapping now, as if written
+    /// (`MADV_POPULATE_WRITE`, Linux 5.14 on; elsewhere they fault in as they are first
+    /// touched). Contents are unchanged.
+    ///
+    /// A ring's pages, left to fault in as messages first reach them, cost the first lap a
+    /// fault in each mapping per page: 2 ranks calling back to back (1,024 in flight, 1,000
+    /// calls a row) ran all_reduce 512 B-4 KiB 1.7-2x slower than one call at a time, the
+    /// difference the faults of up to a thousand pages. Made at connect, as every other
+    /// resource a step uses is.
+    pub(crate) fn populate(&self, offset: usize, len: usize) {
+        let page = 4096;
+        let start = offset / page * page;
+        let end = (offset + len).min(self.len);
+        if start >= end {
+            return;
+        }
+        // SAFETY: the range lies inside this mapping; populating reads and writes nothing.
+        unsafe { libc::madvise(self.base.add(start).cast(), end - start, libc::MADV_POPULATE_WRITE) };
+    }
+
     /// The ring at byte `offset` with `cap` data bytes.
     pub(super) fn ring(&self, offset: usize, cap: usize) -> RingPtr {
         debug_assert!(offset + CTL + cap <= self.len && cap.is_power_of_two());
