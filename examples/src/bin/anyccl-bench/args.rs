@@ -40,7 +40,7 @@ pub(crate) struct Args {
     pub(crate) redop: String,
     /// Calls in flight at most: 1 issues each call and waits for it (latency, as an MPI
     /// benchmark's blocking loop measures); the default issues as many as the memory budget
-    /// allows back to back (on the host, as many as 1 MiB of receive buffers holds, 1,024 at
+    /// allows back to back (on the host, as many as 1 MiB of receive buffers holds, 64 at
     /// most), then waits (pipelined, as nccl-tests does).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub(crate) depth: Option<u32>,
