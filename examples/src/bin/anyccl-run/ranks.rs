@@ -2,6 +2,7 @@
 //! with the job's variables, its output copied and its process group told to the reaper; and
 //! which process is each rank's newest.
 
+use crate::bind::Binding;
 use crate::output::{self, Copying, Ended};
 use anyccl::LaunchEnv;
 use nix::sys::signal::Signal;
@@ -92,6 +93,8 @@ pub struct Starter {
     /// The process group of every process started, replaced ones too: what the launcher
     /// stops before it exits.
     pub groups: Vec<i32>,
+    /// Each rank's CPUs (`--bind`); `None`: where the kernel puts it.
+    pub binding: Option<Binding>,
 }
 
 impl Starter {
@@ -125,7 +128,14 @@ impl Starter {
             1 => format!("rank {rank}"),
             i => format!("rank {rank}'s incarnation {i}"),
         };
-        let mut c = cmd.spawn().map_err(|e| format!("cannot start {which} ({}): {e}", self.program.display()))?;
+        let (spawned, unbound) = match &self.binding {
+            Some(b) => b.spawning(rank, || cmd.spawn()),
+            None => (cmd.spawn(), None),
+        };
+        if let Some(why) = unbound {
+            tracing::debug!("{which}: {why}");
+        }
+        let mut c = spawned.map_err(|e| format!("cannot start {which} ({}): {e}", self.program.display()))?;
         let pid = c.id() as i32;
         self.groups.push(pid);
         if let Some(w) = self.reaper.as_mut() {
