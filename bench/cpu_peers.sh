@@ -4,7 +4,7 @@
 # issued and waited (the latency an MPI blocking loop measures), one row per size with
 # each peer's time and bus bandwidth and anyccl's ratios to them (busbw ratio: above 1 is
 # faster). anyccl's pipelined time per call (calls issued back to back, then waited, as
-# nccl-tests measures) is printed beside its latency.
+# nccl-tests measures; the median of REPS runs too) is printed beside its latency.
 #
 # Timings on a shared 2-core machine drift by tens of percent between runs, so anyccl and
 # Open MPI each run REPS times, alternating, and every row shows the median of the REPS
@@ -102,14 +102,15 @@ for n in $RANKS; do
           | awk "!/^#/ && NF > 8 {print \$1, $cols}" >>"$a.$rep"
       done
       mpirun --allow-run-as-root --oversubscribe ${mpi_env[@]+"${mpi_env[@]}"} -np "$n" "$WORK/mpi_coll" "$op" "$minb" "$maxb" "$ITERS" >"$m.$rep" 2>"$m.err" || true
+      # anyccl pipelined, small sizes only (what the latency rows do not show), REPS times
+      # as well: a single run's row was now and then several times the others'.
+      : >"$p.$rep"
+      if [ "$minb" -le 4096 ]; then
+        $R/anyccl-run -n "$n" --no-prefix -- $R/anyccl-bench "$op" --backend cpu -b "$minb" -e 4K -n "$ITERS" -w 5 \
+          | awk '!/^#/ && NF > 8 {print $1, $6}' >"$p.$rep"
+      fi
     done
-    median "$a" >"$a"; median "$m" >"$m"
-    # anyccl pipelined, small sizes only (what the latency rows do not show).
-    : >"$p"
-    if [ "$minb" -le 4096 ]; then
-      $R/anyccl-run -n "$n" --no-prefix -- $R/anyccl-bench "$op" --backend cpu -b "$minb" -e 4K -n "$ITERS" -w 5 \
-        | awk '!/^#/ && NF > 8 {print $1, $6}' >"$p"
-    fi
+    median "$a" >"$a"; median "$m" >"$m"; median "$p" >"$p"
     # Gloo: every size once, then the sizes from `split` REPS - 1 times more.
     gfiles=()
     for ((rep = 0; rep < REPS; rep++)); do
