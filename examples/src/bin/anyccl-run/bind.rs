@@ -28,7 +28,7 @@ pub enum Bind {
 /// Each rank's share of the launcher's CPUs.
 pub struct Binding {
     shares: Vec<CpuSet>,
-    /// What each share lists, for the launcher's report.
+    /// What each share lists, for the messages that name it.
     said: Vec<String>,
 }
 
