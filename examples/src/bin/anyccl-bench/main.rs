@@ -121,6 +121,8 @@ async fn run(args: Args) -> Result<()> {
             ),
         ));
     }
+    let mut sync = StoreBarrier { store: store.as_ref(), n, me, calls: 0, timeout };
+    let cpus = timing::cpus_line(&mut sync).await?;
     if print && !args.json {
         let info = backend.probe()?;
         println!(
@@ -135,6 +137,9 @@ async fn run(args: Args) -> Result<()> {
         if !tuning.is_empty() {
             let t: Vec<String> = tuning.iter().map(|(k, v)| format!("{k}={v}")).collect();
             println!("# tuning: {}", t.join(" "));
+        }
+        if let Some(c) = &cpus {
+            println!("# cpus: {c}");
         }
         // The algorithm and transport each size takes on this communicator, as chosen at
         // connect (thresholds from the host's cache and CPUs), so a slow run can be told
@@ -163,7 +168,6 @@ async fn run(args: Args) -> Result<()> {
         println!("#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)            (us)    (MiB)");
     }
     let mut rows = Vec::new();
-    let mut sync = StoreBarrier { store: store.as_ref(), n, me, calls: 0, timeout };
     let warmup = |first: bool| Warmup {
         calls: args.warmup,
         min_time: if first { Duration::from_millis(args.warmup_ms) } else { Duration::ZERO },

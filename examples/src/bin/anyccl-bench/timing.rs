@@ -39,6 +39,38 @@ impl StoreBarrier<'_> {
     }
 }
 
+/// The CPUs this process may run on, as the kernel lists them (`0-3,8`); `?` where unknown.
+fn own_cpus() -> String {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let line = status.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:"));
+    line.map_or_else(|| "?".to_string(), |l| l.trim().to_string())
+}
+
+/// Where each rank may run, for rank 0's header (`None` on the others): every rank puts its
+/// CPUs in the store, rank 0 reads the first [`CPUS_SHOWN`]. Two ranks that may share a CPU
+/// can land on one (each exchange then waits for the other's turn): the line tells such a run
+/// from one whose ranks were bound apart.
+pub(crate) async fn cpus_line(sync: &mut StoreBarrier<'_>) -> Result<Option<String>> {
+    sync.calls += 1;
+    let key = |r: usize| format!("bench/cpus/{}/{r}", sync.calls);
+    sync.store.set(&key(sync.me), own_cpus().as_bytes()).await?;
+    if sync.me != 0 {
+        return Ok(None);
+    }
+    let mut said = Vec::new();
+    for r in 0..sync.n.min(CPUS_SHOWN) {
+        let v = sync.store.wait(&key(r), anyccl::raw::deadline_in(sync.timeout)).await?;
+        said.push(format!("rank {r} {}", String::from_utf8_lossy(&v)));
+    }
+    if sync.n > CPUS_SHOWN {
+        said.push(format!("... ({} ranks)", sync.n));
+    }
+    Ok(Some(said.join(", ")))
+}
+
+/// Ranks whose CPUs the header lists.
+const CPUS_SHOWN: usize = 16;
+
 /// Untimed calls before a timed run: `calls`, then more until `min_time` has passed.
 #[derive(Clone, Copy)]
 pub(crate) struct Warmup {
