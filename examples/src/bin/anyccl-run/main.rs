@@ -1,7 +1,8 @@
-//! `anyccl-run -n N [--timeout S] [--elastic [--max-restarts K]] -- PROGRAM ARGS`: start N
-//! local ranks of PROGRAM with the conventional variables (RANK, WORLD_SIZE, LOCAL_RANK,
-//! LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), host their store, prefix each output line
-//! with the rank, and when one rank fails, stop the others and exit non-zero naming it.
+//! `anyccl-run -n N [--timeout S] [--bind cpus|none] [--elastic [--max-restarts K]] --
+//! PROGRAM ARGS`: start N local ranks of PROGRAM with the conventional variables (RANK,
+//! WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), host their store,
+//! prefix each output line with the rank, and when one rank fails, stop the others and exit
+//! non-zero naming it.
 //! Variables for one rank only come from `ANYCCL_RANK_ENV` (see `LaunchEnv::rank_env`).
 //!
 //! With `--elastic`, a rank that fails while the job has restarts left (K, 3 by default,
@@ -28,9 +29,11 @@
 //!   or session of its own, which the launcher inherited as a subreaper) is stopped too.
 //!
 //! Output is copied as bytes, cut into lines of at most `--max-line` bytes (see `output`).
+//! Each rank starts bound to its share of the launcher's CPUs where the ranks do not
+//! outnumber them (see `bind`).
 //!
-//! Module ladder: `output` and `procs` at the foot; `ranks` on `output`; `elastic` on
-//! `ranks`; this file on everything.
+//! Module ladder: `output`, `procs` and `bind` at the foot; `ranks` on `output` and `bind`;
+//! `elastic` on `ranks`; this file on everything.
 #![forbid(unsafe_code)]
 
 mod bind;
