@@ -253,16 +253,17 @@ pub(crate) struct Rx {
 unsafe impl Send for Rx {}
 
 /// Give every ring of `own` (this rank's segment, laid out as `layout`, not yet mapped by
-/// any peer) its stamp key, its first [`POPULATED`] bytes faulted in (a peer faults in the
-/// same bytes of its ring in its own mapping as it links).
+/// any peer) its stamp key.
 pub(crate) fn init_rings(own: &Segment, layout: Layout) {
     for sender in 0..layout.locals {
-        own.populate(layout.offset(sender), CTL + layout.ring.min(POPULATED));
         own.ring(layout.offset(sender), layout.ring).ctl().reader.key.store(new_key(), Ordering::Release);
     }
 }
 
-/// The two ends between this rank and one peer of its host.
+/// The two ends between this rank and one peer of its host, the first [`POPULATED`] bytes of
+/// each faulted in, in this process's mappings (the ring to the peer in the peer's segment,
+/// the ring from it in this rank's own; the ring a segment holds for its own rank is never
+/// used, and never faulted in).
 pub(crate) fn link(
     own: &std::sync::Arc<Segment>,
     peer: &std::sync::Arc<Segment>,
@@ -272,7 +273,9 @@ pub(crate) fn link(
     patience: Patience,
     stream_min: usize,
 ) -> (Tx, Rx) {
-    peer.populate(layout.offset(me_local), CTL + layout.ring.min(POPULATED));
+    let populated = CTL + layout.ring.min(POPULATED);
+    peer.populate(layout.offset(me_local), populated);
+    own.populate(layout.offset(peer_local), populated);
     let ring = peer.ring(layout.offset(me_local), layout.ring);
     let tail_seen = std::cell::Cell::new(ring.ctl().reader.pos.load(Ordering::Acquire));
     let head = std::cell::Cell::new(ring.ctl().writer.pos.load(Ordering::Acquire));

@@ -122,7 +122,8 @@ async fn run(args: Args) -> Result<()> {
         ));
     }
     let mut sync = StoreBarrier { store: store.as_ref(), n, me, calls: 0, timeout };
-    let cpus = timing::cpus_line(&mut sync).await?;
+    // Only for the header (every rank takes part, or none: the flags are the same on all).
+    let cpus = if args.json { None } else { timing::cpus_line(&mut sync).await? };
     if print && !args.json {
         let info = backend.probe()?;
         println!(

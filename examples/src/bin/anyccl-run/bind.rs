@@ -28,8 +28,6 @@ pub enum Bind {
 /// Each rank's share of the launcher's CPUs.
 pub struct Binding {
     shares: Vec<CpuSet>,
-    /// What each share lists, for the messages that name it.
-    said: Vec<String>,
 }
 
 /// The CPUs in `set`.
@@ -89,12 +87,7 @@ impl Binding {
             }
             sets.push(set);
         }
-        Ok(Binding { said: shares.iter().map(|s| ranges(s)).collect(), shares: sets })
-    }
-
-    /// Rank `rank`'s share, as `0-3,6`.
-    pub fn said(&self, rank: usize) -> &str {
-        self.said.get(rank).map_or("", String::as_str)
+        Ok(Binding { shares: sets })
     }
 
     /// Run `spawn` (which starts rank `rank`'s process) with this thread on the rank's share,
@@ -109,7 +102,7 @@ impl Binding {
             Err(e) => return (spawn(), Some(format!("cannot read the launcher's CPUs: {e}"))),
         };
         if let Err(e) = sched_setaffinity(me, share) {
-            return (spawn(), Some(format!("cannot bind to CPUs {}: {e}", self.said(rank))));
+            return (spawn(), Some(format!("cannot bind to CPUs {}: {e}", ranges(&cpus(share)))));
         }
         let r = spawn();
         let back = sched_setaffinity(me, &own).err().map(|e| format!("cannot take the launcher's CPUs back: {e}"));
