@@ -303,16 +303,19 @@ impl Ctx {
     }
 
     /// A call rejected before any communication: `arg` of `op` is wrong because `msg`.
+    #[cold]
     pub fn invalid(&self, op: &'static str, arg: &'static str, msg: impl Into<String>) -> Error {
         Error::InvalidArgument { op, arg, rank: self.rank, group: self.group.clone(), msg: msg.into() }
     }
 
     /// The backend lacks `op` (`what` says which part).
+    #[cold]
     pub fn unsupported(&self, op: &'static str, what: impl Into<String>) -> Error {
         Error::Unsupported { backend: self.backend, op, what: what.into() }
     }
 
     /// A deadline that passed in `op` after waiting `after`.
+    #[cold]
     pub fn timeout(&self, op: impl Into<String>, after: Duration, detail: impl Into<String>) -> Error {
         Error::Timeout {
             op: op.into(),
@@ -325,16 +328,19 @@ impl Ctx {
     }
 
     /// A peer (`peer`, when known) died, closed its connection or reported a failure.
+    #[cold]
     pub fn peer_failed(&self, peer: Option<usize>, detail: impl Into<String>) -> Error {
         Error::PeerFailed { rank: self.rank, group: self.group.clone(), peer, detail: detail.into(), source: None }
     }
 
     /// The communicator is no longer usable, because of `detail`.
+    #[cold]
     pub fn aborted(&self, detail: impl Into<String>) -> Error {
         Error::Aborted { rank: self.rank, group: self.group.clone(), detail: detail.into() }
     }
 
     /// The library returned `code` in `op`, with its own `text`.
+    #[cold]
     pub fn backend_error(&self, op: &str, code: i64, text: impl Into<String>, recovery: Recovery) -> Error {
         Error::Backend { backend: self.backend, op: self.located(op), code, text: text.into(), recovery, source: None }
     }
@@ -342,6 +348,7 @@ impl Ctx {
     /// `op` on the file or device at `path` failed with the system's error `cause` (kept as
     /// the source); interrupted, would-block and timed-out errors are `Retry`, the rest
     /// `Fatal`.
+    #[cold]
     pub fn io(&self, op: impl Into<String>, path: impl AsRef<Path>, cause: std::io::Error) -> Error {
         use std::io::ErrorKind as K;
         let recovery = match cause.kind() {

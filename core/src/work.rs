@@ -160,24 +160,34 @@ impl<'a> Work<'a> {
                 Ok(true)
             }
             Ok(false) => Ok(false),
-            Err(e) => {
-                self.finish(Err(e.to_string().into_boxed_str()));
-                crate::trace::dump_error(&format!("{} #{} failed: {e}", self.info().op, self.info().seq));
-                Err(e)
-            }
+            Err(e) => Err(self.failed(e)),
         }
+    }
+
+    /// Record the operation's failure `e` (kept for every later look) and give it back.
+    #[cold]
+    #[inline(never)]
+    fn failed(&mut self, e: Error) -> Error {
+        self.finish(Err(e.to_string().into_boxed_str()));
+        crate::trace::dump_error(&format!("{} #{} failed: {e}", self.info().op, self.info().seq));
+        e
     }
 
     fn repeat_outcome(&self) -> Result<bool> {
         match &self.held.state {
             Some(Ok(())) => Ok(true),
-            Some(Err(msg)) => {
-                let info = self.info();
-                let ctx = crate::Ctx::new("anyccl", info.rank, info.group.to_string());
-                Err(ctx.aborted(format!("{} #{} failed earlier: {msg}", info.op, info.seq)))
-            }
+            Some(Err(msg)) => Err(self.failed_earlier(msg)),
             None => Ok(false),
         }
+    }
+
+    /// The error every look after a failure gives: the failure's message, `msg`.
+    #[cold]
+    #[inline(never)]
+    fn failed_earlier(&self, msg: &str) -> Error {
+        let info = self.info();
+        let ctx = crate::Ctx::new("anyccl", info.rank, info.group.to_string());
+        ctx.aborted(format!("{} #{} failed earlier: {msg}", info.op, info.seq))
     }
 
     /// Whether the operation finished; `Err` if it failed.
@@ -232,6 +242,8 @@ impl<'a> Work<'a> {
         }
     }
 
+    #[cold]
+    #[inline(never)]
     fn timeout_error(&self, after: Duration) -> Error {
         let info = self.info();
         crate::trace::dump(&format!("{} #{} of group '{}' timed out after {after:?}", info.op, info.seq, info.group));

@@ -350,10 +350,18 @@ impl<L: Library> DeviceComm<L> {
     }
 
     /// The error for a call on a communicator that left `Live`.
+    #[inline]
     fn dead(&self) -> Option<Error> {
         if !self.left_live.load(Ordering::Acquire) {
             return None;
         }
+        self.dead_why()
+    }
+
+    /// [`DeviceComm::dead`] once the lifecycle left `Live`: out of every call's way.
+    #[cold]
+    #[inline(never)]
+    fn dead_why(&self) -> Option<Error> {
         let why = match &*self.state.lock().unwrap_or_else(|p| p.into_inner()) {
             Lifecycle::Live => return None,
             Lifecycle::ShutDown => "the communicator was shut down".to_string(),
@@ -391,6 +399,7 @@ impl<L: Library> DeviceComm<L> {
     /// Free the library communicator under the call lock. When a call is blocked inside
     /// the library: free beside it where the library's destroy releases it; otherwise
     /// leave the free to that call, which does it when the library lets go.
+    #[cold]
     fn release(&self) {
         loop {
             match self.calls.try_lock() {
@@ -428,17 +437,20 @@ impl<L: Library> DeviceComm<L> {
     }
 
     /// Record a failure and free, so every later call fails fast.
+    #[cold]
     fn fail(&self, why: &Error) {
         self.transition(Lifecycle::Failed(format!("failed earlier: {why}")));
         self.release();
     }
 
+    #[cold]
     fn abort_now(&self, why: &str) {
         self.transition(Lifecycle::Aborted(why.to_string()));
         self.release();
     }
 
     /// What a call that blocked inside the library means, from what is known.
+    #[cold]
     fn blocked_why(&self) -> String {
         match self.finished_upto.load(Ordering::Relaxed) {
             0 => "no operation of this communicator has completed yet: a peer never joined (or is still connecting)"
@@ -451,6 +463,7 @@ impl<L: Library> DeviceComm<L> {
     }
 
     /// A `Timeout` for `op` that also fails the communicator (it cannot be trusted after).
+    #[cold]
     fn timed_out(&self, op: &str, after: Duration, why: &str) -> Error {
         let e = self.ctx.timeout(op, after, format!("{why}; communicator aborted"));
         self.fail(&e);

@@ -8,6 +8,9 @@
 //! of 100 in flight (each anyccl call borrows one of 100 outputs until waited), then waits
 //! for them; the rows give nanoseconds per call spent issuing and in all, the median of
 //! ROUNDS rounds that alternate the patterns, and each anyccl row's ratio to raw with events.
+//! Rows 6 and 7 are raw with events running 17 or 34 KB of straight-line code after each
+//! call: what code costs that a launch has pushed out of the instruction caches, against its
+//! time in a loop (in the header), the scale for anyccl's own code per call.
 //!
 //! `cargo build --release -p anyccl-nccl --example launch_cost`, then on the GPU host
 //! `launch_cost [CALLS] [ROUNDS] [PATTERN]` (default 20000 and 5; PATTERN, a row's number,
@@ -22,14 +25,83 @@ use std::time::{Duration, Instant};
 const DEPTH: usize = 100;
 const COUNT: usize = 2;
 
-const PATTERNS: [&str; 6] = [
+const PATTERNS: [&str; 8] = [
     "raw ncclAllReduce",
     "raw, an event after each call, waited by 100",
     "anyccl stream order (enqueue_all_reduce)",
     "anyccl Work, through the Communicator",
     "anyccl Work, the backend's Collective alone",
     "anyccl Work, shared completion",
+    "raw with events, + 17 KB of code a call",
+    "raw with events, + 34 KB of code a call",
 ];
+
+/// One step of [`cold_code`]: a multiply, a rotate and an xor that the compiler can neither
+/// fold nor loop (the value goes through `black_box` each time).
+macro_rules! step {
+    ($x:ident) => {
+        $x = std::hint::black_box($x.wrapping_mul(0x9E37_79B9_7F4A_7C15).rotate_left(13) ^ 0x55);
+    };
+}
+macro_rules! steps16 {
+    ($x:ident) => {
+        step!($x);
+        step!($x);
+        step!($x);
+        step!($x);
+        step!($x);
+        step!($x);
+        step!($x);
+        step!($x);
+        step!($x);
+        step!($x);
+        step!($x);
+        step!($x);
+        step!($x);
+        step!($x);
+        step!($x);
+        step!($x);
+    };
+}
+macro_rules! steps128 {
+    ($x:ident) => {
+        steps16!($x);
+        steps16!($x);
+        steps16!($x);
+        steps16!($x);
+        steps16!($x);
+        steps16!($x);
+        steps16!($x);
+        steps16!($x);
+    };
+}
+
+/// About 17 KB of straight-line code (768 steps): what a call that runs this much code costs
+/// once a library's launch has pushed it out of the instruction caches (rows 6 and 7),
+/// against its time in a loop, where it stays in them (the header). anyccl's own code per
+/// call is about as large (`bench/host_footprint.sh`).
+#[inline(never)]
+fn cold_code(mut x: u64) -> u64 {
+    steps128!(x);
+    steps128!(x);
+    steps128!(x);
+    steps128!(x);
+    steps128!(x);
+    steps128!(x);
+    x
+}
+
+/// Another copy of [`cold_code`], so that a call can run twice as much code.
+#[inline(never)]
+fn cold_code_2(mut x: u64) -> u64 {
+    steps128!(x);
+    steps128!(x);
+    steps128!(x);
+    steps128!(x);
+    steps128!(x);
+    steps128!(x);
+    x ^ 1
+}
 
 struct Setup {
     raw: RawNccl,
@@ -96,6 +168,18 @@ fn run(
             let total = t.elapsed();
             drop(held);
             Ok((issued.as_secs_f64() * 1e9 / calls as f64, total.as_secs_f64() * 1e9 / calls as f64))
+        }
+        6 | 7 => {
+            // Raw with events, running code that the launch pushed out of the caches after
+            // each call.
+            let between = || {
+                std::hint::black_box(cold_code(std::hint::black_box(7)));
+                if pattern == 7 {
+                    std::hint::black_box(cold_code_2(std::hint::black_box(7)));
+                }
+            };
+            let t = s.raw.all_reduce_us_with(COUNT, DType::F32, (calls, 0), Some(DEPTH), 1, &between)?;
+            Ok((t.issue_us * 1e3, t.us * 1e3))
         }
         3 => chunks!(s, recvs, calls, |send, r| comm.all_reduce(Some(send.view()), r.view_mut(), sum)),
         4 => chunks!(s, recvs, calls, |send, r| comm.collective().all_reduce(Some(send.view()), r.view_mut(), sum)),
@@ -192,6 +276,14 @@ fn measure() -> Result<()> {
     println!(
         "# host cost per call, ns: {}",
         s.raw.host_costs(20_000)?.iter().map(|(w, ns)| format!("{w} {ns:.0}")).collect::<Vec<_>>().join(", ")
+    );
+    let t = Instant::now();
+    for _ in 0..100_000 {
+        std::hint::black_box(cold_code(std::hint::black_box(7)));
+    }
+    println!(
+        "# rows 6-7's 17 KB of code alone, in a loop (in the caches): {:.0} ns",
+        t.elapsed().as_secs_f64() * 1e9 / 1e5
     );
     println!("#{:>3} {:>48} {:>12} {:>12} {:>16}", "row", "pattern", "issue (ns)", "total (ns)", "vs raw+events");
     let with_events = median(times[1].1.clone());

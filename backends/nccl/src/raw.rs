@@ -87,6 +87,21 @@ impl RawNccl {
         events: Option<usize>,
         recvs: usize,
     ) -> Result<RawTiming> {
+        self.all_reduce_us_with(count, dtype, (iters, warmup), events, recvs, &|| ())
+    }
+
+    /// [`RawNccl::all_reduce_us`] running `between` after each call (and its event), timed
+    /// with it: what a caller's own code costs once a launch has run in between
+    /// (`launch_cost`'s cold-code rows).
+    pub fn all_reduce_us_with(
+        &self,
+        count: usize,
+        dtype: DType,
+        (iters, warmup): (usize, usize),
+        events: Option<usize>,
+        recvs: usize,
+        between: &dyn Fn(),
+    ) -> Result<RawTiming> {
         let send = crate::cuda::zeroed(&self.cuda, dtype, count)?;
         // `recvs` outputs of `count` elements: the caller bounds it (the benchmark passes the
         // outputs its own run holds, within its memory budget, at the sizes it compares).
@@ -110,6 +125,7 @@ impl RawNccl {
                     if let Some(ev) = kept.get(e) {
                         <Cuda as anyccl_device::Runtime>::record_again(&self.cuda, ev, &self.stream)?;
                     }
+                    between();
                 }
                 issued += start.elapsed();
                 match kept.get(chunk - 1) {

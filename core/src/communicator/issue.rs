@@ -34,6 +34,17 @@ impl Communicator {
         }
     }
 
+    /// A call the backend refused or failed to enqueue: its entry says so, and `e` is
+    /// given back.
+    #[cold]
+    #[inline(never)]
+    fn not_enqueued(&self, call: &Call, ticket: crate::recorder::Ticket, e: crate::Error) -> crate::Error {
+        self.recorder.finish(ticket, OpState::Failed(e.to_string()));
+        tracing::debug!(error = %e, "enqueue failed");
+        self.dump(call, &e);
+        e
+    }
+
     pub(super) fn issue<'a>(
         &'a self,
         call: Call,
@@ -85,12 +96,7 @@ impl Communicator {
                 tracing::trace!("enqueued");
                 Ok(w)
             }
-            Err(e) => {
-                self.recorder.finish(ticket, OpState::Failed(e.to_string()));
-                tracing::debug!(error = %e, "enqueue failed");
-                self.dump(&call, &e);
-                Err(e)
-            }
+            Err(e) => Err(self.not_enqueued(&call, ticket, e)),
         }
     }
 }

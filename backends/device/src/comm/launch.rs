@@ -153,8 +153,19 @@ impl<L: Library> DeviceComm<L> {
     }
 
     /// Wait until no operation is being launched (a previous first call still connecting).
+    #[inline]
     pub(super) fn settle(&self, op: &str) -> Result<()> {
-        // Nothing pending (every call but a first one that connects): no clock read.
+        // Nothing pending (every call but a first one that connects): no call, no clock read.
+        if !self.pending_set.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        self.settle_pending(op)
+    }
+
+    /// [`DeviceComm::settle`] while a launch is pending.
+    #[cold]
+    #[inline(never)]
+    fn settle_pending(&self, op: &str) -> Result<()> {
         let mut deadline = None;
         let mut spins = 0u32;
         while self.resolve_pending(op)? {
