@@ -182,7 +182,7 @@ fn new_key() -> u64 {
 impl RingPtr {
     /// The word at stream position `pos` (a multiple of 8).
     fn word(&self, pos: u64) -> &AtomicU64 {
-        let at = (pos % self.cap as u64) as usize;
+        let at = self.at(pos);
         debug_assert!(at.is_multiple_of(8), "an unaligned ring word");
         // SAFETY: `at` is a multiple of 8 below the capacity (a multiple of 8), so the word
         // lies inside the ring's data, which is 8-aligned (a page-aligned segment, control
@@ -201,9 +201,8 @@ impl RingPtr {
     /// at positions the reader had reached and only move forward, so an older record never
     /// equals the reader's position.
     fn resume(&self, pos: u64) -> u64 {
-        let cap = self.cap as u64;
-        if pos % cap >= restart_at(self.cap) && self.ctl().writer.restart.load(Ordering::Acquire) == pos {
-            pos.next_multiple_of(cap)
+        if self.at(pos) as u64 >= restart_at(self.cap) && self.ctl().writer.restart.load(Ordering::Acquire) == pos {
+            self.lap_end(pos)
         } else {
             pos
         }
@@ -406,14 +405,14 @@ impl Tx {
         let cap = self.ring.cap as u64;
         let mut head = self.head.get();
         let want = w.left.min(PIECE);
-        if want > 0 && head % cap >= restart_at(self.ring.cap) {
+        if want > 0 && self.ring.at(head) as u64 >= restart_at(self.ring.cap) {
             // Past the warm start of the ring: if the reader has taken everything, start
             // again at offset 0, recorded before the head that follows is published below
             // (there is room for at least a word then, so this call publishes one).
             self.tail_seen.set(self.ring.resume(ctl.reader.pos.load(Ordering::Acquire)));
             if self.tail_seen.get() == head {
                 ctl.writer.restart.store(head, Ordering::Relaxed);
-                head = head.next_multiple_of(cap);
+                head = self.ring.lap_end(head);
                 self.tail_seen.set(head);
             }
         }
@@ -433,7 +432,7 @@ impl Tx {
         head += CHUNK as u64;
         let len = n as u64;
         while n > 0 {
-            let at = (head % cap) as usize;
+            let at = self.ring.at(head);
             let contiguous = n.min(self.ring.cap - at);
             let mut filled = 0;
             while filled < contiguous {
@@ -643,7 +642,6 @@ impl Rx {
     /// before it waits for anything (a writer may be waiting for the room).
     pub(crate) fn take_some(&self, mut done: usize, len: usize, sink: &mut dyn FnMut(usize, &[u8])) -> usize {
         let padded = len.next_multiple_of(8);
-        let cap = self.ring.cap as u64;
         while done < padded {
             let here = self.current() as usize;
             if here == 0 {
@@ -652,7 +650,7 @@ impl Rx {
             let mut take = here.min(padded - done);
             let mut tail = self.tail.get();
             while take > 0 {
-                let at = (tail % cap) as usize;
+                let at = self.ring.at(tail);
                 let contiguous = take.min(self.ring.cap - at);
                 let useful = contiguous.min(len.saturating_sub(done));
                 if useful > 0 {

@@ -125,6 +125,22 @@ impl Segment {
     }
 }
 
+impl RingPtr {
+    /// Where stream position `pos` lies in the ring. The capacity is a power of two (the
+    /// layout's rings are), so this is a mask: a division here, at every look and write of a
+    /// message, cost tens of cycles each time (several a call of a small collective).
+    pub(super) fn at(&self, pos: u64) -> usize {
+        debug_assert!(self.cap.is_power_of_two());
+        (pos & (self.cap as u64 - 1)) as usize
+    }
+
+    /// The stream position where the lap holding `pos` ends (`pos` itself at a lap's start).
+    pub(super) fn lap_end(&self, pos: u64) -> u64 {
+        let mask = self.cap as u64 - 1;
+        (pos + mask) & !mask
+    }
+}
+
 impl Drop for Segment {
     fn drop(&mut self) {
         // SAFETY: unmapping the mapping made in `map`; no ring of it outlives the segment
