@@ -160,7 +160,7 @@ pub(crate) fn restart_at(cap: usize) -> u64 {
 /// match: positions only grow, and the key is random.
 const CHUNK: usize = 16;
 
-/// Chunks start on cache-line boundaries: a message of up to 24 bytes (with its chunk and
+/// Chunks start on cache-line boundaries: a message of up to 32 bytes (with its chunk and
 /// message headers, 64) lies in one line, which the reader polls and the writer fills, and no
 /// line holds the end of one message and the start of the next.
 const LINE: u64 = 64;

@@ -39,6 +39,8 @@ use mailbox::{CollMsg, Inbox};
 pub(crate) use mailbox::{Dead, Mailbox, Missed};
 
 const MAGIC: u64 = 0x616e_7963_636c_4350; // "anycclCP"
+/// Bytes of a message's header on a socket: kind, operation, 6 unused, number, length (a
+/// ring's is shorter: `local::SHM_HEADER`).
 const HEADER: usize = 24;
 
 /// Message kinds on the wire.
@@ -155,14 +157,14 @@ impl Mesh {
             }
             return Ok(());
         }
+        if let Some(link) = &self.shm[peer] {
+            return self.shm_send(peer, link, kind, op, seq, Data::Bytes(data));
+        }
         let mut h = [0u8; HEADER];
         h[0] = kind as u8;
         h[1] = op;
         h[8..16].copy_from_slice(&seq.to_le_bytes());
         h[16..24].copy_from_slice(&(data.len() as u64).to_le_bytes());
-        if let Some(link) = &self.shm[peer] {
-            return self.shm_send(peer, link, kind, op, seq, Data::Bytes(data));
-        }
         let Some(w) = &self.writers[peer] else {
             return Err(self.peer_err(peer, "no connection".into()));
         };

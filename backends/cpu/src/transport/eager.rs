@@ -3,7 +3,7 @@
 //! has arrived, within a short spin; otherwise the receive is left for later (the peer may
 //! be waiting for something this rank does after the issue).
 
-use super::local::Sink;
+use super::local::{Sink, SHM_HEADER};
 use super::watch::Watch;
 use super::*;
 
@@ -69,7 +69,7 @@ impl Mesh {
         }
         if let Some(data) = data {
             let tx = link.tx.lock().unwrap_or_else(|p| p.into_inner());
-            let (h, by_ref) = self.header_for(&tx, link, (Kind::Coll, op, seq), Data::Bytes(data), false);
+            let (h, by_ref) = self.header_for(&tx, link, (Kind::Coll, op, seq), Data::Bytes(data), false)?;
             if by_ref.is_some() || !tx.try_write_whole(&[&h, data]) {
                 return Ok(Eager::NotStarted);
             }
@@ -124,11 +124,11 @@ impl Mesh {
             rx.publish();
             self.stop(peer, deadline.get_or_init(|| Watch::new(self.op_timeout)), || rx.available() > 0, &what)
         };
-        let mut hdr = [0u8; HEADER];
+        let mut hdr = [0u8; SHM_HEADER];
         let mut to_hdr = |at: usize, b: &[u8]| hdr[at..at + b.len()].copy_from_slice(b);
-        let got = rx.take_some(0, HEADER, &mut to_hdr);
-        if got < HEADER {
-            rx.read_from(got, HEADER, &mut to_hdr, &mut stop)?;
+        let got = rx.take_some(0, SHM_HEADER, &mut to_hdr);
+        if got < SHM_HEADER {
+            rx.read_from(got, SHM_HEADER, &mut to_hdr, &mut stop)?;
         }
         let m = self.parse_header(peer, &hdr)?;
         self.check_coll(peer, op, seq, expect, (m.op, m.seq, m.len))?;

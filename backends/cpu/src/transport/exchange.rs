@@ -3,7 +3,7 @@
 //! waits for the other to finish and nothing is buffered on the way.
 
 use super::by_ref::Lent;
-use super::local::{Hdr, Mirror, Sink};
+use super::local::{Hdr, Mirror, Sink, SHM_HEADER};
 use super::watch::Watch;
 use super::*;
 
@@ -108,7 +108,7 @@ impl Mesh {
             return self.recv_kind(kind, (op, seq), from, expect, sink);
         }
         let tx = out.tx.lock().unwrap_or_else(|p| p.into_inner());
-        let (h, by_ref) = self.header_for(&tx, out, (kind, op, seq), data, true);
+        let (h, by_ref) = self.header_for(&tx, out, (kind, op, seq), data, true)?;
         let mut lent = by_ref.as_ref().map(|b| Lent::new(&tx, b));
         if by_ref.is_some() {
             mirror_all(&mut mirror);
@@ -117,7 +117,7 @@ impl Mesh {
         let mut w = shm::Writing::new(&parts);
         // Payload bytes copied to the mirror so far.
         let mut mirrored = 0;
-        let mut hdr = [0u8; HEADER];
+        let mut hdr = [0u8; SHM_HEADER];
         let (mut hdone, mut body, mut bdone) = (0usize, None::<Hdr>, 0usize);
         let what =
             || if kind == Kind::Coll { what(kind, op, seq) } else { format!("sendrecv with ranks {to} and {from}") };
@@ -127,7 +127,7 @@ impl Mesh {
             loop {
                 let mut progressed = !w.done() && tx.write_some(&mut w);
                 if let Some((m, copy)) = mirror.as_mut() {
-                    let upto = w.written().saturating_sub(HEADER).min(bytes.len());
+                    let upto = w.written().saturating_sub(SHM_HEADER).min(bytes.len());
                     if upto > mirrored {
                         copy(&mut m[mirrored..upto], &bytes[mirrored..upto]);
                         mirrored = upto;
@@ -135,10 +135,10 @@ impl Mesh {
                 }
                 let received = match body {
                     None => {
-                        let d = rx.take_some(hdone, HEADER, &mut |at, b| hdr[at..at + b.len()].copy_from_slice(b));
+                        let d = rx.take_some(hdone, SHM_HEADER, &mut |at, b| hdr[at..at + b.len()].copy_from_slice(b));
                         progressed |= d != hdone;
                         hdone = d;
-                        if hdone == HEADER {
+                        if hdone == SHM_HEADER {
                             hdone = 0;
                             let m = self.parse_header(from, &hdr)?;
                             let mut got = rx.consumed();
