@@ -37,6 +37,9 @@ pub struct PhaseGroup {
 /// What [`sleep_groups`] or [`wake_groups`] did on this rank.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct PhaseReport {
+    /// Whether this was a wake (the table then shows what each group took).
+    #[serde(default)]
+    pub wake: bool,
     /// Groups slept or woken, in the order done.
     pub groups: Vec<PhaseGroup>,
     /// Groups left as they were, and why (cross-engine, one rank, asleep or awake already).
@@ -53,15 +56,19 @@ impl PhaseReport {
         self.groups.iter().map(|g| g.freed).sum()
     }
 
-    /// A table for people: one row per group, then what was left alone.
+    /// A table for people: one row per group, then what was left alone. A sleep's shows the
+    /// memory each group gave back, a wake's the memory each took; `what` names the total.
     pub fn table(&self, what: &str) -> String {
         let mib = |b: i64| b as f64 / (1 << 20) as f64;
-        let mut out = format!("  {:<16} {:>14} {:>12} {:>10}\n", "group", "library MiB", "freed MiB", "ms");
+        // What a wake took is what it freed, negated; `+ 0.0`: no "-0.0".
+        let shown = |b: i64| if self.wake { -mib(b) + 0.0 } else { mib(b) + 0.0 };
+        let col = if self.wake { "taken MiB" } else { "freed MiB" };
+        let mut out = format!("  {:<16} {:>14} {:>12} {:>10}\n", "group", "library MiB", col, "ms");
         for g in &self.groups {
             let held = g.held_before.map_or("-".to_string(), |b| format!("{:.1}", mib(b as i64)));
-            let _ = writeln!(out, "  {:<16} {held:>14} {:>12.1} {:>10.1}", g.group, mib(g.freed), g.ms);
+            let _ = writeln!(out, "  {:<16} {held:>14} {:>12.1} {:>10.1}", g.group, shown(g.freed), g.ms);
         }
-        let _ = writeln!(out, "  {what}: {:.1} MiB in all", mib(self.freed()));
+        let _ = writeln!(out, "  {what}: {:.1} MiB in all", shown(self.freed()));
         if self.warmup.is_some() {
             let _ = writeln!(out, "  warmed again in {:.1} ms", self.warm_ms);
         }
@@ -149,7 +156,7 @@ pub async fn wake_groups(
     plans: Option<&[GroupPlan]>,
     cfg: &WarmupConfig,
 ) -> Result<PhaseReport> {
-    let (begun, mut report) = (Instant::now(), PhaseReport::default());
+    let (begun, mut report) = (Instant::now(), PhaseReport { wake: true, ..PhaseReport::default() });
     let mut woke = Vec::new();
     let mut failed = None;
     for g in chosen(groups, true, &mut report) {
@@ -238,5 +245,24 @@ async fn warm(
             let targets: Vec<Target<'_>> = awake.iter().map(|c| Target::new(c)).collect();
             warmup(s, &targets, cfg).await
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(wake: bool, freed: i64) -> PhaseReport {
+        let g = PhaseGroup { group: "dp".into(), held_before: None, freed, ms: 1.0 };
+        PhaseReport { wake, groups: vec![g], ..PhaseReport::default() }
+    }
+
+    #[test]
+    fn a_sleep_shows_what_it_gave_back_and_a_wake_what_it_took() {
+        let slept = report(false, 64 << 20).table("given back");
+        assert!(slept.contains("freed MiB") && slept.contains("given back: 64.0 MiB in all"), "{slept}");
+        let woke = report(true, -(64 << 20)).table("taken by the wake");
+        assert!(woke.contains("taken MiB") && woke.contains("taken by the wake: 64.0 MiB in all"), "{woke}");
+        assert!(!woke.contains("-64.0"), "{woke}");
     }
 }
