@@ -58,6 +58,9 @@ pub struct OpRecord {
 #[derive(Debug)]
 pub struct FlightRecorder {
     capacity: usize,
+    /// `capacity - 1` where the capacity is a power of two (the default, 2,048): a ticket's
+    /// slot is then a mask, where a division cost tens of cycles twice an operation.
+    mask: Option<u64>,
     /// What record times count from.
     base: Instant,
     /// `base` on the coarse clock's scale (nanoseconds of `CLOCK_MONOTONIC`).
@@ -198,6 +201,7 @@ impl FlightRecorder {
             (0..capacity).map(|_| Slot { tag: AtomicU64::new(EMPTY), ..Slot::default() }).collect();
         let r = Arc::new(FlightRecorder {
             capacity,
+            mask: capacity.is_power_of_two().then(|| capacity as u64 - 1),
             base: Instant::now(),
             #[cfg(target_os = "linux")]
             base_ns: mono_ns(rustix::time::ClockId::Monotonic),
@@ -299,7 +303,7 @@ impl FlightRecorder {
 
     fn write(&self, group: u16, f: &OpFields, state: u64, elapsed_ns: u64) -> u64 {
         let t = self.pushed.fetch_add(1, Ordering::Relaxed);
-        let s = &self.slots[(t % self.capacity as u64) as usize];
+        let s = &self.slots[self.slot(t)];
         // One writer a slot (the ring would have to come round during this push for two).
         let old = (self.failed.load(Ordering::Relaxed) > 0).then(|| s.tag.load(Ordering::Relaxed));
         s.tag.store(t << 8 | WRITING, Ordering::Relaxed);
@@ -323,10 +327,18 @@ impl FlightRecorder {
         t
     }
 
+    /// The slot of ticket `t`.
+    fn slot(&self, t: u64) -> usize {
+        match self.mask {
+            Some(m) => (t & m) as usize,
+            None => (t % self.capacity as u64) as usize,
+        }
+    }
+
     /// Mark a pending operation as finished (a no-op once it has left the ring).
     pub fn finish(&self, ticket: Ticket, state: OpState) {
         let t = ticket.0;
-        let Some(s) = self.slots.get((t % self.capacity as u64) as usize) else { return };
+        let Some(s) = self.slots.get(self.slot(t)) else { return };
         let pending = t << 8 | PENDING;
         if s.tag.load(Ordering::Acquire) != pending {
             // Finished already, or overwritten by a later push.
@@ -401,9 +413,7 @@ impl FlightRecorder {
     fn copies(&self) -> Vec<Copied> {
         let pushed = self.pushed.load(Ordering::Acquire);
         let first = pushed.saturating_sub(self.capacity as u64);
-        (first..pushed)
-            .filter_map(|t| self.copy((t % self.capacity as u64) as usize).filter(|c| c.ticket == t))
-            .collect()
+        (first..pushed).filter_map(|t| self.copy(self.slot(t)).filter(|c| c.ticket == t)).collect()
     }
 
     fn record(&self, c: &Copied, names: &Names) -> OpRecord {
@@ -497,6 +507,20 @@ mod tests {
             elapsed: None,
             state: OpState::Pending,
         }
+    }
+
+    #[test]
+    fn a_power_of_two_ring_wraps_as_any_other() {
+        let r = FlightRecorder::new(4);
+        let t: Vec<Ticket> = (0..6).map(|i| r.push(rec("a", i))).collect();
+        r.finish(t[1], OpState::Completed);
+        r.finish(t[5], OpState::Completed);
+        let s = r.snapshot();
+        assert_eq!(s.iter().map(|x| x.seq).collect::<Vec<_>>(), vec![2, 3, 4, 5]);
+        assert_eq!(
+            s.iter().map(|x| x.state.clone()).collect::<Vec<_>>(),
+            vec![OpState::Pending, OpState::Pending, OpState::Pending, OpState::Completed]
+        );
     }
 
     #[test]
