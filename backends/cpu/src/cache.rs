@@ -40,11 +40,7 @@ impl L3 {
     /// say.
     pub(crate) fn this_host() -> Option<L3> {
         static ONCE: std::sync::OnceLock<Option<L3>> = std::sync::OnceLock::new();
-        *ONCE.get_or_init(|| {
-            let status = std::fs::read_to_string("/proc/self/status").ok()?;
-            let allowed = status.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:"))?;
-            L3::read(Path::new("/sys/devices/system/cpu"), allowed)
-        })
+        *ONCE.get_or_init(|| L3::read(Path::new("/sys/devices/system/cpu"), &allowed_cpus()?))
     }
 
     /// The L3 of the CPUs in the list `allowed` (`0-3,8`) that the sysfs tree at `root` lists
@@ -160,6 +156,33 @@ fn size_bytes(s: &str) -> Option<usize> {
     num.parse::<usize>().ok()?.checked_mul(mult)
 }
 
+/// The CPUs this process may run on, as a list such as `0-3,8` (`/proc/self/status`), or
+/// `None` where the system does not say.
+pub(crate) fn allowed_cpus() -> Option<String> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let list = status.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:"))?.trim();
+    cpu_list(list).is_some().then(|| list.to_string())
+}
+
+/// Whether the ranks of a host, whose CPU lists are `lists` (as [`allowed_cpus`] gives them,
+/// `-` where unknown), outnumber the CPUs they may run on together. Each rank bound to a CPU
+/// of its own (`anyccl-run`'s default) sees one CPU, so its own count says nothing of the
+/// others'; where a list is unknown, this rank's count of CPUs stands for the host's.
+pub(crate) fn crowded<'a>(lists: impl Iterator<Item = &'a str>) -> bool {
+    let mut ranks = 0;
+    let mut all = std::collections::BTreeSet::new();
+    let mut known = true;
+    for l in lists {
+        ranks += 1;
+        match cpu_list(l) {
+            Some(c) => all.extend(c),
+            None => known = false,
+        }
+    }
+    let cpus = if known { all.len() } else { std::thread::available_parallelism().map_or(1, |c| c.get()) };
+    ranks > cpus
+}
+
 /// The CPUs in a list such as `0-3,8,10-11` (at most 1 << 16 of them).
 fn cpu_list(s: &str) -> Option<Vec<usize>> {
     let mut out = Vec::new();
@@ -181,7 +204,7 @@ fn cpu_list(s: &str) -> Option<Vec<usize>> {
 
 #[cfg(test)]
 mod tests {
-    use super::{cpu_list, one_l3, size_bytes, L3};
+    use super::{cpu_list, crowded, one_l3, size_bytes, L3};
     use std::path::Path;
 
     /// A sysfs tree at `root` whose CPUs have the L3s `(cpus sharing it, size)`, behind an L1
@@ -271,6 +294,18 @@ mod tests {
     /// A host's ranks share one L3 only when all name the same one: two ranks pinned to
     /// cores under different L3s (each sees its own as shared) do not; a rank alone on a
     /// TCP-only host (`-`) stands for itself.
+    #[test]
+    fn a_host_is_crowded_when_its_ranks_outnumber_their_cpus_together() {
+        // Bound one a CPU, each rank sees one: not crowded.
+        assert!(!crowded(["0", "1"].into_iter()));
+        assert!(!crowded(["0-1", "0-1"].into_iter()));
+        assert!(crowded(["0-1", "0-1", "0-1"].into_iter()));
+        assert!(crowded(["0", "0"].into_iter()));
+        assert!(!crowded(["0-3", "4-7", "8,9"].into_iter()));
+        // Unknown lists: this process's count stands in (at least 1 CPU, so 1 rank fits).
+        assert!(!crowded(["-"].into_iter()));
+    }
+
     #[test]
     fn one_l3_needs_every_rank_of_the_host() {
         let v = |x: &[&str]| x.iter().map(|s| s.to_string()).collect::<Vec<_>>();

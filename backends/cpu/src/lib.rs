@@ -110,7 +110,9 @@ fn tuning(links: Option<Links>) -> Vec<(String, String)> {
         Some(l) => format!("{v} (this host: {l})"),
         None => format!("{v} (this host's L3 unknown)"),
     };
-    let waiting = |own: usize, shared: usize| format!("{own} ({shared} on a host with more ranks than cores)");
+    let waiting = |own: usize, shared: usize| {
+        format!("{own} ({shared} on a host whose ranks outnumber the CPUs they may run on together)")
+    };
     let links = match links {
         Some(l) => format!("{l:?} (set by the program)"),
         None => env("ANYCCL_CPU_LINKS", "auto".into()),
@@ -135,10 +137,12 @@ fn tuning(links: Option<Links>) -> Vec<(String, String)> {
             env(
                 "ANYCCL_CPU_BY_REF_MIN",
                 format!(
-                    "{} (point-to-point; a sendrecv's: {}; a collective's in a ring step: from {}, below {} on a host \
-                     with more ranks than the CPUs a rank may run on; a collective's sent alone: off)",
+                    "{} (point-to-point; a sendrecv's: {}; a collective's in a ring step: from {}, from {} and \
+                     below {} on a host whose ranks outnumber the CPUs they may run on together; a collective's sent alone: \
+                     off)",
                     s::BY_REF_MIN,
                     s::BY_REF_P2P_EXCHANGE,
+                    s::BY_REF_EXCHANGE_OWN_CPU,
                     s::BY_REF_EXCHANGE.start,
                     s::BY_REF_EXCHANGE.end
                 ),

@@ -57,7 +57,7 @@ pub(crate) fn check(ctx: &Ctx, links_given: bool) -> Result<()> {
     by_ref_min(ctx)?;
     ring_bytes(2, ctx)?;
     ring_stream_min(true, ctx)?;
-    Patience::for_host(2, ctx)?;
+    Patience::for_host(false, ctx)?;
     Tuning::from_env(ctx, 0, 2)?;
     Ok(())
 }
@@ -330,15 +330,14 @@ pub(crate) const SHARED_CPUS: (usize, usize, usize) = (1, 200, 4);
 const WAIT_MAX_US: usize = 60_000_000;
 
 impl Patience {
-    /// The waiting of a host with `locals` ranks ([`OWN_CPU`], [`SHARED_CPUS`]), with the
-    /// variables' overrides.
+    /// The waiting of a host whose ranks do or do not outnumber the CPUs they may run on
+    /// together (`crowded`: [`SHARED_CPUS`], else [`OWN_CPU`]), with the variables' overrides.
     ///
     /// # Errors
     /// `InvalidArgument` naming the variable, the rank and the group when one is not a whole
     /// number in its range.
-    pub(crate) fn for_host(locals: usize, ctx: &Ctx) -> Result<Patience> {
-        let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
-        let (spin, yield_for, round) = if locals <= cores { OWN_CPU } else { SHARED_CPUS };
+    pub(crate) fn for_host(crowded: bool, ctx: &Ctx) -> Result<Patience> {
+        let (spin, yield_for, round) = if crowded { SHARED_CPUS } else { OWN_CPU };
         let us = |name: &str, default: usize| {
             whole(name, default, WAIT_MAX_US, ctx).map(|v| Duration::from_micros(v as u64))
         };
@@ -370,6 +369,29 @@ pub(crate) const BY_REF_MIN: usize = 16 << 20;
 /// so there larger messages go as they would alone; where the host's ranks do not outnumber
 /// the CPUs a rank may run on, the range has no end ([`crowded_end`]).
 pub(crate) const BY_REF_EXCHANGE: std::ops::Range<usize> = (256 << 10)..BY_REF_MIN;
+
+/// Where the by-reference range of a collective's exchange starts by default on a host whose
+/// ranks do not outnumber the CPUs a rank may run on: both ranks run and copy at once there,
+/// so by reference each copies once instead of twice from much smaller messages than
+/// [`BY_REF_EXCHANGE`]'s start. 2 ranks on 2 cores (Intel, 2026-12-06), out-of-place time
+/// medians of 5 alternating runs, from 256 KiB -> from 16 KiB (Open MPI beside them):
+/// all_gather 64 / 128 / 256 KiB 7.75 / 14.0 / 28.4 -> 4.46 / 7.05 / 12.1 us (4.74 / 7.11 /
+/// 12.1), reduce_scatter 32 KiB-256 KiB 1.4-1.7x, all_to_all 1.7-2.3x, all_reduce 64-256 KiB
+/// 5-10%, every other size alike; from 32 KiB lost 32 KiB all_gather, reduce_scatter and
+/// all_to_all (messages of 16 KiB) again. With 4 ranks on the 2 cores it lost (all_reduce 64
+/// KiB-256 KiB 40-112 -> 73-153 us: a sender waits for a copy by a rank that is not running),
+/// so a crowded host keeps [`BY_REF_EXCHANGE`]'s start.
+pub(crate) const BY_REF_EXCHANGE_OWN_CPU: usize = 16 << 10;
+
+/// The start of the by-reference range of a collective's exchange by default: see
+/// [`BY_REF_EXCHANGE_OWN_CPU`].
+pub(crate) fn crowded_start(crowded: bool) -> usize {
+    if crowded {
+        BY_REF_EXCHANGE.start
+    } else {
+        BY_REF_EXCHANGE_OWN_CPU
+    }
+}
 
 /// The end of the by-reference range of a collective's exchange by default:
 /// [`BY_REF_EXCHANGE`]'s on a host whose ranks outnumber the CPUs a rank may run on

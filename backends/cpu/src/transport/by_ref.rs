@@ -4,7 +4,7 @@
 
 use super::local::REF_BODY;
 use super::{Kind, Mesh};
-use crate::settings::{crowded_end, ByRefMin, BY_REF_EXCHANGE, BY_REF_MIN, BY_REF_P2P_EXCHANGE};
+use crate::settings::{crowded_end, crowded_start, ByRefMin, BY_REF_MIN, BY_REF_P2P_EXCHANGE};
 use crate::shm;
 use anyccl_core::{Ctx, Result};
 
@@ -36,7 +36,7 @@ pub(crate) fn by_ref_sizes(ctx: &Ctx, crowded: bool) -> Result<ByRef> {
             Ok(ByRef { exchange: 0..0, p2p_exchange: usize::MAX, alone: (v, v) })
         }
         ByRefMin::Defaults => {
-            let exchange = BY_REF_EXCHANGE.start..crowded_end(crowded);
+            let exchange = crowded_start(crowded)..crowded_end(crowded);
             Ok(ByRef { exchange, p2p_exchange: BY_REF_P2P_EXCHANGE, alone: (BY_REF_MIN, usize::MAX) })
         }
     }

@@ -50,8 +50,11 @@ impl Mesh {
         let host_of_me = if links == Links::Tcp { "-".to_string() } else { shm::host_id(rank, split) };
         let l3 = crate::cache::L3::this_host();
         let (my_step, my_l3) = (crate::cache::L3::step(l3), crate::cache::L3::tag(l3));
-        store.set(&format!("{ns}/addr/{rank}"), format!("{me} {host_of_me} {my_step} {my_l3}").as_bytes()).await?;
-        // Every rank's address, host, whole-buffer step and L3, in one request.
+        let my_cpus = crate::cache::allowed_cpus().unwrap_or_else(|| "-".into());
+        store
+            .set(&format!("{ns}/addr/{rank}"), format!("{me} {host_of_me} {my_step} {my_l3} {my_cpus}").as_bytes())
+            .await?;
+        // Every rank's address, host, whole-buffer step, L3 and CPUs, in one request.
         let keys: Vec<String> = (0..size).map(|r| format!("{ns}/addr/{r}")).collect();
         let got = store.wait_many(&keys, deadline).await?;
         let missing: Vec<usize> = got.iter().enumerate().filter(|(_, v)| v.is_none()).map(|(r, _)| r).collect();
@@ -62,6 +65,7 @@ impl Mesh {
         let mut hosts = Vec::with_capacity(size);
         let mut steps = Vec::with_capacity(size);
         let mut l3s = Vec::with_capacity(size);
+        let mut cpus = Vec::with_capacity(size);
         for (r, v) in got.into_iter().enumerate() {
             let v = String::from_utf8_lossy(&v.unwrap_or_default()).into_owned();
             let mut it = v.split(' ');
@@ -70,10 +74,12 @@ impl Mesh {
             let h = it.next().ok_or_else(malformed)?;
             let s: usize = it.next().and_then(|s| s.parse().ok()).ok_or_else(malformed)?;
             let l = it.next().ok_or_else(malformed)?;
+            let c = it.next().ok_or_else(malformed)?;
             addrs.push(a);
             hosts.push(h.to_string());
             steps.push(s);
             l3s.push(l.to_string());
+            cpus.push(c.to_string());
         }
         // The group's step: the smallest, and none from a host whose ranks run under several
         // L3s (ranks pinned to cores of different sockets each see their own L3 as shared).
@@ -82,9 +88,9 @@ impl Mesh {
         let ring_streaming = !one_l3[rank] || crate::cache::L3::ring_streaming(l3);
         let locals: Vec<usize> =
             if host_of_me == "-" { vec![rank] } else { (0..size).filter(|&r| hosts[r] == host_of_me).collect() };
-        let crowded = locals.len() > std::thread::available_parallelism().map_or(1, |c| c.get());
+        let crowded = crate::cache::crowded(locals.iter().map(|&r| cpus[r].as_str()));
         let shm = if locals.len() > 1 {
-            shm_links(store, ns, &ctx, size, &locals, ring_streaming, deadline, started).await?
+            shm_links(store, ns, &ctx, size, &locals, Shape { ring_streaming, crowded }, deadline, started).await?
         } else {
             (0..size).map(|_| None).collect()
         };
@@ -203,10 +209,19 @@ fn into_std(s: tokio::net::TcpStream, ctx: &Ctx, op_timeout: Duration) -> Result
     Ok(s)
 }
 
+/// What the ranks of a host told each other that shapes its links.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Shape {
+    /// Whether large messages go into the rings with streaming stores by default (not where
+    /// the host's ranks run under one large L3: [`crate::cache::L3::ring_streaming`]).
+    pub(super) ring_streaming: bool,
+    /// Whether the host's ranks outnumber the CPUs they may run on together
+    /// ([`crate::cache::crowded`]).
+    pub(super) crowded: bool,
+}
+
 /// Create this rank's segment, learn the segments of the other ranks of its host through
-/// the store, and map them: a link to each. `ring_streaming`: whether large messages go into
-/// the rings with streaming stores by default (not where the host's ranks run under one
-/// large L3: [`crate::cache::L3::ring_streaming`]).
+/// the store, and map them: a link to each.
 #[allow(clippy::too_many_arguments)] // the connect's identity and deadline
 pub(super) async fn shm_links(
     store: &dyn Store,
@@ -214,7 +229,7 @@ pub(super) async fn shm_links(
     ctx: &Ctx,
     size: usize,
     locals: &[usize],
-    ring_streaming: bool,
+    shape: Shape,
     deadline: Instant,
     started: Instant,
 ) -> Result<Vec<Option<ShmLink>>> {
@@ -248,7 +263,7 @@ pub(super) async fn shm_links(
     // finished early and dropped its communicator would close its descriptor before a slower
     // peer opened it through `/proc`. A rank that cannot map says why, so the others fail at
     // once instead of at the deadline.
-    let mapped = map_peers(ctx, &own, layout, locals, got, ring_streaming, size, ns, &fail);
+    let mapped = map_peers(ctx, &own, layout, locals, got, shape, size, ns, &fail);
     let mine = match &mapped {
         Ok(_) => "ok".to_string(),
         Err(e) => format!("! {e}"),
@@ -289,14 +304,14 @@ fn map_peers(
     layout: shm::Layout,
     locals: &[usize],
     got: Vec<Option<Vec<u8>>>,
-    ring_streaming: bool,
+    shape: Shape,
     size: usize,
     ns: &str,
     fail: &dyn Fn(String) -> Error,
 ) -> Result<Vec<Option<ShmLink>>> {
     let (rank, label) = (ctx.rank, ctx.group.as_str());
-    let patience = shm::Patience::for_host(locals.len(), ctx)?;
-    let stream_min = crate::settings::ring_stream_min(ring_streaming, ctx)?;
+    let patience = shm::Patience::for_host(shape.crowded, ctx)?;
+    let stream_min = crate::settings::ring_stream_min(shape.ring_streaming, ctx)?;
     let me_local = locals.iter().position(|&r| r == rank).unwrap_or(0);
     let mut links: Vec<Option<ShmLink>> = (0..size).map(|_| None).collect();
     for (i, (&peer, v)) in locals.iter().zip(got).enumerate() {
