@@ -602,18 +602,21 @@ pub(crate) fn barrier(cx: &Coll<'_>) -> Result<()> {
 
 /// How `op` runs on a receive buffer of `bytes` bytes (a rank's output: the whole gathered
 /// buffer for all_gather, one rank's share for reduce_scatter), in words: the algorithm, the
-/// message of each step and how it travels to the next rank (`route(peer, kind, len,
-/// exchange)`: [`Mesh::route`]). The same choices as the functions above make, so a bench
+/// message of each step and how it travels to the next rank (`route(peer, (kind, op), len,
+/// exchange)`: [`Mesh::route`]; `op` is [`OP_ALL_REDUCE`] for all_reduce, 0 otherwise, as
+/// only all_reduce's messages go by reference over a range of their own). The same choices as the functions above make, so a bench
 /// can print which path each size took; `None` for an operation this does not know.
 pub(crate) fn path(
     op: &str,
     bytes: usize,
     (me, n): (usize, usize),
     tune: &Tuning,
-    route: &dyn Fn(usize, Kind, usize, bool) -> &'static str,
+    route: &dyn Fn(usize, (Kind, u8), usize, bool) -> &'static str,
 ) -> Option<String> {
     let next = (me + 1) % n;
-    let via = |len: usize, exchange: bool| format!("{len} B messages, {}", route(next, Kind::Coll, len, exchange));
+    let code = if op == "all_reduce" { OP_ALL_REDUCE } else { 0 };
+    let via =
+        |len: usize, exchange: bool| format!("{len} B messages, {}", route(next, (Kind::Coll, code), len, exchange));
     let stores = |out: usize| if out >= tune.stream_min { "; output with streaming stores" } else { "" };
     if n == 1 {
         return Some("one rank: a local copy".into());
@@ -639,7 +642,7 @@ pub(crate) fn path(
         "sendrecv" => format!(
             "exchange with the ring's neighbours: {} B messages, {}",
             bytes,
-            route(next, Kind::P2p, bytes, true)
+            route(next, (Kind::P2p, 0), bytes, true)
         ),
         "barrier" => "dissemination: empty messages".into(),
         _ => return None,
@@ -648,7 +651,7 @@ pub(crate) fn path(
 
 #[cfg(test)]
 mod tests {
-    use super::{chunks, path, Kind, Tuning};
+    use super::{chunks, path, Kind, Tuning, OP_ALL_REDUCE};
 
     /// The path named for each size is the one `all_reduce` takes at the thresholds given,
     /// and the route is asked about the message each step sends.
@@ -662,8 +665,8 @@ mod tests {
             pair_piece: 256 << 10,
         };
         let asked = std::cell::RefCell::new(Vec::new());
-        let route = |peer: usize, kind: Kind, len: usize, exchange: bool| {
-            asked.borrow_mut().push((peer, matches!(kind, Kind::P2p), len, exchange));
+        let route = |peer: usize, (kind, op): (Kind, u8), len: usize, exchange: bool| {
+            asked.borrow_mut().push((peer, matches!(kind, Kind::P2p), op, len, exchange));
             "shm ring"
         };
         let p = |op: &str, bytes: usize, n: usize| path(op, bytes, (0, n), &tune, &route);
@@ -677,9 +680,12 @@ mod tests {
         assert_eq!(p("gather", 8, 2), None);
         asked.borrow_mut().clear();
         let _ = p("all_reduce", 4096, 2);
+        let _ = p("all_gather", 4096, 2);
         let _ = p("sendrecv", 64, 4);
-        // The ring step's chunk to the next rank, in an exchange; the sendrecv's whole message.
-        assert_eq!(*asked.borrow(), vec![(1, false, 2048, true), (1, true, 64, true)]);
+        // The ring step's chunk to the next rank, in an exchange (all_reduce's named: its
+        // by-reference range is its own); the sendrecv's whole message.
+        let want = vec![(1, false, OP_ALL_REDUCE, 2048, true), (1, false, 0, 2048, true), (1, true, 0, 64, true)];
+        assert_eq!(*asked.borrow(), want);
     }
 
     #[test]

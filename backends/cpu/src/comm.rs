@@ -234,7 +234,7 @@ impl Collective for CpuComm {
         &self.caps
     }
     fn path(&self, op: &str, bytes: usize) -> Option<String> {
-        let route = |peer, kind, len, exchange| self.mesh.route(peer, kind, len, exchange);
+        let route = |peer, what, len, exchange| self.mesh.route(peer, what, len, exchange);
         let path = algo::path(op, bytes, (self.info.rank, self.info.size), &self.tune, &route)?;
         let max = if op == "all_reduce" { self.tune.all_reduce_direct_max } else { eager::EAGER_MAX };
         let message = if op == "all_gather" { bytes / 2 } else { bytes };

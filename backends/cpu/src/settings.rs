@@ -380,7 +380,9 @@ pub(crate) const BY_REF_EXCHANGE: std::ops::Range<usize> = (256 << 10)..BY_REF_M
 /// 5-10%, every other size alike; from 32 KiB lost 32 KiB all_gather, reduce_scatter and
 /// all_to_all (messages of 16 KiB) again. With 4 ranks on the 2 cores it lost (all_reduce 64
 /// KiB-256 KiB 40-112 -> 73-153 us: a sender waits for a copy by a rank that is not running),
-/// so a crowded host keeps [`BY_REF_EXCHANGE`]'s start.
+/// so a crowded host keeps [`BY_REF_EXCHANGE`]'s start; all_reduce keeps it everywhere (two
+/// ranks' all_reduce from 32 MiB exchanges 128 KiB pieces, and by reference 32-128 MiB took
+/// 14-20% longer: `ByRef::exchange_all_reduce`).
 pub(crate) const BY_REF_EXCHANGE_OWN_CPU: usize = 16 << 10;
 
 /// The start of the by-reference range of a collective's exchange by default: see

@@ -4,7 +4,7 @@
 
 use super::local::REF_BODY;
 use super::{Kind, Mesh};
-use crate::settings::{crowded_end, crowded_start, ByRefMin, BY_REF_MIN, BY_REF_P2P_EXCHANGE};
+use crate::settings::{crowded_end, crowded_start, ByRefMin, BY_REF_EXCHANGE, BY_REF_MIN, BY_REF_P2P_EXCHANGE};
 use crate::shm;
 use anyccl_core::{Ctx, Result};
 
@@ -17,6 +17,10 @@ pub(crate) struct ByRef {
     /// Sizes of a collective's message that go by reference when sent while one from a
     /// peer is received (a ring step); others go as they would alone.
     pub exchange: std::ops::Range<usize>,
+    /// The same for all_reduce's messages: from [`BY_REF_EXCHANGE`]'s start on any host
+    /// (two ranks' all_reduce from 32 MiB exchanges 128 KiB pieces, one after the other: by
+    /// reference each waits for the peer's copy, and 32-128 MiB took 14-20% longer).
+    pub exchange_all_reduce: std::ops::Range<usize>,
     /// From this size a sendrecv's message goes by reference (sent while one is received).
     pub p2p_exchange: usize,
     /// From these sizes a message sent alone goes by reference: point-to-point, collective
@@ -29,15 +33,25 @@ pub(crate) struct ByRef {
 /// (`crowded`).
 pub(crate) fn by_ref_sizes(ctx: &Ctx, crowded: bool) -> Result<ByRef> {
     match crate::settings::by_ref_min(ctx)? {
-        ByRefMin::Off => Ok(ByRef { exchange: 0..0, p2p_exchange: usize::MAX, alone: (usize::MAX, usize::MAX) }),
+        ByRefMin::Off => Ok(ByRef {
+            exchange: 0..0,
+            exchange_all_reduce: 0..0,
+            p2p_exchange: usize::MAX,
+            alone: (usize::MAX, usize::MAX),
+        }),
         ByRefMin::From(v) => {
             let v = v.max(REF_BODY + 1);
             // Every message from `v`, sent alone or not: `alone` says so for both kinds.
-            Ok(ByRef { exchange: 0..0, p2p_exchange: usize::MAX, alone: (v, v) })
+            Ok(ByRef { exchange: 0..0, exchange_all_reduce: 0..0, p2p_exchange: usize::MAX, alone: (v, v) })
         }
         ByRefMin::Defaults => {
-            let exchange = crowded_start(crowded)..crowded_end(crowded);
-            Ok(ByRef { exchange, p2p_exchange: BY_REF_P2P_EXCHANGE, alone: (BY_REF_MIN, usize::MAX) })
+            let (start, end) = (crowded_start(crowded), crowded_end(crowded));
+            Ok(ByRef {
+                exchange: start..end,
+                exchange_all_reduce: BY_REF_EXCHANGE.start..end,
+                p2p_exchange: BY_REF_P2P_EXCHANGE,
+                alone: (BY_REF_MIN, usize::MAX),
+            })
         }
     }
 }
@@ -68,27 +82,29 @@ impl Drop for Lent<'_> {
 }
 
 impl Mesh {
-    /// Whether a message of `kind` and `len` bytes on `tx` goes by reference (the peer
-    /// copies it out of this process's memory), sent in an exchange or alone.
-    pub(super) fn by_ref(&self, tx: &shm::Tx, kind: Kind, len: usize, exchange: bool) -> bool {
+    /// Whether a message of `kind` (a collective's: of operation `op`, `algo::OP_*`) and
+    /// `len` bytes on `tx` goes by reference (the peer copies it out of this process's
+    /// memory), sent in an exchange or alone.
+    pub(super) fn by_ref(&self, tx: &shm::Tx, (kind, op): (Kind, u8), len: usize, exchange: bool) -> bool {
         let m = &self.by_ref_sizes;
         let (in_step, alone) = match kind {
             Kind::P2p => (len >= m.p2p_exchange, m.alone.0),
+            _ if op == crate::algo::OP_ALL_REDUCE => (m.exchange_all_reduce.contains(&len), m.alone.1),
             _ => (m.exchange.contains(&len), m.alone.1),
         };
         ((exchange && in_step) || len >= alone) && tx.by_ref_ok()
     }
 
-    /// How a message of `kind` and `len` bytes to `peer` travels, sent in an exchange or
+    /// How a message of `what` (as [`Mesh::by_ref`] takes it) and `len` bytes to `peer` travels, sent in an exchange or
     /// alone, in words: over TCP, by reference (the peer copies it out of this process's
     /// memory), or through the shared-memory ring (with streaming stores from the ring's
     /// threshold on).
-    pub(crate) fn route(&self, peer: usize, kind: Kind, len: usize, exchange: bool) -> &'static str {
+    pub(crate) fn route(&self, peer: usize, what: (Kind, u8), len: usize, exchange: bool) -> &'static str {
         let Some(l) = self.shm.get(peer).and_then(Option::as_ref) else {
             return if peer == self.rank { "none" } else { "tcp" };
         };
         let tx = l.tx.lock().unwrap_or_else(|p| p.into_inner());
-        if self.by_ref(&tx, kind, len, exchange) {
+        if self.by_ref(&tx, what, len, exchange) {
             "shm by reference"
         } else if len >= tx.stream_min() {
             "shm ring, streaming stores"
@@ -100,8 +116,8 @@ impl Mesh {
     /// Whether a point-to-point message of `len` bytes to `peer` goes by reference, sent in
     /// an exchange (a sendrecv) or alone.
     pub(super) fn lends_to(&self, peer: usize, len: usize, exchange: bool) -> bool {
-        self.shm[peer]
-            .as_ref()
-            .is_some_and(|l| self.by_ref(&l.tx.lock().unwrap_or_else(|p| p.into_inner()), Kind::P2p, len, exchange))
+        self.shm[peer].as_ref().is_some_and(|l| {
+            self.by_ref(&l.tx.lock().unwrap_or_else(|p| p.into_inner()), (Kind::P2p, 0), len, exchange)
+        })
     }
 }

@@ -112,7 +112,7 @@ impl Mesh {
         let addr = match data {
             // Lent ranges are only sent where they go by reference (see `Mesh::resolve`).
             Data::At { addr, .. } => addr,
-            Data::Bytes(b) if self.by_ref(tx, kind, b.len(), exchange) => b.as_ptr() as usize,
+            Data::Bytes(b) if self.by_ref(tx, (kind, op), b.len(), exchange) => b.as_ptr() as usize,
             Data::Bytes(_) => return Ok((h, None)),
         };
         h[0] |= BY_REF;
