@@ -291,9 +291,6 @@ mod tests {
         let _ = std::fs::remove_dir_all(&root);
     }
 
-    /// A host's ranks share one L3 only when all name the same one: two ranks pinned to
-    /// cores under different L3s (each sees its own as shared) do not; a rank alone on a
-    /// TCP-only host (`-`) stands for itself.
     #[test]
     fn a_host_is_crowded_when_its_ranks_outnumber_their_cpus_together() {
         // Bound one a CPU, each rank sees one: not crowded.
@@ -306,6 +303,9 @@ mod tests {
         assert!(!crowded(["-"].into_iter()));
     }
 
+    /// A host's ranks share one L3 only when all name the same one: two ranks pinned to
+    /// cores under different L3s (each sees its own as shared) do not; a rank alone on a
+    /// TCP-only host (`-`) stands for itself.
     #[test]
     fn one_l3_needs_every_rank_of_the_host() {
         let v = |x: &[&str]| x.iter().map(|s| s.to_string()).collect::<Vec<_>>();
