@@ -137,12 +137,14 @@ fn tuning(links: Option<Links>) -> Vec<(String, String)> {
             env(
                 "ANYCCL_CPU_BY_REF_MIN",
                 format!(
-                    "{} (point-to-point; a sendrecv's: {}; a collective's in a ring step: from {}, from {} and \
-                     below {} on a host whose ranks outnumber the CPUs they may run on together; a collective's sent alone: \
-                     off)",
+                    "{} (point-to-point; a sendrecv's: {} ({} on a host whose ranks outnumber the CPUs they may run on \
+                     together); a collective's in a ring step: from {} (all_reduce's from {}), from {} and below {} on \
+                     such a host; a collective's sent alone: off)",
                     s::BY_REF_MIN,
+                    s::BY_REF_P2P_EXCHANGE_OWN_CPU,
                     s::BY_REF_P2P_EXCHANGE,
                     s::BY_REF_EXCHANGE_OWN_CPU,
+                    s::BY_REF_EXCHANGE.start,
                     s::BY_REF_EXCHANGE.start,
                     s::BY_REF_EXCHANGE.end
                 ),

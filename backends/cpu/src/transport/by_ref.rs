@@ -4,7 +4,7 @@
 
 use super::local::REF_BODY;
 use super::{Kind, Mesh};
-use crate::settings::{crowded_end, crowded_start, ByRefMin, BY_REF_EXCHANGE, BY_REF_MIN, BY_REF_P2P_EXCHANGE};
+use crate::settings::{crowded_end, crowded_p2p, crowded_start, ByRefMin, BY_REF_EXCHANGE, BY_REF_MIN};
 use crate::shm;
 use anyccl_core::{Ctx, Result};
 
@@ -49,7 +49,7 @@ pub(crate) fn by_ref_sizes(ctx: &Ctx, crowded: bool) -> Result<ByRef> {
             Ok(ByRef {
                 exchange: start..end,
                 exchange_all_reduce: BY_REF_EXCHANGE.start..end,
-                p2p_exchange: BY_REF_P2P_EXCHANGE,
+                p2p_exchange: crowded_p2p(crowded),
                 alone: (BY_REF_MIN, usize::MAX),
             })
         }
