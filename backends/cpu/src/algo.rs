@@ -377,7 +377,7 @@ fn rs_step(n: usize, me: usize, s: usize) -> (usize, usize) {
 
 /// Fold a received piece `b` into `acc`: `acc = own op b` out of place (`own`: this rank's
 /// input of the piece), `acc = acc op b` in place.
-fn fold_piece(acc: &mut [u8], own: Option<&[u8]>, b: &[u8], dtype: DType, op: ReduceOp) {
+pub(crate) fn fold_piece(acc: &mut [u8], own: Option<&[u8]>, b: &[u8], dtype: DType, op: ReduceOp) {
     match own {
         Some(own) => reduce_to(acc, own, b, dtype, op),
         None => reduce_into(acc, b, dtype, op),

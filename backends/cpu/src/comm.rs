@@ -237,8 +237,9 @@ impl Collective for CpuComm {
         let route = |peer, what, len, exchange| self.mesh.route(peer, what, len, exchange);
         let path = algo::path(op, bytes, (self.info.rank, self.info.size), &self.tune, &route)?;
         let max = if op == "all_reduce" { self.tune.all_reduce_direct_max } else { eager::EAGER_MAX };
-        let message = if op == "all_gather" { bytes / 2 } else { bytes };
-        let eager = ["all_reduce", "all_gather", "broadcast", "barrier"].contains(&op) && bytes > 0;
+        let message = if op == "all_gather" || op == "all_to_all" { bytes / 2 } else { bytes };
+        let eager = ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "barrier"].contains(&op)
+            && bytes > 0;
         Some(match (eager, self.eager_look(message, max)) {
             (true, Some(us)) => {
                 format!(
@@ -385,7 +386,11 @@ impl Collective for CpuComm {
         )
     }
 
-    fn reduce_scatter<'a>(&'a self, send: Option<Buf<'a>>, mut recv: BufMut<'a>, op: ReduceOp) -> Result<Work<'a>> {
+    fn reduce_scatter<'a>(&'a self, send: Option<Buf<'a>>, recv: BufMut<'a>, op: ReduceOp) -> Result<Work<'a>> {
+        let (send, mut recv) = match self.reduce_scatter_now(send, recv, op) {
+            eager::Now::Issued(w) => return Ok(w),
+            eager::Now::Usual(bufs) => bufs,
+        };
         let (n, me) = (self.info.size, self.info.rank);
         let total = send.as_ref().map_or(recv.bytes(), |s| s.bytes());
         let c = total / n;
@@ -446,6 +451,13 @@ impl Collective for CpuComm {
     }
 
     fn all_to_all<'a>(&'a self, send: Buf<'a>, recv: BufMut<'a>, splits: Option<&AllToAllSplits>) -> Result<Work<'a>> {
+        let (send, recv) = match splits {
+            None => match self.all_to_all_now(send, recv) {
+                eager::Now::Issued(w) => return Ok(w),
+                eager::Now::Usual(bufs) => bufs,
+            },
+            Some(_) => (send, recv),
+        };
         let n = self.info.size;
         let es = send.dtype().size();
         let (sb, rb): (Vec<usize>, Vec<usize>) = match splits {

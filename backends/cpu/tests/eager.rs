@@ -1,4 +1,5 @@
-//! A small all_reduce, all_gather, broadcast or barrier of two ranks of one host, issued
+//! A small all_reduce, all_gather, reduce_scatter, all_to_all, broadcast or barrier of two
+//! ranks of one host, issued
 //! while nothing else is queued, runs as it is issued (`comm/eager.rs`): in step it returns
 //! finished; a peer that comes late, or that sent a point-to-point message first, leaves the
 //! receive queued and the issue returns at once; a mismatch fails both ranks. Results
@@ -293,6 +294,90 @@ fn message_before_the_collective() -> Result<(), Failed> {
     })
 }
 
+/// reduce_scatter (sum and average) and all_to_all of 4 B to 8 KiB a share, issued in step
+/// and then with rank 1 200 ms late: every result right; in step some finish as they are
+/// issued, late rank 0's issue returns at once, unfinished.
+fn reduce_scatter_and_all_to_all() -> Result<(), Failed> {
+    let arrived = Arc::new(AtomicUsize::new(0));
+    common::two_ranks("eager-rs-a2a", move |me, c| {
+        let mut calls = 0;
+        let mut at_issue = [0usize; 2];
+        for round in 0..40 {
+            let late = round == 39;
+            for n in [1usize, 16, 2048] {
+                // Two shares of n: rank r's input is `input(r, 2n, round)`.
+                let (mine, theirs) = (input(me, 2 * n, round), input(1 - me, 2 * n, round));
+                for op in [ReduceOp::Sum, ReduceOp::Avg] {
+                    let mut out = vec![0f32; n];
+                    meet(&arrived, &mut calls);
+                    if late && me == 1 {
+                        std::thread::sleep(Duration::from_millis(200));
+                    }
+                    let t = Instant::now();
+                    let mut w = c
+                        .reduce_scatter(Some(Buf::host(&mine)), BufMut::host(&mut out), op)
+                        .map_err(|e| e.to_string())?;
+                    let done = w.is_completed().map_err(|e| e.to_string())?;
+                    if late && me == 0 && (done || t.elapsed() > Duration::from_millis(100)) {
+                        return Err(format!(
+                            "reduce_scatter with the peer 200 ms late: finished {done} after {:?}",
+                            t.elapsed()
+                        ));
+                    }
+                    at_issue[0] += usize::from(done && !late);
+                    wait(Ok(w))?;
+                    let share = me * n..(me + 1) * n;
+                    let want = |i: usize| {
+                        let s = mine[share.start + i] + theirs[share.start + i];
+                        if op == ReduceOp::Avg {
+                            s / 2.0
+                        } else {
+                            s
+                        }
+                    };
+                    if let Some(i) = (0..n).find(|&i| out[i] != want(i)) {
+                        return Err(format!("reduce_scatter {n} x f32 {op:?}, round {round}: [{i}] = {}", out[i]));
+                    }
+                }
+                let mut all = vec![0f32; 2 * n];
+                meet(&arrived, &mut calls);
+                if late && me == 1 {
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                let t = Instant::now();
+                let mut w = c.all_to_all(Buf::host(&mine), BufMut::host(&mut all), None).map_err(|e| e.to_string())?;
+                let done = w.is_completed().map_err(|e| e.to_string())?;
+                if late && me == 0 && (done || t.elapsed() > Duration::from_millis(100)) {
+                    return Err(format!(
+                        "all_to_all with the peer 200 ms late: finished {done} after {:?}",
+                        t.elapsed()
+                    ));
+                }
+                at_issue[1] += usize::from(done && !late);
+                wait(Ok(w))?;
+                // Segment r of the output is rank r's segment `me` of its input.
+                let want: Vec<f32> = (0..2)
+                    .flat_map(|r| {
+                        let src = if r == me { &mine } else { &theirs };
+                        src[me * n..(me + 1) * n].to_vec()
+                    })
+                    .collect();
+                if all != want {
+                    return Err(format!(
+                        "all_to_all of {n} x f32 a segment, round {round}: {:?}",
+                        &all[..4.min(2 * n)]
+                    ));
+                }
+            }
+        }
+        if let Some(k) = (0..2).find(|&k| at_issue[k] == 0) {
+            let what = ["reduce_scatter", "all_to_all"][k];
+            return Err(format!("no {what} in step finished as it was issued ({calls} calls)"));
+        }
+        Ok(())
+    })
+}
+
 /// Rank 0 reduces 8 B, rank 1 16 B: each fails naming the collective, within the operation
 /// timeout, whether its issue or its wait finds out.
 fn mismatch_fails_both_ranks() -> Result<(), Failed> {
@@ -326,6 +411,7 @@ fn main() -> std::process::ExitCode {
         Trial::test("cpu::eager::pipeline_sends_at_issue[w=2]", pipeline_sends_at_issue),
         Trial::test("cpu::eager::message_before_the_collective[w=2]", message_before_the_collective),
         Trial::test("cpu::eager::mismatch_fails_both_ranks[w=2]", mismatch_fails_both_ranks),
+        Trial::test("cpu::eager::reduce_scatter_and_all_to_all[w=2]", reduce_scatter_and_all_to_all),
     ];
     libtest_mimic::run(&args, trials).exit_code()
 }

@@ -1,4 +1,5 @@
-//! A small all_reduce, all_gather, broadcast or barrier of two ranks of one host, issued
+//! A small all_reduce, all_gather, reduce_scatter, all_to_all (out of place, even splits),
+//! broadcast or barrier of two ranks of one host, issued
 //! while nothing but such operations' receives is queued, and nothing runs, runs as it is
 //! issued: its message is sent at once (where the ring has room for it) and, if nothing is
 //! queued, the peer's taken if it arrives within `ANYCCL_CPU_EAGER_US`; the call then
@@ -15,8 +16,9 @@ use super::*;
 use crate::transport::Eager;
 use std::sync::atomic::AtomicU32;
 
-/// The largest message of an all_gather (each rank's part) or a broadcast that goes this way
-/// (an all_reduce's is its direct size, `ANYCCL_CPU_ALLREDUCE_DIRECT_MAX`).
+/// The largest message of an all_gather (each rank's part), a reduce_scatter (each rank's
+/// share), an all_to_all (each segment) or a broadcast that goes this way (an all_reduce's is
+/// its direct size, `ANYCCL_CPU_ALLREDUCE_DIRECT_MAX`).
 pub(super) const EAGER_MAX: usize = 8 << 10;
 
 /// How a communicator tries the eager path.
@@ -265,8 +267,69 @@ impl CpuComm {
                 mesh.exchange_now((algo::OP_ALL_GATHER, seq), 1 - me, Some(mine), Some((chunk, &mut take)), spin)?;
             Ok(step(got, || pool.copy(mine)))
         };
-        let rest = move |seq, own| all_gather_rest(seq, own, me, chunk);
+        let rest = move |seq, own| pair_rest(algo::OP_ALL_GATHER, seq, own, me, chunk);
         self.try_now(total, (send, recv), attempt, rest, parts)
+    }
+
+    /// reduce_scatter of `send` (out of place: an input of two shares) into `recv`, this rank's
+    /// share, as it is issued where it may be: the ring's one step between two ranks, the
+    /// peer's share of the input sent and the peer's part of this rank's share folded in.
+    pub(super) fn reduce_scatter_now<'a>(
+        &'a self,
+        send: Option<Buf<'a>>,
+        recv: BufMut<'a>,
+        op: ReduceOp,
+    ) -> Now<'a, Pair<'a>> {
+        let (me, c, dtype) = (self.info.rank, recv.bytes(), recv.dtype());
+        let whole = send.as_ref().map_or(0, |s| s.bytes());
+        if c == 0 || whole != 2 * c || self.eager_look(c, EAGER_MAX).is_none() {
+            return Now::Usual((send, recv));
+        }
+        let pool = &self.pool;
+        let attempt = |mesh: &Mesh, seq, spin, (send, recv): &mut Pair<'a>| {
+            let Some((Some(src), out)) = host(send, recv) else { return Ok(Step::NotStarted) };
+            let (lo, hi) = src.split_at(c);
+            let (own, theirs) = if me == 0 { (lo, hi) } else { (hi, lo) };
+            let mut fold = |at: usize, b: &[u8]| {
+                let r = at..at + b.len();
+                algo::fold_piece(&mut out[r.clone()], Some(&own[r]), b, dtype, op)
+            };
+            let got =
+                mesh.exchange_now((algo::OP_REDUCE_SCATTER, seq), 1 - me, Some(theirs), Some((c, &mut fold)), spin)?;
+            if got == Eager::Done && op == ReduceOp::Avg {
+                crate::reduce::finish_avg(out, dtype, 2);
+            }
+            Ok(step(got, || pool.copy(own)))
+        };
+        let rest = move |seq, own| reduce_scatter_rest(seq, own, me, (dtype, op));
+        self.try_now(whole, (send, recv), attempt, rest, parts)
+    }
+
+    /// all_to_all of `send` into `recv` in even segments, as it is issued where it may be:
+    /// this rank's segment copied, the pairwise step's one message each way.
+    pub(super) fn all_to_all_now<'a>(&'a self, send: Buf<'a>, recv: BufMut<'a>) -> Now<'a, (Buf<'a>, BufMut<'a>)> {
+        let (me, total) = (self.info.rank, recv.bytes());
+        let seg = total / 2;
+        if seg == 0 || total != 2 * seg || send.bytes() != total || self.eager_look(seg, EAGER_MAX).is_none() {
+            return Now::Usual((send, recv));
+        }
+        let pool = &self.pool;
+        let attempt = |mesh: &Mesh, seq, spin, (send, recv): &mut (Buf<'a>, BufMut<'a>)| {
+            let (Some(src), Some(out)) = (send.as_host_bytes(), recv.as_host_bytes_mut()) else {
+                return Ok(Step::NotStarted);
+            };
+            let (lo, hi) = out.split_at_mut(seg);
+            let (mine, theirs) = if me == 0 { (lo, hi) } else { (hi, lo) };
+            let (s_lo, s_hi) = src.split_at(seg);
+            let (keep, give) = if me == 0 { (s_lo, s_hi) } else { (s_hi, s_lo) };
+            mine.copy_from_slice(keep);
+            let mut take = |at: usize, b: &[u8]| theirs[at..at + b.len()].copy_from_slice(b);
+            let got =
+                mesh.exchange_now((algo::OP_ALL_TO_ALL, seq), 1 - me, Some(give), Some((seg, &mut take)), spin)?;
+            Ok(step(got, || pool.copy(mine)))
+        };
+        let rest = move |seq, own| pair_rest(algo::OP_ALL_TO_ALL, seq, own, me, seg);
+        self.try_now(total, (send, recv), attempt, rest, |(s, r)| (smallvec::smallvec![s], smallvec::smallvec![r]))
     }
 
     /// broadcast from `root` into `recv` (the root's input `send`, or in place), as it is
@@ -370,17 +433,39 @@ fn all_reduce_rest(seq: u64, own: Vec<u8>, n: usize, how: (DType, ReduceOp)) -> 
     )
 }
 
-/// The rest of all_gather number `seq` (parts of `chunk` bytes): the peer's part, beside
-/// `own`, this rank's (in the caller's buffer already when it runs in its wait).
-fn all_gather_rest(seq: u64, own: Vec<u8>, me: usize, chunk: usize) -> JobFn {
+/// The rest of all_gather or all_to_all (`op`) number `seq` (parts of `chunk` bytes): the
+/// peer's part, beside `own`, this rank's (in the caller's buffer already when it runs in
+/// its wait).
+fn pair_rest(op: u8, seq: u64, own: Vec<u8>, me: usize, chunk: usize) -> JobFn {
     let peer = 1 - me;
     let part = move |i: usize| i * chunk..(i + 1) * chunk;
     finish(
         move |e| e.pool.zeroed(2 * chunk),
         move |e, out| {
             out[part(me)].copy_from_slice(&own);
-            let r = e.mesh.recv_coll_into(peer, algo::OP_ALL_GATHER, seq, &mut out[part(peer)], crate::shm::copy);
+            let r = e.mesh.recv_coll_into(peer, op, seq, &mut out[part(peer)], crate::shm::copy);
             e.pool.put(own);
+            r
+        },
+    )
+}
+
+/// The rest of reduce_scatter number `seq` (shares of `own.len()` bytes): the peer's part of
+/// this rank's share folded with `own`, this rank's input of it.
+fn reduce_scatter_rest(seq: u64, own: Vec<u8>, me: usize, (dtype, op): (DType, ReduceOp)) -> JobFn {
+    let c = own.len();
+    finish(
+        move |e| e.pool.zeroed(c),
+        move |e, out| {
+            let mut fold = |at: usize, b: &[u8]| {
+                let r = at..at + b.len();
+                algo::fold_piece(&mut out[r.clone()], Some(&own[r]), b, dtype, op)
+            };
+            let r = e.mesh.recv_coll_with(1 - me, algo::OP_REDUCE_SCATTER, seq, c, &mut fold);
+            e.pool.put(own);
+            if r.is_ok() && op == ReduceOp::Avg {
+                crate::reduce::finish_avg(out, dtype, 2);
+            }
             r
         },
     )
