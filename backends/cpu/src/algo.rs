@@ -6,13 +6,9 @@ use crate::settings::Tuning;
 use crate::transport::{Copier, Eager, Kind, Mesh, Sink};
 use anyccl_core::{DType, ReduceOp, Result};
 
-pub(crate) const OP_ALL_REDUCE: u8 = 1;
-pub(crate) const OP_REDUCE: u8 = 2;
-pub(crate) const OP_BROADCAST: u8 = 3;
-pub(crate) const OP_ALL_GATHER: u8 = 4;
-pub(crate) const OP_REDUCE_SCATTER: u8 = 5;
-pub(crate) const OP_ALL_TO_ALL: u8 = 6;
-pub(crate) const OP_BARRIER: u8 = 7;
+pub(crate) use crate::transport::{
+    OP_ALL_GATHER, OP_ALL_REDUCE, OP_ALL_TO_ALL, OP_BARRIER, OP_BROADCAST, OP_REDUCE, OP_REDUCE_SCATTER,
+};
 
 /// One collective's view of the mesh: its op code and sequence number.
 pub(crate) struct Coll<'m> {

@@ -79,16 +79,25 @@ impl Data<'_> {
 /// How long a failing rank tries to tell each peer why, before closing.
 const FAIL_NOTICE: Duration = Duration::from_millis(200);
 
-/// Op codes carried by collective messages.
+/// Op codes carried by collective messages (the algorithms name them as `algo::OP_*`).
+pub(crate) const OP_ALL_REDUCE: u8 = 1;
+pub(crate) const OP_REDUCE: u8 = 2;
+pub(crate) const OP_BROADCAST: u8 = 3;
+pub(crate) const OP_ALL_GATHER: u8 = 4;
+pub(crate) const OP_REDUCE_SCATTER: u8 = 5;
+pub(crate) const OP_ALL_TO_ALL: u8 = 6;
+pub(crate) const OP_BARRIER: u8 = 7;
+
+/// The name of a collective message's op code.
 pub(crate) fn op_name(code: u8) -> &'static str {
     match code {
-        1 => "all_reduce",
-        2 => "reduce",
-        3 => "broadcast",
-        4 => "all_gather",
-        5 => "reduce_scatter",
-        6 => "all_to_all",
-        7 => "barrier",
+        OP_ALL_REDUCE => "all_reduce",
+        OP_REDUCE => "reduce",
+        OP_BROADCAST => "broadcast",
+        OP_ALL_GATHER => "all_gather",
+        OP_REDUCE_SCATTER => "reduce_scatter",
+        OP_ALL_TO_ALL => "all_to_all",
+        OP_BARRIER => "barrier",
         _ => "unknown",
     }
 }

@@ -89,7 +89,7 @@ impl Mesh {
         let m = &self.by_ref_sizes;
         let (in_step, alone) = match kind {
             Kind::P2p => (len >= m.p2p_exchange, m.alone.0),
-            _ if op == crate::algo::OP_ALL_REDUCE => (m.exchange_all_reduce.contains(&len), m.alone.1),
+            _ if op == super::OP_ALL_REDUCE => (m.exchange_all_reduce.contains(&len), m.alone.1),
             _ => (m.exchange.contains(&len), m.alone.1),
         };
         ((exchange && in_step) || len >= alone) && tx.by_ref_ok()
