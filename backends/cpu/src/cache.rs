@@ -164,11 +164,20 @@ pub(crate) fn allowed_cpus() -> Option<String> {
     cpu_list(list).is_some().then(|| list.to_string())
 }
 
+/// The CPUs a quota (a cgroup's `cpu.max`, as `available_parallelism` reads it) leaves this
+/// process where that is fewer than its CPU list names; `None` where no quota binds.
+pub(crate) fn quota() -> Option<usize> {
+    let listed = allowed_cpus().and_then(|l| cpu_list(&l)).map(|c| c.len())?;
+    let available = std::thread::available_parallelism().ok()?.get();
+    (available < listed).then_some(available)
+}
+
 /// Whether the ranks of a host, whose CPU lists are `lists` (as [`allowed_cpus`] gives them,
-/// `-` where unknown), outnumber the CPUs they may run on together. Each rank bound to a CPU
+/// `-` where unknown), outnumber the CPUs they may run on together, or the CPUs a quota leaves
+/// this rank (`quota`: [`quota`]; ranks in one container share it). Each rank bound to a CPU
 /// of its own (`anyccl-run`'s default) sees one CPU, so its own count says nothing of the
 /// others'; where a list is unknown, this rank's count of CPUs stands for the host's.
-pub(crate) fn crowded<'a>(lists: impl Iterator<Item = &'a str>) -> bool {
+pub(crate) fn crowded<'a>(lists: impl Iterator<Item = &'a str>, quota: Option<usize>) -> bool {
     let mut ranks = 0;
     let mut all = std::collections::BTreeSet::new();
     let mut known = true;
@@ -180,7 +189,7 @@ pub(crate) fn crowded<'a>(lists: impl Iterator<Item = &'a str>) -> bool {
         }
     }
     let cpus = if known { all.len() } else { std::thread::available_parallelism().map_or(1, |c| c.get()) };
-    ranks > cpus
+    ranks > cpus || quota.is_some_and(|q| ranks > q)
 }
 
 /// The CPUs in a list such as `0-3,8,10-11` (at most 1 << 16 of them).
@@ -294,13 +303,16 @@ mod tests {
     #[test]
     fn a_host_is_crowded_when_its_ranks_outnumber_their_cpus_together() {
         // Bound one a CPU, each rank sees one: not crowded.
-        assert!(!crowded(["0", "1"].into_iter()));
-        assert!(!crowded(["0-1", "0-1"].into_iter()));
-        assert!(crowded(["0-1", "0-1", "0-1"].into_iter()));
-        assert!(crowded(["0", "0"].into_iter()));
-        assert!(!crowded(["0-3", "4-7", "8,9"].into_iter()));
+        assert!(!crowded(["0", "1"].into_iter(), None));
+        assert!(!crowded(["0-1", "0-1"].into_iter(), None));
+        assert!(crowded(["0-1", "0-1", "0-1"].into_iter(), None));
+        assert!(crowded(["0", "0"].into_iter(), None));
+        assert!(!crowded(["0-3", "4-7", "8,9"].into_iter(), None));
         // Unknown lists: this process's count stands in (at least 1 CPU, so 1 rank fits).
-        assert!(!crowded(["-"].into_iter()));
+        assert!(!crowded(["-"].into_iter(), None));
+        // A quota of 2 CPUs over 64 listed: 4 ranks crowd it, 2 do not.
+        assert!(crowded(["0-63"; 4].into_iter(), Some(2)));
+        assert!(!crowded(["0-31", "32-63"].into_iter(), Some(2)));
     }
 
     /// A host's ranks share one L3 only when all name the same one: two ranks pinned to

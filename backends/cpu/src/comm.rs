@@ -242,8 +242,13 @@ impl Collective for CpuComm {
             && bytes > 0;
         Some(match (eager, self.eager_look(message, max)) {
             (true, Some(us)) => {
+                let when = match op {
+                    "reduce_scatter" => " out of place",
+                    "all_to_all" => " with even splits",
+                    _ => "",
+                };
                 format!(
-                    "{path}; as it is issued where nothing else is queued and the peer's input comes within {us} us"
+                    "{path}; as it is issued{when} where nothing else is queued and the peer's input comes within {us} us"
                 )
             }
             _ => path,

@@ -396,8 +396,8 @@ pub(crate) fn crowded_start(crowded: bool) -> usize {
 }
 
 /// The end of the by-reference range of a collective's exchange by default:
-/// [`BY_REF_EXCHANGE`]'s on a host whose ranks outnumber the CPUs a rank may run on
-/// (`crowded`: its affinity and CPU quota, as `available_parallelism` says), none otherwise.
+/// [`BY_REF_EXCHANGE`]'s on a host whose ranks outnumber the CPUs they may run on together
+/// or a CPU quota's (`crowded`: [`crate::cache::crowded`]), none otherwise.
 /// 2 ranks on 2 cores, 32-256 MiB, busbw medians of 4 alternating runs, rings -> by
 /// reference: all_to_all 3.68/2.82/3.08/3.09 -> 5.0/3.5/3.23/3.28 GB/s, all_gather
 /// 3.41/2.77/2.80/2.65 -> 4.8/2.96/2.73/2.94, reduce_scatter 2.30/2.37/2.24/2.30 ->

@@ -3,7 +3,7 @@
 //! has arrived, within a short spin; otherwise the receive is left for later (the peer may
 //! be waiting for something this rank does after the issue).
 
-use super::local::{Sink, SHM_HEADER};
+use super::local::{kind_of, Sink, SHM_HEADER};
 use super::watch::Watch;
 use super::*;
 
@@ -40,7 +40,7 @@ impl Mesh {
             return true;
         }
         let st = link.rx.lock().unwrap_or_else(|p| p.into_inner());
-        st.partial.is_none() && st.rx.peek_first() == Some(Kind::Coll as u8)
+        st.partial.is_none() && st.rx.peek_first().map(kind_of) == Some(Kind::Coll as u8)
     }
 
     /// Send `data` (if any) to `peer`, a peer of this host, as collective message `op` number
@@ -85,7 +85,8 @@ impl Mesh {
         let mut since = None;
         let mut looks = 0u32;
         loop {
-            match st.rx.peek_first() {
+            // (A message sent by reference is of its kind too: the bit is left out.)
+            match st.rx.peek_first().map(kind_of) {
                 Some(k) if k == Kind::Coll as u8 => {
                     self.take_coll(peer, link, &st.rx, (op, seq), expect, sink)?;
                     return Ok(Eager::Done);

@@ -61,6 +61,12 @@ pub(super) const SHM_HEADER: usize = 16;
 /// The bit of a ring message's kind byte that says its body is the payload's address.
 const BY_REF: u8 = 0x80;
 
+/// The kind of a ring message whose header starts with byte `first` (`Rx::peek_first`), its
+/// by-reference bit left out.
+pub(super) fn kind_of(first: u8) -> u8 {
+    first & !BY_REF
+}
+
 /// A copy of bytes into a buffer of their length: plain or streaming stores (`shm::copy`,
 /// `shm::copy_streaming`).
 pub(crate) type Copier = fn(&mut [u8], &[u8]);
@@ -388,9 +394,9 @@ impl Mesh {
     pub(super) fn parse_header(&self, peer: usize, h: &[u8; SHM_HEADER]) -> Result<Hdr> {
         let first = u64::from_le_bytes(h[..8].try_into().unwrap_or_default());
         let seq = u64::from_le_bytes(h[8..].try_into().unwrap_or_default());
-        let kind = h[0] & !BY_REF;
+        let kind = kind_of(h[0]);
         if kind != Kind::Coll as u8 && kind != Kind::P2p as u8 {
-            return Err(self.peer_err(peer, format!("rank {peer} wrote an unknown message kind {}", h[0])));
+            return Err(self.peer_err(peer, format!("rank {peer} wrote an unknown message kind {kind}")));
         }
         Ok(Hdr { kind, op: h[1], by_ref: h[0] & BY_REF != 0, seq, len: (first >> 16) as usize })
     }
@@ -485,6 +491,21 @@ impl Mesh {
                 return self.take_payload(peer, link, rx, m, sink, &mut stop);
             }
             self.to_inbox(peer, link, rx, m, &mut stop)?;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{kind_of, Kind, BY_REF};
+
+    /// A message sent by reference is still of its kind where the ring's look-ahead reads it
+    /// (the eager path takes a collective it finds first; any other kind is left for later).
+    #[test]
+    fn by_reference_messages_keep_their_kind() {
+        for k in [Kind::Coll, Kind::P2p] {
+            assert_eq!(kind_of(k as u8 | BY_REF), k as u8);
+            assert_eq!(kind_of(k as u8), k as u8);
         }
     }
 }
