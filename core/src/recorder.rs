@@ -58,9 +58,6 @@ pub struct OpRecord {
 #[derive(Debug)]
 pub struct FlightRecorder {
     capacity: usize,
-    /// `capacity - 1` where the capacity is a power of two (the default, 2,048): a ticket's
-    /// slot is then a mask, where a division cost tens of cycles twice an operation.
-    mask: Option<u64>,
     /// What record times count from.
     base: Instant,
     /// `base` on the coarse clock's scale (nanoseconds of `CLOCK_MONOTONIC`).
@@ -201,7 +198,6 @@ impl FlightRecorder {
             (0..capacity).map(|_| Slot { tag: AtomicU64::new(EMPTY), ..Slot::default() }).collect();
         let r = Arc::new(FlightRecorder {
             capacity,
-            mask: capacity.is_power_of_two().then(|| capacity as u64 - 1),
             base: Instant::now(),
             #[cfg(target_os = "linux")]
             base_ns: mono_ns(rustix::time::ClockId::Monotonic),
@@ -327,12 +323,11 @@ impl FlightRecorder {
         t
     }
 
-    /// The slot of ticket `t`.
+    /// The slot of ticket `t`: a mask where the capacity is a power of two (the default,
+    /// 2,048), where a division cost tens of cycles twice an operation.
     fn slot(&self, t: u64) -> usize {
-        match self.mask {
-            Some(m) => (t & m) as usize,
-            None => (t % self.capacity as u64) as usize,
-        }
+        let c = self.capacity as u64;
+        (if c.is_power_of_two() { t & (c - 1) } else { t % c }) as usize
     }
 
     /// Mark a pending operation as finished (a no-op once it has left the ring).

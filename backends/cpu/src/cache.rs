@@ -165,9 +165,10 @@ pub(crate) fn allowed_cpus() -> Option<String> {
 }
 
 /// The CPUs a quota (a cgroup's `cpu.max`, as `available_parallelism` reads it) leaves this
-/// process where that is fewer than its CPU list names; `None` where no quota binds.
-pub(crate) fn quota() -> Option<usize> {
-    let listed = allowed_cpus().and_then(|l| cpu_list(&l)).map(|c| c.len())?;
+/// process where that is fewer than its CPU list (`allowed`, [`allowed_cpus`]) names; `None`
+/// where no quota binds.
+pub(crate) fn quota(allowed: &str) -> Option<usize> {
+    let listed = cpu_list(allowed)?.len();
     let available = std::thread::available_parallelism().ok()?.get();
     (available < listed).then_some(available)
 }

@@ -367,7 +367,7 @@ pub(crate) const BY_REF_MIN: usize = 16 << 20;
 /// less. From 16 MiB, where memory bounds both, by reference lost 30% at 4 ranks on 2 cores
 /// (all_reduce 32 MiB 2.10 -> 1.45, 256 MiB 1.43 -> 1.01; all_gather 256 MiB 1.89 -> 1.30),
 /// so there larger messages go as they would alone; where the host's ranks do not outnumber
-/// the CPUs a rank may run on, the range has no end ([`crowded_end`]).
+/// the CPUs a rank may run on, the range has no end ([`by_ref_defaults`]).
 pub(crate) const BY_REF_EXCHANGE: std::ops::Range<usize> = (256 << 10)..BY_REF_MIN;
 
 /// Where the by-reference range of a collective's exchange starts by default on a host whose
@@ -385,29 +385,22 @@ pub(crate) const BY_REF_EXCHANGE: std::ops::Range<usize> = (256 << 10)..BY_REF_M
 /// 14-20% longer: `ByRef::exchange_all_reduce`).
 pub(crate) const BY_REF_EXCHANGE_OWN_CPU: usize = 16 << 10;
 
-/// The start of the by-reference range of a collective's exchange by default: see
-/// [`BY_REF_EXCHANGE_OWN_CPU`].
-pub(crate) fn crowded_start(crowded: bool) -> usize {
-    if crowded {
-        BY_REF_EXCHANGE.start
-    } else {
-        BY_REF_EXCHANGE_OWN_CPU
-    }
-}
-
-/// The end of the by-reference range of a collective's exchange by default:
-/// [`BY_REF_EXCHANGE`]'s on a host whose ranks outnumber the CPUs they may run on together
-/// or a CPU quota's (`crowded`: [`crate::cache::crowded`]), none otherwise.
+/// The by-reference defaults of a host whose ranks do or do not outnumber the CPUs they may
+/// run on together or a CPU quota's (`crowded`: [`crate::cache::crowded`]): a collective's
+/// exchange range (all_reduce's apart: it starts at [`BY_REF_EXCHANGE`]'s start everywhere)
+/// and a sendrecv's start. Crowded: [`BY_REF_EXCHANGE`] and [`BY_REF_P2P_EXCHANGE`];
+/// otherwise from [`BY_REF_EXCHANGE_OWN_CPU`] with no end, and [`BY_REF_P2P_EXCHANGE_OWN_CPU`].
+/// Why no end:
 /// 2 ranks on 2 cores, 32-256 MiB, busbw medians of 4 alternating runs, rings -> by
 /// reference: all_to_all 3.68/2.82/3.08/3.09 -> 5.0/3.5/3.23/3.28 GB/s, all_gather
 /// 3.41/2.77/2.80/2.65 -> 4.8/2.96/2.73/2.94, reduce_scatter 2.30/2.37/2.24/2.30 ->
 /// 3.29/3.01/2.85/2.71 (an Intel host with a shared 260 MiB L3; on the AMD hosts the two
 /// were within 10% of each other at 2 ranks).
-pub(crate) fn crowded_end(crowded: bool) -> usize {
+pub(crate) fn by_ref_defaults(crowded: bool) -> (std::ops::Range<usize>, usize) {
     if crowded {
-        BY_REF_EXCHANGE.end
+        (BY_REF_EXCHANGE, BY_REF_P2P_EXCHANGE)
     } else {
-        usize::MAX
+        (BY_REF_EXCHANGE_OWN_CPU..usize::MAX, BY_REF_P2P_EXCHANGE_OWN_CPU)
     }
 }
 
@@ -428,16 +421,6 @@ pub(crate) const BY_REF_P2P_EXCHANGE: usize = 64 << 10;
 /// other sizes alike. With 4 ranks on the 2 cores the runs moved by 1.5x either way, so a
 /// crowded host keeps 64 KiB.
 pub(crate) const BY_REF_P2P_EXCHANGE_OWN_CPU: usize = 16 << 10;
-
-/// Where a sendrecv's message goes by reference by default: see
-/// [`BY_REF_P2P_EXCHANGE_OWN_CPU`].
-pub(crate) fn crowded_p2p(crowded: bool) -> usize {
-    if crowded {
-        BY_REF_P2P_EXCHANGE
-    } else {
-        BY_REF_P2P_EXCHANGE_OWN_CPU
-    }
-}
 
 /// What `ANYCCL_CPU_BY_REF_MIN` says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -302,6 +302,17 @@ fn reduce_scatter_and_all_to_all() -> Result<(), Failed> {
     common::two_ranks("eager-rs-a2a", move |me, c| {
         let mut calls = 0;
         let mut at_issue = [0usize; 2];
+        // Waits for `w`, issued at `t`: 1 if it finished as it was issued. `late`: rank 1 is
+        // 200 ms late, so rank 0's issue must return at once, unfinished (late calls count 0).
+        let issued = |what: &str, w: anyccl_core::Result<Work<'_>>, t: Instant, late: bool| {
+            let mut w = w.map_err(|e| e.to_string())?;
+            let done = w.is_completed().map_err(|e| e.to_string())?;
+            if late && me == 0 && (done || t.elapsed() > Duration::from_millis(100)) {
+                return Err(format!("{what} with the peer 200 ms late: finished {done} after {:?}", t.elapsed()));
+            }
+            wait(Ok(w))?;
+            Ok::<usize, String>(usize::from(done && !late))
+        };
         for round in 0..40 {
             let late = round == 39;
             for n in [1usize, 16, 2048] {
@@ -314,18 +325,8 @@ fn reduce_scatter_and_all_to_all() -> Result<(), Failed> {
                         std::thread::sleep(Duration::from_millis(200));
                     }
                     let t = Instant::now();
-                    let mut w = c
-                        .reduce_scatter(Some(Buf::host(&mine)), BufMut::host(&mut out), op)
-                        .map_err(|e| e.to_string())?;
-                    let done = w.is_completed().map_err(|e| e.to_string())?;
-                    if late && me == 0 && (done || t.elapsed() > Duration::from_millis(100)) {
-                        return Err(format!(
-                            "reduce_scatter with the peer 200 ms late: finished {done} after {:?}",
-                            t.elapsed()
-                        ));
-                    }
-                    at_issue[0] += usize::from(done && !late);
-                    wait(Ok(w))?;
+                    let w = c.reduce_scatter(Some(Buf::host(&mine)), BufMut::host(&mut out), op);
+                    at_issue[0] += issued("reduce_scatter", w, t, late)?;
                     let share = me * n..(me + 1) * n;
                     let want = |i: usize| {
                         let s = mine[share.start + i] + theirs[share.start + i];
@@ -345,16 +346,8 @@ fn reduce_scatter_and_all_to_all() -> Result<(), Failed> {
                     std::thread::sleep(Duration::from_millis(200));
                 }
                 let t = Instant::now();
-                let mut w = c.all_to_all(Buf::host(&mine), BufMut::host(&mut all), None).map_err(|e| e.to_string())?;
-                let done = w.is_completed().map_err(|e| e.to_string())?;
-                if late && me == 0 && (done || t.elapsed() > Duration::from_millis(100)) {
-                    return Err(format!(
-                        "all_to_all with the peer 200 ms late: finished {done} after {:?}",
-                        t.elapsed()
-                    ));
-                }
-                at_issue[1] += usize::from(done && !late);
-                wait(Ok(w))?;
+                let w = c.all_to_all(Buf::host(&mine), BufMut::host(&mut all), None);
+                at_issue[1] += issued("all_to_all", w, t, late)?;
                 // Segment r of the output is rank r's segment `me` of its input.
                 let want: Vec<f32> = (0..2)
                     .flat_map(|r| {

@@ -109,6 +109,23 @@ fn host<'p>(send: &'p Option<Buf<'_>>, recv: &'p mut BufMut<'_>) -> Option<(Opti
     Some((src, recv.as_host_bytes_mut()?))
 }
 
+/// `(this rank's half, the peer's half)` of a buffer of two halves of `half` bytes each.
+fn halves<T>(me: usize, buf: T, half: usize, split: impl FnOnce(T, usize) -> (T, T)) -> (T, T) {
+    let (lo, hi) = split(buf, half);
+    if me == 0 {
+        (lo, hi)
+    } else {
+        (hi, lo)
+    }
+}
+
+/// Fold the peer's piece `b` at `at` of this rank's reduce_scatter share into `out`, with
+/// `own`, this rank's input of the share (as the usual path's last ring step does).
+fn fold_share(out: &mut [u8], own: &[u8], (at, b): (usize, &[u8]), (dtype, op): (DType, ReduceOp)) {
+    let r = at..at + b.len();
+    algo::fold_piece(&mut out[r.clone()], Some(&own[r]), b, dtype, op)
+}
+
 /// The buffers of a [`Pair`] as its `Work` holds them.
 fn parts(p: Pair<'_>) -> (Few<Buf<'_>>, Few<BufMut<'_>>) {
     (p.0.into_iter().collect(), smallvec::smallvec![p.1])
@@ -256,8 +273,7 @@ impl CpuComm {
         let pool = &self.pool;
         let attempt = |mesh: &Mesh, seq, spin, (send, recv): &mut Pair<'a>| {
             let Some((src, out)) = host(send, recv) else { return Ok(Step::NotStarted) };
-            let (lo, hi) = out.split_at_mut(chunk);
-            let (mine, theirs) = if me == 0 { (lo, hi) } else { (hi, lo) };
+            let (mine, theirs) = halves(me, out, chunk, <[u8]>::split_at_mut);
             if let Some(src) = src.filter(|s| s.len() == chunk) {
                 // This rank's part in place first, as the ring's first step puts it.
                 mine.copy_from_slice(src);
@@ -288,12 +304,8 @@ impl CpuComm {
         let pool = &self.pool;
         let attempt = |mesh: &Mesh, seq, spin, (send, recv): &mut Pair<'a>| {
             let Some((Some(src), out)) = host(send, recv) else { return Ok(Step::NotStarted) };
-            let (lo, hi) = src.split_at(c);
-            let (own, theirs) = if me == 0 { (lo, hi) } else { (hi, lo) };
-            let mut fold = |at: usize, b: &[u8]| {
-                let r = at..at + b.len();
-                algo::fold_piece(&mut out[r.clone()], Some(&own[r]), b, dtype, op)
-            };
+            let (own, theirs) = halves(me, src, c, <[u8]>::split_at);
+            let mut fold = |at: usize, b: &[u8]| fold_share(out, own, (at, b), (dtype, op));
             let got =
                 mesh.exchange_now((algo::OP_REDUCE_SCATTER, seq), 1 - me, Some(theirs), Some((c, &mut fold)), spin)?;
             if got == Eager::Done && op == ReduceOp::Avg {
@@ -318,10 +330,8 @@ impl CpuComm {
             let (Some(src), Some(out)) = (send.as_host_bytes(), recv.as_host_bytes_mut()) else {
                 return Ok(Step::NotStarted);
             };
-            let (lo, hi) = out.split_at_mut(seg);
-            let (mine, theirs) = if me == 0 { (lo, hi) } else { (hi, lo) };
-            let (s_lo, s_hi) = src.split_at(seg);
-            let (keep, give) = if me == 0 { (s_lo, s_hi) } else { (s_hi, s_lo) };
+            let (mine, theirs) = halves(me, out, seg, <[u8]>::split_at_mut);
+            let (keep, give) = halves(me, src, seg, <[u8]>::split_at);
             mine.copy_from_slice(keep);
             let mut take = |at: usize, b: &[u8]| theirs[at..at + b.len()].copy_from_slice(b);
             let got =
@@ -457,10 +467,7 @@ fn reduce_scatter_rest(seq: u64, own: Vec<u8>, me: usize, (dtype, op): (DType, R
     finish(
         move |e| e.pool.zeroed(c),
         move |e, out| {
-            let mut fold = |at: usize, b: &[u8]| {
-                let r = at..at + b.len();
-                algo::fold_piece(&mut out[r.clone()], Some(&own[r]), b, dtype, op)
-            };
+            let mut fold = |at: usize, b: &[u8]| fold_share(out, &own, (at, b), (dtype, op));
             let r = e.mesh.recv_coll_with(1 - me, algo::OP_REDUCE_SCATTER, seq, c, &mut fold);
             e.pool.put(own);
             if r.is_ok() && op == ReduceOp::Avg {

@@ -4,7 +4,7 @@
 
 use super::local::REF_BODY;
 use super::{Kind, Mesh};
-use crate::settings::{crowded_end, crowded_p2p, crowded_start, ByRefMin, BY_REF_EXCHANGE, BY_REF_MIN};
+use crate::settings::{by_ref_defaults, ByRefMin, BY_REF_EXCHANGE, BY_REF_MIN};
 use crate::shm;
 use anyccl_core::{Ctx, Result};
 
@@ -45,11 +45,11 @@ pub(crate) fn by_ref_sizes(ctx: &Ctx, crowded: bool) -> Result<ByRef> {
             Ok(ByRef { exchange: 0..0, exchange_all_reduce: 0..0, p2p_exchange: usize::MAX, alone: (v, v) })
         }
         ByRefMin::Defaults => {
-            let (start, end) = (crowded_start(crowded), crowded_end(crowded));
+            let (exchange, p2p_exchange) = by_ref_defaults(crowded);
             Ok(ByRef {
-                exchange: start..end,
-                exchange_all_reduce: BY_REF_EXCHANGE.start..end,
-                p2p_exchange: crowded_p2p(crowded),
+                exchange_all_reduce: BY_REF_EXCHANGE.start..exchange.end,
+                exchange,
+                p2p_exchange,
                 alone: (BY_REF_MIN, usize::MAX),
             })
         }

@@ -88,7 +88,7 @@ impl Mesh {
         let ring_streaming = !one_l3[rank] || crate::cache::L3::ring_streaming(l3);
         let locals: Vec<usize> =
             if host_of_me == "-" { vec![rank] } else { (0..size).filter(|&r| hosts[r] == host_of_me).collect() };
-        let crowded = crate::cache::crowded(locals.iter().map(|&r| cpus[r].as_str()), crate::cache::quota());
+        let crowded = crate::cache::crowded(locals.iter().map(|&r| cpus[r].as_str()), crate::cache::quota(&my_cpus));
         let shm = if locals.len() > 1 {
             shm_links(store, ns, &ctx, size, &locals, Shape { ring_streaming, crowded }, deadline, started).await?
         } else {
