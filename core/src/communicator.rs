@@ -486,8 +486,19 @@ impl Communicator {
         let (dtype, bytes) = self.check_p2p_batch(&ops)?;
         let first = ops[0].peer();
         let peer = ops.iter().all(|o| o.peer() == first).then_some(first);
+        let mut call = Call::new(OP, dtype, ops.len(), bytes).peer_opt(peer);
+        // Only a recording keeps it (every call would otherwise allocate it).
+        if self.recording_on.load(std::sync::atomic::Ordering::Acquire) {
+            call.batch = Self::batch_signature(&ops);
+        }
+        self.issue(call, |c| c.p2p_group(ops))
+    }
+
+    /// A batch's peers with the larger of the bytes sent to and received from each, in
+    /// the order of their first operation ([`Call`]'s `batch`).
+    fn batch_signature(ops: &[P2POp<'_>]) -> Vec<(usize, usize)> {
         let mut batch: Vec<(usize, usize, usize)> = Vec::new();
-        for o in &ops {
+        for o in ops {
             let (p, b, send) = match o {
                 P2POp::Send(b, p) => (*p, b.bytes(), true),
                 P2POp::Recv(b, p) => (*p, b.bytes(), false),
@@ -502,9 +513,7 @@ impl Communicator {
                 batch[i].2 += b;
             }
         }
-        let mut call = Call::new(OP, dtype, ops.len(), bytes).peer_opt(peer);
-        call.batch = batch.into_iter().map(|(p, s, r)| (p, s.max(r))).collect();
-        self.issue(call, |c| c.p2p_group(ops))
+        batch.into_iter().map(|(p, s, r)| (p, s.max(r))).collect()
     }
 
     /// Completes once every rank has entered it.

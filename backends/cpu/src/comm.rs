@@ -534,6 +534,10 @@ impl Collective for CpuComm {
     }
 
     fn p2p_group<'a>(&'a self, ops: Vec<P2POp<'a>>) -> Result<Work<'a>> {
+        let ops = match self.p2p_group_now(ops) {
+            Ok(w) => return Ok(w),
+            Err(ops) => ops,
+        };
         let adm =
             self.admit(ops.iter().filter_map(|o| if let P2POp::Send(b, _) = o { Some(b.bytes()) } else { None }))?;
         let mut sends = Vec::new();

@@ -1,5 +1,5 @@
-//! A small all_reduce, all_gather, reduce_scatter, all_to_all, broadcast or barrier of two
-//! ranks of one host, issued
+//! A small all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, barrier or sendrecv
+//! of two ranks of one host, issued
 //! while nothing else is queued, runs as it is issued (`comm/eager.rs`): in step it returns
 //! finished; a peer that comes late, or that sent a point-to-point message first, leaves the
 //! receive queued and the issue returns at once; a mismatch fails both ranks. Results
@@ -7,7 +7,7 @@
 
 mod common;
 
-use anyccl_core::{Buf, BufMut, Communicator, ReduceOp, Work};
+use anyccl_core::{Buf, BufMut, Communicator, P2POp, ReduceOp, Result as AResult, Work};
 use libtest_mimic::{Arguments, Failed, Trial};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -371,6 +371,74 @@ fn reduce_scatter_and_all_to_all() -> Result<(), Failed> {
     })
 }
 
+/// A batch of one send to the peer and one receive from it (either order), 4 B to 8 KiB,
+/// issued in step: every result right, some finished as they were issued. Then rank 1 comes
+/// 200 ms late to a sendrecv followed by an all_reduce: rank 0's two issues return at once,
+/// unfinished (the all_reduce's receive queued behind the sendrecv's), and both operations
+/// get their own bytes. Then sizes that do not match (8 B against 16 B): both ranks fail
+/// naming the sizes, within the operation timeout.
+fn sendrecv() -> Result<(), Failed> {
+    let arrived = Arc::new(AtomicUsize::new(0));
+    common::two_ranks("eager-sendrecv", move |me, c| {
+        let (peer, mut calls, mut at_issue) = (1 - me, 0, 0);
+        fn batch<'a>(c: &'a Communicator, send: &'a [f32], out: &'a mut [f32], first: bool) -> AResult<Work<'a>> {
+            let peer = 1 - c.rank();
+            let (s, r) = (P2POp::Send(Buf::host(send), peer), P2POp::Recv(BufMut::host(out), peer));
+            c.p2p_group(if first { vec![s, r] } else { vec![r, s] })
+        }
+        for round in 0..60 {
+            for n in [1usize, 16, 2048] {
+                for send_first in [true, false] {
+                    let (mine, theirs) = (input(me, n, round), input(peer, n, round));
+                    let mut out = vec![0f32; n];
+                    meet(&arrived, &mut calls);
+                    let mut w = batch(c, &mine, &mut out, send_first).map_err(|e| e.to_string())?;
+                    at_issue += usize::from(w.is_completed().map_err(|e| e.to_string())?);
+                    wait(Ok(w))?;
+                    if out != theirs {
+                        return Err(format!("sendrecv of {n} x f32, round {round}: {:?}", &out[..n.min(4)]));
+                    }
+                }
+            }
+        }
+        if at_issue == 0 {
+            return Err(format!("no sendrecv in step finished as it was issued ({calls} calls)"));
+        }
+        // The peer late: both receives queued, in order, of two kinds.
+        let (mine, theirs) = (input(me, 8, 7), input(peer, 8, 7));
+        let (mut got, mut sum) = (vec![0f32; 8], vec![0f32; 8]);
+        meet(&arrived, &mut calls);
+        if me == 1 {
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let t = Instant::now();
+        let mut w = batch(c, &mine, &mut got, true).map_err(|e| e.to_string())?;
+        let mut a =
+            c.all_reduce(Some(Buf::host(&mine)), BufMut::host(&mut sum), ReduceOp::Sum).map_err(|e| e.to_string())?;
+        if me == 0 {
+            let done = (w.is_completed(), a.is_completed());
+            if !matches!(done, (Ok(false), Ok(false))) || t.elapsed() > Duration::from_millis(100) {
+                return Err(format!("with the peer 200 ms late: {done:?} after {:?}", t.elapsed()));
+            }
+        }
+        wait(Ok(w))?;
+        wait(Ok(a))?;
+        if got != theirs || (0..8).any(|i| sum[i] != mine[i] + theirs[i]) {
+            return Err(format!("late peer: got {got:?}, sum {sum:?}"));
+        }
+        // Sizes that do not match.
+        let n = if me == 0 { 2 } else { 4 };
+        let (mine, mut out) = (input(me, n, 0), vec![0f32; n]);
+        meet(&arrived, &mut calls);
+        let t = Instant::now();
+        match wait(batch(c, &mine, &mut out, true)) {
+            Ok(()) => Err("a sendrecv of 8 B against one of 16 B succeeded".into()),
+            Err(e) if e.contains("bytes") && t.elapsed() < T => Ok(()),
+            Err(e) => Err(format!("after {:?}: {e}", t.elapsed())),
+        }
+    })
+}
+
 /// Rank 0 reduces 8 B, rank 1 16 B: each fails naming the collective, within the operation
 /// timeout, whether its issue or its wait finds out.
 fn mismatch_fails_both_ranks() -> Result<(), Failed> {
@@ -405,6 +473,7 @@ fn main() -> std::process::ExitCode {
         Trial::test("cpu::eager::message_before_the_collective[w=2]", message_before_the_collective),
         Trial::test("cpu::eager::mismatch_fails_both_ranks[w=2]", mismatch_fails_both_ranks),
         Trial::test("cpu::eager::reduce_scatter_and_all_to_all[w=2]", reduce_scatter_and_all_to_all),
+        Trial::test("cpu::eager::sendrecv[w=2]", sendrecv),
     ];
     libtest_mimic::run(&args, trials).exit_code()
 }

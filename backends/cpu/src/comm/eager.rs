@@ -1,5 +1,6 @@
 //! A small all_reduce, all_gather, reduce_scatter, all_to_all (out of place, even splits),
-//! broadcast or barrier of two ranks of one host, issued
+//! broadcast, barrier or sendrecv (a batch of one send to the other rank and one receive from
+//! it) of two ranks of one host, issued
 //! while nothing but such operations' receives is queued, and nothing runs, runs as it is
 //! issued: its message is sent at once (where the ring has room for it) and, if nothing is
 //! queued, the peer's taken if it arrives within `ANYCCL_CPU_EAGER_US`; the call then
@@ -146,12 +147,15 @@ impl CpuComm {
     /// and leaves its receive for later too (messages arrive in order), otherwise it looks
     /// for the peer's message (unless misses before say not to look for a while: it then
     /// only sends too). `attempt` runs the exchange on the engine as operation number
-    /// `seq` (`None`: send only); `rest` makes the job that receives what did not come;
+    /// `seq` (`None`: send only), of messages of `kind` (only a collective's counts as an
+    /// operation number); `rest` makes the job that receives what did not come;
     /// `parts` gives the buffers to that job's `Work`. Nothing counts against the queue bound
     /// unless a receive is left queued; what the exchange finds (the peer's failure, a
     /// mismatch) is the returned `Work`'s to report.
+    #[allow(clippy::too_many_arguments)] // the operation's kind, size and buffers, its three steps
     fn try_now<'a, B, S>(
         &'a self,
+        kind: Kind,
         bytes: usize,
         mut bufs: B,
         attempt: impl FnOnce(&Mesh, u64, Option<Duration>, &mut B) -> Result<Step<S>>,
@@ -178,7 +182,7 @@ impl CpuComm {
         st.next_id += 1;
         // Receives left for later whose messages are here: run now, in order (they do not
         // wait), so this operation may take its own.
-        while st.jobs.front().is_some_and(|j| j.rest_of.is_some()) && self.mesh.coll_arrived(peer) {
+        while st.jobs.front().and_then(|j| j.rest_of).is_some_and(|k| self.mesh.arrived(peer, k)) {
             let Some(job) = st.jobs.pop_front() else { break };
             st.rests -= 1;
             drop(st);
@@ -191,7 +195,7 @@ impl CpuComm {
         drop(st);
         let seq = engine.seq;
         let ran = sched::guarded(&mut engine, |e| attempt(&e.mesh, seq, look, &mut bufs));
-        if !matches!(ran, Ok(Step::NotStarted)) {
+        if kind == Kind::Coll && !matches!(ran, Ok(Step::NotStarted)) {
             engine.seq += 1;
         }
         let mut st = self.sched.lock();
@@ -205,7 +209,7 @@ impl CpuComm {
                 let wake = st.parked || (st.dozing && !st.jobs.is_empty() && !st.woken);
                 st.woken |= wake;
                 let (run, _admission) = (rest(seq, saved), self.admitted_anyway(bytes));
-                let job = Job { id, run, done: done.clone(), grace, rescuable: false, rest_of: Some(peer), _admission };
+                let job = Job { id, run, done: done.clone(), grace, rescuable: false, rest_of: Some(kind), _admission };
                 // After the receives left before it, ahead of what was issued meanwhile.
                 let at = st.jobs.iter().position(|j| j.id > id).unwrap_or(st.jobs.len());
                 st.jobs.insert(at, job);
@@ -259,7 +263,7 @@ impl CpuComm {
             Ok(step(got, || pool.copy(src.unwrap_or(data))))
         };
         let rest = move |seq, own| all_reduce_rest(seq, own, n, (dtype, op));
-        self.try_now(n, (send, recv), attempt, rest, parts)
+        self.try_now(Kind::Coll, n, (send, recv), attempt, rest, parts)
     }
 
     /// all_gather of this rank's part (`send`, or in place) into `recv`, as it is issued where
@@ -284,7 +288,7 @@ impl CpuComm {
             Ok(step(got, || pool.copy(mine)))
         };
         let rest = move |seq, own| pair_rest(algo::OP_ALL_GATHER, seq, own, me, chunk);
-        self.try_now(total, (send, recv), attempt, rest, parts)
+        self.try_now(Kind::Coll, total, (send, recv), attempt, rest, parts)
     }
 
     /// reduce_scatter of `send` (out of place: an input of two shares) into `recv`, this rank's
@@ -314,7 +318,7 @@ impl CpuComm {
             Ok(step(got, || pool.copy(own)))
         };
         let rest = move |seq, own| reduce_scatter_rest(seq, own, me, (dtype, op));
-        self.try_now(whole, (send, recv), attempt, rest, parts)
+        self.try_now(Kind::Coll, whole, (send, recv), attempt, rest, parts)
     }
 
     /// all_to_all of `send` into `recv` in even segments, as it is issued where it may be:
@@ -339,7 +343,9 @@ impl CpuComm {
             Ok(step(got, || pool.copy(mine)))
         };
         let rest = move |seq, own| pair_rest(algo::OP_ALL_TO_ALL, seq, own, me, seg);
-        self.try_now(total, (send, recv), attempt, rest, |(s, r)| (smallvec::smallvec![s], smallvec::smallvec![r]))
+        self.try_now(Kind::Coll, total, (send, recv), attempt, rest, |(s, r)| {
+            (smallvec::smallvec![s], smallvec::smallvec![r])
+        })
     }
 
     /// broadcast from `root` into `recv` (the root's input `send`, or in place), as it is
@@ -374,7 +380,54 @@ impl CpuComm {
             Ok(step(got, || ()))
         };
         let rest = move |seq, ()| broadcast_rest(seq, root, n);
-        self.try_now(n, (send, recv), attempt, rest, parts)
+        self.try_now(Kind::Coll, n, (send, recv), attempt, rest, parts)
+    }
+
+    /// A batch of one send of `send` to the other rank and one receive from it into `recv`,
+    /// as it is issued where it may be: one point-to-point message each way, as the usual
+    /// path's `sendrecv` sends them (no operation number: point-to-point messages are
+    /// matched in order).
+    fn sendrecv_now<'a>(&'a self, send: Buf<'a>, recv: BufMut<'a>) -> Now<'a, (Buf<'a>, BufMut<'a>)> {
+        let (peer, n) = (1 - self.info.rank, recv.bytes());
+        let attempt = |mesh: &Mesh, _seq, spin, (send, recv): &mut (Buf<'a>, BufMut<'a>)| {
+            let (Some(src), Some(out)) = (send.as_host_bytes(), recv.as_host_bytes_mut()) else {
+                return Ok(Step::NotStarted);
+            };
+            let mut take = |at: usize, b: &[u8]| out[at..at + b.len()].copy_from_slice(b);
+            Ok(step(mesh.sendrecv_now(peer, Some(src), Some((n, &mut take)), spin)?, || ()))
+        };
+        let rest = move |_seq, ()| -> JobFn {
+            finish(move |e| e.pool.zeroed(n), move |e, out| e.mesh.recv_p2p_into(peer, out))
+        };
+        let parts = |(s, r)| (smallvec::smallvec![s], smallvec::smallvec![r]);
+        self.try_now(Kind::P2p, send.bytes(), (send, recv), attempt, rest, parts)
+    }
+
+    /// A point-to-point batch `ops` as it is issued where it may be ([`CpuComm::sendrecv_now`]:
+    /// one send to the other rank of two and one receive from it, in either order, small);
+    /// `Err`: the batch, to go the usual way.
+    pub(super) fn p2p_group_now<'a>(&'a self, ops: Vec<P2POp<'a>>) -> std::result::Result<Work<'a>, Vec<P2POp<'a>>> {
+        let peer = 1usize.wrapping_sub(self.info.rank);
+        let fits = match &ops[..] {
+            [P2POp::Send(s, to), P2POp::Recv(r, from)] | [P2POp::Recv(r, from), P2POp::Send(s, to)] => {
+                *to == peer && *from == peer && self.eager_look(s.bytes().max(r.bytes()), EAGER_MAX).is_some()
+            }
+            _ => false,
+        };
+        if !fits {
+            return Err(ops);
+        }
+        let [a, b] = <[P2POp<'a>; 2]>::try_from(ops)?;
+        let (send, recv, send_first) = match (a, b) {
+            (P2POp::Send(s, _), P2POp::Recv(r, _)) => (s, r, true),
+            (P2POp::Recv(r, _), P2POp::Send(s, _)) => (s, r, false),
+            (a, b) => return Err(vec![a, b]),
+        };
+        match self.sendrecv_now(send, recv) {
+            Now::Issued(w) => Ok(w),
+            Now::Usual((s, r)) if send_first => Err(vec![P2POp::Send(s, peer), P2POp::Recv(r, peer)]),
+            Now::Usual((s, r)) => Err(vec![P2POp::Recv(r, peer), P2POp::Send(s, peer)]),
+        }
     }
 
     /// barrier, as it is issued where it may be: the one empty message each way.
@@ -393,7 +446,7 @@ impl CpuComm {
                 Ok(Few::new())
             })
         };
-        self.try_now(0, (), attempt, rest, |()| (Few::new(), Few::new()))
+        self.try_now(Kind::Coll, 0, (), attempt, rest, |()| (Few::new(), Few::new()))
     }
 }
 

@@ -1,7 +1,7 @@
-//! A collective's exchange with one peer of this host tried as it is issued: its message is
-//! sent only if the ring has room for all of it now, and the peer's is taken only once it
-//! has arrived, within a short spin; otherwise the receive is left for later (the peer may
-//! be waiting for something this rank does after the issue).
+//! A collective's exchange, or a send and receive, with one peer of this host tried as it is
+//! issued: its message is sent only if the ring has room for all of it now, and the peer's
+//! is taken only once it has arrived, within a short spin; otherwise the receive is left for
+//! later (the peer may be waiting for something this rank does after the issue).
 
 use super::local::{kind_of, Sink, SHM_HEADER};
 use super::watch::Watch;
@@ -32,15 +32,24 @@ impl Mesh {
         self.shm.get(peer).is_some_and(Option::is_some)
     }
 
-    /// Whether `peer`'s next message to this rank is a collective's and has begun to arrive
-    /// (a receive of it then does not wait for the peer).
-    pub(crate) fn coll_arrived(&self, peer: usize) -> bool {
+    /// Whether `peer`'s next message of `kind` to this rank has begun to arrive (a receive of
+    /// it then does not wait for the peer).
+    pub(crate) fn arrived(&self, peer: usize, kind: Kind) -> bool {
         let Some(link) = self.shm.get(peer).and_then(Option::as_ref) else { return false };
-        if self.mailbox.has_coll(peer) {
+        if self.queued(peer, kind) {
             return true;
         }
         let st = link.rx.lock().unwrap_or_else(|p| p.into_inner());
-        st.partial.is_none() && st.rx.peek_first().map(kind_of) == Some(Kind::Coll as u8)
+        st.partial.is_none() && st.rx.peek_first().map(kind_of) == Some(kind as u8)
+    }
+
+    /// Whether a message of `kind` from `peer` waits in the inbox.
+    fn queued(&self, peer: usize, kind: Kind) -> bool {
+        match kind {
+            Kind::Coll => self.mailbox.has_coll(peer),
+            Kind::P2p => self.mailbox.has_p2p(peer),
+            Kind::Bye | Kind::Fail => false,
+        }
     }
 
     /// Send `data` (if any) to `peer`, a peer of this host, as collective message `op` number
@@ -58,25 +67,52 @@ impl Mesh {
         recv: Option<Take<'_>>,
         spin: Option<Duration>,
     ) -> Result<Eager> {
+        self.message_now((Kind::Coll, op, seq), peer, data, recv, spin)
+    }
+
+    /// [`Mesh::exchange_now`] for a point-to-point send of `data` (if any) to `peer` and
+    /// receive of its next point-to-point message (if `recv`), which must be of exactly the
+    /// expected length.
+    ///
+    /// # Errors
+    /// As [`Mesh::exchange_now`]; a message of another length.
+    pub(crate) fn sendrecv_now(
+        &self,
+        peer: usize,
+        data: Option<&[u8]>,
+        recv: Option<Take<'_>>,
+        spin: Option<Duration>,
+    ) -> Result<Eager> {
+        self.message_now((Kind::P2p, 0, 0), peer, data, recv, spin)
+    }
+
+    fn message_now(
+        &self,
+        (kind, op, seq): (Kind, u8, u64),
+        peer: usize,
+        data: Option<&[u8]>,
+        recv: Option<Take<'_>>,
+        spin: Option<Duration>,
+    ) -> Result<Eager> {
         // (Called as a job runs: not on a communicator that failed already.)
         let Some(link) = &self.shm[peer] else { return Ok(Eager::NotStarted) };
         // Held throughout: only the thread that runs this communicator's operations reads
         // its rings (and moves what it finds there to the inbox).
         let st = link.rx.lock().unwrap_or_else(|p| p.into_inner());
-        if recv.is_some() && spin.is_some() && (st.partial.is_some() || self.mailbox.has_coll(peer)) {
+        if recv.is_some() && spin.is_some() && (st.partial.is_some() || self.queued(peer, kind)) {
             // What the peer sent is on its way through the inbox: the usual way takes it.
             return Ok(Eager::NotStarted);
         }
         if let Some(data) = data {
             let tx = link.tx.lock().unwrap_or_else(|p| p.into_inner());
-            let (h, by_ref) = self.header_for(&tx, link, (Kind::Coll, op, seq), Data::Bytes(data), false)?;
+            let (h, by_ref) = self.header_for(&tx, link, (kind, op, seq), Data::Bytes(data), false)?;
             if by_ref.is_some() || !tx.try_write_whole(&[&h, data]) {
                 return Ok(Eager::NotStarted);
             }
         }
         let Some((expect, sink)) = recv else { return Ok(Eager::Done) };
         let Some(spin) = spin else { return Ok(Eager::Later) };
-        // Looked at until the peer's next message is there: this collective's is taken;
+        // Looked at until the peer's next message is there: one of this kind is taken;
         // one of another kind first, or the spin's end, leaves it for later. The clock is
         // read only once the first looks found nothing, and after those each look gives the
         // CPU away first: the peer may be waiting for this very CPU (threads of one process,
@@ -87,8 +123,8 @@ impl Mesh {
         loop {
             // (A message sent by reference is of its kind too: the bit is left out.)
             match st.rx.peek_first().map(kind_of) {
-                Some(k) if k == Kind::Coll as u8 => {
-                    self.take_coll(peer, link, &st.rx, (op, seq), expect, sink)?;
+                Some(k) if k == kind as u8 => {
+                    self.take_msg(peer, link, &st.rx, (kind, op, seq), expect, sink)?;
                     return Ok(Eager::Done);
                 }
                 Some(_) => return Ok(Eager::Later),
@@ -106,21 +142,22 @@ impl Mesh {
         }
     }
 
-    /// Consume the collective message that starts at `rx`'s position (it has begun to
-    /// arrive): its header checked against `op` number `seq` of `expect` bytes, its payload
-    /// to `sink`; the reader's position told to the writer once.
-    fn take_coll(
+    /// Consume the message of `kind` that starts at `rx`'s position (it has begun to
+    /// arrive): its header checked against collective `op` number `seq` of `expect` bytes
+    /// (a point-to-point message: its length), its payload to `sink`; the reader's position
+    /// told to the writer once.
+    fn take_msg(
         &self,
         peer: usize,
         link: &super::local::ShmLink,
         rx: &shm::Rx,
-        (op, seq): (u8, u64),
+        (kind, op, seq): (Kind, u8, u64),
         expect: usize,
         sink: &mut dyn FnMut(usize, &[u8]),
     ) -> Result<()> {
         // The deadline starts at the first wait (usually none: the message is whole).
         let deadline = std::cell::OnceCell::new();
-        let what = || what(Kind::Coll, op, seq);
+        let what = || what(kind, op, seq);
         let mut stop = || {
             rx.publish();
             self.stop(peer, deadline.get_or_init(|| Watch::new(self.op_timeout)), || rx.available() > 0, &what)
@@ -132,7 +169,11 @@ impl Mesh {
             rx.read_from(got, SHM_HEADER, &mut to_hdr, &mut stop)?;
         }
         let m = self.parse_header(peer, &hdr)?;
-        self.check_coll(peer, op, seq, expect, (m.op, m.seq, m.len))?;
+        match kind {
+            Kind::Coll => self.check_coll(peer, op, seq, expect, (m.op, m.seq, m.len))?,
+            Kind::P2p if m.len != expect => return Err(self.p2p_size(peer, m.len, expect)),
+            _ => {}
+        }
         if m.by_ref {
             self.take_payload(peer, link, rx, m, &mut Sink::With(sink), &mut stop)?;
         } else {
