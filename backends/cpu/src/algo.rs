@@ -6,8 +6,12 @@ use crate::settings::Tuning;
 use crate::transport::{Copier, Eager, Kind, Mesh, Sink};
 use anyccl_core::{DType, ReduceOp, Result};
 
+mod path;
+pub(crate) use path::path;
+
 pub(crate) use crate::transport::{
-    OP_ALL_GATHER, OP_ALL_REDUCE, OP_ALL_TO_ALL, OP_BARRIER, OP_BROADCAST, OP_REDUCE, OP_REDUCE_SCATTER,
+    OP_ALL_GATHER, OP_ALL_GATHER_DIRECT, OP_ALL_REDUCE, OP_ALL_TO_ALL, OP_BARRIER, OP_BROADCAST, OP_REDUCE,
+    OP_REDUCE_SCATTER,
 };
 
 /// One collective's view of the mesh: its op code and sequence number.
@@ -452,13 +456,36 @@ pub(crate) fn broadcast(cx: &Coll<'_>, data: &mut [u8], root: usize) -> Result<(
     Ok(())
 }
 
-/// Ring all-gather of equal chunks: `out` holds `size` chunks; chunk `rank` is filled
-/// already (in place), or comes from `src` (out of place).
-pub(crate) fn all_gather(cx: &Coll<'_>, out: &mut [u8], src: Option<&[u8]>, chunk_bytes: usize) -> Result<()> {
+/// All-gather of equal chunks: `out` holds `size` chunks; chunk `rank` is filled already (in
+/// place), or comes from `src` (out of place). Between more than two ranks, chunks of at most
+/// `direct_max` bytes go directly (every rank's to every rank: one round of waiting, where the
+/// ring waits `size - 1` times in a row), larger ones round the ring.
+pub(crate) fn all_gather(
+    cx: &Coll<'_>,
+    out: &mut [u8],
+    src: Option<&[u8]>,
+    chunk_bytes: usize,
+    direct_max: usize,
+) -> Result<()> {
     let (n, me) = (cx.size(), cx.rank());
     if n == 1 || chunk_bytes == 0 {
         if let Some(src) = src {
             cx.put(&mut out[me * chunk_bytes..(me + 1) * chunk_bytes], src);
+        }
+        return Ok(());
+    }
+    if n > 2 && chunk_bytes <= direct_max {
+        let cx = Coll { mesh: cx.mesh, op: OP_ALL_GATHER_DIRECT, seq: cx.seq, stream: cx.stream };
+        let part = |r: usize| r * chunk_bytes..(r + 1) * chunk_bytes;
+        if let Some(src) = src {
+            cx.put(&mut out[part(me)], src);
+        }
+        for k in 1..n {
+            cx.send((me + k) % n, src.unwrap_or(&out[part(me)]))?;
+        }
+        for k in 1..n {
+            let from = (me + n - k) % n;
+            cx.recv_into(from, &mut out[part(from)])?;
         }
         return Ok(());
     }
@@ -596,93 +623,9 @@ pub(crate) fn barrier(cx: &Coll<'_>) -> Result<()> {
     Ok(())
 }
 
-/// How `op` runs on a receive buffer of `bytes` bytes (a rank's output: the whole gathered
-/// buffer for all_gather, one rank's share for reduce_scatter), in words: the algorithm, the
-/// message of each step and how it travels to the next rank (`route(peer, (kind, op), len,
-/// exchange)`: [`Mesh::route`]; `op` is [`OP_ALL_REDUCE`] for all_reduce, 0 otherwise, as
-/// only all_reduce's messages go by reference over a range of their own). The same choices as the functions above make, so a bench
-/// can print which path each size took; `None` for an operation this does not know.
-pub(crate) fn path(
-    op: &str,
-    bytes: usize,
-    (me, n): (usize, usize),
-    tune: &Tuning,
-    route: &dyn Fn(usize, (Kind, u8), usize, bool) -> &'static str,
-) -> Option<String> {
-    let next = (me + 1) % n;
-    let code = if op == "all_reduce" { OP_ALL_REDUCE } else { 0 };
-    let via =
-        |len: usize, exchange: bool| format!("{len} B messages, {}", route(next, (Kind::Coll, code), len, exchange));
-    let stores = |out: usize| if out >= tune.stream_min { "; output with streaming stores" } else { "" };
-    if n == 1 {
-        return Some("one rank: a local copy".into());
-    }
-    Some(match op {
-        "all_reduce" if n == 2 && bytes > tune.all_reduce_direct_max && bytes >= tune.pair_min => {
-            let piece = tune.pair_piece.min(bytes);
-            format!("pairwise in pieces of {piece} B: {}{}", via(piece / 2, true), stores(bytes))
-        }
-        "all_reduce" if bytes > tune.all_reduce_direct_max && bytes / n > 0 => {
-            format!("ring reduce-scatter + all-gather: {}{}", via(bytes.div_ceil(n), true), stores(bytes))
-        }
-        "all_reduce" => {
-            format!("direct (every rank's buffer to every rank, folded in rank order): {}", via(bytes, n == 2))
-        }
-        "broadcast" | "reduce" => format!("binomial tree: {}", via(bytes, false)),
-        "all_gather" => format!("ring: {}", via(bytes / n, true)),
-        "reduce_scatter" => format!("ring: {}", via(bytes, true)),
-        "all_to_all" if n > 2 && bytes / n <= tune.all_to_all_direct_max => {
-            format!("every segment sent, then every segment received: {}", via(bytes / n, false))
-        }
-        "all_to_all" => format!("pairwise exchange: {}", via(bytes / n, true)),
-        "sendrecv" => format!(
-            "exchange with the ring's neighbours: {} B messages, {}",
-            bytes,
-            route(next, (Kind::P2p, 0), bytes, true)
-        ),
-        "barrier" => "dissemination: empty messages".into(),
-        _ => return None,
-    })
-}
-
 #[cfg(test)]
 mod tests {
-    use super::{chunks, path, Kind, Tuning, OP_ALL_REDUCE};
-
-    /// The path named for each size is the one `all_reduce` takes at the thresholds given,
-    /// and the route is asked about the message each step sends.
-    #[test]
-    fn path_names_the_algorithm_each_size_takes() {
-        let tune = Tuning {
-            all_reduce_direct_max: 2048,
-            all_to_all_direct_max: 8192,
-            stream_min: 8 << 20,
-            pair_min: 8 << 20,
-            pair_piece: 256 << 10,
-        };
-        let asked = std::cell::RefCell::new(Vec::new());
-        let route = |peer: usize, (kind, op): (Kind, u8), len: usize, exchange: bool| {
-            asked.borrow_mut().push((peer, matches!(kind, Kind::P2p), op, len, exchange));
-            "shm ring"
-        };
-        let p = |op: &str, bytes: usize, n: usize| path(op, bytes, (0, n), &tune, &route);
-        assert!(p("all_reduce", 2048, 2).is_some_and(|s| s.starts_with("direct")));
-        assert!(p("all_reduce", 4096, 2).is_some_and(|s| s.starts_with("ring")));
-        assert!(p("all_reduce", 8 << 20, 2).is_some_and(|s| s.starts_with("pairwise") && s.contains("streaming")));
-        assert!(p("all_reduce", 8 << 20, 3).is_some_and(|s| s.starts_with("ring")));
-        assert_eq!(p("all_reduce", 8, 1).as_deref(), Some("one rank: a local copy"));
-        assert!(p("all_to_all", 3 * 8192, 3).is_some_and(|s| s.starts_with("every segment")));
-        assert!(p("all_to_all", 3 * 8193, 3).is_some_and(|s| s.starts_with("pairwise")));
-        assert_eq!(p("gather", 8, 2), None);
-        asked.borrow_mut().clear();
-        let _ = p("all_reduce", 4096, 2);
-        let _ = p("all_gather", 4096, 2);
-        let _ = p("sendrecv", 64, 4);
-        // The ring step's chunk to the next rank, in an exchange (all_reduce's named: its
-        // by-reference range is its own); the sendrecv's whole message.
-        let want = vec![(1, false, OP_ALL_REDUCE, 2048, true), (1, false, 0, 2048, true), (1, true, 0, 64, true)];
-        assert_eq!(*asked.borrow(), want);
-    }
+    use super::chunks;
 
     #[test]
     fn chunks_cover_everything_once() {

@@ -379,13 +379,15 @@ impl Collective for CpuComm {
             adm,
             Box::new(move |e, direct| {
                 if let Some(Direct { srcs, mut outs }) = direct {
+                    let direct_max = e.tune.all_gather_direct_max;
                     let cx = e.coll_writing(algo::OP_ALL_GATHER, outs[0].len());
-                    algo::all_gather(&cx, outs[0], srcs.first().copied(), chunk)?;
+                    algo::all_gather(&cx, outs[0], srcs.first().copied(), chunk, direct_max)?;
                     return Ok(Few::new());
                 }
                 let mut out = e.pool.zeroed(total);
                 own.read_into(e, &mut out[me * chunk..(me + 1) * chunk])?;
-                algo::all_gather(&e.coll(algo::OP_ALL_GATHER), &mut out, None, chunk)?;
+                let direct_max = e.tune.all_gather_direct_max;
+                algo::all_gather(&e.coll(algo::OP_ALL_GATHER), &mut out, None, chunk, direct_max)?;
                 Ok(smallvec::smallvec![Some(out)])
             }),
         )

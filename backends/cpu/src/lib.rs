@@ -129,6 +129,10 @@ fn tuning(links: Option<Links>) -> Vec<(String, String)> {
             "ANYCCL_CPU_ALLTOALL_DIRECT_MAX".into(),
             env("ANYCCL_CPU_ALLTOALL_DIRECT_MAX", s::ALL_TO_ALL_DIRECT_MAX.to_string()),
         ),
+        (
+            "ANYCCL_CPU_ALLGATHER_DIRECT_MAX".into(),
+            env("ANYCCL_CPU_ALLGATHER_DIRECT_MAX", s::ALL_GATHER_DIRECT_MAX.to_string()),
+        ),
         ("ANYCCL_CPU_STREAM_MIN".into(), env("ANYCCL_CPU_STREAM_MIN", from_l3(s::STREAM_MIN.max(step).to_string()))),
         ("ANYCCL_CPU_PAIR_MIN".into(), env("ANYCCL_CPU_PAIR_MIN", from_l3(s::PAIR_MIN.max(step).to_string()))),
         ("ANYCCL_CPU_PAIR_PIECE".into(), env("ANYCCL_CPU_PAIR_PIECE", s::PAIR_PIECE.to_string())),

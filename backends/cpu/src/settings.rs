@@ -81,6 +81,18 @@ pub(crate) const DIRECT_MAX_PAIR: usize = 8 << 10;
 /// wins once segments stream (tens of KiB).
 pub(crate) const ALL_TO_ALL_DIRECT_MAX: usize = 8 << 10;
 
+/// The default of `ANYCCL_CPU_ALLGATHER_DIRECT_MAX`: the part size (each rank's) up to
+/// which an all_gather of more than two ranks sends its part to every rank before it
+/// receives any, instead of going round the ring (`size - 1` waits in a row). Time medians of
+/// alternating runs on 2 cores (Intel, 2026-12-06), ring -> direct (Open MPI beside them):
+/// 4 ranks, 16 B-512 B in all 7.3-8.3 -> 5.7-6.4 us (4.4-4.7), 4/8/32 KiB 8.4/10.7/14.4 ->
+/// 7.0/8.0/11.8 us (6.6/11.5/20.8); 3 ranks, 12 B 3.9 -> 3.2 us, 12/24 KiB 6.3/8.5 -> 5.1/7.0
+/// us. Parts of 16 and 64 KiB gained too at 4 ranks (64/256 KiB in all 20.9/59.0 ->
+/// 16.7/50.2 us), but there, on a host whose ranks have CPUs of their own, a ring step goes by
+/// reference and copies once (`BY_REF_EXCHANGE_OWN_CPU`), where a part sent alone is copied
+/// into the ring and out again: not measured on such a host, so the default stays below it.
+pub(crate) const ALL_GATHER_DIRECT_MAX: usize = 8 << 10;
+
 /// Output size from which outputs are written with streaming stores ([`Tuning::stream_min`]).
 /// From 8 MiB the input, the output and the rings no longer stay in the 32 MiB L3 that
 /// the machines measured share with their neighbours; 4 MiB sits at the edge, where what
@@ -124,6 +136,10 @@ pub(crate) struct Tuning {
     /// all_to_all whose segments are all at most this many bytes sends every segment, then
     /// receives every segment (one round of waiting); above it, pairwise exchange.
     pub all_to_all_direct_max: usize,
+    /// all_gather of more than two ranks whose parts are at most this many bytes sends its
+    /// part to every rank, then receives every part (one round of waiting); above it, the
+    /// ring.
+    pub all_gather_direct_max: usize,
     /// all_reduce outputs from this many bytes on are written with streaming stores
     /// (`shm::copy_streaming`): far larger than the cache, their lines would otherwise be
     /// read from memory before being overwritten.
@@ -148,6 +164,7 @@ impl Tuning {
         Ok(Tuning {
             all_reduce_direct_max: bytes("ANYCCL_CPU_ALLREDUCE_DIRECT_MAX", direct_max, ctx)?,
             all_to_all_direct_max: bytes("ANYCCL_CPU_ALLTOALL_DIRECT_MAX", ALL_TO_ALL_DIRECT_MAX, ctx)?,
+            all_gather_direct_max: bytes("ANYCCL_CPU_ALLGATHER_DIRECT_MAX", ALL_GATHER_DIRECT_MAX, ctx)?,
             stream_min: bytes("ANYCCL_CPU_STREAM_MIN", STREAM_MIN.max(step), ctx)?,
             pair_min: bytes("ANYCCL_CPU_PAIR_MIN", PAIR_MIN.max(step), ctx)?,
             pair_piece: bytes_within("ANYCCL_CPU_PAIR_PIECE", PAIR_PIECE, PAIR_PIECE_MIN..=usize::MAX, ctx)?,

@@ -87,6 +87,10 @@ pub(crate) const OP_ALL_GATHER: u8 = 4;
 pub(crate) const OP_REDUCE_SCATTER: u8 = 5;
 pub(crate) const OP_ALL_TO_ALL: u8 = 6;
 pub(crate) const OP_BARRIER: u8 = 7;
+/// all_gather's direct algorithm (every part to every rank): a code of its own, so ranks
+/// whose `ANYCCL_CPU_ALLGATHER_DIRECT_MAX` differ fail on a mismatch rather than take the
+/// ring's messages, of the same size, for parts.
+pub(crate) const OP_ALL_GATHER_DIRECT: u8 = 8;
 
 /// The name of a collective message's op code.
 pub(crate) fn op_name(code: u8) -> &'static str {
@@ -98,6 +102,7 @@ pub(crate) fn op_name(code: u8) -> &'static str {
         OP_REDUCE_SCATTER => "reduce_scatter",
         OP_ALL_TO_ALL => "all_to_all",
         OP_BARRIER => "barrier",
+        OP_ALL_GATHER_DIRECT => "all_gather (direct: ANYCCL_CPU_ALLGATHER_DIRECT_MAX)",
         _ => "unknown",
     }
 }

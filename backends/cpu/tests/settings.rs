@@ -65,6 +65,7 @@ fn main() -> std::process::ExitCode {
         ("by_ref_min_not_utf8", "ANYCCL_CPU_BY_REF_MIN", not_utf8()),
         ("host_not_utf8", "ANYCCL_CPU_HOST", not_utf8()),
         ("pair_piece_below_4k", "ANYCCL_CPU_PAIR_PIECE", "1K".into()),
+        ("all_gather_direct_max_garbage", "ANYCCL_CPU_ALLGATHER_DIRECT_MAX", "small".into()),
         ("max_queued_bytes_garbage", "ANYCCL_CPU_MAX_QUEUED_BYTES", "lots".into()),
     ];
     let trials = cases
