@@ -11,7 +11,7 @@ pub(crate) use path::path;
 
 pub(crate) use crate::transport::{
     OP_ALL_GATHER, OP_ALL_GATHER_DIRECT, OP_ALL_REDUCE, OP_ALL_TO_ALL, OP_BARRIER, OP_BROADCAST, OP_REDUCE,
-    OP_REDUCE_SCATTER,
+    OP_REDUCE_SCATTER, OP_REDUCE_SCATTER_DIRECT,
 };
 
 /// One collective's view of the mesh: its op code and sequence number.
@@ -519,19 +519,22 @@ impl<'a> Parts<'a> {
     }
 }
 
-/// Ring reduce-scatter into `out`, this rank's chunk: each step sends what the last one
-/// folded (the first sends an input chunk) and folds a received chunk with this rank's
-/// input of it into a temporary, the last into `out`. The input is only read, and only the
-/// two chunk-sized temporaries in `scratch` are written (2 chunks of bytes from 3 ranks on;
-/// none at 2 ranks); the operands are folded in the order of the in-place ring, so the bits
-/// are those of an all_reduce's chunk.
+/// Reduce-scatter into `out`, this rank's chunk, with the bits of an all_reduce of the same
+/// buffer's chunk: among more than two ranks, where that all_reduce is direct (a whole buffer
+/// of at most `direct_max` bytes), every rank sends each other rank its chunk and folds the
+/// ones it receives in rank order, as that all_reduce does (one round of waiting). Otherwise
+/// the ring: each step sends what the last one folded (the first sends an input chunk) and
+/// folds a received chunk with this rank's input of it into a temporary, the last into
+/// `out`. The input is only read, and only the two chunk-sized temporaries in `scratch` are
+/// written (2 chunks of bytes from 3 ranks on; none at 2 ranks); the operands are folded in
+/// the order of the in-place ring, as the ring all_reduce folds them.
 pub(crate) fn reduce_scatter(
     cx: &Coll<'_>,
     parts: &Parts<'_>,
     out: &mut [u8],
     scratch: &mut [u8],
-    dtype: DType,
-    op: ReduceOp,
+    (dtype, op): (DType, ReduceOp),
+    direct_max: usize,
 ) -> Result<()> {
     let (n, me, c) = (cx.size(), cx.rank(), out.len());
     if let Some(own) = parts.own {
@@ -539,7 +542,14 @@ pub(crate) fn reduce_scatter(
             crate::shm::copy(out, own);
         }
     }
-    if n > 1 && c > 0 {
+    if n > 2 && c > 0 && n * c <= direct_max {
+        let cx = Coll { mesh: cx.mesh, op: OP_REDUCE_SCATTER_DIRECT, seq: cx.seq, stream: cx.stream };
+        for k in 1..n {
+            let to = (me + k) % n;
+            cx.send(to, parts.other(to, me, c))?;
+        }
+        fold_in_rank_order(&cx, out, parts.own, dtype, op)?;
+    } else if n > 1 && c > 0 {
         let (right, left) = ((me + 1) % n, (me + n - 1) % n);
         // The chunk folded at the last step (sent at this one) and the one folded now.
         let half = if n > 2 { c } else { 0 };

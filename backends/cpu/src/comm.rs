@@ -413,9 +413,10 @@ impl Collective for CpuComm {
             lent,
             adm,
             Box::new(move |e, direct| {
-                // Two chunks to fold into from 3 ranks on, kept by the pool between operations.
-                let pool = e.pool.clone();
-                let mut scratch = pool.zeroed(if n > 2 { 2 * c } else { 0 });
+                // Two chunks to fold into from 3 ranks on (the ring's), kept by the pool
+                // between operations.
+                let (pool, how, direct_max) = (e.pool.clone(), (dtype, op), e.tune.all_reduce_direct_max);
+                let mut scratch = pool.zeroed(if n > 2 && n * c > direct_max { 2 * c } else { 0 });
                 if let Some(Direct { srcs, mut outs }) = direct {
                     let cx = e.coll(algo::OP_REDUCE_SCATTER);
                     // In the caller's wait: the send buffer read where it is, the result
@@ -423,14 +424,14 @@ impl Collective for CpuComm {
                     let out = &mut *outs[0];
                     match srcs.first() {
                         Some(src) => {
-                            algo::reduce_scatter(&cx, &algo::Parts::of(src, me, c), out, &mut scratch, dtype, op)?
+                            algo::reduce_scatter(&cx, &algo::Parts::of(src, me, c), out, &mut scratch, how, direct_max)?
                         }
                         None => {
                             // In place: this rank's chunk of the buffer is its input and output.
                             let (before, rest) = out.split_at_mut(me * c);
                             let (mine, after) = rest.split_at_mut(c);
                             let parts = algo::Parts { before, own: None, after };
-                            algo::reduce_scatter(&cx, &parts, mine, &mut scratch, dtype, op)?;
+                            algo::reduce_scatter(&cx, &parts, mine, &mut scratch, how, direct_max)?;
                         }
                     }
                     pool.put(scratch);
@@ -440,7 +441,7 @@ impl Collective for CpuComm {
                 let cx = e.coll(algo::OP_REDUCE_SCATTER);
                 let r = if send_given {
                     let mut out = pool.zeroed(c);
-                    algo::reduce_scatter(&cx, &algo::Parts::of(&data, me, c), &mut out, &mut scratch, dtype, op)?;
+                    algo::reduce_scatter(&cx, &algo::Parts::of(&data, me, c), &mut out, &mut scratch, how, direct_max)?;
                     pool.put(data);
                     smallvec::smallvec![Some(out)]
                 } else {
@@ -448,7 +449,7 @@ impl Collective for CpuComm {
                     let (before, rest) = data.split_at_mut(me * c);
                     let (mine, after) = rest.split_at_mut(c);
                     let parts = algo::Parts { before, own: None, after };
-                    algo::reduce_scatter(&cx, &parts, mine, &mut scratch, dtype, op)?;
+                    algo::reduce_scatter(&cx, &parts, mine, &mut scratch, how, direct_max)?;
                     smallvec::smallvec![Some(data)]
                 };
                 pool.put(scratch);

@@ -91,6 +91,9 @@ pub(crate) const OP_BARRIER: u8 = 7;
 /// whose `ANYCCL_CPU_ALLGATHER_DIRECT_MAX` differ fail on a mismatch rather than take the
 /// ring's messages, of the same size, for parts.
 pub(crate) const OP_ALL_GATHER_DIRECT: u8 = 8;
+/// reduce_scatter's direct algorithm (every share to its rank, folded in rank order): a code
+/// of its own, as [`OP_ALL_GATHER_DIRECT`]'s.
+pub(crate) const OP_REDUCE_SCATTER_DIRECT: u8 = 9;
 
 /// The name of a collective message's op code.
 pub(crate) fn op_name(code: u8) -> &'static str {
@@ -103,6 +106,7 @@ pub(crate) fn op_name(code: u8) -> &'static str {
         OP_ALL_TO_ALL => "all_to_all",
         OP_BARRIER => "barrier",
         OP_ALL_GATHER_DIRECT => "all_gather (direct: ANYCCL_CPU_ALLGATHER_DIRECT_MAX)",
+        OP_REDUCE_SCATTER_DIRECT => "reduce_scatter (direct: ANYCCL_CPU_ALLREDUCE_DIRECT_MAX)",
         _ => "unknown",
     }
 }

@@ -40,6 +40,9 @@ pub(crate) fn path(
             format!("every part sent to every rank, then every part received: {}", via(bytes / n, false))
         }
         "all_gather" => format!("ring: {}", via(bytes / n, true)),
+        "reduce_scatter" if n > 2 && bytes * n <= tune.all_reduce_direct_max => {
+            format!("every share sent to its rank, folded in rank order: {}", via(bytes, false))
+        }
         "reduce_scatter" => format!("ring: {}", via(bytes, true)),
         "all_to_all" if n > 2 && bytes / n <= tune.all_to_all_direct_max => {
             format!("every segment sent, then every segment received: {}", via(bytes / n, false))
@@ -87,6 +90,9 @@ mod tests {
         assert!(p("all_gather", 3 * 8192, 3).is_some_and(|s| s.starts_with("every part")));
         assert!(p("all_gather", 3 * 8193, 3).is_some_and(|s| s.starts_with("ring")));
         assert!(p("all_gather", 2 * 8192, 2).is_some_and(|s| s.starts_with("ring")));
+        assert!(p("reduce_scatter", 512, 4).is_some_and(|s| s.starts_with("every share")));
+        assert!(p("reduce_scatter", 1024, 4).is_some_and(|s| s.starts_with("ring")));
+        assert!(p("reduce_scatter", 8, 2).is_some_and(|s| s.starts_with("ring")));
         assert_eq!(p("gather", 8, 2), None);
         asked.borrow_mut().clear();
         let _ = p("all_reduce", 4096, 2);

@@ -36,13 +36,24 @@ pub fn two_ranks(
     name: &str,
     f: impl Fn(usize, &Communicator) -> Result<(), String> + Send + Sync + 'static,
 ) -> Result<(), libtest_mimic::Failed> {
+    ranks(2, name, f)
+}
+
+/// Run `f(rank, comm)` on `n` ranks (threads of this process), each connected with a 10 s
+/// operation timeout: the ranks' errors, joined.
+#[allow(dead_code)] // not every test program runs ranks
+pub fn ranks(
+    n: usize,
+    name: &str,
+    f: impl Fn(usize, &Communicator) -> Result<(), String> + Send + Sync + 'static,
+) -> Result<(), libtest_mimic::Failed> {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let f = Arc::new(f);
-    let handles: Vec<_> = (0..2)
+    let handles: Vec<_> = (0..n)
         .map(|r| {
             let (s, f, name) = (store.clone(), f.clone(), name.to_string());
             std::thread::spawn(move || -> Result<(), String> {
-                let c = connect(s, r, 2, &name, Duration::from_secs(10)).map_err(|e| format!("rank {r}: {e}"))?;
+                let c = connect(s, r, n, &name, Duration::from_secs(10)).map_err(|e| format!("rank {r}: {e}"))?;
                 f(r, &c).map_err(|e| format!("rank {r}: {e}"))
             })
         })
