@@ -144,13 +144,16 @@ struct Call {
     redop: Option<ReduceOp>,
     /// A batch's peers with the larger of the bytes sent to and received from each: what a
     /// recording keeps of a batch (one signature per peer, as the library connects them).
+    /// Made only while a recording is on ([`Communicator::p2p_group`]); empty otherwise.
     batch: Vec<(usize, usize)>,
+    /// A batch of point-to-point operations (`batch` says what a recording keeps of it).
+    batched: bool,
 }
 
 impl Call {
     /// A call on `count` elements of `dtype` moving `bytes` on this rank.
     fn new(op: &'static str, dtype: Option<DType>, count: usize, bytes: usize) -> Call {
-        Call { op, dtype, count, bytes, peer: None, redop: None, batch: Vec::new() }
+        Call { op, dtype, count, bytes, peer: None, redop: None, batch: Vec::new(), batched: false }
     }
     /// With its peer (point-to-point) or root (rooted collectives).
     fn peer(self, p: usize) -> Call {
@@ -486,7 +489,7 @@ impl Communicator {
         let (dtype, bytes) = self.check_p2p_batch(&ops)?;
         let first = ops[0].peer();
         let peer = ops.iter().all(|o| o.peer() == first).then_some(first);
-        let mut call = Call::new(OP, dtype, ops.len(), bytes).peer_opt(peer);
+        let mut call = Call { batched: true, ..Call::new(OP, dtype, ops.len(), bytes).peer_opt(peer) };
         // Only a recording keeps it (every call would otherwise allocate it).
         if self.recording_on.load(std::sync::atomic::Ordering::Acquire) {
             call.batch = Self::batch_signature(&ops);

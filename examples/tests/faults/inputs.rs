@@ -37,6 +37,7 @@ pub(super) fn malformed_cpu_settings() -> Outcome {
         ("ANYCCL_CPU_ROUND", lots),
         ("ANYCCL_CPU_SPIN_US", lots),
         ("ANYCCL_CPU_ALLTOALL_DIRECT_MAX", lots),
+        ("ANYCCL_CPU_ALLGATHER_DIRECT_MAX", lots),
         ("ANYCCL_CPU_HUGE_PAGES", lots),
         ("ANYCCL_CPU_HUGE_PAGES_MIN", lots),
         ("ANYCCL_CPU_STREAM_MIN", not_utf8),

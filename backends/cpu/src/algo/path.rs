@@ -7,7 +7,7 @@ use super::{Kind, Tuning, OP_ALL_REDUCE};
 /// buffer for all_gather, one rank's share for reduce_scatter), in words: the algorithm, the
 /// message of each step and how it travels to the next rank (`route(peer, (kind, op), len,
 /// exchange)`: [`Mesh::route`]; `op` is [`OP_ALL_REDUCE`] for all_reduce, 0 otherwise, as
-/// only all_reduce's messages go by reference over a range of their own). The same choices as the functions above make, so a bench
+/// only all_reduce's messages go by reference over a range of their own). The same choices as the algorithms (`algo`) make, so a bench
 /// can print which path each size took; `None` for an operation this does not know.
 pub(crate) fn path(
     op: &str,

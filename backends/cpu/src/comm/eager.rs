@@ -18,8 +18,8 @@ use crate::transport::Eager;
 use std::sync::atomic::AtomicU32;
 
 /// The largest message of an all_gather (each rank's part), a reduce_scatter (each rank's
-/// share), an all_to_all (each segment) or a broadcast that goes this way (an all_reduce's is
-/// its direct size, `ANYCCL_CPU_ALLREDUCE_DIRECT_MAX`).
+/// share), an all_to_all (each segment), a broadcast or a sendrecv (each direction) that goes
+/// this way (an all_reduce's is its direct size, `ANYCCL_CPU_ALLREDUCE_DIRECT_MAX`).
 pub(super) const EAGER_MAX: usize = 8 << 10;
 
 /// How a communicator tries the eager path.
@@ -400,7 +400,7 @@ impl CpuComm {
             finish(move |e| e.pool.zeroed(n), move |e, out| e.mesh.recv_p2p_into(peer, out))
         };
         let parts = |(s, r)| (smallvec::smallvec![s], smallvec::smallvec![r]);
-        self.try_now(Kind::P2p, send.bytes(), (send, recv), attempt, rest, parts)
+        self.try_now(Kind::P2p, n.max(send.bytes()), (send, recv), attempt, rest, parts)
     }
 
     /// A point-to-point batch `ops` as it is issued where it may be ([`CpuComm::sendrecv_now`]:

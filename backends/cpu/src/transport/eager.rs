@@ -16,7 +16,7 @@ pub(crate) enum Eager {
     /// Nothing was sent: the operation goes the usual way, from the start.
     NotStarted,
     /// The message, if any, was sent; the peer's has not arrived: receive it later
-    /// ([`Mesh::recv_coll_with`]).
+    /// ([`Mesh::recv_coll_with`], a point-to-point one [`Mesh::recv_p2p_into`]).
     Later,
     /// Sent and received (whichever the step has).
     Done,
@@ -172,7 +172,11 @@ impl Mesh {
         match kind {
             Kind::Coll => self.check_coll(peer, op, seq, expect, (m.op, m.seq, m.len))?,
             Kind::P2p if m.len != expect => return Err(self.p2p_size(peer, m.len, expect)),
-            _ => {}
+            Kind::P2p => {}
+            // (Never asked for: only collective and point-to-point messages are taken here.)
+            Kind::Bye | Kind::Fail => {
+                return Err(self.peer_err(peer, format!("rank {peer}: a control message taken as data")))
+            }
         }
         if m.by_ref {
             self.take_payload(peer, link, rx, m, &mut Sink::With(sink), &mut stop)?;
