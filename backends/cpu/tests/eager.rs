@@ -439,6 +439,91 @@ fn sendrecv() -> Result<(), Failed> {
     })
 }
 
+/// A seeded mix of 2,000 operations, the same on both ranks: sendrecv (either order),
+/// all_reduce, broadcast (from either rank) and all_to_all, 1 float to 4,096 (so some go
+/// as they are issued and some the usual way), issued in batches of 1 to 12 back to back and
+/// then waited, each rank sleeping up to 300 us before some issues and looking at some
+/// operations as it issues them (which has its queue run), so receives of both kinds are
+/// left for later behind one another in every order, and a call goes as it is issued on one
+/// rank and the usual way on the other: every result right.
+fn mixed_pipeline() -> Result<(), Failed> {
+    common::two_ranks("eager-mixed", move |me, c| {
+        // One stream of choices both ranks share, one for this rank's sleeps.
+        let mut shared = 0x9e37_79b9_7f4a_7c15u64;
+        let mut own = 0x2545_f491_4f6c_dd1du64 ^ (me as u64 + 1);
+        let mut next = |s: &mut u64| {
+            *s ^= *s << 13;
+            *s ^= *s >> 7;
+            *s ^= *s << 17;
+            *s
+        };
+        let mut done = 0;
+        while done < 2000 {
+            let k = 1 + (next(&mut shared) % 12) as usize;
+            // (kind, floats, root or order) for each operation of the batch.
+            let ops: Vec<(u64, usize, usize)> = (0..k)
+                .map(|_| {
+                    let kind = next(&mut shared) % 4;
+                    let n = [1usize, 2, 16, 64, 512, 2048, 4096][(next(&mut shared) % 7) as usize];
+                    (kind, n, (next(&mut shared) % 2) as usize)
+                })
+                .collect();
+            let ins: Vec<Vec<f32>> = ops.iter().enumerate().map(|(i, &(_, n, _))| input(me, 2 * n, done + i)).collect();
+            let mut outs: Vec<Vec<f32>> = ops.iter().map(|&(_, n, _)| vec![0f32; 2 * n]).collect();
+            let mut works = Vec::with_capacity(k);
+            for ((&(kind, n, x), src), out) in ops.iter().zip(&ins).zip(outs.iter_mut()) {
+                if next(&mut own) % 4 == 0 {
+                    std::thread::sleep(Duration::from_micros(next(&mut own) % 300));
+                }
+                let w = match kind {
+                    0 => {
+                        let (s, r) = (
+                            P2POp::Send(Buf::host(&src[..n]), 1 - me),
+                            P2POp::Recv(BufMut::host(&mut out[..n]), 1 - me),
+                        );
+                        c.p2p_group(if x == 0 { vec![s, r] } else { vec![r, s] })
+                    }
+                    1 => c.all_reduce(Some(Buf::host(&src[..n])), BufMut::host(&mut out[..n]), ReduceOp::Sum),
+                    2 => c.broadcast(Some(Buf::host(&src[..n])), BufMut::host(&mut out[..n]), x),
+                    _ => c.all_to_all(Buf::host(src), BufMut::host(out), None),
+                };
+                let mut w = w.map_err(|e| format!("operation {done}+: {e}"))?;
+                // A look now and then, on this rank alone: it has the queued operations run,
+                // so the ranks' queues differ and one rank's call goes as it is issued where
+                // the other's goes the usual way.
+                if next(&mut own) % 3 == 0 {
+                    w.is_completed().map_err(|e| e.to_string())?;
+                }
+                works.push(w);
+            }
+            for w in works {
+                wait(Ok(w))?;
+            }
+            for (i, (&(kind, n, x), out)) in ops.iter().zip(&outs).enumerate() {
+                let (mine, theirs) = (input(me, 2 * n, done + i), input(1 - me, 2 * n, done + i));
+                let want: Vec<f32> = match kind {
+                    0 => theirs[..n].to_vec(),
+                    1 => (0..n).map(|j| mine[j] + theirs[j]).collect(),
+                    2 => input(x, 2 * n, done + i)[..n].to_vec(),
+                    _ => (0..2)
+                        .flat_map(|r| if r == me { &mine } else { &theirs }[me * n..(me + 1) * n].to_vec())
+                        .collect(),
+                };
+                let got = if kind == 3 { &out[..] } else { &out[..n] };
+                if got != &want[..] {
+                    return Err(format!(
+                        "operation {} (kind {kind}, {n} floats): {:?}",
+                        done + i,
+                        &got[..got.len().min(4)]
+                    ));
+                }
+            }
+            done += k;
+        }
+        Ok(())
+    })
+}
+
 /// Rank 0 reduces 8 B, rank 1 16 B: each fails naming the collective, within the operation
 /// timeout, whether its issue or its wait finds out.
 fn mismatch_fails_both_ranks() -> Result<(), Failed> {
@@ -474,6 +559,7 @@ fn main() -> std::process::ExitCode {
         Trial::test("cpu::eager::mismatch_fails_both_ranks[w=2]", mismatch_fails_both_ranks),
         Trial::test("cpu::eager::reduce_scatter_and_all_to_all[w=2]", reduce_scatter_and_all_to_all),
         Trial::test("cpu::eager::sendrecv[w=2]", sendrecv),
+        Trial::test("cpu::eager::mixed_pipeline[w=2]", mixed_pipeline),
     ];
     libtest_mimic::run(&args, trials).exit_code()
 }
