@@ -451,7 +451,7 @@ fn mixed_pipeline() -> Result<(), Failed> {
         // One stream of choices both ranks share, one for this rank's sleeps.
         let mut shared = 0x9e37_79b9_7f4a_7c15u64;
         let mut own = 0x2545_f491_4f6c_dd1du64 ^ (me as u64 + 1);
-        let mut next = |s: &mut u64| {
+        let next = |s: &mut u64| {
             *s ^= *s << 13;
             *s ^= *s >> 7;
             *s ^= *s << 17;
