@@ -30,6 +30,10 @@ impl<'m> Coll<'m> {
     fn streaming(&self, on: bool) -> Coll<'m> {
         Coll { mesh: self.mesh, op: self.op, seq: self.seq, stream: on }
     }
+    /// This view, its messages carrying op code `op` (an algorithm of the operation's own).
+    fn as_op(&self, op: u8) -> Coll<'m> {
+        Coll { mesh: self.mesh, op, seq: self.seq, stream: self.stream }
+    }
     /// Copy received bytes `b` to their destination.
     fn put(&self, dst: &mut [u8], b: &[u8]) {
         (self.copier())(dst, b)
@@ -475,7 +479,7 @@ pub(crate) fn all_gather(
         return Ok(());
     }
     if n > 2 && chunk_bytes <= direct_max {
-        let cx = Coll { mesh: cx.mesh, op: OP_ALL_GATHER_DIRECT, seq: cx.seq, stream: cx.stream };
+        let cx = cx.as_op(OP_ALL_GATHER_DIRECT);
         let part = |r: usize| r * chunk_bytes..(r + 1) * chunk_bytes;
         if let Some(src) = src {
             cx.put(&mut out[part(me)], src);
@@ -543,7 +547,7 @@ pub(crate) fn reduce_scatter(
         }
     }
     if n > 2 && c > 0 && n * c <= direct_max {
-        let cx = Coll { mesh: cx.mesh, op: OP_REDUCE_SCATTER_DIRECT, seq: cx.seq, stream: cx.stream };
+        let cx = cx.as_op(OP_REDUCE_SCATTER_DIRECT);
         for k in 1..n {
             let to = (me + k) % n;
             cx.send(to, parts.other(to, me, c))?;
