@@ -10,7 +10,9 @@
 # Open MPI each run REPS times, alternating, and every row shows the median of the REPS
 # times per size (Gloo, slower by far, runs REPS times only from 4 MiB, where its time is
 # closest to anyccl's, and once below). broadcast compares anyccl in place: MPI_Bcast
-# and torch.distributed.broadcast have one buffer (out of place adds the root's copy).
+# and torch.distributed.broadcast have one buffer (out of place adds the root's copy); its
+# calls run back to back on buffers filled once, as MPI's loop runs them (anyccl-bench puts
+# an in-place input back before each call only where the call changes it).
 #
 #   bash bench/cpu_peers.sh                      # everything (about 40 minutes on 2 cores)
 #   OPS="all_reduce" RANKS="2" MAXB=64M REPS=5 bash bench/cpu_peers.sh
@@ -86,8 +88,8 @@ for n in $RANKS; do
   for op in $OPS; do
     a="$WORK/anyccl-$op-$n"; m="$WORK/mpi-$op-$n"; g="$WORK/gloo-$op-$n"; p="$WORK/pipe-$op-$n"
     # anyccl's columns: out of place (time, algbw, busbw), in place for broadcast.
-    cols='$6, $7, $8'
-    [ "$op" = broadcast ] && cols='$10, $11, $12'
+    cols='$6, $7, $8'; tcol='$6'
+    [ "$op" = broadcast ] && cols='$10, $11, $12' && tcol='$10'
     split=$(( 1 << 22 ))
     # The first size from `split` on in the sequence minb, 2 minb, 4 minb... (Open MPI's).
     big=$minb; while [ "$big" -lt "$split" ]; do big=$(( big * 2 )); done
@@ -107,7 +109,7 @@ for n in $RANKS; do
       : >"$p.$rep"
       if [ "$minb" -le 4096 ]; then
         $R/anyccl-run -n "$n" --no-prefix -- $R/anyccl-bench "$op" --backend cpu -b "$minb" -e 4K -n "$ITERS" -w 5 \
-          | awk '!/^#/ && NF > 8 {print $1, $6}' >"$p.$rep"
+          | awk "!/^#/ && NF > 8 {print \$1, $tcol}" >"$p.$rep"
       fi
     done
     median "$a" >"$a"; median "$m" >"$m"; median "$p" >"$p"

@@ -64,6 +64,15 @@ impl Op {
     pub(crate) fn rooted(self) -> bool {
         matches!(self, Op::Broadcast | Op::Reduce)
     }
+    /// In place, whether a call writes every output element from inputs that no call writes
+    /// (broadcast: the root's buffer; all_gather: each rank's own chunk), so that calls
+    /// repeated on the same buffer run as the first did and leave the same result: the
+    /// benchmark then fills the buffers once a run, where MPI's loop times `MPI_Bcast` over
+    /// one buffer too. The others read what the last call wrote (a reduction's sum grows),
+    /// so their inputs are put back before each chunk, outside the timing.
+    pub(crate) fn in_place_repeatable(self) -> bool {
+        matches!(self, Op::Broadcast | Op::AllGather)
+    }
 }
 
 /// Buffers of one row: element counts of the send and receive buffers.
