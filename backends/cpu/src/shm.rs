@@ -577,6 +577,12 @@ impl Rx {
         seen
     }
 
+    /// Looks at the ring between clock reads while waiting (`ANYCCL_CPU_ROUND`, see
+    /// [`Patience`]).
+    pub(crate) fn round(&self) -> u32 {
+        self.patience.round
+    }
+
     /// Without consuming anything: the first byte of the next message, where the reader is
     /// between messages and its writer has published the chunk it starts (`None`: nothing
     /// has arrived, or the reader is inside a message).

@@ -524,6 +524,92 @@ fn mixed_pipeline() -> Result<(), Failed> {
     })
 }
 
+/// Among `n` ranks, a seeded mix of 1,500 operations, the same on every rank: a ring's step
+/// either way (send to the next rank, receive from the one before, or the reverse), a
+/// pairwise exchange (ranks 0-1, 2-3, ...; a ring step in an odd world), all_reduce and
+/// broadcast (the usual path among more than two ranks), 1 float to 4,096 (so some
+/// sendrecvs go as they are issued and some the usual way), in batches of 1 to 12 issued
+/// back to back and then waited, each rank sleeping up to 300 us before some issues and
+/// looking at some operations as it issues them (on its own choice, so the ranks' queues
+/// differ): every result right, and some sendrecvs finished at the issue (a look right after
+/// it found them done: the usual path's job would not have run yet).
+fn ring_mix(n: usize) -> Result<(), Failed> {
+    common::ranks(n, &format!("eager-ring-{n}"), move |me, c| {
+        let mut shared = 0x9e37_79b9_7f4a_7c15u64 ^ n as u64;
+        let mut own = 0x2545_f491_4f6c_dd1du64 ^ (me as u64 + 1);
+        let next = |s: &mut u64| {
+            *s ^= *s << 13;
+            *s ^= *s >> 7;
+            *s ^= *s << 17;
+            *s
+        };
+        // (to, from) of a step of this kind on `rank`.
+        let peers = |kind: u64, rank: usize| match kind {
+            0 => ((rank + 1) % n, (rank + n - 1) % n),
+            1 => ((rank + n - 1) % n, (rank + 1) % n),
+            _ if n % 2 == 1 => ((rank + 1) % n, (rank + n - 1) % n),
+            _ => (rank ^ 1, rank ^ 1),
+        };
+        let (mut done, mut at_issue, mut p2p) = (0, 0, 0);
+        while done < 1500 {
+            let k = 1 + (next(&mut shared) % 12) as usize;
+            // (kind, floats, root) for each operation of the batch.
+            let ops: Vec<(u64, usize, usize)> = (0..k)
+                .map(|_| {
+                    let kind = next(&mut shared) % 5;
+                    let len = [1usize, 2, 16, 64, 512, 2048, 4096][(next(&mut shared) % 7) as usize];
+                    (kind, len, (next(&mut shared) % n as u64) as usize)
+                })
+                .collect();
+            let ins: Vec<Vec<f32>> = ops.iter().enumerate().map(|(i, &(_, len, _))| input(me, len, done + i)).collect();
+            let mut outs: Vec<Vec<f32>> = ops.iter().map(|&(_, len, _)| vec![0f32; len]).collect();
+            let mut works = Vec::with_capacity(k);
+            for ((&(kind, _, root), src), out) in ops.iter().zip(&ins).zip(outs.iter_mut()) {
+                if next(&mut own) % 4 == 0 {
+                    std::thread::sleep(Duration::from_micros(next(&mut own) % 300));
+                }
+                let w = match kind {
+                    0..=2 => {
+                        let (to, from) = peers(kind, me);
+                        let (s, r) = (P2POp::Send(Buf::host(src), to), P2POp::Recv(BufMut::host(out), from));
+                        p2p += 1;
+                        c.p2p_group(if root % 2 == 0 { vec![s, r] } else { vec![r, s] })
+                    }
+                    3 => c.all_reduce(Some(Buf::host(src)), BufMut::host(out), ReduceOp::Sum),
+                    _ => c.broadcast(Some(Buf::host(src)), BufMut::host(out), root),
+                };
+                let mut w = w.map_err(|e| format!("operation {done}+: {e}"))?;
+                // A look on this rank alone now and then: it has the queue run, and a
+                // sendrecv it finds done finished as it was issued.
+                if next(&mut own) % 2 == 0 {
+                    let finished = w.is_completed().map_err(|e| e.to_string())?;
+                    at_issue += usize::from(finished && kind <= 2);
+                }
+                works.push(w);
+            }
+            for w in works {
+                wait(Ok(w))?;
+            }
+            for (i, (&(kind, len, root), out)) in ops.iter().zip(&outs).enumerate() {
+                let at = done + i;
+                let want: Vec<f32> = match kind {
+                    0..=2 => input(peers(kind, me).1, len, at),
+                    3 => (0..len).map(|j| (0..n).map(|r| input(r, len, at)[j]).sum()).collect(),
+                    _ => input(root, len, at),
+                };
+                if *out != want {
+                    return Err(format!("operation {at} (kind {kind}, {len} floats): {:?}", &out[..len.min(4)]));
+                }
+            }
+            done += k;
+        }
+        if at_issue == 0 {
+            return Err(format!("none of {p2p} sendrecvs finished as it was issued"));
+        }
+        Ok(())
+    })
+}
+
 /// Rank 0 reduces 8 B, rank 1 16 B: each fails naming the collective, within the operation
 /// timeout, whether its issue or its wait finds out.
 fn mismatch_fails_both_ranks() -> Result<(), Failed> {
@@ -560,6 +646,8 @@ fn main() -> std::process::ExitCode {
         Trial::test("cpu::eager::reduce_scatter_and_all_to_all[w=2]", reduce_scatter_and_all_to_all),
         Trial::test("cpu::eager::sendrecv[w=2]", sendrecv),
         Trial::test("cpu::eager::mixed_pipeline[w=2]", mixed_pipeline),
+        Trial::test("cpu::eager::ring_mix[w=3]", || ring_mix(3)),
+        Trial::test("cpu::eager::ring_mix[w=4]", || ring_mix(4)),
     ];
     libtest_mimic::run(&args, trials).exit_code()
 }

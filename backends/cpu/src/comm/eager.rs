@@ -1,6 +1,7 @@
 //! A small all_reduce, all_gather, reduce_scatter, all_to_all (out of place, even splits),
-//! broadcast, barrier or sendrecv (a batch of one send to the other rank and one receive from
-//! it) of two ranks of one host, issued
+//! broadcast or barrier of two ranks of one host, or a small sendrecv (a batch of one send to
+//! a peer of this host and one receive from one, the same or another, at any world size: a
+//! pipeline's or a ring's step), issued
 //! while nothing but such operations' receives is queued, and nothing runs, runs as it is
 //! issued: its message is sent at once (where the ring has room for it) and, if nothing is
 //! queued, the peer's taken if it arrives within `ANYCCL_CPU_EAGER_US`; the call then
@@ -148,14 +149,14 @@ impl CpuComm {
     /// for the peer's message (unless misses before say not to look for a while: it then
     /// only sends too). `attempt` runs the exchange on the engine as operation number
     /// `seq` (`None`: send only), of messages of `kind` (only a collective's counts as an
-    /// operation number); `rest` makes the job that receives what did not come;
+    /// operation number); `rest` makes the job that receives what did not come, from `from`;
     /// `parts` gives the buffers to that job's `Work`. Nothing counts against the queue bound
     /// unless a receive is left queued; what the exchange finds (the peer's failure, a
     /// mismatch) is the returned `Work`'s to report.
     #[allow(clippy::too_many_arguments)] // the operation's kind, size and buffers, its three steps
     fn try_now<'a, B, S>(
         &'a self,
-        kind: Kind,
+        (from, kind): (usize, Kind),
         bytes: usize,
         mut bufs: B,
         attempt: impl FnOnce(&Mesh, u64, Option<Duration>, &mut B) -> Result<Step<S>>,
@@ -169,7 +170,6 @@ impl CpuComm {
         }
         // After misses, a number of calls send without looking (see `Eagerness`).
         let may_look = self.eager.now();
-        let peer = 1 - self.info.rank;
         let mut st = self.sched.lock();
         let engine = if st.closed || st.jobs.len() != st.rests { None } else { st.engine.take() };
         let Some(mut engine) = engine else {
@@ -182,7 +182,7 @@ impl CpuComm {
         st.next_id += 1;
         // Receives left for later whose messages are here: run now, in order (they do not
         // wait), so this operation may take its own.
-        while st.jobs.front().and_then(|j| j.rest_of).is_some_and(|k| self.mesh.arrived(peer, k)) {
+        while st.jobs.front().and_then(|j| j.rest_of).is_some_and(|(p, k)| self.mesh.arrived(p, k)) {
             let Some(job) = st.jobs.pop_front() else { break };
             st.rests -= 1;
             drop(st);
@@ -209,7 +209,15 @@ impl CpuComm {
                 let wake = st.parked || (st.dozing && !st.jobs.is_empty() && !st.woken);
                 st.woken |= wake;
                 let (run, _admission) = (rest(seq, saved), self.admitted_anyway(bytes));
-                let job = Job { id, run, done: done.clone(), grace, rescuable: false, rest_of: Some(kind), _admission };
+                let job = Job {
+                    id,
+                    run,
+                    done: done.clone(),
+                    grace,
+                    rescuable: false,
+                    rest_of: Some((from, kind)),
+                    _admission,
+                };
                 // After the receives left before it, ahead of what was issued meanwhile.
                 let at = st.jobs.iter().position(|j| j.id > id).unwrap_or(st.jobs.len());
                 st.jobs.insert(at, job);
@@ -263,7 +271,7 @@ impl CpuComm {
             Ok(step(got, || pool.copy(src.unwrap_or(data))))
         };
         let rest = move |seq, own| all_reduce_rest(seq, own, n, (dtype, op));
-        self.try_now(Kind::Coll, n, (send, recv), attempt, rest, parts)
+        self.try_now((1 - self.info.rank, Kind::Coll), n, (send, recv), attempt, rest, parts)
     }
 
     /// all_gather of this rank's part (`send`, or in place) into `recv`, as it is issued where
@@ -288,7 +296,7 @@ impl CpuComm {
             Ok(step(got, || pool.copy(mine)))
         };
         let rest = move |seq, own| pair_rest(algo::OP_ALL_GATHER, seq, own, me, chunk);
-        self.try_now(Kind::Coll, total, (send, recv), attempt, rest, parts)
+        self.try_now((1 - self.info.rank, Kind::Coll), total, (send, recv), attempt, rest, parts)
     }
 
     /// reduce_scatter of `send` (out of place: an input of two shares) into `recv`, this rank's
@@ -318,7 +326,7 @@ impl CpuComm {
             Ok(step(got, || pool.copy(own)))
         };
         let rest = move |seq, own| reduce_scatter_rest(seq, own, me, (dtype, op));
-        self.try_now(Kind::Coll, whole, (send, recv), attempt, rest, parts)
+        self.try_now((1 - self.info.rank, Kind::Coll), whole, (send, recv), attempt, rest, parts)
     }
 
     /// all_to_all of `send` into `recv` in even segments, as it is issued where it may be:
@@ -343,7 +351,7 @@ impl CpuComm {
             Ok(step(got, || pool.copy(mine)))
         };
         let rest = move |seq, own| pair_rest(algo::OP_ALL_TO_ALL, seq, own, me, seg);
-        self.try_now(Kind::Coll, total, (send, recv), attempt, rest, |(s, r)| {
+        self.try_now((1 - self.info.rank, Kind::Coll), total, (send, recv), attempt, rest, |(s, r)| {
             (smallvec::smallvec![s], smallvec::smallvec![r])
         })
     }
@@ -380,37 +388,55 @@ impl CpuComm {
             Ok(step(got, || ()))
         };
         let rest = move |seq, ()| broadcast_rest(seq, root, n);
-        self.try_now(Kind::Coll, n, (send, recv), attempt, rest, parts)
+        self.try_now((1 - self.info.rank, Kind::Coll), n, (send, recv), attempt, rest, parts)
     }
 
-    /// A batch of one send of `send` to the other rank and one receive from it into `recv`,
-    /// as it is issued where it may be: one point-to-point message each way, as the usual
-    /// path's `sendrecv` sends them (no operation number: point-to-point messages are
-    /// matched in order).
-    fn sendrecv_now<'a>(&'a self, send: Buf<'a>, recv: BufMut<'a>) -> Now<'a, (Buf<'a>, BufMut<'a>)> {
-        let (peer, n) = (1 - self.info.rank, recv.bytes());
+    /// A batch of one send of `send` to `to` and one receive from `from` into `recv` (peers
+    /// of this host, the same or not), as it is issued where it may be: one point-to-point
+    /// message each way, as the usual path's `sendrecv` sends them (no operation number:
+    /// point-to-point messages are matched in order).
+    fn sendrecv_now<'a>(
+        &'a self,
+        (to, send): (usize, Buf<'a>),
+        (from, recv): (usize, BufMut<'a>),
+    ) -> Now<'a, (Buf<'a>, BufMut<'a>)> {
+        let n = recv.bytes();
         let attempt = |mesh: &Mesh, _seq, spin, (send, recv): &mut (Buf<'a>, BufMut<'a>)| {
             let (Some(src), Some(out)) = (send.as_host_bytes(), recv.as_host_bytes_mut()) else {
                 return Ok(Step::NotStarted);
             };
             let mut take = |at: usize, b: &[u8]| out[at..at + b.len()].copy_from_slice(b);
-            Ok(step(mesh.sendrecv_now(peer, Some(src), Some((n, &mut take)), spin)?, || ()))
+            Ok(step(mesh.sendrecv_now((to, Some(src)), (from, Some((n, &mut take))), spin)?, || ()))
         };
         let rest = move |_seq, ()| -> JobFn {
-            finish(move |e| e.pool.zeroed(n), move |e, out| e.mesh.recv_p2p_into(peer, out))
+            finish(move |e| e.pool.zeroed(n), move |e, out| e.mesh.recv_p2p_into(from, out))
         };
         let parts = |(s, r)| (smallvec::smallvec![s], smallvec::smallvec![r]);
-        self.try_now(Kind::P2p, n.max(send.bytes()), (send, recv), attempt, rest, parts)
+        self.try_now((from, Kind::P2p), n.max(send.bytes()), (send, recv), attempt, rest, parts)
+    }
+
+    /// Whether a batch of one send to `to` and one receive from `from` of at most `bytes`
+    /// each way may run as it is issued: both peers of this host other than this rank, the
+    /// look not turned off. Any world size: a point-to-point message carries no operation
+    /// number, so ranks need not agree on which path each batch takes, and a receive left
+    /// for later waits behind the others of this rank in order.
+    fn eager_p2p_fits(&self, to: usize, from: usize, bytes: usize) -> bool {
+        let me = self.info.rank;
+        bytes <= EAGER_MAX
+            && !self.eager.spin.is_zero()
+            && to != me
+            && from != me
+            && self.mesh.is_local(to)
+            && self.mesh.is_local(from)
     }
 
     /// A point-to-point batch `ops` as it is issued where it may be ([`CpuComm::sendrecv_now`]:
-    /// one send to the other rank of two and one receive from it, in either order, small);
+    /// one send to a peer of this host and one receive from one, in either order, small);
     /// `Err`: the batch, to go the usual way.
     pub(super) fn p2p_group_now<'a>(&'a self, ops: Vec<P2POp<'a>>) -> std::result::Result<Work<'a>, Vec<P2POp<'a>>> {
-        let peer = 1usize.wrapping_sub(self.info.rank);
         let fits = match &ops[..] {
             [P2POp::Send(s, to), P2POp::Recv(r, from)] | [P2POp::Recv(r, from), P2POp::Send(s, to)] => {
-                *to == peer && *from == peer && self.eager_look(s.bytes().max(r.bytes()), EAGER_MAX).is_some()
+                self.eager_p2p_fits(*to, *from, s.bytes().max(r.bytes()))
             }
             _ => false,
         };
@@ -418,15 +444,15 @@ impl CpuComm {
             return Err(ops);
         }
         let [a, b] = <[P2POp<'a>; 2]>::try_from(ops)?;
-        let (send, recv, send_first) = match (a, b) {
-            (P2POp::Send(s, _), P2POp::Recv(r, _)) => (s, r, true),
-            (P2POp::Recv(r, _), P2POp::Send(s, _)) => (s, r, false),
+        let (send, to, recv, from, send_first) = match (a, b) {
+            (P2POp::Send(s, to), P2POp::Recv(r, from)) => (s, to, r, from, true),
+            (P2POp::Recv(r, from), P2POp::Send(s, to)) => (s, to, r, from, false),
             (a, b) => return Err(vec![a, b]),
         };
-        match self.sendrecv_now(send, recv) {
+        match self.sendrecv_now((to, send), (from, recv)) {
             Now::Issued(w) => Ok(w),
-            Now::Usual((s, r)) if send_first => Err(vec![P2POp::Send(s, peer), P2POp::Recv(r, peer)]),
-            Now::Usual((s, r)) => Err(vec![P2POp::Recv(r, peer), P2POp::Send(s, peer)]),
+            Now::Usual((s, r)) if send_first => Err(vec![P2POp::Send(s, to), P2POp::Recv(r, from)]),
+            Now::Usual((s, r)) => Err(vec![P2POp::Recv(r, from), P2POp::Send(s, to)]),
         }
     }
 
@@ -446,7 +472,7 @@ impl CpuComm {
                 Ok(Few::new())
             })
         };
-        self.try_now(Kind::Coll, 0, (), attempt, rest, |()| (Few::new(), Few::new()))
+        self.try_now((1 - self.info.rank, Kind::Coll), 0, (), attempt, rest, |()| (Few::new(), Few::new()))
     }
 }
 

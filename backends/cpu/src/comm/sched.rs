@@ -15,9 +15,9 @@ pub(super) struct Job {
     /// Its input is a small lent one ([`super::work::Lending::Rescuable`]).
     pub(super) rescuable: bool,
     /// The receive an operation run as it was issued left for later, of a message of this
-    /// kind from the other rank (the operation's message went already: see `eager`): it does
-    /// not wait once the peer's message has arrived.
-    pub(super) rest_of: Option<Kind>,
+    /// kind from this peer (the operation's message went already: see `eager`): it does not
+    /// wait once the peer's message has arrived.
+    pub(super) rest_of: Option<(usize, Kind)>,
     /// The job's share of the queue bound, given back when the job is dropped (it has run).
     pub(super) _admission: Admission,
 }

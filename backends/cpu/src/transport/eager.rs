@@ -1,7 +1,8 @@
-//! A collective's exchange, or a send and receive, with one peer of this host tried as it is
-//! issued: its message is sent only if the ring has room for all of it now, and the peer's
-//! is taken only once it has arrived, within a short spin; otherwise the receive is left for
-//! later (the peer may be waiting for something this rank does after the issue).
+//! A collective's exchange with one peer of this host, or a send to one and a receive from
+//! one (the same or another), tried as it is issued: its message is sent only if the ring
+//! has room for all of it now, and the peer's is taken only once it has arrived, within a
+//! short spin; otherwise the receive is left for later (the peer may be waiting for
+//! something this rank does after the issue).
 
 use super::local::{kind_of, Sink, SHM_HEADER};
 use super::watch::Watch;
@@ -21,10 +22,6 @@ pub(crate) enum Eager {
     /// Sent and received (whichever the step has).
     Done,
 }
-
-/// Looks at the ring before the eager exchange reads the clock and starts giving the CPU away
-/// between looks (a few hundred nanoseconds: a peer in step has arrived by then).
-const SPIN_LOOKS: u32 = 64;
 
 impl Mesh {
     /// Whether `peer` is a peer of this host (linked by shared memory).
@@ -67,45 +64,45 @@ impl Mesh {
         recv: Option<Take<'_>>,
         spin: Option<Duration>,
     ) -> Result<Eager> {
-        self.message_now((Kind::Coll, op, seq), peer, data, recv, spin)
+        self.message_now((Kind::Coll, op, seq), (peer, data), (peer, recv), spin)
     }
 
-    /// [`Mesh::exchange_now`] for a point-to-point send of `data` (if any) to `peer` and
-    /// receive of its next point-to-point message (if `recv`), which must be of exactly the
-    /// expected length.
+    /// [`Mesh::exchange_now`] for a point-to-point send of `data` (if any) to `to` and
+    /// receive of the next point-to-point message from `from` (if `recv`), which must be of
+    /// exactly the expected length; `to` and `from` are peers of this host, the same or not
+    /// (a ring's step sends to one neighbour and receives from the other).
     ///
     /// # Errors
     /// As [`Mesh::exchange_now`]; a message of another length.
     pub(crate) fn sendrecv_now(
         &self,
-        peer: usize,
-        data: Option<&[u8]>,
-        recv: Option<Take<'_>>,
+        (to, data): (usize, Option<&[u8]>),
+        (from, recv): (usize, Option<Take<'_>>),
         spin: Option<Duration>,
     ) -> Result<Eager> {
-        self.message_now((Kind::P2p, 0, 0), peer, data, recv, spin)
+        self.message_now((Kind::P2p, 0, 0), (to, data), (from, recv), spin)
     }
 
     fn message_now(
         &self,
         (kind, op, seq): (Kind, u8, u64),
-        peer: usize,
-        data: Option<&[u8]>,
-        recv: Option<Take<'_>>,
+        (to, data): (usize, Option<&[u8]>),
+        (from, recv): (usize, Option<Take<'_>>),
         spin: Option<Duration>,
     ) -> Result<Eager> {
         // (Called as a job runs: not on a communicator that failed already.)
-        let Some(link) = &self.shm[peer] else { return Ok(Eager::NotStarted) };
+        let (Some(out), Some(link)) = (&self.shm[to], &self.shm[from]) else { return Ok(Eager::NotStarted) };
         // Held throughout: only the thread that runs this communicator's operations reads
-        // its rings (and moves what it finds there to the inbox).
+        // its rings (and moves what it finds there to the inbox). Then the ring to `to`, as
+        // the usual exchange takes them.
         let st = link.rx.lock().unwrap_or_else(|p| p.into_inner());
-        if recv.is_some() && spin.is_some() && (st.partial.is_some() || self.queued(peer, kind)) {
+        if recv.is_some() && spin.is_some() && (st.partial.is_some() || self.queued(from, kind)) {
             // What the peer sent is on its way through the inbox: the usual way takes it.
             return Ok(Eager::NotStarted);
         }
         if let Some(data) = data {
-            let tx = link.tx.lock().unwrap_or_else(|p| p.into_inner());
-            let (h, by_ref) = self.header_for(&tx, link, (kind, op, seq), Data::Bytes(data), false)?;
+            let tx = out.tx.lock().unwrap_or_else(|p| p.into_inner());
+            let (h, by_ref) = self.header_for(&tx, out, (kind, op, seq), Data::Bytes(data), false)?;
             if by_ref.is_some() || !tx.try_write_whole(&[&h, data]) {
                 return Ok(Eager::NotStarted);
             }
@@ -120,18 +117,25 @@ impl Mesh {
         // the whole look (in a test on 2 cores, a 1 ms look missed this way 15% of the time).
         let mut since = None;
         let mut looks = 0u32;
+        // Looks before the clock is read and the CPU given away between looks: the waits'
+        // round (`ANYCCL_CPU_ROUND`), 64 where each rank has a CPU of its own (a few hundred
+        // nanoseconds: a peer in step has arrived by then) and 4 where the host's ranks
+        // outnumber its CPUs: there the peer is often waiting for this very CPU, and 64 looks
+        // (about a microsecond here) kept it out each time. 3 ranks on 2 cores, a ring's
+        // sendrecv of 8 B-256 B, medians of 5 alternating rounds: see the README.
+        let spin_looks = st.rx.round();
         loop {
             // (A message sent by reference is of its kind too: the bit is left out.)
             match st.rx.peek_first().map(kind_of) {
                 Some(k) if k == kind as u8 => {
-                    self.take_msg(peer, link, &st.rx, (kind, op, seq), expect, sink)?;
+                    self.take_msg(from, link, &st.rx, (kind, op, seq), expect, sink)?;
                     return Ok(Eager::Done);
                 }
                 Some(_) => return Ok(Eager::Later),
                 None => {}
             }
             looks += 1;
-            if looks < SPIN_LOOKS {
+            if looks < spin_looks {
                 std::hint::spin_loop();
                 continue;
             }
