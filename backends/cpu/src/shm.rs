@@ -345,6 +345,14 @@ impl Tx {
         self.room() >= lines((CHUNK + w.next_min()) as u64)
     }
 
+    /// Whether a message of `total` bytes (header and payload) would be written whole by
+    /// [`Tx::try_write_whole`] now (room only grows until this side writes).
+    pub(crate) fn fits_whole(&self, total: usize) -> bool {
+        let need = lines((CHUNK + total) as u64);
+        let cap = self.ring.cap as u64;
+        total <= PIECE && (cap - (self.head.get() - self.tail_seen.get()) >= need || self.room() >= need)
+    }
+
     /// Without waiting: write the message `parts` (header and payload, at most a piece)
     /// whole if the ring has room for it now; otherwise write nothing. Returns whether it
     /// was written.

@@ -526,9 +526,9 @@ fn mixed_pipeline() -> Result<(), Failed> {
 
 /// Among `n` ranks, a seeded mix of 1,500 operations, the same on every rank: a ring's step
 /// either way (send to the next rank, receive from the one before, or the reverse), a
-/// pairwise exchange (ranks 0-1, 2-3, ...; a ring step in an odd world), all_reduce and
-/// broadcast (the usual path among more than two ranks), 1 float to 4,096 (so some
-/// sendrecvs go as they are issued and some the usual way), in batches of 1 to 12 issued
+/// pairwise exchange (ranks 0-1, 2-3, ...; a ring step in an odd world), all_reduce,
+/// broadcast and all_gather, 1 float to 4,096 (a rank's part: so some sendrecvs and direct
+/// all_gathers go as they are issued and some the usual way), in batches of 1 to 12 issued
 /// back to back and then waited, each rank sleeping up to 300 us before some issues and
 /// looking at some operations as it issues them (on its own choice, so the ranks' queues
 /// differ): every result right, and some sendrecvs finished at the issue (a look right after
@@ -550,19 +550,20 @@ fn ring_mix(n: usize) -> Result<(), Failed> {
             _ if n % 2 == 1 => ((rank + 1) % n, (rank + n - 1) % n),
             _ => (rank ^ 1, rank ^ 1),
         };
-        let (mut done, mut at_issue, mut p2p) = (0, 0, 0);
+        let (mut done, mut at_issue, mut p2p, mut gathers) = (0, 0, 0, 0);
         while done < 1500 {
             let k = 1 + (next(&mut shared) % 12) as usize;
             // (kind, floats, root) for each operation of the batch.
             let ops: Vec<(u64, usize, usize)> = (0..k)
                 .map(|_| {
-                    let kind = next(&mut shared) % 5;
+                    let kind = next(&mut shared) % 6;
                     let len = [1usize, 2, 16, 64, 512, 2048, 4096][(next(&mut shared) % 7) as usize];
                     (kind, len, (next(&mut shared) % n as u64) as usize)
                 })
                 .collect();
             let ins: Vec<Vec<f32>> = ops.iter().enumerate().map(|(i, &(_, len, _))| input(me, len, done + i)).collect();
-            let mut outs: Vec<Vec<f32>> = ops.iter().map(|&(_, len, _)| vec![0f32; len]).collect();
+            let mut outs: Vec<Vec<f32>> =
+                ops.iter().map(|&(kind, len, _)| vec![0f32; if kind == 5 { n * len } else { len }]).collect();
             let mut works = Vec::with_capacity(k);
             for ((&(kind, _, root), src), out) in ops.iter().zip(&ins).zip(outs.iter_mut()) {
                 if next(&mut own) % 4 == 0 {
@@ -576,7 +577,8 @@ fn ring_mix(n: usize) -> Result<(), Failed> {
                         c.p2p_group(if root % 2 == 0 { vec![s, r] } else { vec![r, s] })
                     }
                     3 => c.all_reduce(Some(Buf::host(src)), BufMut::host(out), ReduceOp::Sum),
-                    _ => c.broadcast(Some(Buf::host(src)), BufMut::host(out), root),
+                    4 => c.broadcast(Some(Buf::host(src)), BufMut::host(out), root),
+                    _ => c.all_gather(Some(Buf::host(src)), BufMut::host(out)),
                 };
                 let mut w = w.map_err(|e| format!("operation {done}+: {e}"))?;
                 // A look on this rank alone now and then: it has the queue run, and a
@@ -584,6 +586,7 @@ fn ring_mix(n: usize) -> Result<(), Failed> {
                 if next(&mut own) % 2 == 0 {
                     let finished = w.is_completed().map_err(|e| e.to_string())?;
                     at_issue += usize::from(finished && kind <= 2);
+                    gathers += usize::from(finished && kind == 5);
                 }
                 works.push(w);
             }
@@ -595,16 +598,23 @@ fn ring_mix(n: usize) -> Result<(), Failed> {
                 let want: Vec<f32> = match kind {
                     0..=2 => input(peers(kind, me).1, len, at),
                     3 => (0..len).map(|j| (0..n).map(|r| input(r, len, at)[j]).sum()).collect(),
-                    _ => input(root, len, at),
+                    4 => input(root, len, at),
+                    _ => (0..n).flat_map(|r| input(r, len, at)).collect(),
                 };
                 if *out != want {
-                    return Err(format!("operation {at} (kind {kind}, {len} floats): {:?}", &out[..len.min(4)]));
+                    let bad = (0..out.len()).find(|&j| out[j] != want[j]).unwrap_or(0);
+                    return Err(format!(
+                        "operation {at} (kind {kind}, {len} floats): at {bad} {} not {}",
+                        out[bad], want[bad]
+                    ));
                 }
             }
             done += k;
         }
-        if at_issue == 0 {
-            return Err(format!("none of {p2p} sendrecvs finished as it was issued"));
+        if at_issue == 0 || gathers == 0 {
+            return Err(format!(
+                "{at_issue} of {p2p} sendrecvs and {gathers} all_gathers finished as they were issued"
+            ));
         }
         Ok(())
     })

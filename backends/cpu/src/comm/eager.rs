@@ -142,6 +142,22 @@ impl CpuComm {
         fits.then_some(self.eager.spin.as_micros())
     }
 
+    /// Whether an operation among more than two ranks, all of this host, whose messages are
+    /// `bytes` bytes may run as it is issued (the look not turned off).
+    fn eager_all_fits(&self, bytes: usize) -> bool {
+        let (n, me) = (self.info.size, self.info.rank);
+        n > 2 && bytes <= EAGER_MAX && !self.eager.spin.is_zero() && (0..n).all(|p| p == me || self.mesh.is_local(p))
+    }
+
+    /// Whether the messages a receive left for later waits for have arrived: of `kind`, from
+    /// `from`, or from every other rank (`None`).
+    fn arrived(&self, from: Option<usize>, kind: Kind) -> bool {
+        match from {
+            Some(p) => self.mesh.arrived(p, kind),
+            None => self.mesh.arrived_all(),
+        }
+    }
+
     /// Try an operation on `bufs` (`bytes` of input) as it is issued, where nothing is
     /// queued or running but receives left for later: those whose messages have arrived run
     /// first, here; if any is still waiting for its message, this operation only sends now
@@ -149,14 +165,15 @@ impl CpuComm {
     /// for the peer's message (unless misses before say not to look for a while: it then
     /// only sends too). `attempt` runs the exchange on the engine as operation number
     /// `seq` (`None`: send only), of messages of `kind` (only a collective's counts as an
-    /// operation number); `rest` makes the job that receives what did not come, from `from`;
+    /// operation number); `rest` makes the job that receives what did not come, from `from`
+    /// (`None`: from every other rank);
     /// `parts` gives the buffers to that job's `Work`. Nothing counts against the queue bound
     /// unless a receive is left queued; what the exchange finds (the peer's failure, a
     /// mismatch) is the returned `Work`'s to report.
     #[allow(clippy::too_many_arguments)] // the operation's kind, size and buffers, its three steps
     fn try_now<'a, B, S>(
         &'a self,
-        (from, kind): (usize, Kind),
+        (from, kind): (Option<usize>, Kind),
         bytes: usize,
         mut bufs: B,
         attempt: impl FnOnce(&Mesh, u64, Option<Duration>, &mut B) -> Result<Step<S>>,
@@ -182,7 +199,7 @@ impl CpuComm {
         st.next_id += 1;
         // Receives left for later whose messages are here: run now, in order (they do not
         // wait), so this operation may take its own.
-        while st.jobs.front().and_then(|j| j.rest_of).is_some_and(|(p, k)| self.mesh.arrived(p, k)) {
+        while st.jobs.front().and_then(|j| j.rest_of).is_some_and(|(p, k)| self.arrived(p, k)) {
             let Some(job) = st.jobs.pop_front() else { break };
             st.rests -= 1;
             drop(st);
@@ -251,6 +268,37 @@ impl CpuComm {
         }
     }
 
+    /// all_gather among more than two ranks of this host, as it is issued where it may be:
+    /// the direct all_gather's messages (this rank's part to every rank, every part from its
+    /// rank), where parts of that size go direct (`ANYCCL_CPU_ALLGATHER_DIRECT_MAX`).
+    fn all_gather_direct_now<'a>(&'a self, send: Option<Buf<'a>>, recv: BufMut<'a>) -> Now<'a, Pair<'a>> {
+        let (me, n, total) = (self.info.rank, self.info.size, recv.bytes());
+        let chunk = total / n;
+        if chunk == 0 || total != n * chunk || chunk > self.tune.all_gather_direct_max || !self.eager_all_fits(chunk) {
+            return Now::Usual((send, recv));
+        }
+        let pool = &self.pool;
+        let attempt = |mesh: &Mesh, seq, spin, (send, recv): &mut Pair<'a>| {
+            let Some((src, out)) = host(send, recv) else { return Ok(Step::NotStarted) };
+            let (before, rest) = out.split_at_mut(me * chunk);
+            let (own, after) = rest.split_at_mut(chunk);
+            match src {
+                Some(s) if s.len() == chunk => own.copy_from_slice(s),
+                Some(_) => return Ok(Step::NotStarted),
+                None => {}
+            }
+            let own = &*own;
+            let mut sink = |p: usize, at: usize, b: &[u8]| {
+                let dst = if p < me { &mut before[p * chunk..] } else { &mut after[(p - me - 1) * chunk..] };
+                dst[at..at + b.len()].copy_from_slice(b);
+            };
+            let got = mesh.exchange_all_now((algo::OP_ALL_GATHER_DIRECT, seq), &|_| own, (chunk, &mut sink), spin)?;
+            Ok(step(got, || pool.copy(own)))
+        };
+        let rest = move |seq, own| all_gather_direct_rest(seq, own, (me, n));
+        self.try_now((None, Kind::Coll), total, (send, recv), attempt, rest, parts)
+    }
+
     /// all_reduce of `send` (or in place) into `recv`, as it is issued where it may be: the
     /// direct exchange's one message each way, folded in rank order ([`algo::all_reduce_now`]).
     pub(super) fn all_reduce_now<'a>(
@@ -271,12 +319,15 @@ impl CpuComm {
             Ok(step(got, || pool.copy(src.unwrap_or(data))))
         };
         let rest = move |seq, own| all_reduce_rest(seq, own, n, (dtype, op));
-        self.try_now((1 - self.info.rank, Kind::Coll), n, (send, recv), attempt, rest, parts)
+        self.try_now((Some(1 - self.info.rank), Kind::Coll), n, (send, recv), attempt, rest, parts)
     }
 
     /// all_gather of this rank's part (`send`, or in place) into `recv`, as it is issued where
     /// it may be: the ring's one step between two ranks, each part a message.
     pub(super) fn all_gather_now<'a>(&'a self, send: Option<Buf<'a>>, recv: BufMut<'a>) -> Now<'a, Pair<'a>> {
+        if self.info.size > 2 {
+            return self.all_gather_direct_now(send, recv);
+        }
         let (me, total) = (self.info.rank, recv.bytes());
         let chunk = total / 2;
         if chunk == 0 || total != 2 * chunk || self.eager_look(chunk, EAGER_MAX).is_none() {
@@ -296,7 +347,7 @@ impl CpuComm {
             Ok(step(got, || pool.copy(mine)))
         };
         let rest = move |seq, own| pair_rest(algo::OP_ALL_GATHER, seq, own, me, chunk);
-        self.try_now((1 - self.info.rank, Kind::Coll), total, (send, recv), attempt, rest, parts)
+        self.try_now((Some(1 - self.info.rank), Kind::Coll), total, (send, recv), attempt, rest, parts)
     }
 
     /// reduce_scatter of `send` (out of place: an input of two shares) into `recv`, this rank's
@@ -326,7 +377,7 @@ impl CpuComm {
             Ok(step(got, || pool.copy(own)))
         };
         let rest = move |seq, own| reduce_scatter_rest(seq, own, me, (dtype, op));
-        self.try_now((1 - self.info.rank, Kind::Coll), whole, (send, recv), attempt, rest, parts)
+        self.try_now((Some(1 - self.info.rank), Kind::Coll), whole, (send, recv), attempt, rest, parts)
     }
 
     /// all_to_all of `send` into `recv` in even segments, as it is issued where it may be:
@@ -351,7 +402,7 @@ impl CpuComm {
             Ok(step(got, || pool.copy(mine)))
         };
         let rest = move |seq, own| pair_rest(algo::OP_ALL_TO_ALL, seq, own, me, seg);
-        self.try_now((1 - self.info.rank, Kind::Coll), total, (send, recv), attempt, rest, |(s, r)| {
+        self.try_now((Some(1 - self.info.rank), Kind::Coll), total, (send, recv), attempt, rest, |(s, r)| {
             (smallvec::smallvec![s], smallvec::smallvec![r])
         })
     }
@@ -388,7 +439,7 @@ impl CpuComm {
             Ok(step(got, || ()))
         };
         let rest = move |seq, ()| broadcast_rest(seq, root, n);
-        self.try_now((1 - self.info.rank, Kind::Coll), n, (send, recv), attempt, rest, parts)
+        self.try_now((Some(1 - self.info.rank), Kind::Coll), n, (send, recv), attempt, rest, parts)
     }
 
     /// A batch of one send of `send` to `to` and one receive from `from` into `recv` (peers
@@ -412,7 +463,7 @@ impl CpuComm {
             finish(move |e| e.pool.zeroed(n), move |e, out| e.mesh.recv_p2p_into(from, out))
         };
         let parts = |(s, r)| (smallvec::smallvec![s], smallvec::smallvec![r]);
-        self.try_now((from, Kind::P2p), n.max(send.bytes()), (send, recv), attempt, rest, parts)
+        self.try_now((Some(from), Kind::P2p), n.max(send.bytes()), (send, recv), attempt, rest, parts)
     }
 
     /// Whether a batch of one send to `to` and one receive from `from` of at most `bytes`
@@ -472,7 +523,7 @@ impl CpuComm {
                 Ok(Few::new())
             })
         };
-        self.try_now((1 - self.info.rank, Kind::Coll), 0, (), attempt, rest, |()| (Few::new(), Few::new()))
+        self.try_now((Some(1 - self.info.rank), Kind::Coll), 0, (), attempt, rest, |()| (Few::new(), Few::new()))
     }
 }
 
@@ -535,6 +586,25 @@ fn pair_rest(op: u8, seq: u64, own: Vec<u8>, me: usize, chunk: usize) -> JobFn {
             let r = e.mesh.recv_coll_into(peer, op, seq, &mut out[part(peer)], crate::shm::copy);
             e.pool.put(own);
             r
+        },
+    )
+}
+
+/// The rest of a direct all_gather number `seq` among `n` ranks: every other rank's part
+/// (received as the usual path receives them), beside `own`, this rank's.
+fn all_gather_direct_rest(seq: u64, own: Vec<u8>, (me, n): (usize, usize)) -> JobFn {
+    let chunk = own.len();
+    let part = move |i: usize| i * chunk..(i + 1) * chunk;
+    finish(
+        move |e| e.pool.zeroed(n * chunk),
+        move |e, out| {
+            out[part(me)].copy_from_slice(&own);
+            e.pool.put(own);
+            for k in 1..n {
+                let from = (me + n - k) % n;
+                e.mesh.recv_coll_into(from, algo::OP_ALL_GATHER_DIRECT, seq, &mut out[part(from)], crate::shm::copy)?;
+            }
+            Ok(())
         },
     )
 }

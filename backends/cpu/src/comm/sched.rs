@@ -15,9 +15,10 @@ pub(super) struct Job {
     /// Its input is a small lent one ([`super::work::Lending::Rescuable`]).
     pub(super) rescuable: bool,
     /// The receive an operation run as it was issued left for later, of a message of this
-    /// kind from this peer (the operation's message went already: see `eager`): it does not
-    /// wait once the peer's message has arrived.
-    pub(super) rest_of: Option<(usize, Kind)>,
+    /// kind from this peer, or from every other rank (`None`: a direct collective among more
+    /// than two; the operation's messages went already: see `eager`): it does not wait once
+    /// the messages have arrived.
+    pub(super) rest_of: Option<(Option<usize>, Kind)>,
     /// The job's share of the queue bound, given back when the job is dropped (it has run).
     pub(super) _admission: Admission,
 }

@@ -146,6 +146,103 @@ impl Mesh {
         }
     }
 
+    /// Whether every other rank's next collective message to this rank has begun to arrive
+    /// (all of them peers of this host).
+    pub(crate) fn arrived_all(&self) -> bool {
+        (0..self.size).all(|p| p == self.rank || self.arrived(p, Kind::Coll))
+    }
+
+    /// Send each other rank of this world (each a peer of this host) its collective message
+    /// `op` number `seq`, `data(peer)`, then, once every one's message of that number has
+    /// arrived within `spin` (`None`: not now), take them in rank order, `expect` bytes each,
+    /// into `sink(peer, offset, bytes)`; as the direct algorithms send and receive them. It
+    /// never waits for room or for a message: nothing is sent unless every ring has room for
+    /// its message now, and nothing is taken unless every message has arrived (a receive
+    /// left for later is then the usual one from every peer).
+    ///
+    /// # Errors
+    /// A peer's failure, a mismatched message, this communicator's failure.
+    pub(crate) fn exchange_all_now<'d>(
+        &self,
+        (op, seq): (u8, u64),
+        data: &dyn Fn(usize) -> &'d [u8],
+        (expect, sink): (usize, &mut dyn FnMut(usize, usize, &[u8])),
+        spin: Option<Duration>,
+    ) -> Result<Eager> {
+        let me = self.rank;
+        let peers = || (0..self.size).filter(move |&p| p != me);
+        if !peers().all(|p| self.is_local(p)) {
+            return Ok(Eager::NotStarted);
+        }
+        let link = |p: usize| {
+            self.shm[p].as_ref().ok_or_else(|| self.ctx.aborted(format!("rank {p} is no peer of this host")))
+        };
+        // Nothing of theirs on its way through the inbox (the usual way takes it), and room
+        // for every message: each peer gets its message, or none does.
+        for p in peers() {
+            let l = link(p)?;
+            if spin.is_some() {
+                let st = l.rx.lock().unwrap_or_else(|e| e.into_inner());
+                if st.partial.is_some() || self.queued(p, Kind::Coll) {
+                    return Ok(Eager::NotStarted);
+                }
+            }
+            let tx = l.tx.lock().unwrap_or_else(|e| e.into_inner());
+            let len = data(p).len();
+            if self.by_ref(&tx, (Kind::Coll, op), len, false) || !tx.fits_whole(SHM_HEADER + len) {
+                return Ok(Eager::NotStarted);
+            }
+        }
+        for p in peers() {
+            let l = link(p)?;
+            let tx = l.tx.lock().unwrap_or_else(|e| e.into_inner());
+            let (h, _) = self.header_for(&tx, l, (Kind::Coll, op, seq), Data::Bytes(data(p)), false)?;
+            if !tx.try_write_whole(&[&h, data(p)]) {
+                // (Room only grows while this thread runs the operations; should a message
+                // not go whole now, it goes the usual way, waiting for room.)
+                drop(tx);
+                self.shm_send(p, l, Kind::Coll, op, seq, Data::Bytes(data(p)))?;
+            }
+        }
+        let Some(spin) = spin else { return Ok(Eager::Later) };
+        // Looked at as `message_now` looks for one message, until every peer's is there.
+        let spin_looks = match peers().next() {
+            Some(p) => link(p)?.rx.lock().unwrap_or_else(|e| e.into_inner()).rx.round(),
+            None => 1,
+        };
+        let mut since = None;
+        let mut looks = 0u32;
+        // The peers whose messages were seen arrived (they stay so: only this thread reads).
+        let mut seen = 0;
+        loop {
+            for p in peers().skip(seen) {
+                let st = link(p)?.rx.lock().unwrap_or_else(|e| e.into_inner());
+                match st.rx.peek_first().map(kind_of) {
+                    Some(k) if k == Kind::Coll as u8 => seen += 1,
+                    Some(_) => return Ok(Eager::Later),
+                    None => break,
+                }
+            }
+            if seen == self.size - 1 {
+                for p in peers() {
+                    let l = link(p)?;
+                    let st = l.rx.lock().unwrap_or_else(|e| e.into_inner());
+                    self.take_msg(p, l, &st.rx, (Kind::Coll, op, seq), expect, &mut |at, b| sink(p, at, b))?;
+                }
+                return Ok(Eager::Done);
+            }
+            looks += 1;
+            if looks < spin_looks {
+                std::hint::spin_loop();
+                continue;
+            }
+            if since.get_or_insert_with(Instant::now).elapsed() >= spin {
+                return Ok(Eager::Later);
+            }
+            std::thread::yield_now();
+        }
+    }
+
     /// Consume the message of `kind` that starts at `rx`'s position (it has begun to
     /// arrive): its header checked against collective `op` number `seq` of `expect` bytes
     /// (a point-to-point message: its length), its payload to `sink`; the reader's position
