@@ -6,7 +6,9 @@ use crate::settings::Tuning;
 use crate::transport::{Copier, Eager, Kind, Mesh, Sink};
 use anyccl_core::{DType, ReduceOp, Result};
 
+mod now;
 mod path;
+pub(crate) use now::{all_reduce_now, all_reduce_rest, direct_all_reduce_now, direct_all_reduce_rest};
 pub(crate) use path::path;
 
 pub(crate) use crate::transport::{
@@ -238,52 +240,6 @@ fn direct_pair(cx: &Coll<'_>, data: &mut [u8], src: Option<&[u8]>, dtype: DType,
     cx.exchange(1 - me, (own, None), 1 - me, len, &mut |at, b| {
         fold_pair(me, &mut data[at..at + b.len()], &own[at..at + b.len()], b, dtype, op)
     })
-}
-
-/// [`direct_pair`] tried as the all_reduce is issued, as operation number `seq`: `Done`
-/// with the result in `data`; `Later` when the peer's input had not arrived within `spin`
-/// (or is not to be received now: `None`; `data` untouched: [`all_reduce_rest`] receives
-/// it); `NotStarted`: nothing was sent.
-pub(crate) fn all_reduce_now(
-    mesh: &Mesh,
-    seq: u64,
-    data: &mut [u8],
-    src: Option<&[u8]>,
-    (dtype, op): (DType, ReduceOp),
-    spin: Option<std::time::Duration>,
-) -> Result<Eager> {
-    let (me, len) = (mesh.rank, data.len());
-    let mut kept = Kept::new();
-    let own: &[u8] = match src {
-        Some(s) => s,
-        None => keep(&mut kept, data),
-    };
-    let mut fold =
-        |at: usize, b: &[u8]| fold_pair(me, &mut data[at..at + b.len()], &own[at..at + b.len()], b, dtype, op);
-    let got = mesh.exchange_now((OP_ALL_REDUCE, seq), 1 - me, Some(own), Some((len, &mut fold)), spin)?;
-    if got == Eager::Done && op == ReduceOp::Avg {
-        finish_avg(data, dtype, 2);
-    }
-    Ok(got)
-}
-
-/// The rest of an [`all_reduce_now`] that sent `own` (operation number `seq`): the peer's
-/// input received and folded with it into `data`.
-pub(crate) fn all_reduce_rest(
-    mesh: &Mesh,
-    seq: u64,
-    data: &mut [u8],
-    own: &[u8],
-    (dtype, op): (DType, ReduceOp),
-) -> Result<()> {
-    let me = mesh.rank;
-    mesh.recv_coll_with(1 - me, OP_ALL_REDUCE, seq, data.len(), &mut |at, b| {
-        fold_pair(me, &mut data[at..at + b.len()], &own[at..at + b.len()], b, dtype, op)
-    })?;
-    if op == ReduceOp::Avg {
-        finish_avg(data, dtype, 2);
-    }
-    Ok(())
 }
 
 /// `d = own op theirs` between two ranks, rank 0's operand first on both (the same bits).

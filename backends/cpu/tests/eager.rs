@@ -526,13 +526,14 @@ fn mixed_pipeline() -> Result<(), Failed> {
 
 /// Among `n` ranks, a seeded mix of 1,500 operations, the same on every rank: a ring's step
 /// either way (send to the next rank, receive from the one before, or the reverse), a
-/// pairwise exchange (ranks 0-1, 2-3, ...; a ring step in an odd world), all_reduce,
-/// broadcast and all_gather, 1 float to 4,096 (a rank's part: so some sendrecvs and direct
-/// all_gathers go as they are issued and some the usual way), in batches of 1 to 12 issued
+/// pairwise exchange (ranks 0-1, 2-3, ...; a ring step in an odd world), all_reduce (sum
+/// and max), broadcast and all_gather, 1 float to 4,096 (a rank's part: so some sendrecvs,
+/// all_reduces and all_gathers go as they are issued and some the usual way), in batches of
+/// 1 to 12 issued
 /// back to back and then waited, each rank sleeping up to 300 us before some issues and
 /// looking at some operations as it issues them (on its own choice, so the ranks' queues
-/// differ): every result right, and some sendrecvs finished at the issue (a look right after
-/// it found them done: the usual path's job would not have run yet).
+/// differ): every result right, and some of each kind tried as issued finished at the issue
+/// (a look right after it found them done: the usual path's job would not have run yet).
 fn ring_mix(n: usize) -> Result<(), Failed> {
     common::ranks(n, &format!("eager-ring-{n}"), move |me, c| {
         let mut shared = 0x9e37_79b9_7f4a_7c15u64 ^ n as u64;
@@ -550,7 +551,7 @@ fn ring_mix(n: usize) -> Result<(), Failed> {
             _ if n % 2 == 1 => ((rank + 1) % n, (rank + n - 1) % n),
             _ => (rank ^ 1, rank ^ 1),
         };
-        let (mut done, mut at_issue, mut p2p, mut gathers) = (0, 0, 0, 0);
+        let (mut done, mut at_issue, mut p2p, mut gathers, mut reduces) = (0, 0, 0, 0, 0);
         while done < 1500 {
             let k = 1 + (next(&mut shared) % 12) as usize;
             // (kind, floats, root) for each operation of the batch.
@@ -576,7 +577,10 @@ fn ring_mix(n: usize) -> Result<(), Failed> {
                         p2p += 1;
                         c.p2p_group(if root % 2 == 0 { vec![s, r] } else { vec![r, s] })
                     }
-                    3 => c.all_reduce(Some(Buf::host(src)), BufMut::host(out), ReduceOp::Sum),
+                    3 => {
+                        let op = if root % 2 == 0 { ReduceOp::Sum } else { ReduceOp::Max };
+                        c.all_reduce(Some(Buf::host(src)), BufMut::host(out), op)
+                    }
                     4 => c.broadcast(Some(Buf::host(src)), BufMut::host(out), root),
                     _ => c.all_gather(Some(Buf::host(src)), BufMut::host(out)),
                 };
@@ -587,6 +591,7 @@ fn ring_mix(n: usize) -> Result<(), Failed> {
                     let finished = w.is_completed().map_err(|e| e.to_string())?;
                     at_issue += usize::from(finished && kind <= 2);
                     gathers += usize::from(finished && kind == 5);
+                    reduces += usize::from(finished && kind == 3);
                 }
                 works.push(w);
             }
@@ -597,7 +602,8 @@ fn ring_mix(n: usize) -> Result<(), Failed> {
                 let at = done + i;
                 let want: Vec<f32> = match kind {
                     0..=2 => input(peers(kind, me).1, len, at),
-                    3 => (0..len).map(|j| (0..n).map(|r| input(r, len, at)[j]).sum()).collect(),
+                    3 if root % 2 == 0 => (0..len).map(|j| (0..n).map(|r| input(r, len, at)[j]).sum()).collect(),
+                    3 => (0..len).map(|j| (0..n).map(|r| input(r, len, at)[j]).fold(f32::MIN, f32::max)).collect(),
                     4 => input(root, len, at),
                     _ => (0..n).flat_map(|r| input(r, len, at)).collect(),
                 };
@@ -611,9 +617,10 @@ fn ring_mix(n: usize) -> Result<(), Failed> {
             }
             done += k;
         }
-        if at_issue == 0 || gathers == 0 {
+        if at_issue == 0 || gathers == 0 || reduces == 0 {
             return Err(format!(
-                "{at_issue} of {p2p} sendrecvs and {gathers} all_gathers finished as they were issued"
+                "{at_issue} of {p2p} sendrecvs, {gathers} all_gathers and {reduces} all_reduces finished as they \
+                 were issued"
             ));
         }
         Ok(())

@@ -18,6 +18,8 @@ use super::*;
 use crate::transport::Eager;
 use std::sync::atomic::AtomicU32;
 
+mod direct;
+
 /// The largest message of an all_gather (each rank's part), a reduce_scatter (each rank's
 /// share), an all_to_all (each segment), a broadcast or a sendrecv (each direction) that goes
 /// this way (an all_reduce's is its direct size, `ANYCCL_CPU_ALLREDUCE_DIRECT_MAX`).
@@ -73,7 +75,7 @@ pub(super) enum Step<S> {
 }
 
 /// `got` as a [`Step`], `later` making what a receive left for later needs.
-fn step<S>(got: Eager, later: impl FnOnce() -> S) -> Step<S> {
+pub(super) fn step<S>(got: Eager, later: impl FnOnce() -> S) -> Step<S> {
     match got {
         Eager::NotStarted => Step::NotStarted,
         Eager::Done => Step::Done,
@@ -99,11 +101,14 @@ enum After {
 }
 
 /// An operation's send buffer (if any) and receive buffer.
-type Pair<'a> = (Option<Buf<'a>>, BufMut<'a>);
+pub(super) type Pair<'a> = (Option<Buf<'a>>, BufMut<'a>);
 
 /// A [`Pair`]'s host bytes: the send buffer's (if any) and the receive buffer's; `None`
 /// where either is not in host memory (the usual path then says so).
-fn host<'p>(send: &'p Option<Buf<'_>>, recv: &'p mut BufMut<'_>) -> Option<(Option<&'p [u8]>, &'p mut [u8])> {
+pub(super) fn host<'p>(
+    send: &'p Option<Buf<'_>>,
+    recv: &'p mut BufMut<'_>,
+) -> Option<(Option<&'p [u8]>, &'p mut [u8])> {
     let src = match send {
         Some(s) => Some(s.as_host_bytes()?),
         None => None,
@@ -129,7 +134,7 @@ fn fold_share(out: &mut [u8], own: &[u8], (at, b): (usize, &[u8]), (dtype, op): 
 }
 
 /// The buffers of a [`Pair`] as its `Work` holds them.
-fn parts(p: Pair<'_>) -> (Few<Buf<'_>>, Few<BufMut<'_>>) {
+pub(super) fn parts(p: Pair<'_>) -> (Few<Buf<'_>>, Few<BufMut<'_>>) {
     (p.0.into_iter().collect(), smallvec::smallvec![p.1])
 }
 
@@ -140,13 +145,6 @@ impl CpuComm {
         let fits =
             self.info.size == 2 && bytes <= max && !self.eager.spin.is_zero() && self.mesh.is_local(1 - self.info.rank);
         fits.then_some(self.eager.spin.as_micros())
-    }
-
-    /// Whether an operation among more than two ranks, all of this host, whose messages are
-    /// `bytes` bytes may run as it is issued (the look not turned off).
-    fn eager_all_fits(&self, bytes: usize) -> bool {
-        let (n, me) = (self.info.size, self.info.rank);
-        n > 2 && bytes <= EAGER_MAX && !self.eager.spin.is_zero() && (0..n).all(|p| p == me || self.mesh.is_local(p))
     }
 
     /// Whether the messages a receive left for later waits for have arrived: of `kind`, from
@@ -171,7 +169,7 @@ impl CpuComm {
     /// unless a receive is left queued; what the exchange finds (the peer's failure, a
     /// mismatch) is the returned `Work`'s to report.
     #[allow(clippy::too_many_arguments)] // the operation's kind, size and buffers, its three steps
-    fn try_now<'a, B, S>(
+    pub(super) fn try_now<'a, B, S>(
         &'a self,
         (from, kind): (Option<usize>, Kind),
         bytes: usize,
@@ -268,37 +266,6 @@ impl CpuComm {
         }
     }
 
-    /// all_gather among more than two ranks of this host, as it is issued where it may be:
-    /// the direct all_gather's messages (this rank's part to every rank, every part from its
-    /// rank), where parts of that size go direct (`ANYCCL_CPU_ALLGATHER_DIRECT_MAX`).
-    fn all_gather_direct_now<'a>(&'a self, send: Option<Buf<'a>>, recv: BufMut<'a>) -> Now<'a, Pair<'a>> {
-        let (me, n, total) = (self.info.rank, self.info.size, recv.bytes());
-        let chunk = total / n;
-        if chunk == 0 || total != n * chunk || chunk > self.tune.all_gather_direct_max || !self.eager_all_fits(chunk) {
-            return Now::Usual((send, recv));
-        }
-        let pool = &self.pool;
-        let attempt = |mesh: &Mesh, seq, spin, (send, recv): &mut Pair<'a>| {
-            let Some((src, out)) = host(send, recv) else { return Ok(Step::NotStarted) };
-            let (before, rest) = out.split_at_mut(me * chunk);
-            let (own, after) = rest.split_at_mut(chunk);
-            match src {
-                Some(s) if s.len() == chunk => own.copy_from_slice(s),
-                Some(_) => return Ok(Step::NotStarted),
-                None => {}
-            }
-            let own = &*own;
-            let mut sink = |p: usize, at: usize, b: &[u8]| {
-                let dst = if p < me { &mut before[p * chunk..] } else { &mut after[(p - me - 1) * chunk..] };
-                dst[at..at + b.len()].copy_from_slice(b);
-            };
-            let got = mesh.exchange_all_now((algo::OP_ALL_GATHER_DIRECT, seq), &|_| own, (chunk, &mut sink), spin)?;
-            Ok(step(got, || pool.copy(own)))
-        };
-        let rest = move |seq, own| all_gather_direct_rest(seq, own, (me, n));
-        self.try_now((None, Kind::Coll), total, (send, recv), attempt, rest, parts)
-    }
-
     /// all_reduce of `send` (or in place) into `recv`, as it is issued where it may be: the
     /// direct exchange's one message each way, folded in rank order ([`algo::all_reduce_now`]).
     pub(super) fn all_reduce_now<'a>(
@@ -307,6 +274,9 @@ impl CpuComm {
         recv: BufMut<'a>,
         op: ReduceOp,
     ) -> Now<'a, Pair<'a>> {
+        if self.info.size > 2 {
+            return self.all_reduce_direct_now(send, recv, op);
+        }
         let (n, dtype) = (recv.bytes(), recv.dtype());
         if n == 0 || self.eager_look(n, self.tune.all_reduce_direct_max).is_none() {
             return Now::Usual((send, recv));
@@ -543,7 +513,7 @@ impl WorkImpl for Failed {
 /// The job that finishes an operation whose receive was left for later: `recv` receives
 /// into the output, which is the caller's buffer when it runs in its wait (`fresh` not
 /// called), else a buffer of its own (`fresh` makes it).
-fn finish(
+pub(super) fn finish(
     fresh: impl FnOnce(&Engine) -> Vec<u8> + Send + 'static,
     recv: impl FnOnce(&Engine, &mut [u8]) -> Result<()> + Send + 'static,
 ) -> JobFn {
@@ -586,25 +556,6 @@ fn pair_rest(op: u8, seq: u64, own: Vec<u8>, me: usize, chunk: usize) -> JobFn {
             let r = e.mesh.recv_coll_into(peer, op, seq, &mut out[part(peer)], crate::shm::copy);
             e.pool.put(own);
             r
-        },
-    )
-}
-
-/// The rest of a direct all_gather number `seq` among `n` ranks: every other rank's part
-/// (received as the usual path receives them), beside `own`, this rank's.
-fn all_gather_direct_rest(seq: u64, own: Vec<u8>, (me, n): (usize, usize)) -> JobFn {
-    let chunk = own.len();
-    let part = move |i: usize| i * chunk..(i + 1) * chunk;
-    finish(
-        move |e| e.pool.zeroed(n * chunk),
-        move |e, out| {
-            out[part(me)].copy_from_slice(&own);
-            e.pool.put(own);
-            for k in 1..n {
-                let from = (me + n - k) % n;
-                e.mesh.recv_coll_into(from, algo::OP_ALL_GATHER_DIRECT, seq, &mut out[part(from)], crate::shm::copy)?;
-            }
-            Ok(())
         },
     )
 }
