@@ -11,6 +11,10 @@ use super::*;
 /// A message to receive: its length, and where its bytes go (`sink(offset, bytes)`).
 pub(crate) type Take<'s> = (usize, &'s mut dyn FnMut(usize, &[u8]));
 
+/// Messages to receive from every other rank: each one's length, and where its bytes go
+/// (`sink(peer, offset, bytes)`).
+pub(crate) type TakeEach<'s> = (usize, &'s mut dyn FnMut(usize, usize, &[u8]));
+
 /// How far [`Mesh::exchange_now`] got.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Eager {
@@ -166,7 +170,7 @@ impl Mesh {
         &self,
         (op, seq): (u8, u64),
         data: &dyn Fn(usize) -> &'d [u8],
-        (expect, sink): (usize, &mut dyn FnMut(usize, usize, &[u8])),
+        (expect, sink): TakeEach<'_>,
         spin: Option<Duration>,
     ) -> Result<Eager> {
         let me = self.rank;
