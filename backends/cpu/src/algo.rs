@@ -8,7 +8,9 @@ use anyccl_core::{DType, ReduceOp, Result};
 
 mod now;
 mod path;
-pub(crate) use now::{all_reduce_now, all_reduce_rest, direct_all_reduce_now, direct_all_reduce_rest};
+pub(crate) use now::{
+    all_reduce_now, all_reduce_rest, direct_all_reduce_now, direct_reduce_scatter_now, fold_all_rest,
+};
 pub(crate) use path::path;
 
 pub(crate) use crate::transport::{

@@ -527,9 +527,9 @@ fn mixed_pipeline() -> Result<(), Failed> {
 /// Among `n` ranks, a seeded mix of 1,500 operations, the same on every rank: a ring's step
 /// either way (send to the next rank, receive from the one before, or the reverse), a
 /// pairwise exchange (ranks 0-1, 2-3, ...; a ring step in an odd world), all_reduce (sum
-/// and max), broadcast and all_gather, 1 float to 4,096 (a rank's part: so some sendrecvs,
-/// all_reduces and all_gathers go as they are issued and some the usual way), in batches of
-/// 1 to 12 issued
+/// and max), broadcast, all_gather, reduce_scatter and all_to_all, 1 float to 4,096 (a
+/// rank's part: so some go as they are issued and some the usual way), in batches of 1 to
+/// 12 issued
 /// back to back and then waited, each rank sleeping up to 300 us before some issues and
 /// looking at some operations as it issues them (on its own choice, so the ranks' queues
 /// differ): every result right, and some of each kind tried as issued finished at the issue
@@ -551,20 +551,26 @@ fn ring_mix(n: usize) -> Result<(), Failed> {
             _ if n % 2 == 1 => ((rank + 1) % n, (rank + n - 1) % n),
             _ => (rank ^ 1, rank ^ 1),
         };
-        let (mut done, mut at_issue, mut p2p, mut gathers, mut reduces) = (0, 0, 0, 0, 0);
+        let (mut done, mut at_issue, mut p2p, mut gathers, mut reduces, mut others) = (0, 0, 0, 0, 0, 0);
         while done < 1500 {
             let k = 1 + (next(&mut shared) % 12) as usize;
             // (kind, floats, root) for each operation of the batch.
             let ops: Vec<(u64, usize, usize)> = (0..k)
                 .map(|_| {
-                    let kind = next(&mut shared) % 6;
+                    let kind = next(&mut shared) % 8;
                     let len = [1usize, 2, 16, 64, 512, 2048, 4096][(next(&mut shared) % 7) as usize];
                     (kind, len, (next(&mut shared) % n as u64) as usize)
                 })
                 .collect();
-            let ins: Vec<Vec<f32>> = ops.iter().enumerate().map(|(i, &(_, len, _))| input(me, len, done + i)).collect();
-            let mut outs: Vec<Vec<f32>> =
-                ops.iter().map(|&(kind, len, _)| vec![0f32; if kind == 5 { n * len } else { len }]).collect();
+            // all_gather's and all_to_all's outputs, and reduce_scatter's and all_to_all's
+            // inputs, hold a part for every rank.
+            let each = |kind: u64, len: usize| if kind >= 6 { n * len } else { len };
+            let ins: Vec<Vec<f32>> =
+                ops.iter().enumerate().map(|(i, &(kind, len, _))| input(me, each(kind, len), done + i)).collect();
+            let mut outs: Vec<Vec<f32>> = ops
+                .iter()
+                .map(|&(kind, len, _)| vec![0f32; if kind == 5 || kind == 7 { n * len } else { len }])
+                .collect();
             let mut works = Vec::with_capacity(k);
             for ((&(kind, _, root), src), out) in ops.iter().zip(&ins).zip(outs.iter_mut()) {
                 if next(&mut own) % 4 == 0 {
@@ -582,7 +588,9 @@ fn ring_mix(n: usize) -> Result<(), Failed> {
                         c.all_reduce(Some(Buf::host(src)), BufMut::host(out), op)
                     }
                     4 => c.broadcast(Some(Buf::host(src)), BufMut::host(out), root),
-                    _ => c.all_gather(Some(Buf::host(src)), BufMut::host(out)),
+                    5 => c.all_gather(Some(Buf::host(src)), BufMut::host(out)),
+                    6 => c.reduce_scatter(Some(Buf::host(src)), BufMut::host(out), ReduceOp::Sum),
+                    _ => c.all_to_all(Buf::host(src), BufMut::host(out), None),
                 };
                 let mut w = w.map_err(|e| format!("operation {done}+: {e}"))?;
                 // A look on this rank alone now and then: it has the queue run, and a
@@ -591,7 +599,8 @@ fn ring_mix(n: usize) -> Result<(), Failed> {
                     let finished = w.is_completed().map_err(|e| e.to_string())?;
                     at_issue += usize::from(finished && kind <= 2);
                     gathers += usize::from(finished && kind == 5);
-                    reduces += usize::from(finished && kind == 3);
+                    reduces += usize::from(finished && (kind == 3 || kind == 6));
+                    others += usize::from(finished && kind == 7);
                 }
                 works.push(w);
             }
@@ -605,7 +614,9 @@ fn ring_mix(n: usize) -> Result<(), Failed> {
                     3 if root % 2 == 0 => (0..len).map(|j| (0..n).map(|r| input(r, len, at)[j]).sum()).collect(),
                     3 => (0..len).map(|j| (0..n).map(|r| input(r, len, at)[j]).fold(f32::MIN, f32::max)).collect(),
                     4 => input(root, len, at),
-                    _ => (0..n).flat_map(|r| input(r, len, at)).collect(),
+                    5 => (0..n).flat_map(|r| input(r, len, at)).collect(),
+                    6 => (0..len).map(|j| (0..n).map(|r| input(r, n * len, at)[me * len + j]).sum()).collect(),
+                    _ => (0..n).flat_map(|r| input(r, n * len, at)[me * len..(me + 1) * len].to_vec()).collect(),
                 };
                 if *out != want {
                     let bad = (0..out.len()).find(|&j| out[j] != want[j]).unwrap_or(0);
@@ -617,10 +628,10 @@ fn ring_mix(n: usize) -> Result<(), Failed> {
             }
             done += k;
         }
-        if at_issue == 0 || gathers == 0 || reduces == 0 {
+        if at_issue == 0 || gathers == 0 || reduces == 0 || others == 0 {
             return Err(format!(
-                "{at_issue} of {p2p} sendrecvs, {gathers} all_gathers and {reduces} all_reduces finished as they \
-                 were issued"
+                "{at_issue} of {p2p} sendrecvs, {gathers} all_gathers, {reduces} all_reduces and reduce_scatters and \
+                 {others} all_to_alls finished as they were issued"
             ));
         }
         Ok(())

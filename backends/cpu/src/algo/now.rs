@@ -60,24 +60,57 @@ pub(crate) fn direct_all_reduce_now(
     seq: u64,
     data: &mut [u8],
     src: Option<&[u8]>,
-    (dtype, op): (DType, ReduceOp),
+    how: (DType, ReduceOp),
     spin: Option<std::time::Duration>,
 ) -> Result<Eager> {
-    let (n, me, len) = (mesh.size, mesh.rank, data.len());
     let mut kept = Kept::new();
     let own: &[u8] = match src {
         Some(s) => s,
         None => keep(&mut kept, data),
     };
-    // The inputs in rank order, each peer's message taken whole before the next's: rank 0's
-    // copied, every other folded in, this rank's at its place.
+    fold_all_now(mesh, (OP_ALL_REDUCE, seq), data, own, &|_| own, how, spin)
+}
+
+/// The direct reduce_scatter among more than two ranks of one host (`reduce_scatter`'s
+/// direct branch) tried as it is issued, as operation number `seq`: each rank's chunk of
+/// `input` sent to it, and, where every rank's piece of this rank's chunk has arrived within
+/// `spin`, all folded into `out` in rank order (the bits of the same buffer's all_reduce):
+/// as [`direct_all_reduce_now`].
+pub(crate) fn direct_reduce_scatter_now(
+    mesh: &Mesh,
+    seq: u64,
+    out: &mut [u8],
+    input: &[u8],
+    how: (DType, ReduceOp),
+    spin: Option<std::time::Duration>,
+) -> Result<Eager> {
+    let c = out.len();
+    let chunk = |p: usize| &input[p * c..(p + 1) * c];
+    fold_all_now(mesh, (OP_REDUCE_SCATTER_DIRECT, seq), out, chunk(mesh.rank), &chunk, how, spin)
+}
+
+/// Send `send(peer)` to every other rank as collective message `code` number `seq`, and,
+/// where every rank's message has arrived within `spin`, fold them with `own`, this rank's
+/// operand, into `data` in rank order ([`fold_in_rank_order`]'s order: the same bits), the
+/// average divided at the end.
+#[allow(clippy::too_many_arguments)] // the message, the operands and the reduction, the look
+fn fold_all_now<'d>(
+    mesh: &Mesh,
+    (code, seq): (u8, u64),
+    data: &mut [u8],
+    own: &[u8],
+    send: &dyn Fn(usize) -> &'d [u8],
+    (dtype, op): (DType, ReduceOp),
+    spin: Option<std::time::Duration>,
+) -> Result<Eager> {
+    let (n, me, len) = (mesh.size, mesh.rank, data.len());
+    // The operands in rank order, each peer's message taken whole before the next's: rank
+    // 0's copied, every other folded in, this rank's at its place.
     let mut own_in = false;
     let mut sink = |p: usize, at: usize, b: &[u8]| {
         if !own_in && (me == 0 || p > me) {
             if me == 0 {
-                if let Some(s) = src {
-                    data.copy_from_slice(s);
-                }
+                data.copy_from_slice(own);
             } else {
                 reduce_into(data, own, dtype, op);
             }
@@ -90,7 +123,7 @@ pub(crate) fn direct_all_reduce_now(
             reduce_into(d, b, dtype, op);
         }
     };
-    let got = mesh.exchange_all_now((OP_ALL_REDUCE, seq), &|_| own, (len, &mut sink), spin)?;
+    let got = mesh.exchange_all_now((code, seq), send, (len, &mut sink), spin)?;
     if got == Eager::Done {
         if !own_in {
             // This rank is the last.
@@ -103,11 +136,12 @@ pub(crate) fn direct_all_reduce_now(
     Ok(got)
 }
 
-/// The rest of a [`direct_all_reduce_now`] that sent `own` (operation number `seq`): every
-/// other rank's input received and folded with it into `data` in rank order.
-pub(crate) fn direct_all_reduce_rest(
+/// The rest of a [`direct_all_reduce_now`] or [`direct_reduce_scatter_now`] (message `code`
+/// number `seq`) that sent its messages: every other rank's received and folded with `own`,
+/// this rank's operand, into `data` in rank order.
+pub(crate) fn fold_all_rest(
     mesh: &Mesh,
-    seq: u64,
+    (code, seq): (u8, u64),
     data: &mut [u8],
     own: &[u8],
     (dtype, op): (DType, ReduceOp),
@@ -116,13 +150,13 @@ pub(crate) fn direct_all_reduce_rest(
     if me == 0 {
         data.copy_from_slice(own);
     } else {
-        mesh.recv_coll_into(0, OP_ALL_REDUCE, seq, data, crate::shm::copy)?;
+        mesh.recv_coll_into(0, code, seq, data, crate::shm::copy)?;
     }
     for r in 1..n {
         if r == me {
             reduce_into(data, own, dtype, op);
         } else {
-            mesh.recv_coll_with(r, OP_ALL_REDUCE, seq, data.len(), &mut |at, b| {
+            mesh.recv_coll_with(r, code, seq, data.len(), &mut |at, b| {
                 reduce_into(&mut data[at..at + b.len()], b, dtype, op)
             })?;
         }

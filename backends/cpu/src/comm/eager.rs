@@ -329,6 +329,9 @@ impl CpuComm {
         recv: BufMut<'a>,
         op: ReduceOp,
     ) -> Now<'a, Pair<'a>> {
+        if self.info.size > 2 {
+            return self.reduce_scatter_direct_now(send, recv, op);
+        }
         let (me, c, dtype) = (self.info.rank, recv.bytes(), recv.dtype());
         let whole = send.as_ref().map_or(0, |s| s.bytes());
         if c == 0 || whole != 2 * c || self.eager_look(c, EAGER_MAX).is_none() {
@@ -353,6 +356,9 @@ impl CpuComm {
     /// all_to_all of `send` into `recv` in even segments, as it is issued where it may be:
     /// this rank's segment copied, the pairwise step's one message each way.
     pub(super) fn all_to_all_now<'a>(&'a self, send: Buf<'a>, recv: BufMut<'a>) -> Now<'a, (Buf<'a>, BufMut<'a>)> {
+        if self.info.size > 2 {
+            return self.all_to_all_direct_now(send, recv);
+        }
         let (me, total) = (self.info.rank, recv.bytes());
         let seg = total / 2;
         if seg == 0 || total != 2 * seg || send.bytes() != total || self.eager_look(seg, EAGER_MAX).is_none() {

@@ -39,7 +39,7 @@ impl CpuComm {
             let got = mesh.exchange_all_now((algo::OP_ALL_GATHER_DIRECT, seq), &|_| own, (chunk, &mut sink), spin)?;
             Ok(step(got, || pool.copy(own)))
         };
-        let rest = move |seq, own| all_gather_direct_rest(seq, own, (me, n));
+        let rest = move |seq, own| gathered_rest(algo::OP_ALL_GATHER_DIRECT, seq, own, (me, n));
         self.try_now((None, Kind::Coll), total, (send, recv), attempt, rest, parts)
     }
 
@@ -68,7 +68,7 @@ impl CpuComm {
             finish(
                 move |e| e.pool.zeroed(n),
                 move |e, out| {
-                    let r = algo::direct_all_reduce_rest(&e.mesh, seq, out, &own, (dtype, op));
+                    let r = algo::fold_all_rest(&e.mesh, (algo::OP_ALL_REDUCE, seq), out, &own, (dtype, op));
                     e.pool.put(own);
                     r
                 },
@@ -76,11 +76,87 @@ impl CpuComm {
         };
         self.try_now((None, Kind::Coll), n, (send, recv), attempt, rest, parts)
     }
+
+    /// reduce_scatter (out of place) among more than two ranks of this host, as it is
+    /// issued where it may be: the direct reduce_scatter's messages (each rank's chunk to it,
+    /// this rank's chunk from every rank, folded in rank order:
+    /// [`algo::direct_reduce_scatter_now`]), where the buffer's all_reduce goes direct.
+    pub(super) fn reduce_scatter_direct_now<'a>(
+        &'a self,
+        send: Option<Buf<'a>>,
+        recv: BufMut<'a>,
+        op: ReduceOp,
+    ) -> Now<'a, Pair<'a>> {
+        let (me, n, c, dtype) = (self.info.rank, self.info.size, recv.bytes(), recv.dtype());
+        let whole = send.as_ref().map_or(0, |s| s.bytes());
+        if c == 0 || whole != n * c || whole > self.tune.all_reduce_direct_max || !self.eager_all_fits(c) {
+            return Now::Usual((send, recv));
+        }
+        let pool = &self.pool;
+        let attempt = |mesh: &Mesh, seq, spin, (send, recv): &mut Pair<'a>| {
+            let Some((Some(src), out)) = host(send, recv) else { return Ok(Step::NotStarted) };
+            let got = algo::direct_reduce_scatter_now(mesh, seq, out, src, (dtype, op), spin)?;
+            Ok(step(got, || pool.copy(&src[me * c..(me + 1) * c])))
+        };
+        let rest = move |seq, own: Vec<u8>| -> JobFn {
+            finish(
+                move |e| e.pool.zeroed(c),
+                move |e, out| {
+                    let code = (algo::OP_REDUCE_SCATTER_DIRECT, seq);
+                    let r = algo::fold_all_rest(&e.mesh, code, out, &own, (dtype, op));
+                    e.pool.put(own);
+                    r
+                },
+            )
+        };
+        self.try_now((None, Kind::Coll), whole, (send, recv), attempt, rest, parts)
+    }
+
+    /// all_to_all in even segments among more than two ranks of this host, as it is issued
+    /// where it may be: the direct all_to_all's messages (each rank's segment to it, this
+    /// rank's from every rank), where segments of that size go direct
+    /// (`ANYCCL_CPU_ALLTOALL_DIRECT_MAX`).
+    pub(super) fn all_to_all_direct_now<'a>(
+        &'a self,
+        send: Buf<'a>,
+        recv: BufMut<'a>,
+    ) -> Now<'a, (Buf<'a>, BufMut<'a>)> {
+        let (me, n, total) = (self.info.rank, self.info.size, recv.bytes());
+        let seg = total / n;
+        if seg == 0
+            || total != n * seg
+            || send.bytes() != total
+            || seg > self.tune.all_to_all_direct_max
+            || !self.eager_all_fits(seg)
+        {
+            return Now::Usual((send, recv));
+        }
+        let pool = &self.pool;
+        let attempt = |mesh: &Mesh, seq, spin, (send, recv): &mut (Buf<'a>, BufMut<'a>)| {
+            let (Some(src), Some(out)) = (send.as_host_bytes(), recv.as_host_bytes_mut()) else {
+                return Ok(Step::NotStarted);
+            };
+            let (before, rest) = out.split_at_mut(me * seg);
+            let (mine, after) = rest.split_at_mut(seg);
+            mine.copy_from_slice(&src[me * seg..(me + 1) * seg]);
+            let mut sink = |p: usize, at: usize, b: &[u8]| {
+                let dst = if p < me { &mut before[p * seg..] } else { &mut after[(p - me - 1) * seg..] };
+                dst[at..at + b.len()].copy_from_slice(b);
+            };
+            let segment = |p: usize| &src[p * seg..(p + 1) * seg];
+            let got = mesh.exchange_all_now((algo::OP_ALL_TO_ALL, seq), &segment, (seg, &mut sink), spin)?;
+            Ok(step(got, || pool.copy(mine)))
+        };
+        let rest = move |seq, own| gathered_rest(algo::OP_ALL_TO_ALL, seq, own, (me, n));
+        self.try_now((None, Kind::Coll), total, (send, recv), attempt, rest, |(s, r)| {
+            (smallvec::smallvec![s], smallvec::smallvec![r])
+        })
+    }
 }
 
-/// The rest of a direct all_gather number `seq` among `n` ranks: every other rank's part
-/// (received as the usual path receives them), beside `own`, this rank's.
-fn all_gather_direct_rest(seq: u64, own: Vec<u8>, (me, n): (usize, usize)) -> JobFn {
+/// The rest of a direct all_gather or all_to_all (`op`) number `seq` among `n` ranks: every
+/// other rank's part (received as the usual path receives them), beside `own`, this rank's.
+fn gathered_rest(op: u8, seq: u64, own: Vec<u8>, (me, n): (usize, usize)) -> JobFn {
     let chunk = own.len();
     let part = move |i: usize| i * chunk..(i + 1) * chunk;
     finish(
@@ -90,7 +166,7 @@ fn all_gather_direct_rest(seq: u64, own: Vec<u8>, (me, n): (usize, usize)) -> Jo
             e.pool.put(own);
             for k in 1..n {
                 let from = (me + n - k) % n;
-                e.mesh.recv_coll_into(from, algo::OP_ALL_GATHER_DIRECT, seq, &mut out[part(from)], crate::shm::copy)?;
+                e.mesh.recv_coll_into(from, op, seq, &mut out[part(from)], crate::shm::copy)?;
             }
             Ok(())
         },
