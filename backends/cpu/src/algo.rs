@@ -9,7 +9,8 @@ use anyccl_core::{DType, ReduceOp, Result};
 mod now;
 mod path;
 pub(crate) use now::{
-    all_reduce_now, all_reduce_rest, direct_all_reduce_now, direct_reduce_scatter_now, fold_all_rest,
+    all_reduce_now, all_reduce_rest, direct_all_reduce_now, direct_reduce_scatter_now, fold_all_rest, tree,
+    tree_broadcast_now,
 };
 pub(crate) use path::path;
 

@@ -600,7 +600,7 @@ fn ring_mix(n: usize) -> Result<(), Failed> {
                     at_issue += usize::from(finished && kind <= 2);
                     gathers += usize::from(finished && kind == 5);
                     reduces += usize::from(finished && (kind == 3 || kind == 6));
-                    others += usize::from(finished && kind == 7);
+                    others += usize::from(finished && (kind == 4 || kind == 7));
                 }
                 works.push(w);
             }
@@ -631,7 +631,7 @@ fn ring_mix(n: usize) -> Result<(), Failed> {
         if at_issue == 0 || gathers == 0 || reduces == 0 || others == 0 {
             return Err(format!(
                 "{at_issue} of {p2p} sendrecvs, {gathers} all_gathers, {reduces} all_reduces and reduce_scatters and \
-                 {others} all_to_alls finished as they were issued"
+                 {others} broadcasts and all_to_alls finished as they were issued"
             ));
         }
         Ok(())

@@ -166,3 +166,64 @@ pub(crate) fn fold_all_rest(
     }
     Ok(())
 }
+
+/// The binomial tree's parent of rank `me` of `n` (`None`: the root) and its children, in
+/// the order [`broadcast`] sends to them, for a broadcast from `root`.
+pub(crate) fn tree((n, me): (usize, usize), root: usize) -> (Option<usize>, smallvec::SmallVec<[usize; 8]>) {
+    let v = (me + n - root) % n;
+    let real = |vr: usize| (vr + root) % n;
+    let (mut parent, mut children) = (None, smallvec::SmallVec::new());
+    let mut mask = 1;
+    while mask < n {
+        if v >= mask && v < 2 * mask {
+            parent = Some(real(v - mask));
+        } else if v < mask && v + mask < n {
+            children.push(real(v + mask));
+        }
+        mask <<= 1;
+    }
+    (parent, children)
+}
+
+/// [`broadcast`] from `root` among more than two ranks of one host tried as it is issued, as
+/// operation number `seq`: the root sends its input (`src`, or `data` in place) to its
+/// children where every ring has room now (`Done`, `src` then copied to `data`; else
+/// `NotStarted`); any other rank takes its parent's message if it has arrived within `spin`
+/// and then sends it on to its children (waiting for room only where a ring has none, which
+/// this thread's own sends alone fill): `Done`; where it has not, a leaf leaves the receive
+/// for later (`Later`) and a rank with children goes the usual way (`NotStarted`: nothing
+/// taken and nothing sent).
+pub(crate) fn tree_broadcast_now(
+    mesh: &Mesh,
+    seq: u64,
+    data: &mut [u8],
+    src: Option<&[u8]>,
+    root: usize,
+    spin: Option<std::time::Duration>,
+) -> Result<Eager> {
+    let (parent, children) = tree((mesh.size, mesh.rank), root);
+    let op = (OP_BROADCAST, seq);
+    let Some(parent) = parent else {
+        let got = mesh.send_all_now(op, &children, src.unwrap_or(data))?;
+        if let (Eager::Done, Some(s)) = (got, src) {
+            data.copy_from_slice(s);
+        }
+        return Ok(got);
+    };
+    let len = data.len();
+    let mut take = |at: usize, b: &[u8]| data[at..at + b.len()].copy_from_slice(b);
+    let got = mesh.exchange_now(op, parent, None, Some((len, &mut take)), spin)?;
+    if got != Eager::Done {
+        // A receive left for later must only receive: the calls issued after it send at
+        // their issue, and a message this rank forwarded later would reach a child behind
+        // theirs. A rank with children goes the usual way (queued, so the later calls do
+        // too), a leaf leaves its receive for later.
+        return Ok(if children.is_empty() { got } else { Eager::NotStarted });
+    }
+    if mesh.send_all_now(op, &children, data)? == Eager::NotStarted {
+        for c in children {
+            mesh.send(c, Kind::Coll, OP_BROADCAST, seq, data)?;
+        }
+    }
+    Ok(Eager::Done)
+}

@@ -392,6 +392,9 @@ impl CpuComm {
         recv: BufMut<'a>,
         root: usize,
     ) -> Now<'a, Pair<'a>> {
+        if self.info.size > 2 {
+            return self.broadcast_tree_now(send, recv, root);
+        }
         let (me, n) = (self.info.rank, recv.bytes());
         if n == 0 || root > 1 || self.eager_look(n, EAGER_MAX).is_none() {
             return Now::Usual((send, recv));

@@ -247,6 +247,35 @@ impl Mesh {
         }
     }
 
+    /// Send `data` to each of `to` (peers of this host) as collective message `op` number
+    /// `seq`, where every one's ring has room for it now: `Done`; otherwise nothing is sent:
+    /// `NotStarted`.
+    ///
+    /// # Errors
+    /// This communicator's failure.
+    pub(crate) fn send_all_now(&self, (op, seq): (u8, u64), to: &[usize], data: &[u8]) -> Result<Eager> {
+        let mut links = smallvec::SmallVec::<[_; 8]>::new();
+        for &p in to {
+            let Some(l) = self.shm.get(p).and_then(Option::as_ref) else { return Ok(Eager::NotStarted) };
+            let tx = l.tx.lock().unwrap_or_else(|e| e.into_inner());
+            if self.by_ref(&tx, (Kind::Coll, op), data.len(), false) || !tx.fits_whole(SHM_HEADER + data.len()) {
+                return Ok(Eager::NotStarted);
+            }
+            drop(tx);
+            links.push((p, l));
+        }
+        for (p, l) in links {
+            let tx = l.tx.lock().unwrap_or_else(|e| e.into_inner());
+            let (h, _) = self.header_for(&tx, l, (Kind::Coll, op, seq), Data::Bytes(data), false)?;
+            if !tx.try_write_whole(&[&h, data]) {
+                // (Room only grows while this thread runs the operations.)
+                drop(tx);
+                self.shm_send(p, l, Kind::Coll, op, seq, Data::Bytes(data))?;
+            }
+        }
+        Ok(Eager::Done)
+    }
+
     /// Consume the message of `kind` that starts at `rx`'s position (it has begun to
     /// arrive): its header checked against collective `op` number `seq` of `expect` bytes
     /// (a point-to-point message: its length), its payload to `sink`; the reader's position

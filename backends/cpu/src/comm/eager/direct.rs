@@ -152,6 +152,40 @@ impl CpuComm {
             (smallvec::smallvec![s], smallvec::smallvec![r])
         })
     }
+
+    /// broadcast from `root` among more than two ranks of this host, as it is issued where it
+    /// may be: the binomial tree's messages ([`algo::tree_broadcast_now`]), small ones.
+    pub(super) fn broadcast_tree_now<'a>(
+        &'a self,
+        send: Option<Buf<'a>>,
+        recv: BufMut<'a>,
+        root: usize,
+    ) -> Now<'a, Pair<'a>> {
+        let (me, n) = (self.info.rank, recv.bytes());
+        if n == 0 || root >= self.info.size || !self.eager_all_fits(n) {
+            return Now::Usual((send, recv));
+        }
+        let attempt = |mesh: &Mesh, seq, spin, (send, recv): &mut Pair<'a>| {
+            let Some((src, data)) = host(send, recv) else { return Ok(Step::NotStarted) };
+            if src.is_some_and(|s| s.len() != n) {
+                return Ok(Step::NotStarted);
+            }
+            Ok(step(algo::tree_broadcast_now(mesh, seq, data, src, root, spin)?, || ()))
+        };
+        let rest = move |seq, ()| -> JobFn {
+            finish(
+                move |e| e.pool.zeroed(n),
+                move |e, out| {
+                    let cx = algo::Coll { mesh: &e.mesh, op: algo::OP_BROADCAST, seq, stream: false };
+                    algo::broadcast(&cx, out, root)
+                },
+            )
+        };
+        // The root leaves nothing for later; another rank's rest waits for its parent's
+        // message (then sends it on, as the usual broadcast does).
+        let parent = algo::tree((self.info.size, me), root).0.unwrap_or(me);
+        self.try_now((Some(parent), Kind::Coll), n, (send, recv), attempt, rest, parts)
+    }
 }
 
 /// The rest of a direct all_gather or all_to_all (`op`) number `seq` among `n` ranks: every
