@@ -236,20 +236,16 @@ impl Collective for CpuComm {
     fn path(&self, op: &str, bytes: usize) -> Option<String> {
         let route = |peer, what, len, exchange| self.mesh.route(peer, what, len, exchange);
         let path = algo::path(op, bytes, (self.info.rank, self.info.size), &self.tune, &route)?;
-        let max = if op == "all_reduce" { self.tune.all_reduce_direct_max } else { eager::EAGER_MAX };
-        let message = if op == "all_gather" || op == "all_to_all" { bytes / 2 } else { bytes };
-        let eager = ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "barrier"].contains(&op)
-            && bytes > 0;
-        Some(match (eager, self.eager_look(message, max)) {
-            (true, Some(us)) => {
+        Some(match self.eager_path_look(op, bytes) {
+            Some(us) => {
                 let when = match op {
                     "reduce_scatter" => " out of place",
                     "all_to_all" => " with even splits",
                     _ => "",
                 };
-                format!(
-                    "{path}; as it is issued{when} where nothing else is queued and the peer's input comes within {us} us"
-                )
+                let whose =
+                    if self.info.size == 2 || op == "sendrecv" { "the peer's input comes" } else { "the inputs come" };
+                format!("{path}; as it is issued{when} where nothing else is queued and {whose} within {us} us")
             }
             _ => path,
         })

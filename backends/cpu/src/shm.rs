@@ -345,33 +345,6 @@ impl Tx {
         self.room() >= lines((CHUNK + w.next_min()) as u64)
     }
 
-    /// Whether a message of `total` bytes (header and payload) would be written whole by
-    /// [`Tx::try_write_whole`] now (room only grows until this side writes).
-    pub(crate) fn fits_whole(&self, total: usize) -> bool {
-        let need = lines((CHUNK + total) as u64);
-        let cap = self.ring.cap as u64;
-        total <= PIECE && (cap - (self.head.get() - self.tail_seen.get()) >= need || self.room() >= need)
-    }
-
-    /// Without waiting: write the message `parts` (header and payload, at most a piece)
-    /// whole if the ring has room for it now; otherwise write nothing. Returns whether it
-    /// was written.
-    pub(crate) fn try_write_whole(&self, parts: &[&[u8]]) -> bool {
-        let mut w = Writing::new(parts);
-        let need = lines((CHUNK + w.total) as u64);
-        let cap = self.ring.cap as u64;
-        // The reader's position as last seen first (reading it is a line the reader
-        // writes), read again only where that leaves too little room.
-        if w.total > PIECE || (cap - (self.head.get() - self.tail_seen.get()) < need && self.room() < need) {
-            return false;
-        }
-        // Room for the whole message in one chunk (room only grows meanwhile: the reader
-        // alone frees it), so this writes all of it.
-        self.write_some(&mut w);
-        debug_assert!(w.done(), "a message written in part");
-        w.done()
-    }
-
     /// Wait until there is room in the ring for what [`Tx::write_some`] writes of `w` next.
     fn wait_room(&self, w: &Writing<'_>, check: Check<'_>, announce: bool) -> Result<(), Error> {
         let ctl = self.ring.ctl();

@@ -526,8 +526,9 @@ fn mixed_pipeline() -> Result<(), Failed> {
 
 /// Among `n` ranks, a seeded mix of 1,500 operations, the same on every rank: a ring's step
 /// either way (send to the next rank, receive from the one before, or the reverse), a
-/// pairwise exchange (ranks 0-1, 2-3, ...; a ring step in an odd world), all_reduce (sum
-/// and max), broadcast, all_gather, reduce_scatter and all_to_all, 1 float to 4,096 (a
+/// pairwise exchange (ranks 0-1, 2-3, ...; a ring step in an odd world), all_reduce (sum,
+/// max and average), broadcast and all_gather (these three in and out of place),
+/// reduce_scatter and all_to_all, 1 float to 4,096 (a
 /// rank's part: so some go as they are issued and some the usual way), in batches of 1 to
 /// 12 issued
 /// back to back and then waited, each rank sleeping up to 300 us before some issues and
@@ -554,28 +555,37 @@ fn ring_mix(n: usize) -> Result<(), Failed> {
         let (mut done, mut at_issue, mut p2p, mut gathers, mut reduces, mut others) = (0, 0, 0, 0, 0, 0);
         while done < 1500 {
             let k = 1 + (next(&mut shared) % 12) as usize;
-            // (kind, floats, root) for each operation of the batch.
-            let ops: Vec<(u64, usize, usize)> = (0..k)
+            // (kind, floats, root, variant) for each operation of the batch: the variant
+            // picks in place (3 and up) and all_reduce's reduction (sum, max, average).
+            let ops: Vec<(u64, usize, usize, u64)> = (0..k)
                 .map(|_| {
                     let kind = next(&mut shared) % 8;
                     let len = [1usize, 2, 16, 64, 512, 2048, 4096][(next(&mut shared) % 7) as usize];
-                    (kind, len, (next(&mut shared) % n as u64) as usize)
+                    (kind, len, (next(&mut shared) % n as u64) as usize, next(&mut shared) % 6)
                 })
                 .collect();
+            let reduction = |x: u64| [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Avg][(x % 3) as usize];
             // all_gather's and all_to_all's outputs, and reduce_scatter's and all_to_all's
             // inputs, hold a part for every rank.
             let each = |kind: u64, len: usize| if kind >= 6 { n * len } else { len };
             let ins: Vec<Vec<f32>> =
-                ops.iter().enumerate().map(|(i, &(kind, len, _))| input(me, each(kind, len), done + i)).collect();
+                ops.iter().enumerate().map(|(i, &(kind, len, _, _))| input(me, each(kind, len), done + i)).collect();
             let mut outs: Vec<Vec<f32>> = ops
                 .iter()
-                .map(|&(kind, len, _)| vec![0f32; if kind == 5 || kind == 7 { n * len } else { len }])
+                .map(|&(kind, len, _, _)| vec![0f32; if kind == 5 || kind == 7 { n * len } else { len }])
                 .collect();
             let mut works = Vec::with_capacity(k);
-            for ((&(kind, _, root), src), out) in ops.iter().zip(&ins).zip(outs.iter_mut()) {
+            for ((&(kind, len, root, x), src), out) in ops.iter().zip(&ins).zip(outs.iter_mut()) {
                 if next(&mut own) % 4 == 0 {
                     std::thread::sleep(Duration::from_micros(next(&mut own) % 300));
                 }
+                // In place: the input where the output goes (this rank's part of it).
+                let in_place = (3..=5).contains(&kind) && x >= 3;
+                if in_place {
+                    let at = if kind == 5 { me * len } else { 0 };
+                    out[at..at + len].copy_from_slice(src);
+                }
+                let send = (!in_place).then(|| Buf::host(src));
                 let w = match kind {
                     0..=2 => {
                         let (to, from) = peers(kind, me);
@@ -583,12 +593,9 @@ fn ring_mix(n: usize) -> Result<(), Failed> {
                         p2p += 1;
                         c.p2p_group(if root % 2 == 0 { vec![s, r] } else { vec![r, s] })
                     }
-                    3 => {
-                        let op = if root % 2 == 0 { ReduceOp::Sum } else { ReduceOp::Max };
-                        c.all_reduce(Some(Buf::host(src)), BufMut::host(out), op)
-                    }
-                    4 => c.broadcast(Some(Buf::host(src)), BufMut::host(out), root),
-                    5 => c.all_gather(Some(Buf::host(src)), BufMut::host(out)),
+                    3 => c.all_reduce(send, BufMut::host(out), reduction(x)),
+                    4 => c.broadcast(send, BufMut::host(out), root),
+                    5 => c.all_gather(send, BufMut::host(out)),
                     6 => c.reduce_scatter(Some(Buf::host(src)), BufMut::host(out), ReduceOp::Sum),
                     _ => c.all_to_all(Buf::host(src), BufMut::host(out), None),
                 };
@@ -607,12 +614,18 @@ fn ring_mix(n: usize) -> Result<(), Failed> {
             for w in works {
                 wait(Ok(w))?;
             }
-            for (i, (&(kind, len, root), out)) in ops.iter().zip(&outs).enumerate() {
+            for (i, (&(kind, len, root, x), out)) in ops.iter().zip(&outs).enumerate() {
                 let at = done + i;
                 let want: Vec<f32> = match kind {
                     0..=2 => input(peers(kind, me).1, len, at),
-                    3 if root % 2 == 0 => (0..len).map(|j| (0..n).map(|r| input(r, len, at)[j]).sum()).collect(),
-                    3 => (0..len).map(|j| (0..n).map(|r| input(r, len, at)[j]).fold(f32::MIN, f32::max)).collect(),
+                    3 => {
+                        let all = |j: usize| (0..n).map(move |r| input(r, len, at)[j]);
+                        match reduction(x) {
+                            ReduceOp::Max => (0..len).map(|j| all(j).fold(f32::MIN, f32::max)).collect(),
+                            ReduceOp::Avg => (0..len).map(|j| all(j).sum::<f32>() / n as f32).collect(),
+                            _ => (0..len).map(|j| all(j).sum()).collect(),
+                        }
+                    }
                     4 => input(root, len, at),
                     5 => (0..n).flat_map(|r| input(r, len, at)).collect(),
                     6 => (0..len).map(|j| (0..n).map(|r| input(r, n * len, at)[me * len + j]).sum()).collect(),

@@ -1,5 +1,6 @@
-//! all_reduce tried as it is issued (`comm::eager`): the direct exchange's messages, sent
-//! at once, the peers' taken if they have arrived, and the receives left for later.
+//! all_reduce, reduce_scatter and broadcast tried as they are issued (`comm::eager`): the
+//! direct exchange's or the binomial tree's messages, sent at once, the peers' taken if
+//! they have arrived, and the receives left for later.
 
 use super::*;
 
@@ -53,7 +54,7 @@ pub(crate) fn all_reduce_rest(
 /// tried as it is issued, as operation number `seq`: this rank's input (`src`, or `data` in
 /// place) sent to every rank, and, where every rank's has arrived within `spin`, every input
 /// folded into `data` in rank order, as [`fold_in_rank_order`] folds them (the same bits):
-/// `Done`. `Later`: sent, `data` untouched ([`direct_all_reduce_rest`] receives them);
+/// `Done`. `Later`: sent, `data` untouched ([`fold_all_rest`] receives them);
 /// `NotStarted`: nothing was sent.
 pub(crate) fn direct_all_reduce_now(
     mesh: &Mesh,

@@ -1,18 +1,21 @@
-//! A small all_reduce, all_gather, reduce_scatter, all_to_all (out of place, even splits),
-//! broadcast or barrier of two ranks of one host, or a small sendrecv (a batch of one send to
-//! a peer of this host and one receive from one, the same or another, at any world size: a
-//! pipeline's or a ring's step), issued
-//! while nothing but such operations' receives is queued, and nothing runs, runs as it is
-//! issued: its message is sent at once (where the ring has room for it) and, if nothing is
-//! queued, the peer's taken if it arrives within `ANYCCL_CPU_EAGER_US`; the call then
-//! returns a finished `Work` (no job, no completion, no hand-over, nothing to wait for).
-//! Otherwise its receive is left to a job queued in issue order, which never waits for the
-//! peer once its message is there: such receives whose messages have arrived run at the
-//! next issue, so a pipeline of calls keeps going this way. A peer that has not arrived
-//! within the look may be waiting for something this rank does after the issue: the issue
-//! never waits longer. After each miss in a row, twice as many calls (up to 1,024) send
-//! without looking. Every operation goes on the wire as its usual path sends it (one message
-//! each way between two ranks), so a rank that goes the usual way meets a peer that did not.
+//! A small operation issued while nothing but such operations' receives is queued, and
+//! nothing runs, runs as it is issued: an all_reduce, all_gather, reduce_scatter (out of
+//! place), all_to_all (even splits), broadcast or barrier of two ranks of one host; among more
+//! than two ranks all of one host, an all_reduce, all_gather, reduce_scatter or all_to_all that
+//! goes direct (every rank's message to every rank) and a broadcast down the binomial tree
+//! (`direct`); and a sendrecv (a batch of one send to a peer of this host and one receive from
+//! one, the same or another: a pipeline's or a ring's step) at any world size. Its messages
+//! are sent at once (where the rings have room for them) and, if nothing is queued, the
+//! peers' taken if they arrive within `ANYCCL_CPU_EAGER_US`; the call then returns a finished
+//! `Work` (no job, no completion, no hand-over, nothing to wait for). Otherwise its receives
+//! are left to a job queued in issue order, which only receives (the calls issued after it
+//! send at their issue) and never waits once its messages are there: such receives whose
+//! messages have arrived run at the next issue, so a pipeline of calls keeps going this way.
+//! A peer that has not arrived within the look may be waiting for something this rank does
+//! after the issue: the issue never waits longer. After each miss in a row, twice as many
+//! calls (up to 1,024) send without looking. Every operation goes on the wire as its usual
+//! path sends it (the same messages, op codes and numbers), so a rank that goes the usual way
+//! meets a peer that did not.
 
 use super::*;
 use crate::transport::Eager;
@@ -22,7 +25,8 @@ mod direct;
 
 /// The largest message of an all_gather (each rank's part), a reduce_scatter (each rank's
 /// share), an all_to_all (each segment), a broadcast or a sendrecv (each direction) that goes
-/// this way (an all_reduce's is its direct size, `ANYCCL_CPU_ALLREDUCE_DIRECT_MAX`).
+/// this way, and of an all_reduce among more than two ranks (two ranks': their direct size,
+/// `ANYCCL_CPU_ALLREDUCE_DIRECT_MAX`).
 pub(super) const EAGER_MAX: usize = 8 << 10;
 
 /// How a communicator tries the eager path.

@@ -1,5 +1,7 @@
 //! A message being written to a ring: its parts, where the writer is in them, and what it
-//! may write at once.
+//! may write at once; a message written whole or not at all.
+
+use super::{lines, Tx, CHUNK, PIECE};
 
 /// Messages of at most this many bytes (padding included) are written to a ring whole: a
 /// header never arrives without the short body that follows it (a by-reference message's
@@ -47,5 +49,33 @@ impl<'a> Writing<'a> {
         } else {
             8
         }
+    }
+}
+
+impl Tx {
+    /// Whether a message of `bytes` bytes (header and payload) would be written whole by
+    /// [`Tx::try_write_whole`] now (room only grows until this side writes).
+    pub(crate) fn fits_whole(&self, bytes: usize) -> bool {
+        let total = bytes.next_multiple_of(8);
+        let need = lines((CHUNK + total) as u64);
+        let cap = self.ring.cap as u64;
+        // The reader's position as last seen first (reading it is a line the reader
+        // writes), read again only where that leaves too little room.
+        total <= PIECE && (cap - (self.head.get() - self.tail_seen.get()) >= need || self.room() >= need)
+    }
+
+    /// Without waiting: write the message `parts` (header and payload, at most a piece)
+    /// whole if the ring has room for it now; otherwise write nothing. Returns whether it
+    /// was written.
+    pub(crate) fn try_write_whole(&self, parts: &[&[u8]]) -> bool {
+        let mut w = Writing::new(parts);
+        if !self.fits_whole(w.total) {
+            return false;
+        }
+        // Room for the whole message in one chunk (room only grows meanwhile: the reader
+        // alone frees it), so this writes all of it.
+        self.write_some(&mut w);
+        debug_assert!(w.done(), "a message written in part");
+        w.done()
     }
 }

@@ -1,8 +1,9 @@
-//! A collective's exchange with one peer of this host, or a send to one and a receive from
-//! one (the same or another), tried as it is issued: its message is sent only if the ring
-//! has room for all of it now, and the peer's is taken only once it has arrived, within a
-//! short spin; otherwise the receive is left for later (the peer may be waiting for
-//! something this rank does after the issue).
+//! A collective's exchange with one peer of this host, a send to one and a receive from one
+//! (the same or another), or a direct collective's messages to and from every other rank, or
+//! sends alone, tried as it is issued: messages are sent only if the rings have room for all
+//! of them now, and the peers' are taken only once they have arrived, within a short spin;
+//! otherwise the receives are left for later (a peer may be waiting for something this rank
+//! does after the issue).
 
 use super::local::{kind_of, Sink, SHM_HEADER};
 use super::watch::Watch;
@@ -15,7 +16,7 @@ pub(crate) type Take<'s> = (usize, &'s mut dyn FnMut(usize, &[u8]));
 /// (`sink(peer, offset, bytes)`).
 pub(crate) type TakeEach<'s> = (usize, &'s mut dyn FnMut(usize, usize, &[u8]));
 
-/// How far [`Mesh::exchange_now`] got.
+/// How far [`Mesh::exchange_now`] (or [`Mesh::exchange_all_now`], [`Mesh::send_all_now`]) got.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Eager {
     /// Nothing was sent: the operation goes the usual way, from the start.
@@ -197,18 +198,22 @@ impl Mesh {
                 return Ok(Eager::NotStarted);
             }
         }
+        let mut waited = false;
         for p in peers() {
             let l = link(p)?;
             let tx = l.tx.lock().unwrap_or_else(|e| e.into_inner());
             let (h, _) = self.header_for(&tx, l, (Kind::Coll, op, seq), Data::Bytes(data(p)), false)?;
             if !tx.try_write_whole(&[&h, data(p)]) {
                 // (Room only grows while this thread runs the operations; should a message
-                // not go whole now, it goes the usual way, waiting for room.)
+                // not go whole now, it goes the usual way, waiting for room, which may move
+                // what the peers sent to the inbox: the receives are then left for later,
+                // which take them from there.)
                 drop(tx);
                 self.shm_send(p, l, Kind::Coll, op, seq, Data::Bytes(data(p)))?;
+                waited = true;
             }
         }
-        let Some(spin) = spin else { return Ok(Eager::Later) };
+        let Some(spin) = spin.filter(|_| !waited) else { return Ok(Eager::Later) };
         // Looked at as `message_now` looks for one message, until every peer's is there.
         let spin_looks = match peers().next() {
             Some(p) => link(p)?.rx.lock().unwrap_or_else(|e| e.into_inner()).rx.round(),
@@ -248,8 +253,9 @@ impl Mesh {
     }
 
     /// Send `data` to each of `to` (peers of this host) as collective message `op` number
-    /// `seq`, where every one's ring has room for it now: `Done`; otherwise nothing is sent:
-    /// `NotStarted`.
+    /// `seq`, where every one's ring has room for it now: `Done` (should a message not go
+    /// whole after all, it is sent the usual way, waiting for room); otherwise nothing is
+    /// sent: `NotStarted`.
     ///
     /// # Errors
     /// This communicator's failure.

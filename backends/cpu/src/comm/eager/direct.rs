@@ -15,6 +15,35 @@ impl CpuComm {
     /// all_gather among more than two ranks of this host, as it is issued where it may be:
     /// the direct all_gather's messages (this rank's part to every rank, every part from its
     /// rank), where parts of that size go direct (`ANYCCL_CPU_ALLGATHER_DIRECT_MAX`).
+    /// Whether the benchmark's operation `op` of `bytes` (the larger buffer: an all_gather's
+    /// output, a reduce_scatter's input; a sendrecv with the ring's neighbours) would be
+    /// tried as it is issued here: the look's microseconds.
+    pub(crate) fn eager_path_look(&self, op: &str, bytes: usize) -> Option<u128> {
+        let (n, me, t) = (self.info.size, self.info.rank, &self.tune);
+        let us = self.eager.spin.as_micros();
+        let part = bytes / n.max(1);
+        let fits = match (op, n) {
+            (_, 0 | 1) => false,
+            ("sendrecv", _) => self.eager_p2p_fits((me + 1) % n, (me + n - 1) % n, bytes),
+            (_, 2) => {
+                let (message, max) = match op {
+                    "all_reduce" => (bytes, t.all_reduce_direct_max),
+                    "all_gather" | "all_to_all" | "reduce_scatter" => (part, EAGER_MAX),
+                    "broadcast" | "barrier" => (bytes, EAGER_MAX),
+                    _ => return None,
+                };
+                self.eager_look(message, max).is_some()
+            }
+            ("all_reduce", _) => bytes <= t.all_reduce_direct_max && self.eager_all_fits(bytes),
+            ("all_gather", _) => part <= t.all_gather_direct_max && self.eager_all_fits(part),
+            ("reduce_scatter", _) => bytes <= t.all_reduce_direct_max && self.eager_all_fits(part),
+            ("all_to_all", _) => part <= t.all_to_all_direct_max && self.eager_all_fits(part),
+            ("broadcast", _) => self.eager_all_fits(bytes),
+            _ => false,
+        };
+        (fits && bytes > 0).then_some(us)
+    }
+
     pub(super) fn all_gather_direct_now<'a>(&'a self, send: Option<Buf<'a>>, recv: BufMut<'a>) -> Now<'a, Pair<'a>> {
         let (me, n, total) = (self.info.rank, self.info.size, recv.bytes());
         let chunk = total / n;
@@ -181,8 +210,9 @@ impl CpuComm {
                 },
             )
         };
-        // The root leaves nothing for later; another rank's rest waits for its parent's
-        // message (then sends it on, as the usual broadcast does).
+        // The root leaves nothing for later, nor does a rank with children
+        // (`algo::tree_broadcast_now`): only a leaf's receive is left for later, and the usual
+        // broadcast it runs then only receives.
         let parent = algo::tree((self.info.size, me), root).0.unwrap_or(me);
         self.try_now((Some(parent), Kind::Coll), n, (send, recv), attempt, rest, parts)
     }
