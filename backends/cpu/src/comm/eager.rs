@@ -142,6 +142,12 @@ pub(super) fn parts(p: Pair<'_>) -> (Few<Buf<'_>>, Few<BufMut<'_>>) {
     (p.0.into_iter().collect(), smallvec::smallvec![p.1])
 }
 
+/// The buffers of an operation whose input is always given (all_to_all, sendrecv) as its
+/// `Work` holds them.
+pub(super) fn given_parts<'a>((s, r): (Buf<'a>, BufMut<'a>)) -> (Few<Buf<'a>>, Few<BufMut<'a>>) {
+    (smallvec::smallvec![s], smallvec::smallvec![r])
+}
+
 impl CpuComm {
     /// Whether an operation whose messages are `bytes` bytes (at most `max`) may run as it is
     /// issued here (two ranks of one host, the look not turned off): the look's microseconds.
@@ -382,9 +388,7 @@ impl CpuComm {
             Ok(step(got, || pool.copy(mine)))
         };
         let rest = move |seq, own| pair_rest(algo::OP_ALL_TO_ALL, seq, own, me, seg);
-        self.try_now((Some(1 - self.info.rank), Kind::Coll), total, (send, recv), attempt, rest, |(s, r)| {
-            (smallvec::smallvec![s], smallvec::smallvec![r])
-        })
+        self.try_now((Some(1 - self.info.rank), Kind::Coll), total, (send, recv), attempt, rest, given_parts)
     }
 
     /// broadcast from `root` into `recv` (the root's input `send`, or in place), as it is
@@ -445,8 +449,7 @@ impl CpuComm {
         let rest = move |_seq, ()| -> JobFn {
             finish(move |e| e.pool.zeroed(n), move |e, out| e.mesh.recv_p2p_into(from, out))
         };
-        let parts = |(s, r)| (smallvec::smallvec![s], smallvec::smallvec![r]);
-        self.try_now((Some(from), Kind::P2p), n.max(send.bytes()), (send, recv), attempt, rest, parts)
+        self.try_now((Some(from), Kind::P2p), n.max(send.bytes()), (send, recv), attempt, rest, given_parts)
     }
 
     /// Whether a batch of one send to `to` and one receive from `from` of at most `bytes`

@@ -16,6 +16,40 @@ pub(crate) type Take<'s> = (usize, &'s mut dyn FnMut(usize, &[u8]));
 /// (`sink(peer, offset, bytes)`).
 pub(crate) type TakeEach<'s> = (usize, &'s mut dyn FnMut(usize, usize, &[u8]));
 
+/// The look of an operation tried as it is issued for its peers' messages: `round` looks
+/// before the clock is read and the CPU given away between looks (`ANYCCL_CPU_ROUND`: 64 where
+/// each rank has a CPU of its own, a few hundred nanoseconds, by which a peer in step has
+/// arrived; 4 where the host's ranks outnumber its CPUs: there the peer is often waiting for
+/// this very CPU, and 64 looks, about a microsecond here, kept it out each time: 3 ranks on 2
+/// cores, a ring's sendrecv of 8-256 B 1.9-2.2 -> 1.2-1.5 us), until `spin` has passed.
+struct Look {
+    round: u32,
+    spin: Duration,
+    looks: u32,
+    since: Option<Instant>,
+}
+
+impl Look {
+    fn new(round: u32, spin: Duration) -> Look {
+        Look { round, spin, looks: 0, since: None }
+    }
+
+    /// After a look that found nothing: spin, or give the CPU away, and say whether to look
+    /// again (`false`: the look's time is over).
+    fn again(&mut self) -> bool {
+        self.looks += 1;
+        if self.looks < self.round {
+            std::hint::spin_loop();
+            return true;
+        }
+        if self.since.get_or_insert_with(Instant::now).elapsed() >= self.spin {
+            return false;
+        }
+        std::thread::yield_now();
+        true
+    }
+}
+
 /// How far [`Mesh::exchange_now`] (or [`Mesh::exchange_all_now`], [`Mesh::send_all_now`]) got.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Eager {
@@ -120,15 +154,7 @@ impl Mesh {
         // CPU away first: the peer may be waiting for this very CPU (threads of one process,
         // or more ranks than cores), and a spin that keeps it would keep the peer out for
         // the whole look (in a test on 2 cores, a 1 ms look missed this way 15% of the time).
-        let mut since = None;
-        let mut looks = 0u32;
-        // Looks before the clock is read and the CPU given away between looks: the waits'
-        // round (`ANYCCL_CPU_ROUND`), 64 where each rank has a CPU of its own (a few hundred
-        // nanoseconds: a peer in step has arrived by then) and 4 where the host's ranks
-        // outnumber its CPUs: there the peer is often waiting for this very CPU, and 64 looks
-        // (about a microsecond here) kept it out each time. 3 ranks on 2 cores, a ring's
-        // sendrecv of 8 B-256 B, medians of 5 alternating rounds: see the README.
-        let spin_looks = st.rx.round();
+        let mut look = Look::new(st.rx.round(), spin);
         loop {
             // (A message sent by reference is of its kind too: the bit is left out.)
             match st.rx.peek_first().map(kind_of) {
@@ -139,15 +165,9 @@ impl Mesh {
                 Some(_) => return Ok(Eager::Later),
                 None => {}
             }
-            looks += 1;
-            if looks < spin_looks {
-                std::hint::spin_loop();
-                continue;
-            }
-            if since.get_or_insert_with(Instant::now).elapsed() >= spin {
+            if !look.again() {
                 return Ok(Eager::Later);
             }
-            std::thread::yield_now();
         }
     }
 
@@ -182,45 +202,25 @@ impl Mesh {
         let link = |p: usize| {
             self.shm[p].as_ref().ok_or_else(|| self.ctx.aborted(format!("rank {p} is no peer of this host")))
         };
-        // Nothing of theirs on its way through the inbox (the usual way takes it), and room
-        // for every message: each peer gets its message, or none does.
-        for p in peers() {
-            let l = link(p)?;
-            if spin.is_some() {
-                let st = l.rx.lock().unwrap_or_else(|e| e.into_inner());
+        // Nothing of theirs on its way through the inbox (the usual way takes it).
+        if spin.is_some() {
+            for p in peers() {
+                let st = link(p)?.rx.lock().unwrap_or_else(|e| e.into_inner());
                 if st.partial.is_some() || self.queued(p, Kind::Coll) {
                     return Ok(Eager::NotStarted);
                 }
             }
-            let tx = l.tx.lock().unwrap_or_else(|e| e.into_inner());
-            let len = data(p).len();
-            if self.by_ref(&tx, (Kind::Coll, op), len, false) || !tx.fits_whole(SHM_HEADER + len) {
-                return Ok(Eager::NotStarted);
-            }
         }
-        let mut waited = false;
-        for p in peers() {
-            let l = link(p)?;
-            let tx = l.tx.lock().unwrap_or_else(|e| e.into_inner());
-            let (h, _) = self.header_for(&tx, l, (Kind::Coll, op, seq), Data::Bytes(data(p)), false)?;
-            if !tx.try_write_whole(&[&h, data(p)]) {
-                // (Room only grows while this thread runs the operations; should a message
-                // not go whole now, it goes the usual way, waiting for room, which may move
-                // what the peers sent to the inbox: the receives are then left for later,
-                // which take them from there.)
-                drop(tx);
-                self.shm_send(p, l, Kind::Coll, op, seq, Data::Bytes(data(p)))?;
-                waited = true;
-            }
-        }
+        // A send that had to wait for room may have moved what the peers sent to the inbox:
+        // the receives are then left for later, which take them from there.
+        let Some(waited) = self.send_each_now((op, seq), peers(), data)? else { return Ok(Eager::NotStarted) };
         let Some(spin) = spin.filter(|_| !waited) else { return Ok(Eager::Later) };
         // Looked at as `message_now` looks for one message, until every peer's is there.
-        let spin_looks = match peers().next() {
+        let round = match peers().next() {
             Some(p) => link(p)?.rx.lock().unwrap_or_else(|e| e.into_inner()).rx.round(),
             None => 1,
         };
-        let mut since = None;
-        let mut looks = 0u32;
+        let mut look = Look::new(round, spin);
         // The peers whose messages were seen arrived (they stay so: only this thread reads).
         let mut seen = 0;
         loop {
@@ -240,15 +240,9 @@ impl Mesh {
                 }
                 return Ok(Eager::Done);
             }
-            looks += 1;
-            if looks < spin_looks {
-                std::hint::spin_loop();
-                continue;
-            }
-            if since.get_or_insert_with(Instant::now).elapsed() >= spin {
+            if !look.again() {
                 return Ok(Eager::Later);
             }
-            std::thread::yield_now();
         }
     }
 
@@ -259,27 +253,46 @@ impl Mesh {
     ///
     /// # Errors
     /// This communicator's failure.
-    pub(crate) fn send_all_now(&self, (op, seq): (u8, u64), to: &[usize], data: &[u8]) -> Result<Eager> {
-        let mut links = smallvec::SmallVec::<[_; 8]>::new();
-        for &p in to {
-            let Some(l) = self.shm.get(p).and_then(Option::as_ref) else { return Ok(Eager::NotStarted) };
+    pub(crate) fn send_all_now(&self, op: (u8, u64), to: &[usize], data: &[u8]) -> Result<Eager> {
+        let sent = self.send_each_now(op, to.iter().copied(), &|_| data)?;
+        Ok(if sent.is_some() { Eager::Done } else { Eager::NotStarted })
+    }
+
+    /// Send each of `to` (peers of this host) its collective message `op` number `seq`,
+    /// `data(peer)`, where every one's ring has room for it now (each gets its message or
+    /// none does): whether a message had to wait for room after all (room only grows while
+    /// this thread runs the operations, so only a message written by another thread makes it
+    /// wait; it then goes the usual way); `None`: nothing was sent.
+    ///
+    /// # Errors
+    /// This communicator's failure.
+    fn send_each_now<'d>(
+        &self,
+        (op, seq): (u8, u64),
+        to: impl Iterator<Item = usize> + Clone,
+        data: &dyn Fn(usize) -> &'d [u8],
+    ) -> Result<Option<bool>> {
+        for p in to.clone() {
+            let Some(l) = self.shm.get(p).and_then(Option::as_ref) else { return Ok(None) };
             let tx = l.tx.lock().unwrap_or_else(|e| e.into_inner());
-            if self.by_ref(&tx, (Kind::Coll, op), data.len(), false) || !tx.fits_whole(SHM_HEADER + data.len()) {
-                return Ok(Eager::NotStarted);
+            let len = data(p).len();
+            if self.by_ref(&tx, (Kind::Coll, op), len, false) || !tx.fits_whole(SHM_HEADER + len) {
+                return Ok(None);
             }
-            drop(tx);
-            links.push((p, l));
         }
-        for (p, l) in links {
+        let mut waited = false;
+        for p in to {
+            let l =
+                self.shm[p].as_ref().ok_or_else(|| self.ctx.aborted(format!("rank {p} is no peer of this host")))?;
             let tx = l.tx.lock().unwrap_or_else(|e| e.into_inner());
-            let (h, _) = self.header_for(&tx, l, (Kind::Coll, op, seq), Data::Bytes(data), false)?;
-            if !tx.try_write_whole(&[&h, data]) {
-                // (Room only grows while this thread runs the operations.)
+            let (h, _) = self.header_for(&tx, l, (Kind::Coll, op, seq), Data::Bytes(data(p)), false)?;
+            if !tx.try_write_whole(&[&h, data(p)]) {
                 drop(tx);
-                self.shm_send(p, l, Kind::Coll, op, seq, Data::Bytes(data))?;
+                self.shm_send(p, l, Kind::Coll, op, seq, Data::Bytes(data(p)))?;
+                waited = true;
             }
         }
-        Ok(Eager::Done)
+        Ok(Some(waited))
     }
 
     /// Consume the message of `kind` that starts at `rx`'s position (it has begun to

@@ -93,16 +93,7 @@ impl CpuComm {
             // Not received: `data` holds the input as sent (in place), or it is in `src`.
             Ok(step(got, || pool.copy(src.unwrap_or(data))))
         };
-        let rest = move |seq, own: Vec<u8>| -> JobFn {
-            finish(
-                move |e| e.pool.zeroed(n),
-                move |e, out| {
-                    let r = algo::fold_all_rest(&e.mesh, (algo::OP_ALL_REDUCE, seq), out, &own, (dtype, op));
-                    e.pool.put(own);
-                    r
-                },
-            )
-        };
+        let rest = move |seq, own| fold_rest((algo::OP_ALL_REDUCE, seq), own, n, (dtype, op));
         self.try_now((None, Kind::Coll), n, (send, recv), attempt, rest, parts)
     }
 
@@ -127,17 +118,7 @@ impl CpuComm {
             let got = algo::direct_reduce_scatter_now(mesh, seq, out, src, (dtype, op), spin)?;
             Ok(step(got, || pool.copy(&src[me * c..(me + 1) * c])))
         };
-        let rest = move |seq, own: Vec<u8>| -> JobFn {
-            finish(
-                move |e| e.pool.zeroed(c),
-                move |e, out| {
-                    let code = (algo::OP_REDUCE_SCATTER_DIRECT, seq);
-                    let r = algo::fold_all_rest(&e.mesh, code, out, &own, (dtype, op));
-                    e.pool.put(own);
-                    r
-                },
-            )
-        };
+        let rest = move |seq, own| fold_rest((algo::OP_REDUCE_SCATTER_DIRECT, seq), own, c, (dtype, op));
         self.try_now((None, Kind::Coll), whole, (send, recv), attempt, rest, parts)
     }
 
@@ -177,9 +158,7 @@ impl CpuComm {
             Ok(step(got, || pool.copy(mine)))
         };
         let rest = move |seq, own| gathered_rest(algo::OP_ALL_TO_ALL, seq, own, (me, n));
-        self.try_now((None, Kind::Coll), total, (send, recv), attempt, rest, |(s, r)| {
-            (smallvec::smallvec![s], smallvec::smallvec![r])
-        })
+        self.try_now((None, Kind::Coll), total, (send, recv), attempt, rest, given_parts)
     }
 
     /// broadcast from `root` among more than two ranks of this host, as it is issued where it
@@ -216,6 +195,20 @@ impl CpuComm {
         let parent = algo::tree((self.info.size, me), root).0.unwrap_or(me);
         self.try_now((Some(parent), Kind::Coll), n, (send, recv), attempt, rest, parts)
     }
+}
+
+/// The rest of a direct all_reduce or reduce_scatter (message `code` number `seq`) with
+/// `own`, this rank's operand: every other rank's received and folded with it in rank order
+/// into an output of `len` bytes ([`algo::fold_all_rest`]).
+fn fold_rest(code: (u8, u64), own: Vec<u8>, len: usize, how: (DType, ReduceOp)) -> JobFn {
+    finish(
+        move |e| e.pool.zeroed(len),
+        move |e, out| {
+            let r = algo::fold_all_rest(&e.mesh, code, out, &own, how);
+            e.pool.put(own);
+            r
+        },
+    )
 }
 
 /// The rest of a direct all_gather or all_to_all (`op`) number `seq` among `n` ranks: every
