@@ -10,7 +10,10 @@
 //! ROUNDS rounds that alternate the patterns, and each anyccl row's ratio to raw with events.
 //! Rows 6 and 7 are raw with events running 17 or 34 KB of straight-line code after each
 //! call: what code costs that a launch has pushed out of the instruction caches, against its
-//! time in a loop (in the header), the scale for anyccl's own code per call.
+//! time in a loop (in the header), the scale for anyccl's own code per call. Rows 8-11 add
+//! one piece of the device layer's path at a time to raw with events (asking which context
+//! is current, the locks and atomics around a launch, a `Work`'s allocation, all three),
+//! each weighed with real launches.
 //!
 //! `cargo build --release -p anyccl-nccl --example launch_cost`, then on the GPU host
 //! `launch_cost [CALLS] [ROUNDS] [PATTERN]` (default 20000 and 5; PATTERN, a row's number,
@@ -25,7 +28,7 @@ use std::time::{Duration, Instant};
 const DEPTH: usize = 100;
 const COUNT: usize = 2;
 
-const PATTERNS: [&str; 8] = [
+const PATTERNS: [&str; 12] = [
     "raw ncclAllReduce",
     "raw, an event after each call, waited by 100",
     "anyccl stream order (enqueue_all_reduce)",
@@ -34,6 +37,10 @@ const PATTERNS: [&str; 8] = [
     "anyccl Work, shared completion",
     "raw with events, + 17 KB of code a call",
     "raw with events, + 34 KB of code a call",
+    "raw with events, + cuCtxGetCurrent a call",
+    "raw with events, + 2 locks, 2 atomics a call",
+    "raw with events, + a 128 B allocation a call",
+    "raw with events, + rows 8, 9 and 10",
 ];
 
 /// One step of [`cold_code`]: a multiply, a rotate and an xor that the compiler can neither
@@ -169,16 +176,48 @@ fn run(
             drop(held);
             Ok((issued.as_secs_f64() * 1e9 / calls as f64, total.as_secs_f64() * 1e9 / calls as f64))
         }
-        6 | 7 => {
-            // Raw with events, running code that the launch pushed out of the caches after
-            // each call.
+        6..=11 => {
+            // Raw with events, then one piece of what anyccl's path does after each call:
+            // code that the launch pushed out of the caches (6, 7), or one of the things the
+            // device layer asks or touches (8-11), to weigh each with real launches.
+            let sync = (std::sync::Mutex::new(0u64), std::sync::Mutex::new(0u64));
+            let (flag, count) = (std::sync::atomic::AtomicU64::new(0), std::sync::atomic::AtomicU64::new(0));
+            let held = std::cell::RefCell::new(Vec::<Box<[u64; 16]>>::with_capacity(DEPTH));
+            let failed = std::cell::Cell::new(None);
             let between = || {
-                std::hint::black_box(cold_code(std::hint::black_box(7)));
+                if pattern == 6 || pattern == 7 {
+                    std::hint::black_box(cold_code(std::hint::black_box(7)));
+                }
                 if pattern == 7 {
                     std::hint::black_box(cold_code_2(std::hint::black_box(7)));
                 }
+                if pattern == 8 || pattern == 11 {
+                    if let Err(e) = s.raw.bind() {
+                        failed.set(Some(e));
+                    }
+                }
+                if pattern == 9 || pattern == 11 {
+                    // The call lock around the launch, the watchdog's sequentially
+                    // consistent store, the operation's number, the marks' lock.
+                    let g = sync.0.lock().unwrap_or_else(|p| p.into_inner());
+                    flag.store(std::hint::black_box(1), std::sync::atomic::Ordering::SeqCst);
+                    count.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+                    *sync.1.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+                    drop(g);
+                }
+                if pattern == 10 || pattern == 11 {
+                    // A `Work`'s holder, freed when its chunk is waited.
+                    let mut h = held.borrow_mut();
+                    if h.len() == DEPTH {
+                        h.clear();
+                    }
+                    h.push(std::hint::black_box(Box::new([7u64; 16])));
+                }
             };
             let t = s.raw.all_reduce_us_with(COUNT, DType::F32, (calls, 0), Some(DEPTH), 1, &between)?;
+            if let Some(e) = failed.take() {
+                return Err(e);
+            }
             Ok((t.issue_us * 1e3, t.us * 1e3))
         }
         3 => chunks!(s, recvs, calls, |send, r| comm.all_reduce(Some(send.view()), r.view_mut(), sum)),

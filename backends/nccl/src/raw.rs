@@ -142,6 +142,16 @@ impl RawNccl {
         Ok(RawTiming { us: per(took), issue_us: per(issued) })
     }
 
+    /// Make the device current where it is not (`cuCtxGetCurrent`, then `cuCtxSetCurrent`
+    /// only if another context is current): what each anyccl launch asks first, for
+    /// `launch_cost`'s rows that add one piece of anyccl's path at a time to raw NCCL.
+    ///
+    /// # Errors
+    /// `Backend` on a driver error.
+    pub fn bind(&self) -> Result<()> {
+        self.cuda.bind()
+    }
+
     /// What the host pays for the pieces of a launch that are not NCCL's, in nanoseconds
     /// per call over `reps` calls: making the device current (`cuCtxSetCurrent`), asking
     /// which context is current (`cuCtxGetCurrent`), recording an event, querying a
