@@ -44,9 +44,9 @@ mod writing;
 pub(crate) use copy::{copy, copy_streaming, copy_to_vec, read_remote};
 pub(crate) use huge::HugeMemory;
 pub(crate) use segment::{host_id, Layout, Segment};
-use wait::{futex_wake, publish_cpu, sleep_until, spin_then_yield, wait_until};
+use wait::{futex_wake, publish_cpu, published, sleep_until, spin_then_yield, wait_until};
 pub(crate) use wait::{Check, Patience};
-pub(crate) use writing::{Writing, WHOLE_MAX};
+pub(crate) use writing::{in_one_line, Writing, WHOLE_MAX};
 
 use anyccl_core::Error;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -457,8 +457,8 @@ impl Tx {
         let head = lines(head);
         self.head.set(head);
         publish_cpu(&ctl.writer.cpu);
-        ctl.writer.pos.store(head, Ordering::SeqCst);
-        if ctl.reader.sleeping.load(Ordering::SeqCst) != 0 {
+        ctl.writer.pos.store(head, Ordering::Release);
+        if published(&ctl.reader.sleeping) {
             futex_wake(&ctl.writer.bell);
         }
         true
@@ -670,8 +670,8 @@ impl Rx {
         self.published.set(tail);
         let ctl = self.ring.ctl();
         publish_cpu(&ctl.reader.cpu);
-        ctl.reader.pos.store(tail, Ordering::SeqCst);
-        if ctl.writer.sleeping.load(Ordering::SeqCst) != 0 {
+        ctl.reader.pos.store(tail, Ordering::Release);
+        if published(&ctl.writer.sleeping) {
             futex_wake(&ctl.reader.bell);
         }
     }

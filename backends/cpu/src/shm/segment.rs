@@ -27,6 +27,9 @@ impl std::fmt::Debug for Segment {
 impl Segment {
     /// Create a segment of `len` bytes (zeroed, allocated as it is touched).
     pub(crate) fn create(len: usize) -> Result<Segment, String> {
+        // Its rings' sides read a sleeping flag unfenced after they publish (see
+        // `wait::sleep_until`): this process takes the sleepers' barriers from here on.
+        super::wait::register_barrier();
         let name = CString::new("anyccl-cpu").map_err(|e| e.to_string())?;
         // SAFETY: `name` is a valid NUL-terminated string; the flags are valid.
         let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
@@ -52,6 +55,7 @@ impl Segment {
 
     /// Map the segment of process `pid`, descriptor `fd`, which must hold `len` bytes.
     pub(crate) fn open(pid: u32, fd: i32, len: usize) -> Result<Segment, String> {
+        super::wait::register_barrier();
         let path = CString::new(format!("/proc/{pid}/fd/{fd}")).map_err(|e| e.to_string())?;
         // SAFETY: `path` is a valid NUL-terminated string.
         let own = unsafe { libc::open(path.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };

@@ -81,7 +81,15 @@ pub(super) fn spin_then_yield(
 }
 
 /// Sleep on `bell` (with `sleeping` raised, so that the other side rings it) until `ready()`
-/// holds, at most `nap` at a time; `check` runs before each sleep.
+/// holds, at most `nap` at a time; `check` runs before the first sleep and after each nap.
+///
+/// The other side publishes its progress and then reads `sleeping` with no fence between
+/// (see [`published`]): a locked instruction there would wait for the published line to
+/// reach this CPU on every message. So the order between its store and its load is made
+/// here, once a sleep, by [`heavy_barrier`] after raising the flag: past it, either the
+/// other side's next look at the flag sees it raised and rings, or its progress is visible
+/// to `ready()`. Where the barrier is not available (an old kernel, or a peer process that
+/// could not register for it), a ring that was missed costs at most one `nap`.
 pub(super) fn sleep_until(
     bell: &AtomicU32,
     sleeping: &AtomicU32,
@@ -89,17 +97,61 @@ pub(super) fn sleep_until(
     ready: &mut impl FnMut() -> bool,
     check: Check<'_>,
 ) -> Result<(), Error> {
-    loop {
-        check()?;
+    check()?;
+    sleeping.store(1, Ordering::SeqCst);
+    heavy_barrier();
+    // Raised until the wait ends: every message meanwhile rings (one barrier a wait, not
+    // one a nap).
+    let r = loop {
         let seen = bell.load(Ordering::SeqCst);
-        sleeping.store(1, Ordering::SeqCst);
-        if !ready() {
-            futex_wait(bell, seen, nap);
-        }
-        sleeping.store(0, Ordering::SeqCst);
         if ready() {
-            return Ok(());
+            break Ok(());
         }
+        futex_wait(bell, seen, nap);
+        if ready() {
+            break Ok(());
+        }
+        if let Err(e) = check() {
+            break Err(e);
+        }
+    };
+    sleeping.store(0, Ordering::SeqCst);
+    r
+}
+
+/// After a side published its progress (a release store): whether the other side sleeps,
+/// read without a fence (see [`sleep_until`]). The compiler keeps the two in order; the
+/// CPU may not, which the sleeper's [`heavy_barrier`] covers.
+pub(super) fn published(sleeping: &AtomicU32) -> bool {
+    std::sync::atomic::compiler_fence(Ordering::SeqCst);
+    sleeping.load(Ordering::Relaxed) != 0
+}
+
+/// `membarrier(2)` commands: a barrier on every CPU that runs a thread of a process that
+/// registered for it, and that registration.
+const MEMBARRIER_CMD_GLOBAL_EXPEDITED: libc::c_long = 1 << 1;
+const MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED: libc::c_long = 1 << 2;
+
+/// Whether this process registered for the peers' barriers (once, at its first ring).
+static REGISTERED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+
+/// Register this process, once, so that a peer's [`heavy_barrier`] reaches its threads (the
+/// writers and readers whose loads of a sleeping flag follow their stores unfenced).
+pub(super) fn register_barrier() -> bool {
+    *REGISTERED.get_or_init(|| {
+        // SAFETY: `membarrier` takes a command and flags, no memory.
+        let r = unsafe { libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED, 0) };
+        r == 0
+    })
+}
+
+/// A full barrier on this CPU and on every CPU that runs a thread of a registered process
+/// (`membarrier`), where this process could register; else this CPU's alone.
+fn heavy_barrier() {
+    std::sync::atomic::fence(Ordering::SeqCst);
+    if register_barrier() {
+        // SAFETY: as above.
+        unsafe { libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_GLOBAL_EXPEDITED, 0) };
     }
 }
 
@@ -138,6 +190,8 @@ pub(super) fn futex_wake(word: &AtomicU32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
 
     /// A side that last ran on this thread's CPU is not elsewhere (a wait for it yields
     /// rather than spins); one on another CPU, or on none known yet, is.
@@ -148,5 +202,44 @@ mod tests {
         assert!((0..5).any(|_| !elsewhere(&[&AtomicU32::new(this_cpu())])), "a side on this CPU counted as elsewhere");
         assert!(elsewhere(&[&AtomicU32::new(u32::MAX), &AtomicU32::new(0)]));
         assert!(elsewhere(&[]));
+    }
+
+    /// A sleeper is woken by the other side's publish, not by the end of its nap: the nap is
+    /// ten seconds, and each of 200 publishes, made at a different moment of the sleeper's
+    /// way into its sleep (just before, during and after it raised its flag), must end the
+    /// wait within two. A flag lowered between naps, or a publish that rang no bell, fails.
+    #[test]
+    fn a_publish_wakes_a_sleeper() {
+        assert!(register_barrier() || cfg!(not(target_os = "linux")), "membarrier registration refused");
+        for round in 0..200u64 {
+            let (bell, sleeping, data) =
+                (Arc::new(AtomicU32::new(0)), Arc::new(AtomicU32::new(0)), Arc::new(AtomicBool::new(false)));
+            let (b, s, d) = (bell.clone(), sleeping.clone(), data.clone());
+            let publisher = std::thread::spawn(move || {
+                // Spread over the sleeper's entry: from before its flag is up to well after.
+                if round % 2 == 0 {
+                    while s.load(Ordering::Relaxed) == 0 {
+                        std::hint::spin_loop();
+                    }
+                }
+                for _ in 0..(round * 37) % 2000 {
+                    std::hint::spin_loop();
+                }
+                d.store(true, Ordering::Release);
+                if published(&s) {
+                    futex_wake(&b);
+                }
+            });
+            let t = Instant::now();
+            let mut ready = || data.load(Ordering::Acquire);
+            sleep_until(&bell, &sleeping, Duration::from_secs(10), &mut ready, &mut || Ok(())).expect("no check fails");
+            let took = t.elapsed();
+            publisher.join().expect("the publisher does not panic");
+            assert!(
+                took < Duration::from_secs(2),
+                "round {round}: the sleeper woke after {took:?} (its nap, not the publish)"
+            );
+            assert_eq!(sleeping.load(Ordering::Relaxed), 0, "round {round}: the flag is lowered when the wait ends");
+        }
     }
 }

@@ -1,7 +1,7 @@
 //! A message being written to a ring: its parts, where the writer is in them, and what it
 //! may write at once; a message written whole or not at all.
 
-use super::{lines, Tx, CHUNK, PIECE};
+use super::{lines, Tx, CHUNK, LINE, PIECE};
 
 /// Messages of at most this many bytes (padding included) are written to a ring whole: a
 /// header never arrives without the short body that follows it (a by-reference message's
@@ -50,6 +50,12 @@ impl<'a> Writing<'a> {
             8
         }
     }
+}
+
+/// Whether a message of `bytes` bytes (header and payload) lies in one line of the ring
+/// (with its chunk's header), the one its reader polls.
+pub(crate) fn in_one_line(bytes: usize) -> bool {
+    (CHUNK + bytes.next_multiple_of(8)) as u64 <= LINE
 }
 
 impl Tx {

@@ -139,11 +139,21 @@ impl Mesh {
             // What the peer sent is on its way through the inbox: the usual way takes it.
             return Ok(Eager::NotStarted);
         }
+        // A message of one line: the writer's lock is given back as the call returns, not
+        // right after the write. Its release is a locked instruction, which would wait for
+        // the written line to reach the peer polling it before the look for the peer's
+        // message could start (the write itself publishes with no fence: `shm::wait`). 2
+        // ranks, 8-32 B all_reduce, 7 alternating rounds: 0.37-0.38 -> 0.35-0.36 us; held for
+        // longer messages too, 64 B-2 KiB took 2-6% longer, so those release it at once.
+        let mut _sent = None;
         if let Some(data) = data {
             let tx = out.tx.lock().unwrap_or_else(|p| p.into_inner());
             let (h, by_ref) = self.header_for(&tx, out, (kind, op, seq), Data::Bytes(data), false)?;
             if by_ref.is_some() || !tx.try_write_whole(&[&h, data]) {
                 return Ok(Eager::NotStarted);
+            }
+            if shm::in_one_line(h.len() + data.len()) {
+                _sent = Some(tx);
             }
         }
         let Some((expect, sink)) = recv else { return Ok(Eager::Done) };
