@@ -221,6 +221,10 @@ pub(crate) struct Tx {
     /// polling takes the shared line away between messages (a load of it missed the cache
     /// at every message).
     head: std::cell::Cell<u64>,
+    /// The writer's position when it last read the reader's to see whether to restart
+    /// ([`restart_at`]); read again a sixteenth of that offset later, not at every message
+    /// (a reader behind writes that line at every message: each read missed the cache).
+    restart_looked: std::cell::Cell<u64>,
     /// Messages of at least this many bytes are written with streaming stores
     /// ([`crate::settings::RING_STREAM_MIN`]).
     stream_min: usize,
@@ -279,7 +283,8 @@ pub(crate) fn link(
     let tail_seen = std::cell::Cell::new(ring.ctl().reader.pos.load(Ordering::Acquire));
     let head = std::cell::Cell::new(ring.ctl().writer.pos.load(Ordering::Acquire));
     let key = ring.ctl().reader.key.load(Ordering::Acquire);
-    let tx = Tx { ring, _seg: peer.clone(), patience, tail_seen, head, stream_min, key };
+    let restart_looked = std::cell::Cell::new(0);
+    let tx = Tx { ring, _seg: peer.clone(), patience, tail_seen, head, restart_looked, stream_min, key };
     let ring = own.ring(layout.offset(peer_local), layout.ring);
     let pos = ring.ctl().reader.pos.load(Ordering::Acquire);
     let (tail, chunk_end, published) =
@@ -386,10 +391,12 @@ impl Tx {
         let cap = self.ring.cap as u64;
         let mut head = self.head.get();
         let want = w.left.min(PIECE);
-        if want > 0 && self.ring.at(head) as u64 >= restart_at(self.ring.cap) {
+        let mark = restart_at(self.ring.cap);
+        if want > 0 && self.ring.at(head) as u64 >= mark && head - self.restart_looked.get() >= mark / 16 {
             // Past the warm start of the ring: if the reader has taken everything, start
             // again at offset 0, recorded before the head that follows is published below
             // (there is room for at least a word then, so this call publishes one).
+            self.restart_looked.set(head);
             self.tail_seen.set(self.ring.resume(ctl.reader.pos.load(Ordering::Acquire)));
             if self.tail_seen.get() == head {
                 ctl.writer.restart.store(head, Ordering::Relaxed);
@@ -456,6 +463,7 @@ impl Tx {
         self.ring.word(chunk).store(chunk ^ self.key, Ordering::Release);
         let head = lines(head);
         self.head.set(head);
+        self.ask_ahead(head, (head - chunk) / LINE);
         publish_cpu(&ctl.writer.cpu);
         ctl.writer.pos.store(head, Ordering::Release);
         if published(&ctl.reader.sleeping) {

@@ -89,6 +89,17 @@ pub(crate) fn copy_streaming(dst: &mut [u8], src: &[u8]) {
     dst.copy_from_slice(src);
 }
 
+/// Ask the CPU to bring the line at `p` into this core's cache for writing, without waiting.
+pub(crate) fn prefetch_for_write(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch never faults and changes no memory or flags.
+    unsafe {
+        std::arch::asm!("prefetchw [{}]", in(reg) p, options(nostack, preserves_flags, readonly));
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
 /// A copy of `src` in `v` (cleared first), through [`copy`].
 pub(crate) fn copy_to_vec(v: &mut Vec<u8>, src: &[u8]) {
     v.clear();

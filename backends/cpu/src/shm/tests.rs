@@ -124,3 +124,43 @@ fn stale_chunks_are_not_read() {
         assert_eq!(rx.available(), 0, "after message {i}: an old chunk was taken for a new one");
     }
 }
+
+/// Past the offset where a writer may start again at 0 ([`restart_at`]), a writer whose
+/// reader is behind reads the reader's position (a line the reader writes at every message)
+/// only every sixteenth of that offset, not at every message: after the reader catches up,
+/// the restart comes with the first look due (within 4 KiB of a 256 KiB ring's messages),
+/// not at the next message.
+#[test]
+fn a_writer_past_the_restart_mark_looks_for_the_reader_now_and_then() {
+    let layout = Layout { locals: 2, ring: 256 << 10 };
+    let seg = Arc::new(Segment::create(layout.segment_bytes()).unwrap());
+    init_rings(&seg, layout);
+    let patience = Patience { spin: std::time::Duration::ZERO, yield_for: std::time::Duration::ZERO, round: 1 };
+    let (tx, _) = link(&seg, &seg, layout, 0, 1, patience, usize::MAX);
+    let (_, rx) = link(&seg, &seg, layout, 1, 0, patience, usize::MAX);
+    let never = || -> Result<(), anyccl_core::Error> { panic!("the ring has room and the message") };
+    let (mark, msg) = (restart_at(layout.ring), [5u8; 8]);
+    let restart = || tx.ring.ctl().writer.restart.load(Ordering::Relaxed);
+    // One line a message: past the mark by three messages, the reader behind all along.
+    let mut sent = 0usize;
+    while tx.ring.at(tx.head.get()) as u64 <= mark + 2 * 64 {
+        tx.write(&[&msg], &mut { never }, false).unwrap();
+        sent += 1;
+    }
+    assert_eq!(restart(), 0, "a restart while the reader was behind");
+    for _ in 0..sent {
+        let mut got = [0u8; 8];
+        rx.read(8, &mut |at, b| got[at..at + b.len()].copy_from_slice(b), &mut { never }).unwrap();
+        assert_eq!(got, msg);
+    }
+    // The reader has taken everything; the writer sees it at its next look.
+    let mut after = 0;
+    while restart() == 0 {
+        assert!(after <= (mark / 16 / 64) as usize, "no restart {after} messages after the reader caught up");
+        tx.write(&[&msg], &mut { never }, false).unwrap();
+        let mut got = [0u8; 8];
+        rx.read(8, &mut |at, b| got[at..at + b.len()].copy_from_slice(b), &mut { never }).unwrap();
+        after += 1;
+    }
+    assert!(after > 1, "the writer read the reader's position at every message past the mark");
+}
