@@ -46,6 +46,7 @@ int main(int argc, char **argv) {
             else if (!strcmp(op, "reduce_scatter")) MPI_Reduce_scatter_block(a, b, per, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
             else if (!strcmp(op, "broadcast")) MPI_Bcast(a, (int)count, MPI_FLOAT, 0, MPI_COMM_WORLD);
             else if (!strcmp(op, "all_to_all")) MPI_Alltoall(a, per, MPI_FLOAT, b, per, MPI_FLOAT, MPI_COMM_WORLD);
+            else if (!strcmp(op, "barrier")) MPI_Barrier(MPI_COMM_WORLD);
             else if (!strcmp(op, "sendrecv")) MPI_Sendrecv(a, (int)count, MPI_FLOAT, (me + 1) % n, 0, b, (int)count, MPI_FLOAT, (me + n - 1) % n, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
             else { if (me == 0) fprintf(stderr, "unknown op %s\n", op); MPI_Abort(MPI_COMM_WORLD, 2); }
         }

@@ -7,7 +7,8 @@ use clap::Parser;
 #[derive(Parser, Debug)]
 #[command(name = "anyccl-bench")]
 pub(crate) struct Args {
-    /// all_reduce, all_gather, reduce_scatter, broadcast, reduce, all_to_all, sendrecv.
+    /// all_reduce, all_gather, reduce_scatter, broadcast, reduce, all_to_all, sendrecv,
+    /// barrier (its rows' buffers go unused: the size column names them only).
     pub(crate) op: String,
     /// Backend (default: ANYCCL_BACKEND, else nccl when it loads, else cpu).
     #[arg(long)]

@@ -48,6 +48,7 @@ impl Expected {
             Op::ReduceScatter => self.reduced[(me * self.count + i) % P],
             Op::AllToAll => self.inputs[i / per][(me * per + i % per) % P],
             Op::SendRecv => self.inputs[(me + n - 1) % n][i % P],
+            Op::Barrier => return None,
         })
     }
 }

@@ -13,6 +13,8 @@ pub(crate) enum Op {
     Reduce,
     AllToAll,
     SendRecv,
+    /// The buffers go unused: a row's size names the buffers, not the barrier's messages.
+    Barrier,
 }
 
 impl Op {
@@ -25,6 +27,7 @@ impl Op {
             "reduce" => Op::Reduce,
             "all_to_all" | "alltoall" => Op::AllToAll,
             "sendrecv" => Op::SendRecv,
+            "barrier" => Op::Barrier,
             _ => return None,
         })
     }
@@ -39,6 +42,7 @@ impl Op {
             Op::Reduce => "reduce",
             Op::AllToAll => "all_to_all",
             Op::SendRecv => "sendrecv",
+            Op::Barrier => "barrier",
         }
     }
 
@@ -48,6 +52,7 @@ impl Op {
             Op::AllReduce => 2.0 * (n - 1.0) / n,
             Op::AllGather | Op::ReduceScatter | Op::AllToAll => (n - 1.0) / n,
             Op::Broadcast | Op::Reduce | Op::SendRecv => 1.0,
+            Op::Barrier => 0.0,
         }
     }
     /// The element count of a row is a multiple of this: the rank count where the buffer is
@@ -108,7 +113,7 @@ pub(crate) fn in_place_layout(
             buf[me * sc * es..(me + 1) * sc * es].copy_from_slice(&send);
             Some((rc, buf))
         }
-        Op::AllToAll | Op::SendRecv => None,
+        Op::AllToAll | Op::SendRecv | Op::Barrier => None,
     }
 }
 
@@ -123,6 +128,7 @@ pub(crate) fn issue<'a>(
     let (me, n) = (comm.rank(), comm.size());
     let s = send.map(|s| s.view());
     match op {
+        Op::Barrier => comm.barrier(),
         Op::AllReduce => comm.all_reduce(s, recv.view_mut(), rop),
         Op::AllGather => comm.all_gather(s, recv.view_mut()),
         Op::ReduceScatter => comm.reduce_scatter(s, recv.view_mut(), rop),
