@@ -2,7 +2,7 @@
 //! all_reduce gets bit-identical results, and the same sizes always take the same path.
 
 use crate::reduce::{finish_avg, reduce_into, reduce_to};
-use crate::settings::Tuning;
+use crate::settings::{Tuning, BARRIER_DIRECT_MAX};
 use crate::transport::{Copier, Eager, Kind, Mesh, Sink};
 use anyccl_core::{DType, ReduceOp, Result};
 
@@ -584,10 +584,21 @@ pub(crate) fn all_to_all(
     Ok(())
 }
 
-/// Dissemination barrier: ceil(log2 n) rounds of empty messages, each round's send and
+/// Barrier: among up to [`BARRIER_DIRECT_MAX`] ranks, an empty message to every other rank,
+/// then every other rank's (one wait for all of them, as the direct all_gather of nothing);
+/// among more, dissemination: ceil(log2 n) rounds of empty messages, each round's send and
 /// receive in one exchange.
 pub(crate) fn barrier(cx: &Coll<'_>) -> Result<()> {
     let (n, me) = (cx.size(), cx.rank());
+    if n <= BARRIER_DIRECT_MAX {
+        for k in 1..n {
+            cx.send((me + k) % n, &[])?;
+        }
+        for k in 1..n {
+            cx.recv_into((me + n - k) % n, &mut [])?;
+        }
+        return Ok(());
+    }
     let mut k = 1;
     while k < n {
         cx.exchange((me + k) % n, (&[], None), (me + n - k) % n, 0, &mut |_, _| {})?;

@@ -81,6 +81,11 @@ pub(crate) const DIRECT_MAX_PAIR: usize = 8 << 10;
 /// wins once segments stream (tens of KiB).
 pub(crate) const ALL_TO_ALL_DIRECT_MAX: usize = 8 << 10;
 
+/// Ranks up to which a barrier sends an empty message to every other rank and then waits
+/// for every other rank's, instead of ceil(log2 n) rounds of one message each (rounds that
+/// wait in a row). A world size, not a setting: every rank must take the same way.
+pub(crate) const BARRIER_DIRECT_MAX: usize = 8;
+
 /// The default of `ANYCCL_CPU_ALLGATHER_DIRECT_MAX`: the part size (each rank's) up to
 /// which an all_gather of more than two ranks sends its part to every rank before it
 /// receives any, instead of going round the ring (`size - 1` waits in a row). Time medians of

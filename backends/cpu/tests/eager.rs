@@ -528,7 +528,7 @@ fn mixed_pipeline() -> Result<(), Failed> {
 /// either way (send to the next rank, receive from the one before, or the reverse), a
 /// pairwise exchange (ranks 0-1, 2-3, ...; a ring step in an odd world), all_reduce (sum,
 /// max and average), broadcast and all_gather (these three in and out of place),
-/// reduce_scatter and all_to_all, 1 float to 4,096 (a
+/// reduce_scatter, all_to_all and barrier, 1 float to 4,096 (a
 /// rank's part: so some go as they are issued and some the usual way), in batches of 1 to
 /// 12 issued
 /// back to back and then waited, each rank sleeping up to 300 us before some issues and
@@ -553,13 +553,14 @@ fn ring_mix(n: usize) -> Result<(), Failed> {
             _ => (rank ^ 1, rank ^ 1),
         };
         let (mut done, mut at_issue, mut p2p, mut gathers, mut reduces, mut others) = (0, 0, 0, 0, 0, 0);
+        let mut barriers = 0;
         while done < 1500 {
             let k = 1 + (next(&mut shared) % 12) as usize;
             // (kind, floats, root, variant) for each operation of the batch: the variant
             // picks in place (3 and up) and all_reduce's reduction (sum, max, average).
             let ops: Vec<(u64, usize, usize, u64)> = (0..k)
                 .map(|_| {
-                    let kind = next(&mut shared) % 8;
+                    let kind = next(&mut shared) % 9;
                     let len = [1usize, 2, 16, 64, 512, 2048, 4096][(next(&mut shared) % 7) as usize];
                     (kind, len, (next(&mut shared) % n as u64) as usize, next(&mut shared) % 6)
                 })
@@ -597,7 +598,8 @@ fn ring_mix(n: usize) -> Result<(), Failed> {
                     4 => c.broadcast(send, BufMut::host(out), root),
                     5 => c.all_gather(send, BufMut::host(out)),
                     6 => c.reduce_scatter(Some(Buf::host(src)), BufMut::host(out), ReduceOp::Sum),
-                    _ => c.all_to_all(Buf::host(src), BufMut::host(out), None),
+                    7 => c.all_to_all(Buf::host(src), BufMut::host(out), None),
+                    _ => c.barrier(),
                 };
                 let mut w = w.map_err(|e| format!("operation {done}+: {e}"))?;
                 // A look on this rank alone now and then: it has the queue run, and a
@@ -608,6 +610,7 @@ fn ring_mix(n: usize) -> Result<(), Failed> {
                     gathers += usize::from(finished && kind == 5);
                     reduces += usize::from(finished && (kind == 3 || kind == 6));
                     others += usize::from(finished && (kind == 4 || kind == 7));
+                    barriers += usize::from(finished && kind == 8);
                 }
                 works.push(w);
             }
@@ -629,7 +632,9 @@ fn ring_mix(n: usize) -> Result<(), Failed> {
                     4 => input(root, len, at),
                     5 => (0..n).flat_map(|r| input(r, len, at)).collect(),
                     6 => (0..len).map(|j| (0..n).map(|r| input(r, n * len, at)[me * len + j]).sum()).collect(),
-                    _ => (0..n).flat_map(|r| input(r, n * len, at)[me * len..(me + 1) * len].to_vec()).collect(),
+                    7 => (0..n).flat_map(|r| input(r, n * len, at)[me * len..(me + 1) * len].to_vec()).collect(),
+                    // A barrier has no buffers: its output stays as it was made.
+                    _ => vec![0f32; len],
                 };
                 if *out != want {
                     let bad = (0..out.len()).find(|&j| out[j] != want[j]).unwrap_or(0);
@@ -641,10 +646,10 @@ fn ring_mix(n: usize) -> Result<(), Failed> {
             }
             done += k;
         }
-        if at_issue == 0 || gathers == 0 || reduces == 0 || others == 0 {
+        if at_issue == 0 || gathers == 0 || reduces == 0 || others == 0 || barriers == 0 {
             return Err(format!(
-                "{at_issue} of {p2p} sendrecvs, {gathers} all_gathers, {reduces} all_reduces and reduce_scatters and \
-                 {others} broadcasts and all_to_alls finished as they were issued"
+                "{at_issue} of {p2p} sendrecvs, {gathers} all_gathers, {reduces} all_reduces and reduce_scatters, \
+                 {others} broadcasts and all_to_alls and {barriers} barriers finished as they were issued"
             ));
         }
         Ok(())

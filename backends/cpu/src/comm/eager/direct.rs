@@ -39,9 +39,10 @@ impl CpuComm {
             ("reduce_scatter", _) => bytes <= t.all_reduce_direct_max && self.eager_all_fits(part),
             ("all_to_all", _) => part <= t.all_to_all_direct_max && self.eager_all_fits(part),
             ("broadcast", _) => self.eager_all_fits(bytes),
+            ("barrier", _) => n <= crate::settings::BARRIER_DIRECT_MAX && self.eager_all_fits(0),
             _ => false,
         };
-        (fits && bytes > 0).then_some(us)
+        (fits && (bytes > 0 || op == "barrier")).then_some(us)
     }
 
     pub(super) fn all_gather_direct_now<'a>(&'a self, send: Option<Buf<'a>>, recv: BufMut<'a>) -> Now<'a, Pair<'a>> {
@@ -194,6 +195,31 @@ impl CpuComm {
         // broadcast it runs then only receives.
         let parent = algo::tree((self.info.size, me), root).0.unwrap_or(me);
         self.try_now((Some(parent), Kind::Coll), n, (send, recv), attempt, rest, parts)
+    }
+}
+
+impl CpuComm {
+    /// barrier among more than two ranks of this host, as it is issued where it may be: the
+    /// direct barrier's messages (an empty one to every rank, every rank's taken), where the
+    /// world goes direct ([`crate::settings::BARRIER_DIRECT_MAX`]).
+    pub(super) fn barrier_direct_now(&self) -> Now<'_, ()> {
+        let (me, n) = (self.info.rank, self.info.size);
+        if n > crate::settings::BARRIER_DIRECT_MAX || !self.eager_all_fits(0) {
+            return Now::Usual(());
+        }
+        let attempt = |mesh: &Mesh, seq, spin, _: &mut ()| {
+            let got = mesh.exchange_all_now((algo::OP_BARRIER, seq), &|_| &[], (0, &mut |_, _, _| {}), spin)?;
+            Ok(step(got, || ()))
+        };
+        let rest = move |seq, ()| -> JobFn {
+            Box::new(move |e: &mut Engine, _| {
+                for k in 1..n {
+                    e.mesh.recv_coll_with((me + n - k) % n, algo::OP_BARRIER, seq, 0, &mut |_, _| {})?;
+                }
+                Ok(Few::new())
+            })
+        };
+        self.try_now((None, Kind::Coll), 0, (), attempt, rest, |()| (Few::new(), Few::new()))
     }
 }
 
