@@ -1,6 +1,6 @@
 //! Where each rank may run: the CPUs the launcher may use, split among the ranks in
-//! contiguous shares (as `mpirun` binds its ranks by default), where the ranks do not
-//! outnumber them.
+//! contiguous shares (as `mpirun` binds its ranks by default) where the ranks do not
+//! outnumber them, else dealt out one CPU a rank in turn.
 //!
 //! Left to the kernel, two busy ranks of a host sometimes share one CPU for a long time
 //! (seconds) while another CPU idles: every exchange between them then waits for the other's
@@ -8,6 +8,14 @@
 //! us an all_reduce of 8 B-4 KiB against 0.26-0.9 apart, and unpinned runs of `cpu_peers.sh`
 //! showed rows of exactly that 4.0-4.5 us in a fifth of the runs, for several sizes in a row,
 //! where Open MPI's bound ranks never did.
+//!
+//! Where the ranks outnumber the CPUs, the kernel's placement moves too: 4 ranks on 2 cores
+//! left to it ran a barrier in 1.96-2.2 us in some runs and 3.0-3.25 in others (8 runs), 64 B
+//! all_gather and all_to_all in 3.3-3.4 us in 5 runs of 6, sendrecv in 1.75 in 2 of 3; bound
+//! one CPU a rank in turn (rank r on CPU r mod 2), every run of those took 1.88-2.13, 2.01-2.17
+//! and 1.03-1.08 (Open MPI beside them: 1.83-2.61, 2.14-3.26, 1.01-1.18). In turn rather than
+//! in blocks (ranks 0 and 1 on CPU 0): ring neighbours then run at once (sendrecv 1.43-1.48 us
+//! in blocks).
 //!
 //! A rank's process is started with its share as its affinity (the launcher's starting
 //! thread takes the share for the spawn and its own mask back after), so the process and
@@ -19,7 +27,8 @@ use nix::unistd::Pid;
 /// Whether ranks are bound (`--bind`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Bind {
-    /// Each rank to its share of the launcher's CPUs, where there is one CPU a rank at least.
+    /// Each rank to its share of the launcher's CPUs; where the ranks outnumber them, one
+    /// CPU a rank in turn.
     Cpus,
     /// Every rank may run on every CPU the launcher may.
     None,
@@ -51,10 +60,14 @@ fn ranges(cpus: &[usize]) -> String {
 }
 
 /// The shares of `cpus` for `ranks` ranks: contiguous, as even as they can be (the first ones
-/// one CPU larger where they do not divide); `None` where the ranks outnumber the CPUs.
+/// one CPU larger where they do not divide); where the ranks outnumber the CPUs, rank `r`'s
+/// is CPU `r mod count`. `None` for no ranks or no CPUs.
 pub fn split(cpus: &[usize], ranks: usize) -> Option<Vec<Vec<usize>>> {
-    if ranks == 0 || cpus.len() < ranks {
+    if ranks == 0 || cpus.is_empty() {
         return None;
+    }
+    if cpus.len() < ranks {
+        return Some((0..ranks).map(|r| vec![cpus[r % cpus.len()]]).collect());
     }
     let (per, extra) = (cpus.len() / ranks, cpus.len() % ranks);
     let mut at = 0;
@@ -70,9 +83,8 @@ pub fn split(cpus: &[usize], ranks: usize) -> Option<Vec<Vec<usize>>> {
 }
 
 impl Binding {
-    /// The shares for `ranks` ranks, or why there are none: the ranks outnumber the CPUs the
-    /// launcher may use (each then runs where the kernel puts it), or the launcher's own
-    /// affinity cannot be read.
+    /// The shares for `ranks` ranks, or why there are none: the launcher's own affinity
+    /// cannot be read (each rank then runs where the kernel puts it).
     pub fn new(ranks: usize) -> Result<Binding, String> {
         let own = sched_getaffinity(Pid::from_raw(0)).map_err(|e| format!("cannot read this process's CPUs: {e}"))?;
         let all = cpus(&own);
@@ -119,8 +131,10 @@ mod tests {
         assert_eq!(split(&[0, 1], 2), Some(vec![vec![0], vec![1]]));
         assert_eq!(split(&[0, 1, 2, 3, 4], 2), Some(vec![vec![0, 1, 2], vec![3, 4]]));
         assert_eq!(split(&[2, 3, 8, 9], 4), Some(vec![vec![2], vec![3], vec![8], vec![9]]));
-        assert_eq!(split(&[0, 1], 3), None, "more ranks than CPUs: not bound");
+        assert_eq!(split(&[0, 1], 3), Some(vec![vec![0], vec![1], vec![0]]), "more ranks than CPUs: in turn");
+        assert_eq!(split(&[2, 5], 4), Some(vec![vec![2], vec![5], vec![2], vec![5]]));
         assert_eq!(split(&[0], 0), None);
+        assert_eq!(split(&[], 2), None);
         assert_eq!(ranges(&[0, 1, 2, 3, 6]), "0-3,6");
         assert_eq!(ranges(&[5]), "5");
     }
