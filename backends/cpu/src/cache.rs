@@ -193,6 +193,18 @@ pub(crate) fn crowded<'a>(lists: impl Iterator<Item = &'a str>, quota: Option<us
     ranks > cpus || quota.is_some_and(|q| ranks > q)
 }
 
+/// Whether the ranks of any host (`hosts[r]`, `-` where unknown: such a rank is a host of its
+/// own) outnumber the CPUs their lists (`lists[r]`) name together, from what every rank
+/// published alone (no quota, no list left unknown counted), so that every rank of a group
+/// answers the same and may choose an algorithm by it.
+pub(crate) fn any_host_crowded(hosts: &[String], lists: &[String]) -> bool {
+    let mut per_host: std::collections::HashMap<&str, Vec<&str>> = std::collections::HashMap::new();
+    for (h, l) in hosts.iter().zip(lists).filter(|(h, _)| h.as_str() != "-") {
+        per_host.entry(h.as_str()).or_default().push(l.as_str());
+    }
+    per_host.values().any(|ls| ls.iter().all(|l| cpu_list(l).is_some()) && crowded(ls.iter().copied(), None))
+}
+
 /// The CPUs in a list such as `0-3,8,10-11` (at most 1 << 16 of them).
 fn cpu_list(s: &str) -> Option<Vec<usize>> {
     let mut out = Vec::new();
@@ -214,7 +226,7 @@ fn cpu_list(s: &str) -> Option<Vec<usize>> {
 
 #[cfg(test)]
 mod tests {
-    use super::{cpu_list, crowded, one_l3, size_bytes, L3};
+    use super::{any_host_crowded, cpu_list, crowded, one_l3, size_bytes, L3};
     use std::path::Path;
 
     /// A sysfs tree at `root` whose CPUs have the L3s `(cpus sharing it, size)`, behind an L1
@@ -299,6 +311,16 @@ mod tests {
         assert_eq!(size_bytes("K"), None);
         assert_eq!(size_bytes("99999999999999999999G"), None);
         let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn a_group_is_crowded_where_any_host_is() {
+        let v = |x: &[&str]| x.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert!(!any_host_crowded(&v(&["a", "a"]), &v(&["0", "1"])));
+        assert!(any_host_crowded(&v(&["a", "a", "b"]), &v(&["0", "0", "0-7"])), "host a: 2 ranks on CPU 0");
+        assert!(!any_host_crowded(&v(&["a", "b"]), &v(&["0", "0"])), "one rank a host");
+        assert!(!any_host_crowded(&v(&["a", "a"]), &v(&["0", "-"])), "a list unknown: not counted");
+        assert!(!any_host_crowded(&v(&["-", "-"]), &v(&["0", "0"])), "hosts unknown: each its own");
     }
 
     #[test]

@@ -172,7 +172,7 @@ impl CpuComm {
     }
 
     fn start(mesh: Arc<Mesh>, store: Arc<dyn Store>, ns: String) -> Result<Arc<CpuComm>> {
-        let tune = Tuning::from_env(&mesh.ctx, mesh.step, mesh.size)?;
+        let tune = Tuning::from_env(&mesh.ctx, mesh.step, (mesh.size, mesh.crowded_anywhere))?;
         let limit = crate::settings::max_queued_bytes(&mesh.ctx)?;
         let grace = crate::settings::handoff(&mesh.ctx)?;
         let eager = eager::Eagerness::new(crate::settings::eager(&mesh.ctx)?);

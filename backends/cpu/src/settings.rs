@@ -58,7 +58,7 @@ pub(crate) fn check(ctx: &Ctx, links_given: bool) -> Result<()> {
     ring_bytes(2, ctx)?;
     ring_stream_min(true, ctx)?;
     Patience::for_host(false, ctx)?;
-    Tuning::from_env(ctx, 0, 2)?;
+    Tuning::from_env(ctx, 0, (2, false))?;
     Ok(())
 }
 
@@ -74,6 +74,13 @@ pub(crate) const DIRECT_MAX: usize = 2 << 10;
 /// ring, 8 KiB 1.81-1.94 against 2.02-2.09; with the eager path, 4 KiB 0.92-0.93 against
 /// 1.28-1.90 and Open MPI's 1.13-1.24).
 pub(crate) const DIRECT_MAX_PAIR: usize = 8 << 10;
+
+/// [`DIRECT_MAX`] of a group among more than two ranks where a host's ranks outnumber their
+/// CPUs (every ring step may wait for a peer's turn on a CPU: one exchange waits once).
+/// Medians of 3 alternating runs on 2 cores (ring -> direct, Open MPI beside them): 4 ranks,
+/// 4/8/16/32/64 KiB 12.6/12.6/15.4/20.3/28.3 -> 5.5/7.2/12.1/21.3/39.7 us (12.2/18.2/22.7/28.1/
+/// 42.1); 3 ranks, 4/8/16/32/64 KiB 6.5/7.3/10.4/15.1/23.6 -> 3.6/5.0/8.5/14.6/29.1 us.
+pub(crate) const DIRECT_MAX_CROWDED: usize = 16 << 10;
 
 /// The default of `ANYCCL_CPU_ALLTOALL_DIRECT_MAX`: all_to_all segment size up to which a
 /// rank sends every segment before it receives any. Measured at 4 ranks on 2 cores: 16 B-4
@@ -157,15 +164,20 @@ pub(crate) struct Tuning {
 }
 
 impl Tuning {
-    /// The thresholds of a communicator of `size` ranks; the stream and pair sizes default to
-    /// at least `step` (the group's whole-buffer step, from its hosts' L3:
+    /// The thresholds of a communicator of `size` ranks, `crowded` where a host of the group
+    /// has more ranks than CPUs (the same answer on every rank); the stream and pair sizes
+    /// default to at least `step` (the group's whole-buffer step, from its hosts' L3:
     /// `cache::L3::step`).
     ///
     /// # Errors
     /// `InvalidArgument` naming the variable, the rank and the group when one is malformed
     /// (or a piece is below 4 KiB).
-    pub(crate) fn from_env(ctx: &Ctx, step: usize, size: usize) -> Result<Self> {
-        let direct_max = if size == 2 { DIRECT_MAX_PAIR } else { DIRECT_MAX };
+    pub(crate) fn from_env(ctx: &Ctx, step: usize, (size, crowded): (usize, bool)) -> Result<Self> {
+        let direct_max = match (size, crowded) {
+            (2, _) => DIRECT_MAX_PAIR,
+            (_, true) => DIRECT_MAX_CROWDED,
+            _ => DIRECT_MAX,
+        };
         Ok(Tuning {
             all_reduce_direct_max: bytes("ANYCCL_CPU_ALLREDUCE_DIRECT_MAX", direct_max, ctx)?,
             all_to_all_direct_max: bytes("ANYCCL_CPU_ALLTOALL_DIRECT_MAX", ALL_TO_ALL_DIRECT_MAX, ctx)?,

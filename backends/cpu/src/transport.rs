@@ -125,6 +125,9 @@ pub(crate) struct Mesh {
     /// The size up to which the algorithms keep whole buffers in cache (`crate::cache`): the
     /// smallest of every rank's host, so all ranks choose the same algorithm.
     pub step: usize,
+    /// Whether the ranks of any host of the group outnumber their CPUs, from what every rank
+    /// published ([`crate::cache::any_host_crowded`]): the same on every rank.
+    pub crowded_anywhere: bool,
     writers: Vec<Option<Mutex<TcpStream>>>,
     /// Clones of every socket, to shut them down while a writer is blocked.
     ctl: Vec<Option<TcpStream>>,

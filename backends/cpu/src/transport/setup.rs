@@ -89,6 +89,7 @@ impl Mesh {
         let locals: Vec<usize> =
             if host_of_me == "-" { vec![rank] } else { (0..size).filter(|&r| hosts[r] == host_of_me).collect() };
         let crowded = crate::cache::crowded(locals.iter().map(|&r| cpus[r].as_str()), crate::cache::quota(&my_cpus));
+        let crowded_anywhere = crate::cache::any_host_crowded(&hosts, &cpus);
         let shm = if locals.len() > 1 {
             shm_links(store, ns, &ctx, size, &locals, Shape { ring_streaming, crowded }, deadline, started).await?
         } else {
@@ -186,6 +187,7 @@ impl Mesh {
             links,
             op_timeout,
             step,
+            crowded_anywhere,
             writers,
             ctl,
             shm,
