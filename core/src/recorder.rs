@@ -332,6 +332,17 @@ impl FlightRecorder {
 
     /// Mark a pending operation as finished (a no-op once it has left the ring).
     pub fn finish(&self, ticket: Ticket, state: OpState) {
+        self.settle(ticket, state, true);
+    }
+
+    /// [`FlightRecorder::finish`] of an operation that was complete when its issue returned,
+    /// right after its push: its time is zero to the coarse clock's tick, and it is not read
+    /// again (every operation that completes at its issue comes here).
+    pub(crate) fn finish_at_issue(&self, ticket: Ticket) {
+        self.settle(ticket, OpState::Completed, false);
+    }
+
+    fn settle(&self, ticket: Ticket, state: OpState, timed: bool) {
         let t = ticket.0;
         let Some(s) = self.slots.get(self.slot(t)) else { return };
         let pending = t << 8 | PENDING;
@@ -339,8 +350,10 @@ impl FlightRecorder {
             // Finished already, or overwritten by a later push.
             return;
         }
-        let started = s.started_ns.load(Ordering::Relaxed);
-        s.elapsed_ns.store(self.now_coarse_ns().saturating_sub(started), Ordering::Relaxed);
+        if timed {
+            let started = s.started_ns.load(Ordering::Relaxed);
+            s.elapsed_ns.store(self.now_coarse_ns().saturating_sub(started), Ordering::Relaxed);
+        }
         let code = code(&state);
         if let OpState::Failed(m) = state {
             self.keep_failure(t, m);
@@ -612,6 +625,36 @@ mod tests {
         assert!(r.dump().contains(" ok "), "{}", r.dump());
         assert_eq!(r.last_completed("g").map(|(op, seq, _)| (op, seq)), Some(("all_reduce", 0)));
         assert_eq!(r.last_completed("h"), None);
+    }
+
+    #[test]
+    fn an_operation_complete_at_its_issue_is_finished_with_no_time() {
+        let r = FlightRecorder::new(4);
+        let f = |seq| OpFields {
+            rank: 0,
+            seq,
+            op: "all_reduce",
+            dtype: Some(DType::F32),
+            count: 2,
+            bytes: 8,
+            peer: None,
+            started_ns: r.now_coarse_ns(),
+        };
+        let id = r.intern(&Arc::from("g"));
+        let t = r.push_pending(id, &f(0));
+        r.finish_at_issue(t);
+        let got = r.snapshot();
+        assert_eq!((got[0].state.clone(), got[0].elapsed), (OpState::Completed, Some(Duration::ZERO)));
+        // Once finished, or once its slot holds a later push, an entry stays as it is.
+        let failed = r.push_pending(id, &f(1));
+        r.finish(failed, OpState::Failed("x".into()));
+        r.finish_at_issue(failed);
+        assert_eq!(r.snapshot()[1].state, OpState::Failed("x".into()));
+        for seq in 2..6 {
+            r.push_pending(id, &f(seq));
+        }
+        r.finish_at_issue(t);
+        assert_eq!(r.snapshot().iter().filter(|e| e.state == OpState::Completed).count(), 0, "{}", r.dump());
     }
 
     #[test]

@@ -113,10 +113,12 @@ impl<'a> Work<'a> {
     }
 
     pub(crate) fn attach(&mut self, issued: Issued<'a>) {
-        self.held.issued = Some(issued);
         if self.held.state.is_some() {
-            self.finish(Ok(()));
+            // Complete at its issue ([`Work::completed`]): its entry is finished now, its
+            // time zero to the recorder's coarse tick.
+            issued.recorder.finish_at_issue(issued.ticket);
         }
+        self.held.issued = Some(issued);
     }
 
     /// Identity of the operation.

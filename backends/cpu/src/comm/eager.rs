@@ -217,13 +217,15 @@ impl CpuComm {
             st = self.sched.lock();
         }
         let look = (st.jobs.is_empty() && may_look).then_some(self.eager.spin);
-        drop(st);
+        // The scheduler's lock stays held through the attempt (a look of microseconds at
+        // most): another thread's issue waits that long for it rather than finding the engine
+        // out, and this call takes the lock once, not twice (each lock and release is a
+        // locked instruction, which waits for the ring write before it to reach the peer).
         let seq = engine.seq;
         let ran = sched::guarded(&mut engine, |e| attempt(&e.mesh, seq, look, &mut bufs));
         if kind == Kind::Coll && !matches!(ran, Ok(Step::NotStarted)) {
             engine.seq += 1;
         }
-        let mut st = self.sched.lock();
         let after = match ran {
             Ok(Step::NotStarted) => After::NotStarted,
             Ok(Step::Done) => After::Done,
