@@ -46,8 +46,10 @@ cargo build -q --release -p anyccl-examples --bin anyccl-run --bin anyccl-bench
 mpicc -O2 -o "$WORK/mpi_coll" bench/peers/mpi_coll.c
 cc -O2 -o "$WORK/probe" bench/peers/probe.c -lpthread
 R=target/release
-# Calls per run: many for small sizes, few for large (about a tenth of a second or more each).
-iters() { if [ "$1" -lt 65536 ]; then echo 20000; elif [ "$1" -lt 4194304 ]; then echo 1000; else echo 50; fi; }
+# Calls per run: many for small sizes, few for large (about a tenth of a second or more each;
+# 20,000 calls of 8 B took 6 ms, where one preemption of the host doubled a run's time: 0.58
+# us in one run of 20 against 0.28-0.30, Open MPI's runs as short).
+iters() { if [ "$1" -lt 4096 ]; then echo 200000; elif [ "$1" -lt 65536 ]; then echo 20000; elif [ "$1" -lt 4194304 ]; then echo 1000; else echo 50; fi; }
 # anyccl's time per call at size "$1" (out of place; broadcast in place, as MPI_Bcast), mode "$2".
 col='$6'
 [ "$OP" = broadcast ] && col='$10'

@@ -90,7 +90,9 @@ pub(crate) const ALL_TO_ALL_DIRECT_MAX: usize = 8 << 10;
 
 /// Ranks up to which a barrier sends an empty message to every other rank and then waits
 /// for every other rank's, instead of ceil(log2 n) rounds of one message each (rounds that
-/// wait in a row). A world size, not a setting: every rank must take the same way.
+/// wait in a row). A world size, not a setting: every rank must take the same way. On 2
+/// cores (Open MPI beside it): 3 ranks 2.67 -> 1.45 us (2.35), 8 ranks 8.9-9.6 -> 6.9 (7.1-10.6).
+/// Among more ranks, the messages a rank sends grow with the world, the rounds with its log.
 pub(crate) const BARRIER_DIRECT_MAX: usize = 8;
 
 /// The default of `ANYCCL_CPU_ALLGATHER_DIRECT_MAX`: the part size (each rank's) up to
