@@ -2,9 +2,10 @@
 //! nothing runs, runs as it is issued: an all_reduce, all_gather, reduce_scatter (out of
 //! place), all_to_all (even splits), broadcast or barrier of two ranks of one host; among more
 //! than two ranks all of one host, an all_reduce, all_gather, reduce_scatter or all_to_all that
-//! goes direct (every rank's message to every rank) and a broadcast down the binomial tree
-//! (`direct`); and a sendrecv (a batch of one send to a peer of this host and one receive from
-//! one, the same or another: a pipeline's or a ring's step) at any world size. Its messages
+//! goes direct (every rank's message to every rank), a broadcast down the binomial tree and a
+//! barrier of up to `BARRIER_DIRECT_MAX` ranks (`direct`); and a sendrecv (a batch of one send
+//! to a peer of this host and one receive from one, the same or another: a pipeline's or a
+//! ring's step) at any world size. Its messages
 //! are sent at once (where the rings have room for them) and, if nothing is queued, the
 //! peers' taken if they arrive within `ANYCCL_CPU_EAGER_US`; the call then returns a finished
 //! `Work` (no job, no completion, no hand-over, nothing to wait for). Otherwise its receives

@@ -4,7 +4,7 @@
 
 use super::local::REF_BODY;
 use super::{Kind, Mesh};
-use crate::settings::{by_ref_defaults, ByRefMin, BY_REF_EXCHANGE, BY_REF_MIN};
+use crate::settings::{by_ref_defaults, ByRefMin, BY_REF_ALONE_OWN_CPU, BY_REF_EXCHANGE, BY_REF_MIN};
 use crate::shm;
 use anyccl_core::{Ctx, Result};
 
@@ -24,8 +24,8 @@ pub(crate) struct ByRef {
     /// From this size a sendrecv's message goes by reference (sent while one is received).
     pub p2p_exchange: usize,
     /// From these sizes a message sent alone goes by reference: point-to-point, collective
-    /// (a broadcast's or a reduce's: never by default, the ring's two copies at once being
-    /// faster than the kernel's one).
+    /// (a broadcast's or a reduce's: [`BY_REF_ALONE_OWN_CPU`] where a host's ranks do not
+    /// outnumber its CPUs, never on a crowded one).
     pub alone: (usize, usize),
 }
 
@@ -50,7 +50,7 @@ pub(crate) fn by_ref_sizes(ctx: &Ctx, crowded: bool) -> Result<ByRef> {
                 exchange_all_reduce: BY_REF_EXCHANGE.start..exchange.end,
                 exchange,
                 p2p_exchange,
-                alone: (BY_REF_MIN, usize::MAX),
+                alone: (BY_REF_MIN, if crowded { usize::MAX } else { BY_REF_ALONE_OWN_CPU }),
             })
         }
     }

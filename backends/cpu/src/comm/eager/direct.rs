@@ -196,9 +196,7 @@ impl CpuComm {
         let parent = algo::tree((self.info.size, me), root).0.unwrap_or(me);
         self.try_now((Some(parent), Kind::Coll), n, (send, recv), attempt, rest, parts)
     }
-}
 
-impl CpuComm {
     /// barrier among more than two ranks of this host, as it is issued where it may be: the
     /// direct barrier's messages (an empty one to every rank, every rank's taken), where the
     /// world goes direct ([`crate::settings::BARRIER_DIRECT_MAX`]).
