@@ -90,10 +90,17 @@ impl Tx {
     /// its cache, and a store to it waits for the line to come over; asked for ahead, the
     /// next message's stores (and the lock released after them) do not wait. 2 ranks,
     /// broadcast 128 B-1 KiB 0.29-0.41 -> 0.19-0.22 us a call, all_reduce 64 B 0.51 -> 0.41.
+    /// Only lines the reader has read, as last seen (no new read of its position): a line
+    /// it has still to read stays in its cache.
     pub(super) fn ask_ahead(&self, head: u64, n: u64) {
+        let free_below = self.tail_seen.get() + self.ring.cap as u64;
         for k in 1..=n.min(16) {
+            let at = head + k * LINE;
+            if at + LINE > free_below {
+                break;
+            }
             // SAFETY: the offset is below the capacity, so the address lies in the ring's data.
-            copy::prefetch_for_write(unsafe { self.ring.data.add(self.ring.at(head + k * LINE)) });
+            copy::prefetch_for_write(unsafe { self.ring.data.add(self.ring.at(at)) });
         }
     }
 }

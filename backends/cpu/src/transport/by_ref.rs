@@ -63,13 +63,15 @@ pub(super) struct Lent<'a> {
     pub tx: &'a crate::shm::Tx,
     /// The message's number on its link.
     pub n: u64,
+    /// Its bytes.
+    pub len: usize,
     /// Set once the receiver acknowledged its copy.
     pub acked: bool,
 }
 
 impl<'a> Lent<'a> {
-    pub(super) fn new(tx: &'a crate::shm::Tx, body: &[u8; REF_BODY]) -> Self {
-        Lent { tx, n: u64::from_le_bytes(body[8..].try_into().unwrap_or_default()), acked: false }
+    pub(super) fn new(tx: &'a crate::shm::Tx, body: &[u8; REF_BODY], len: usize) -> Self {
+        Lent { tx, n: u64::from_le_bytes(body[8..].try_into().unwrap_or_default()), len, acked: false }
     }
 }
 

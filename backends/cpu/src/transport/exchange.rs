@@ -98,8 +98,12 @@ impl Mesh {
         if let Some(d) = self.mailbox.dead() {
             return Err(self.dead_err(d));
         }
-        let st = inc.rx.lock().unwrap_or_else(|p| p.into_inner());
+        let mut st = inc.rx.lock().unwrap_or_else(|p| p.into_inner());
         let queued = if kind == Kind::Coll { self.mailbox.has_coll(from) } else { self.mailbox.has_p2p(from) };
+        // What `from` sent by reference, left by a drain at its address (a wait for this
+        // rank's previous send's copy met it): copied now, before this rank's own message,
+        // which the loop below then writes alone.
+        let taken = !queued && self.take_left_ref(from, inc, &mut st, kind, (op, seq), expect, sink)?;
         if st.partial.is_some() || queued {
             // Part of what `from` sent was moved to the inbox already: one after the other.
             drop(st);
@@ -109,7 +113,7 @@ impl Mesh {
         }
         let tx = out.tx.lock().unwrap_or_else(|p| p.into_inner());
         let (h, by_ref) = self.header_for(&tx, out, (kind, op, seq), data, true)?;
-        let mut lent = by_ref.as_ref().map(|b| Lent::new(&tx, b));
+        let mut lent = by_ref.as_ref().map(|b| Lent::new(&tx, b, data.len()));
         if by_ref.is_some() {
             mirror_all(&mut mirror);
         }
@@ -119,6 +123,9 @@ impl Mesh {
         let mut mirrored = 0;
         let mut hdr = [0u8; SHM_HEADER];
         let (mut hdone, mut body, mut bdone) = (0usize, None::<Hdr>, 0usize);
+        if taken {
+            body = Some(Hdr { kind: kind as u8, op, by_ref: true, seq, len: 0 });
+        }
         let what =
             || if kind == Kind::Coll { what(kind, op, seq) } else { format!("sendrecv with ranks {to} and {from}") };
         let deadline = Watch::new(self.op_timeout);

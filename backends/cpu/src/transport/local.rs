@@ -139,12 +139,14 @@ impl Mesh {
     }
 
     /// Wait until `peer` has copied the message `lent` sent by reference (the sender's buffer
-    /// must stay as it is until then), draining meanwhile; then mark it acknowledged.
+    /// must stay as it is until then), draining meanwhile (and serving once the wait is long);
+    /// then mark it acknowledged.
     pub(super) fn wait_ack(&self, peer: usize, lent: &mut Lent<'_>, what: &dyn Fn() -> String) -> Result<()> {
-        let deadline = Watch::new(self.op_timeout);
+        let deadline = Watch::new(self.op_timeout).long_after(super::watch::drain_after_copy(lent.len));
         lent.tx.wait_ack(lent.n, &mut || {
             self.stop(peer, &deadline, || false, what)?;
-            self.drain()
+            self.drain()?;
+            self.serve_if_long(&deadline)
         })?;
         lent.acked = true;
         Ok(())
@@ -267,13 +269,14 @@ impl Mesh {
         let tx = link.tx.lock().unwrap_or_else(|p| p.into_inner());
         let what = || what(kind, op, seq);
         let (h, by_ref) = self.header_for(&tx, link, (kind, op, seq), data, false)?;
-        let mut lent = by_ref.as_ref().map(|b| Lent::new(&tx, b));
+        let mut lent = by_ref.as_ref().map(|b| Lent::new(&tx, b, data.len()));
         let deadline = Watch::new(self.op_timeout);
         let mut taken = tx.consumed();
         let mut stalled = || -> Result<()> {
             deadline.restart_on_progress(&mut taken, tx.consumed());
             self.stop(peer, &deadline, || false, &what)?;
-            self.drain()
+            self.drain()?;
+            self.serve_if_long(&deadline)
         };
         let bytes = if let Data::Bytes(b) = data { b } else { &[] };
         // Only a point-to-point writer says that it is out of room: collectives run in step,
@@ -296,17 +299,24 @@ impl Mesh {
     /// [`Mesh::drain`] of the rings whose writers wait for this rank to copy a message they
     /// sent by reference.
     pub(super) fn serve(&self) -> Result<()> {
-        self.drain_where(|rx| rx.awaited())
+        self.drain_where(|rx| rx.awaited(), true)
     }
 
     /// Move what has arrived in this rank's rings to the inbox (as far as each peer's inbox
     /// bound allows), without waiting: a message that has arrived in part stays half read.
+    /// A message sent by reference is read up to its address and left there: moved now, it
+    /// would be copied twice (out of the sender's memory to the inbox, then to the receive
+    /// that takes it), where that receive copies it once. A 4-rank sendrecv ring of 8 MiB on
+    /// 2 cores, each rank waiting for its send's copy while its sender's next message came,
+    /// spent five times the user time moving them. [`Mesh::serve`] moves them once a wait
+    /// is long (a peer that sent one may be what this wait waits for, through others).
     fn drain(&self) -> Result<()> {
-        self.drain_where(|_| true)
+        self.drain_where(|_| true, false)
     }
 
-    /// [`Mesh::drain`] of the rings that `pick` selects.
-    fn drain_where(&self, pick: impl Fn(&shm::Rx) -> bool) -> Result<()> {
+    /// [`Mesh::drain`] of the rings that `pick` selects; with `by_ref`, messages sent by
+    /// reference too.
+    fn drain_where(&self, pick: impl Fn(&shm::Rx) -> bool, by_ref: bool) -> Result<()> {
         for (q, link) in self.shm.iter().enumerate() {
             let Some(link) = link else { continue };
             let Ok(mut st) = link.rx.try_lock() else { continue };
@@ -330,7 +340,7 @@ impl Mesh {
                 let len = p.body.len();
                 let body = &mut p.body;
                 p.done = rx.read_some(p.done, len, &mut |at, b| crate::shm::copy(&mut body[at..at + b.len()], b));
-                if p.done < len.next_multiple_of(8) {
+                if p.done < len.next_multiple_of(8) || (p.hdr.by_ref && !by_ref) {
                     break;
                 }
                 if let Some(p) = partial.take() {
@@ -401,6 +411,35 @@ impl Mesh {
         Ok(Hdr { kind, op: h[1], by_ref: h[0] & BY_REF != 0, seq, len: (first >> 16) as usize })
     }
 
+    /// Where a drain left the next message from `peer` read up to its address (one sent by
+    /// reference, of `kind`; the caller found none of that kind in the inbox, so it is the
+    /// next of its kind), check it against what this rank runs and copy it once, out of
+    /// the sender's memory, into `sink`. `Ok(false)`: the next message is no such one.
+    #[allow(clippy::too_many_arguments)] // a receive's identity, as `shm_recv` takes it
+    pub(super) fn take_left_ref(
+        &self,
+        peer: usize,
+        link: &ShmLink,
+        st: &mut RxState,
+        kind: Kind,
+        (op, seq): (u8, u64),
+        expect: usize,
+        sink: &mut Sink<'_>,
+    ) -> Result<bool> {
+        let left = st
+            .partial
+            .as_ref()
+            .is_some_and(|p| p.hdr.by_ref && p.hdr.kind == kind as u8 && p.done >= p.body.len().next_multiple_of(8));
+        let Some(p) = st.partial.take_if(|_| left) else { return Ok(false) };
+        if kind == Kind::Coll {
+            self.check_coll(peer, op, seq, expect, (p.hdr.op, p.hdr.seq, p.hdr.len))?;
+        } else if p.hdr.len != expect {
+            return Err(self.p2p_size(peer, p.hdr.len, expect));
+        }
+        self.copy_by_ref(peer, link, &st.rx, p.hdr.len, &p.body, sink)?;
+        Ok(true)
+    }
+
     /// Read the next message header from `peer`'s ring (waiting for it until `deadline`).
     fn shm_header(&self, peer: usize, rx: &shm::Rx, deadline: &Watch, what: &dyn Fn() -> String) -> Result<Hdr> {
         let pending = || rx.available() >= SHM_HEADER as u64;
@@ -454,7 +493,7 @@ impl Mesh {
         let mut st = link.rx.lock().unwrap_or_else(|p| p.into_inner());
         let what = || if coll { what(Kind::Coll, op, seq) } else { format!("recv from rank {peer}") };
         if let Some(mut p) = st.partial.take() {
-            // A drain began the next message: finish it, then look again.
+            // A drain began the next message: finish it.
             let len = p.body.len();
             let body = &mut p.body;
             let rx = &st.rx;
@@ -469,7 +508,15 @@ impl Mesh {
                 },
                 &mut || self.stop(peer, &deadline, pending, &what),
             )?;
-            self.complete(peer, link, rx, p)?;
+            p.done = len.next_multiple_of(8);
+            st.partial = Some(p);
+            if self.take_left_ref(peer, link, &mut st, kind, (op, seq), expect, sink)? {
+                return Ok(());
+            }
+            // Another kind's, or whole in the ring: to the inbox, then look again.
+            if let Some(p) = st.partial.take() {
+                self.complete(peer, link, &st.rx, p)?;
+            }
             drop(st);
             return self.shm_recv(peer, link, kind, (op, seq), expect, sink);
         }
