@@ -3,8 +3,9 @@
 //! waiting on another rank meanwhile copies what such a waiting sender sent it to its inbox
 //! once that wait has lasted a millisecond, so ranks whose sends and receives form a cycle
 //! never wait on each other for good, whether the receiver waits over shared memory or over
-//! TCP. A by-reference message whose sender's operation failed is never delivered from a
-//! buffer the sender reused.
+//! TCP (a wait for its own send's copy waits a millisecond and that copy's time at 2 GB/s
+//! first, and meanwhile leaves such messages where they are). A by-reference message whose
+//! sender's operation failed is never delivered from a buffer the sender reused.
 
 use anyccl_core::{Backend, Buf, BufMut, CommConfig, Communicator, GroupSpec, MemoryStore, P2POp, Store};
 use anyccl_cpu::{CpuLinks, Links};
@@ -162,6 +163,97 @@ fn withdrawn_on_failure() -> Result<(), Failed> {
     }
 }
 
+/// Rank 1 sends rank 2 32 MiB by reference and waits for rank 2's copy, which comes only
+/// once rank 0 says so; meanwhile rank 0 sends rank 1 32 MiB by reference. Rank 1's wait
+/// must leave rank 0's message where it is (the receive that takes it copies it once), not
+/// copy it to its inbox at once (twice in all): rank 0's send stays incomplete for the 10 ms
+/// it is watched, inside the 17.8 ms (a millisecond and the copy's time at 2 GB/s) after
+/// which such a wait serves a sender. Two rounds, so that a copy to the inbox, if made,
+/// finds its buffer allocated (about 3 ms here). Every message arrives whole.
+fn wait_leaves_lent_message() -> Result<(), Failed> {
+    const N: usize = 3;
+    const BIG: usize = 32 << 20;
+    const ROUNDS: usize = 2;
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let (mut go_tx, mut go_rx) = (Some(go_tx), Some(go_rx));
+    let handles: Vec<_> = (0..N)
+        .map(|r| {
+            let s = store.clone();
+            let (go_tx, go_rx) = (if r == 0 { go_tx.take() } else { None }, if r == 2 { go_rx.take() } else { None });
+            std::thread::spawn(move || -> Result<(), String> {
+                let c = connect_n(s, r, N, Links::Auto, "by-ref-left").map_err(|e| format!("connect: {e}"))?;
+                let x: Vec<u8> = (0..BIG).map(|i| (i % 251) as u8 ^ r as u8).collect();
+                let mut got = vec![0u8; BIG];
+                // The links 0 -> 1 -> 2 in use before anything is watched.
+                let mut b = [r as u8; 8];
+                if r < 2 {
+                    wait(c.send(Buf::host(&b[..]), r + 1), "first send")?;
+                }
+                if r > 0 {
+                    wait(c.recv(BufMut::host(&mut b[..]), r - 1), "first recv")?;
+                }
+                for round in 0..ROUNDS {
+                    wait(c.barrier(), "barrier")?;
+                    match r {
+                        0 => {
+                            let mut w = c.send(Buf::host(&x), 1).map_err(|e| format!("send to 1: {e}"))?;
+                            let t = Instant::now();
+                            let mut early = false;
+                            while t.elapsed() < Duration::from_millis(10) {
+                                early |= w.is_completed().map_err(|e| format!("send to 1: {e}"))?;
+                                std::thread::sleep(Duration::from_micros(100));
+                            }
+                            if let Some(g) = &go_tx {
+                                let _ = g.send(());
+                            }
+                            w.wait(Duration::from_secs(20)).map_err(|e| format!("send to 1: {e}"))?;
+                            if early {
+                                return Err(format!(
+                                    "round {round}: rank 1 copied this rank's message while it waited for rank 2's \
+                                     copy of its own (to its inbox: twice in all)"
+                                ));
+                            }
+                        }
+                        1 => {
+                            let send = c.send(Buf::host(&x), 2);
+                            let recv = c.recv(BufMut::host(&mut got), 0);
+                            wait(send, "send to 2")?;
+                            wait(recv, "recv from 0")?;
+                            if got.iter().enumerate().any(|(i, &v)| v != (i % 251) as u8) {
+                                return Err(format!("round {round}: wrong bytes from rank 0"));
+                            }
+                        }
+                        _ => {
+                            if let Some(g) = &go_rx {
+                                g.recv_timeout(Duration::from_secs(30)).map_err(|e| format!("rank 0's word: {e}"))?;
+                            }
+                            wait(c.recv(BufMut::host(&mut got), 1), "recv from 1")?;
+                            if got.iter().enumerate().any(|(i, &v)| v != (i % 251) as u8 ^ 1) {
+                                return Err(format!("round {round}: wrong bytes from rank 1"));
+                            }
+                        }
+                    }
+                }
+                wait(c.barrier(), "barrier")
+            })
+        })
+        .collect();
+    let errs: Vec<String> = handles
+        .into_iter()
+        .enumerate()
+        .filter_map(|(r, h)| match h.join() {
+            Ok(Ok(())) => None,
+            Ok(Err(e)) => Some(format!("rank {r}: {e}")),
+            Err(_) => Some(format!("rank {r} panicked")),
+        })
+        .collect();
+    match errs.is_empty() {
+        true => Ok(()),
+        false => Err(errs.join("; ").into()),
+    }
+}
+
 fn main() -> std::process::ExitCode {
     // The cases need the default sizes (a sendrecv's message by reference from 64 KiB, rings
     // of 4 MiB): removed before any thread starts, since every connect reads them.
@@ -174,6 +266,7 @@ fn main() -> std::process::ExitCode {
         Trial::test("cpu::by_ref::large_send_cycle_over_shared_memory[w=6]", || cycle(Links::Auto, true)),
         Trial::test("cpu::by_ref::large_send_cycle_across_hosts[w=6]", || cycle(Links::Hosts(2), true)),
         Trial::test("cpu::by_ref::withdrawn_on_failure[w=3]", withdrawn_on_failure),
+        Trial::test("cpu::by_ref::wait_leaves_lent_message[w=3]", wait_leaves_lent_message),
     ];
     libtest_mimic::run(&args, trials).exit_code()
 }
