@@ -1,14 +1,15 @@
 //! How each operation runs at a size, in words, for a benchmark's header: the same choices
 //! the algorithms make.
 
-use super::{Kind, Tuning, OP_ALL_REDUCE};
+use super::{Kind, Tuning, OP_ALL_REDUCE, OP_ALL_TO_ALL};
 
 /// How `op` runs on a receive buffer of `bytes` bytes (a rank's output: the whole gathered
 /// buffer for all_gather, one rank's share for reduce_scatter), in words: the algorithm, the
 /// message of each step and how it travels to the next rank (`route(peer, (kind, op), len,
-/// exchange)`: [`Mesh::route`]; `op` is [`OP_ALL_REDUCE`] for all_reduce, 0 otherwise, as
-/// only all_reduce's messages go by reference over a range of their own). The same choices as the algorithms (`algo`) make, so a bench
-/// can print which path each size took; `None` for an operation this does not know.
+/// exchange)`: [`Mesh::route`]; `op` is [`OP_ALL_REDUCE`] for all_reduce, [`OP_ALL_TO_ALL`]
+/// for all_to_all, 0 otherwise, as only their messages go by reference over ranges of their
+/// own). The same choices as the algorithms (`algo`) make, so a bench can print which path
+/// each size took; `None` for an operation this does not know.
 pub(crate) fn path(
     op: &str,
     bytes: usize,
@@ -17,7 +18,11 @@ pub(crate) fn path(
     route: &dyn Fn(usize, (Kind, u8), usize, bool) -> &'static str,
 ) -> Option<String> {
     let next = (me + 1) % n;
-    let code = if op == "all_reduce" { OP_ALL_REDUCE } else { 0 };
+    let code = match op {
+        "all_reduce" => OP_ALL_REDUCE,
+        "all_to_all" => OP_ALL_TO_ALL,
+        _ => 0,
+    };
     let via =
         |len: usize, exchange: bool| format!("{len} B messages, {}", route(next, (Kind::Coll, code), len, exchange));
     let stores = |out: usize| if out >= tune.stream_min { "; output with streaming stores" } else { "" };
