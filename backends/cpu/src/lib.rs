@@ -123,11 +123,27 @@ fn tuning(links: Option<Links>) -> Vec<(String, String)> {
         ("ANYCCL_CPU_HUGE_PAGES_MIN".into(), env("ANYCCL_CPU_HUGE_PAGES_MIN", s::HUGE_PAGES_MIN.to_string())),
         (
             "ANYCCL_CPU_ALLREDUCE_DIRECT_MAX".into(),
-            env("ANYCCL_CPU_ALLREDUCE_DIRECT_MAX", format!("{} ({} on two ranks)", s::DIRECT_MAX, s::DIRECT_MAX_PAIR)),
+            env(
+                "ANYCCL_CPU_ALLREDUCE_DIRECT_MAX",
+                format!(
+                    "{} ({} on two ranks, {} among more where a host's ranks outnumber the CPUs they may run on \
+                     together)",
+                    s::DIRECT_MAX,
+                    s::DIRECT_MAX_PAIR,
+                    s::DIRECT_MAX_CROWDED
+                ),
+            ),
         ),
         (
             "ANYCCL_CPU_ALLTOALL_DIRECT_MAX".into(),
-            env("ANYCCL_CPU_ALLTOALL_DIRECT_MAX", s::ALL_TO_ALL_DIRECT_MAX.to_string()),
+            env(
+                "ANYCCL_CPU_ALLTOALL_DIRECT_MAX",
+                format!(
+                    "{} ({} where a host's ranks outnumber the CPUs they may run on together)",
+                    s::ALL_TO_ALL_DIRECT_MAX,
+                    s::ALL_TO_ALL_DIRECT_MAX_CROWDED
+                ),
+            ),
         ),
         (
             "ANYCCL_CPU_ALLGATHER_DIRECT_MAX".into(),

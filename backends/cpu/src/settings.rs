@@ -88,6 +88,13 @@ pub(crate) const DIRECT_MAX_CROWDED: usize = 16 << 10;
 /// wins once segments stream (tens of KiB).
 pub(crate) const ALL_TO_ALL_DIRECT_MAX: usize = 8 << 10;
 
+/// [`ALL_TO_ALL_DIRECT_MAX`] of a group where a host's ranks outnumber their CPUs (each
+/// pairwise step may wait for a peer's turn on a CPU). Time medians of 5 alternating runs on
+/// 2 cores, pairwise -> direct (Open MPI beside them): 4 ranks, segments of 16 and 32 KiB
+/// 17.3 and 24.4 -> 13.1 and 21.7 us (17.0 and 18.4); 3 ranks, 16 and 32 KiB 9.4 and 15.6 ->
+/// 8.2 and 13.6 (9.2 and 12.5); segments of 64 KiB lost (3 ranks 20.2 -> 27.5).
+pub(crate) const ALL_TO_ALL_DIRECT_MAX_CROWDED: usize = 32 << 10;
+
 /// Ranks up to which a barrier sends an empty message to every other rank and then waits
 /// for every other rank's, instead of ceil(log2 n) rounds of one message each (rounds that
 /// wait in a row). A world size, not a setting: every rank must take the same way. On 2
@@ -182,7 +189,11 @@ impl Tuning {
         };
         Ok(Tuning {
             all_reduce_direct_max: bytes("ANYCCL_CPU_ALLREDUCE_DIRECT_MAX", direct_max, ctx)?,
-            all_to_all_direct_max: bytes("ANYCCL_CPU_ALLTOALL_DIRECT_MAX", ALL_TO_ALL_DIRECT_MAX, ctx)?,
+            all_to_all_direct_max: bytes(
+                "ANYCCL_CPU_ALLTOALL_DIRECT_MAX",
+                if crowded { ALL_TO_ALL_DIRECT_MAX_CROWDED } else { ALL_TO_ALL_DIRECT_MAX },
+                ctx,
+            )?,
             all_gather_direct_max: bytes("ANYCCL_CPU_ALLGATHER_DIRECT_MAX", ALL_GATHER_DIRECT_MAX, ctx)?,
             stream_min: bytes("ANYCCL_CPU_STREAM_MIN", STREAM_MIN.max(step), ctx)?,
             pair_min: bytes("ANYCCL_CPU_PAIR_MIN", PAIR_MIN.max(step), ctx)?,
