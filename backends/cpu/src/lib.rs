@@ -159,8 +159,8 @@ fn tuning(links: Option<Links>) -> Vec<(String, String)> {
                 format!(
                     "{} (point-to-point; a sendrecv's: {} ({} on a host whose ranks outnumber the CPUs they may run on \
                      together); a collective's in a ring step: from {} (all_reduce's from {}), from {} and below {} on \
-                     such a host (all_to_all's from a sendrecv's size, with no end); a collective's sent alone: from {}, \
-                     off on such a host)",
+                     such a host (all_to_all's from a sendrecv's size, with no end); a collective's sent alone: from {} \
+                     ({} on such a host))",
                     s::BY_REF_MIN,
                     s::BY_REF_P2P_EXCHANGE_OWN_CPU,
                     s::BY_REF_P2P_EXCHANGE,
@@ -168,7 +168,8 @@ fn tuning(links: Option<Links>) -> Vec<(String, String)> {
                     s::BY_REF_EXCHANGE.start,
                     s::BY_REF_EXCHANGE.start,
                     s::BY_REF_EXCHANGE.end,
-                    s::BY_REF_ALONE_OWN_CPU
+                    s::BY_REF_ALONE_OWN_CPU,
+                    s::BY_REF_ALONE_CROWDED
                 ),
             ),
         ),

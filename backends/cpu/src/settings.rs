@@ -411,9 +411,17 @@ pub(crate) const BY_REF_MIN: usize = 16 << 20;
 /// broadcast in place, time medians of 3 alternating runs, ring -> by reference from 64 KiB
 /// (Open MPI beside them): 64 KiB 3.09 -> 3.36 us (3.21), 128 KiB 5.67 -> 5.58 (5.24), 256 KiB
 /// 10.6 -> 9.3 (9.2), 512 KiB 19.2 -> 11.7 (17.3), 1 MiB 38.9 -> 28.1 (47.2), 4/16/32 MiB
-/// 298/1187/2288 -> 247/1004/2063 (295/1244/2498). A crowded host keeps the ring (each copy
-/// waits for the peer's turn on a CPU).
+/// 298/1187/2288 -> 247/1004/2063 (295/1244/2498). A crowded host: [`BY_REF_ALONE_CROWDED`].
 pub(crate) const BY_REF_ALONE_OWN_CPU: usize = 128 << 10;
+
+/// [`BY_REF_ALONE_OWN_CPU`] on a host whose ranks outnumber its CPUs, where a sender waiting
+/// for a copy may wait for the receiver's turn on a CPU: only messages large enough that the
+/// copy saved outweighs that. Broadcast in place on 2 cores, ring -> by reference, time
+/// medians of alternating runs (Open MPI beside them): 4 ranks, 128/256/512 KiB 14.3/28.3/57.2
+/// -> 24.0/40.3/47.5 us (20.6/40.0/80.5), 1/2 MiB 142.6/378.6 -> 104.7/292.1 (259.0/521.3), 4-32
+/// MiB 816-7498 -> 618-4762 (908-12418); 3 ranks, 512 KiB 57.9 -> 104.0 (40.2), 1/2 MiB
+/// 140.0/378.5 -> 111.2/309.7 (116.4/312.5), 8/16/32 MiB 1582/3247/6252 -> 1173/2344/5211.
+pub(crate) const BY_REF_ALONE_CROWDED: usize = 1 << 20;
 
 /// The default for a collective's messages sent in an exchange (a ring step): both ranks
 /// copy at once, and by reference each copies once instead of twice. 2 ranks, busbw medians

@@ -4,7 +4,9 @@
 
 use super::local::REF_BODY;
 use super::{Kind, Mesh};
-use crate::settings::{by_ref_defaults, ByRefMin, BY_REF_ALONE_OWN_CPU, BY_REF_EXCHANGE, BY_REF_MIN};
+use crate::settings::{
+    by_ref_defaults, ByRefMin, BY_REF_ALONE_CROWDED, BY_REF_ALONE_OWN_CPU, BY_REF_EXCHANGE, BY_REF_MIN,
+};
 use crate::shm;
 use anyccl_core::{Ctx, Result};
 
@@ -32,7 +34,7 @@ pub(crate) struct ByRef {
     pub p2p_exchange: usize,
     /// From these sizes a message sent alone goes by reference: point-to-point, collective
     /// (a broadcast's or a reduce's: [`BY_REF_ALONE_OWN_CPU`] where a host's ranks do not
-    /// outnumber its CPUs, never on a crowded one).
+    /// outnumber its CPUs, [`BY_REF_ALONE_CROWDED`] where they do).
     pub alone: (usize, usize),
 }
 
@@ -65,7 +67,7 @@ pub(crate) fn by_ref_sizes(ctx: &Ctx, crowded: bool) -> Result<ByRef> {
                 exchange_all_to_all: exchange.start.min(p2p_exchange)..usize::MAX,
                 exchange,
                 p2p_exchange,
-                alone: (BY_REF_MIN, if crowded { usize::MAX } else { BY_REF_ALONE_OWN_CPU }),
+                alone: (BY_REF_MIN, if crowded { BY_REF_ALONE_CROWDED } else { BY_REF_ALONE_OWN_CPU }),
             })
         }
     }
