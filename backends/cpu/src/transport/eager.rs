@@ -131,13 +131,20 @@ impl Mesh {
     ) -> Result<Eager> {
         // (Called as a job runs: not on a communicator that failed already.)
         let (Some(out), Some(link)) = (&self.shm[to], &self.shm[from]) else { return Ok(Eager::NotStarted) };
-        // Held throughout: only the thread that runs this communicator's operations reads
-        // its rings (and moves what it finds there to the inbox). Then the ring to `to`, as
-        // the usual exchange takes them.
-        let st = link.rx.lock().unwrap_or_else(|p| p.into_inner());
-        if recv.is_some() && spin.is_some() && (st.partial.is_some() || self.queued(from, kind)) {
-            // What the peer sent is on its way through the inbox: the usual way takes it.
-            return Ok(Eager::NotStarted);
+        // Where this receives, held throughout: only the thread that runs this
+        // communicator's operations reads its rings (and moves what it finds there to the
+        // inbox). Then the ring to `to`, as the usual exchange takes them. A send alone (a
+        // broadcast's root) takes no lock of a ring it does not read: two locked instructions
+        // fewer, one of them the release that waited for the written line to reach the reader.
+        let st = match recv {
+            Some(_) => Some(link.rx.lock().unwrap_or_else(|p| p.into_inner())),
+            None => None,
+        };
+        if let Some(st) = &st {
+            if spin.is_some() && (st.partial.is_some() || self.queued(from, kind)) {
+                // What the peer sent is on its way through the inbox: the usual way takes it.
+                return Ok(Eager::NotStarted);
+            }
         }
         // A message of one line: the writer's lock is given back as the call returns, not
         // right after the write. Its release is a locked instruction, which would wait for
@@ -156,7 +163,7 @@ impl Mesh {
                 _sent = Some(tx);
             }
         }
-        let Some((expect, sink)) = recv else { return Ok(Eager::Done) };
+        let (Some((expect, sink)), Some(st)) = (recv, st) else { return Ok(Eager::Done) };
         let Some(spin) = spin else { return Ok(Eager::Later) };
         // Looked at until the peer's next message is there: one of this kind is taken;
         // one of another kind first, or the spin's end, leaves it for later. The clock is
