@@ -136,10 +136,7 @@ impl Mesh {
         // inbox). Then the ring to `to`, as the usual exchange takes them. A send alone (a
         // broadcast's root) takes no lock of a ring it does not read: two locked instructions
         // fewer, one of them the release that waited for the written line to reach the reader.
-        let st = match recv {
-            Some(_) => Some(link.rx.lock().unwrap_or_else(|p| p.into_inner())),
-            None => None,
-        };
+        let st = recv.as_ref().map(|_| link.rx.lock().unwrap_or_else(|p| p.into_inner()));
         if let Some(st) = &st {
             if spin.is_some() && (st.partial.is_some() || self.queued(from, kind)) {
                 // What the peer sent is on its way through the inbox: the usual way takes it.
