@@ -150,6 +150,9 @@ fn read_direct(pid: i32, addr: usize, dst: &mut [u8]) -> Result<(), String> {
         // mappings and fails instead of faulting.
         let n = unsafe { libc::process_vm_readv(pid, &local, 1, &remote, 1, 0) };
         if n <= 0 {
+            if std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH) {
+                return Err(format!("process {pid} is gone (it exited or was killed)"));
+            }
             return Err(os_err(&format!("process_vm_readv of {} bytes from process {pid}", dst.len() - done)));
         }
         done += n as usize;
@@ -192,6 +195,19 @@ mod tests {
         let mut v = Vec::new();
         copy_to_vec(&mut v, &src);
         assert_eq!(v, src);
+    }
+
+    /// A read from a process that has exited says so (the sender of a message by reference
+    /// killed while its receiver copies), not only the kernel's word for it.
+    #[test]
+    fn read_remote_names_a_process_that_is_gone() {
+        let mut child = std::process::Command::new("true").spawn().expect("spawn true");
+        let pid = child.id() as i32;
+        child.wait().expect("wait for true");
+        let mut out = [0u8; 64];
+        let e = read_remote(pid, out.as_ptr() as usize, &mut out).expect_err("a read from a reaped process");
+        // (Its number may have gone to another process meanwhile: then not ours to read.)
+        assert!(e.contains("is gone") || e.contains("Operation not permitted") || e.contains("Bad address"), "{e}");
     }
 
     /// Reads of this process's own memory (what a lent input costs the worker), through the

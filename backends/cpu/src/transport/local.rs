@@ -187,7 +187,26 @@ impl Mesh {
     ) -> Result<()> {
         let addr = u64::from_le_bytes(body[..8].try_into().unwrap_or_default()) as usize;
         let n = u64::from_le_bytes(body[8..16].try_into().unwrap_or_default());
-        let failed = |e: String| self.peer_err(peer, format!("reading rank {peer}'s message: {e}"));
+        let withdrawn = || {
+            self.peer_err(
+                peer,
+                format!(
+                    "rank {peer} withdrew the {len}-byte message it sent by reference while this rank copied it (its \
+                     operation failed)"
+                ),
+            )
+        };
+        // A read that fails because the sender's memory went away says why it went, where
+        // that is known: the sender withdrew the message (its operation failed) or left.
+        let failed = |e: String| {
+            if rx.withdrawn(n) {
+                return withdrawn();
+            }
+            match self.mailbox.closed_why(peer) {
+                Some(why) => self.dead_err(Dead { aborted: false, peer: Some(peer), detail: why }),
+                None => self.peer_err(peer, format!("reading rank {peer}'s message: {e}")),
+            }
+        };
         match sink {
             Sink::Into(dst, _) => shm::read_remote(link.pid, addr, &mut dst[..len]).map_err(failed)?,
             Sink::With(f) => {
@@ -209,13 +228,7 @@ impl Mesh {
             }
         }
         if rx.withdrawn(n) {
-            return Err(self.peer_err(
-                peer,
-                format!(
-                    "rank {peer} withdrew the {len}-byte message it sent by reference while this rank copied it (its \
-                     operation failed)"
-                ),
-            ));
+            return Err(withdrawn());
         }
         rx.ack(n);
         Ok(())
