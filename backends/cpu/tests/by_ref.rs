@@ -254,6 +254,81 @@ fn wait_leaves_lent_message() -> Result<(), Failed> {
     }
 }
 
+/// Rank 1 sends rank 2 32 MiB by reference and waits for rank 2's copy (which comes only once
+/// rank 0 says so), then runs a sendrecv with rank 0; rank 0 runs that sendrecv at once, its
+/// 1 MiB by reference. Rank 0's message reaches rank 1 while rank 1 waits, and is left at its
+/// address; rank 1's sendrecv then copies it before writing its own. Both halves arrive whole.
+fn exchange_takes_left_message() -> Result<(), Failed> {
+    const N: usize = 3;
+    const BIG: usize = 32 << 20;
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let (mut go_tx, mut go_rx) = (Some(go_tx), Some(go_rx));
+    let handles: Vec<_> = (0..N)
+        .map(|r| {
+            let s = store.clone();
+            let (go_tx, go_rx) = (if r == 0 { go_tx.take() } else { None }, if r == 2 { go_rx.take() } else { None });
+            std::thread::spawn(move || -> Result<(), String> {
+                let c = connect_n(s, r, N, Links::Auto, "by-ref-exchange").map_err(|e| format!("connect: {e}"))?;
+                let mine: Vec<u8> = (0..X).map(|i| (i % 251) as u8 ^ (r as u8 + 1)).collect();
+                let from = |p: usize| -> Vec<u8> { (0..X).map(|i| (i % 251) as u8 ^ (p as u8 + 1)).collect() };
+                wait(c.barrier(), "barrier")?;
+                match r {
+                    0 => {
+                        let mut got = vec![0u8; X];
+                        let ops = vec![P2POp::Send(Buf::host(&mine), 1), P2POp::Recv(BufMut::host(&mut got), 1)];
+                        let w = c.p2p_group(ops);
+                        std::thread::sleep(Duration::from_millis(10));
+                        if let Some(g) = &go_tx {
+                            let _ = g.send(());
+                        }
+                        wait(w, "sendrecv with 1")?;
+                        if got != from(1) {
+                            return Err("wrong bytes from rank 1".into());
+                        }
+                    }
+                    1 => {
+                        let big = vec![7u8; BIG];
+                        let send = c.send(Buf::host(&big), 2);
+                        let mut got = vec![0u8; X];
+                        let ops = vec![P2POp::Send(Buf::host(&mine), 0), P2POp::Recv(BufMut::host(&mut got), 0)];
+                        let pair = c.p2p_group(ops);
+                        wait(send, "send to 2")?;
+                        wait(pair, "sendrecv with 0")?;
+                        if got != from(0) {
+                            return Err("wrong bytes from rank 0".into());
+                        }
+                    }
+                    _ => {
+                        if let Some(g) = &go_rx {
+                            g.recv_timeout(Duration::from_secs(30)).map_err(|e| format!("rank 0's word: {e}"))?;
+                        }
+                        let mut got = vec![0u8; BIG];
+                        wait(c.recv(BufMut::host(&mut got), 1), "recv from 1")?;
+                        if got.iter().any(|&v| v != 7) {
+                            return Err("wrong bytes from rank 1".into());
+                        }
+                    }
+                }
+                wait(c.barrier(), "barrier")
+            })
+        })
+        .collect();
+    let errs: Vec<String> = handles
+        .into_iter()
+        .enumerate()
+        .filter_map(|(r, h)| match h.join() {
+            Ok(Ok(())) => None,
+            Ok(Err(e)) => Some(format!("rank {r}: {e}")),
+            Err(_) => Some(format!("rank {r} panicked")),
+        })
+        .collect();
+    match errs.is_empty() {
+        true => Ok(()),
+        false => Err(errs.join("; ").into()),
+    }
+}
+
 fn main() -> std::process::ExitCode {
     // The cases need the default sizes (a sendrecv's message by reference from 64 KiB, rings
     // of 4 MiB): removed before any thread starts, since every connect reads them.
@@ -267,6 +342,7 @@ fn main() -> std::process::ExitCode {
         Trial::test("cpu::by_ref::large_send_cycle_across_hosts[w=6]", || cycle(Links::Hosts(2), true)),
         Trial::test("cpu::by_ref::withdrawn_on_failure[w=3]", withdrawn_on_failure),
         Trial::test("cpu::by_ref::wait_leaves_lent_message[w=3]", wait_leaves_lent_message),
+        Trial::test("cpu::by_ref::exchange_takes_left_message[w=3]", exchange_takes_left_message),
     ];
     libtest_mimic::run(&args, trials).exit_code()
 }
