@@ -163,78 +163,24 @@ fn withdrawn_on_failure() -> Result<(), Failed> {
     }
 }
 
-/// Rank 1 sends rank 2 32 MiB by reference and waits for rank 2's copy, which comes only
-/// once rank 0 says so; meanwhile rank 0 sends rank 1 32 MiB by reference. Rank 1's wait
-/// must leave rank 0's message where it is (the receive that takes it copies it once), not
-/// copy it to its inbox at once (twice in all): rank 0's send stays incomplete for the 10 ms
-/// it is watched, inside the 17.8 ms (a millisecond and the copy's time at 2 GB/s) after
-/// which such a wait serves a sender. Two rounds, so that a copy to the inbox, if made,
-/// finds its buffer allocated (about 3 ms here). Every message arrives whole.
-fn wait_leaves_lent_message() -> Result<(), Failed> {
+/// Three ranks of one host, each running `body(rank, communicator, word)` on its own thread
+/// after connecting as group `name`; `word` lets rank 0 tell rank 2 when to go on (rank 0
+/// sends it, rank 2 waits for it up to 30 s). Every rank's error, named by rank.
+fn three_with_word(
+    name: &'static str,
+    body: fn(usize, &Communicator, &Word) -> Result<(), String>,
+) -> Result<(), Failed> {
     const N: usize = 3;
-    const BIG: usize = 32 << 20;
-    const ROUNDS: usize = 2;
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
-    let (mut go_tx, mut go_rx) = (Some(go_tx), Some(go_rx));
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let (mut tx, mut rx) = (Some(tx), Some(rx));
     let handles: Vec<_> = (0..N)
         .map(|r| {
             let s = store.clone();
-            let (go_tx, go_rx) = (if r == 0 { go_tx.take() } else { None }, if r == 2 { go_rx.take() } else { None });
+            let word = Word { tx: if r == 0 { tx.take() } else { None }, rx: if r == 2 { rx.take() } else { None } };
             std::thread::spawn(move || -> Result<(), String> {
-                let c = connect_n(s, r, N, Links::Auto, "by-ref-left").map_err(|e| format!("connect: {e}"))?;
-                let x: Vec<u8> = (0..BIG).map(|i| (i % 251) as u8 ^ r as u8).collect();
-                let mut got = vec![0u8; BIG];
-                // The links 0 -> 1 -> 2 in use before anything is watched.
-                let mut b = [r as u8; 8];
-                if r < 2 {
-                    wait(c.send(Buf::host(&b[..]), r + 1), "first send")?;
-                }
-                if r > 0 {
-                    wait(c.recv(BufMut::host(&mut b[..]), r - 1), "first recv")?;
-                }
-                for round in 0..ROUNDS {
-                    wait(c.barrier(), "barrier")?;
-                    match r {
-                        0 => {
-                            let mut w = c.send(Buf::host(&x), 1).map_err(|e| format!("send to 1: {e}"))?;
-                            let t = Instant::now();
-                            let mut early = false;
-                            while t.elapsed() < Duration::from_millis(10) {
-                                early |= w.is_completed().map_err(|e| format!("send to 1: {e}"))?;
-                                std::thread::sleep(Duration::from_micros(100));
-                            }
-                            if let Some(g) = &go_tx {
-                                let _ = g.send(());
-                            }
-                            w.wait(Duration::from_secs(20)).map_err(|e| format!("send to 1: {e}"))?;
-                            if early {
-                                return Err(format!(
-                                    "round {round}: rank 1 copied this rank's message while it waited for rank 2's \
-                                     copy of its own (to its inbox: twice in all)"
-                                ));
-                            }
-                        }
-                        1 => {
-                            let send = c.send(Buf::host(&x), 2);
-                            let recv = c.recv(BufMut::host(&mut got), 0);
-                            wait(send, "send to 2")?;
-                            wait(recv, "recv from 0")?;
-                            if got.iter().enumerate().any(|(i, &v)| v != (i % 251) as u8) {
-                                return Err(format!("round {round}: wrong bytes from rank 0"));
-                            }
-                        }
-                        _ => {
-                            if let Some(g) = &go_rx {
-                                g.recv_timeout(Duration::from_secs(30)).map_err(|e| format!("rank 0's word: {e}"))?;
-                            }
-                            wait(c.recv(BufMut::host(&mut got), 1), "recv from 1")?;
-                            if got.iter().enumerate().any(|(i, &v)| v != (i % 251) as u8 ^ 1) {
-                                return Err(format!("round {round}: wrong bytes from rank 1"));
-                            }
-                        }
-                    }
-                }
+                let c = connect_n(s, r, N, Links::Auto, name).map_err(|e| format!("connect: {e}"))?;
+                body(r, &c, &word)?;
                 wait(c.barrier(), "barrier")
             })
         })
@@ -254,79 +200,133 @@ fn wait_leaves_lent_message() -> Result<(), Failed> {
     }
 }
 
+/// Rank 0's word to rank 2 (see [`three_with_word`]).
+struct Word {
+    tx: Option<std::sync::mpsc::Sender<()>>,
+    rx: Option<std::sync::mpsc::Receiver<()>>,
+}
+
+impl Word {
+    fn say(&self) {
+        if let Some(t) = &self.tx {
+            let _ = t.send(());
+        }
+    }
+    fn hear(&self) -> Result<(), String> {
+        match &self.rx {
+            Some(r) => r.recv_timeout(Duration::from_secs(30)).map_err(|e| format!("rank 0's word: {e}")),
+            None => Ok(()),
+        }
+    }
+}
+
+const BIG: usize = 32 << 20;
+
+/// Rank 1 sends rank 2 32 MiB by reference and waits for rank 2's copy, which comes only
+/// once rank 0 says so; meanwhile rank 0 sends rank 1 32 MiB by reference. Rank 1's wait
+/// must leave rank 0's message where it is (the receive that takes it copies it once), not
+/// copy it to its inbox at once (twice in all): rank 0's send stays incomplete for the 10 ms
+/// it is watched, inside the 17.8 ms (a millisecond and the copy's time at 2 GB/s) after
+/// which such a wait serves a sender. Two rounds, so that a copy to the inbox, if made,
+/// finds its buffer allocated (about 3 ms here). Every message arrives whole.
+fn wait_leaves_lent_message() -> Result<(), Failed> {
+    three_with_word("by-ref-left", |r, c, word| {
+        let x: Vec<u8> = (0..BIG).map(|i| (i % 251) as u8 ^ r as u8).collect();
+        let mut got = vec![0u8; BIG];
+        // The links 0 -> 1 -> 2 in use before anything is watched.
+        let mut b = [r as u8; 8];
+        if r < 2 {
+            wait(c.send(Buf::host(&b[..]), r + 1), "first send")?;
+        }
+        if r > 0 {
+            wait(c.recv(BufMut::host(&mut b[..]), r - 1), "first recv")?;
+        }
+        for round in 0..2 {
+            wait(c.barrier(), "barrier")?;
+            match r {
+                0 => {
+                    let mut w = c.send(Buf::host(&x), 1).map_err(|e| format!("send to 1: {e}"))?;
+                    let t = Instant::now();
+                    let mut early = false;
+                    while t.elapsed() < Duration::from_millis(10) {
+                        early |= w.is_completed().map_err(|e| format!("send to 1: {e}"))?;
+                        std::thread::sleep(Duration::from_micros(100));
+                    }
+                    word.say();
+                    w.wait(Duration::from_secs(20)).map_err(|e| format!("send to 1: {e}"))?;
+                    if early {
+                        return Err(format!(
+                            "round {round}: rank 1 copied this rank's message while it waited for rank 2's copy of \
+                             its own (to its inbox: twice in all)"
+                        ));
+                    }
+                }
+                1 => {
+                    let send = c.send(Buf::host(&x), 2);
+                    let recv = c.recv(BufMut::host(&mut got), 0);
+                    wait(send, "send to 2")?;
+                    wait(recv, "recv from 0")?;
+                    if got.iter().enumerate().any(|(i, &v)| v != (i % 251) as u8) {
+                        return Err(format!("round {round}: wrong bytes from rank 0"));
+                    }
+                }
+                _ => {
+                    word.hear()?;
+                    wait(c.recv(BufMut::host(&mut got), 1), "recv from 1")?;
+                    if got.iter().enumerate().any(|(i, &v)| v != (i % 251) as u8 ^ 1) {
+                        return Err(format!("round {round}: wrong bytes from rank 1"));
+                    }
+                }
+            }
+        }
+        Ok(())
+    })
+}
+
 /// Rank 1 sends rank 2 32 MiB by reference and waits for rank 2's copy (which comes only once
 /// rank 0 says so), then runs a sendrecv with rank 0; rank 0 runs that sendrecv at once, its
 /// 1 MiB by reference. Rank 0's message reaches rank 1 while rank 1 waits, and is left at its
 /// address; rank 1's sendrecv then copies it before writing its own. Both halves arrive whole.
 fn exchange_takes_left_message() -> Result<(), Failed> {
-    const N: usize = 3;
-    const BIG: usize = 32 << 20;
-    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
-    let (mut go_tx, mut go_rx) = (Some(go_tx), Some(go_rx));
-    let handles: Vec<_> = (0..N)
-        .map(|r| {
-            let s = store.clone();
-            let (go_tx, go_rx) = (if r == 0 { go_tx.take() } else { None }, if r == 2 { go_rx.take() } else { None });
-            std::thread::spawn(move || -> Result<(), String> {
-                let c = connect_n(s, r, N, Links::Auto, "by-ref-exchange").map_err(|e| format!("connect: {e}"))?;
-                let mine: Vec<u8> = (0..X).map(|i| (i % 251) as u8 ^ (r as u8 + 1)).collect();
-                let from = |p: usize| -> Vec<u8> { (0..X).map(|i| (i % 251) as u8 ^ (p as u8 + 1)).collect() };
-                wait(c.barrier(), "barrier")?;
-                match r {
-                    0 => {
-                        let mut got = vec![0u8; X];
-                        let ops = vec![P2POp::Send(Buf::host(&mine), 1), P2POp::Recv(BufMut::host(&mut got), 1)];
-                        let w = c.p2p_group(ops);
-                        std::thread::sleep(Duration::from_millis(10));
-                        if let Some(g) = &go_tx {
-                            let _ = g.send(());
-                        }
-                        wait(w, "sendrecv with 1")?;
-                        if got != from(1) {
-                            return Err("wrong bytes from rank 1".into());
-                        }
-                    }
-                    1 => {
-                        let big = vec![7u8; BIG];
-                        let send = c.send(Buf::host(&big), 2);
-                        let mut got = vec![0u8; X];
-                        let ops = vec![P2POp::Send(Buf::host(&mine), 0), P2POp::Recv(BufMut::host(&mut got), 0)];
-                        let pair = c.p2p_group(ops);
-                        wait(send, "send to 2")?;
-                        wait(pair, "sendrecv with 0")?;
-                        if got != from(0) {
-                            return Err("wrong bytes from rank 0".into());
-                        }
-                    }
-                    _ => {
-                        if let Some(g) = &go_rx {
-                            g.recv_timeout(Duration::from_secs(30)).map_err(|e| format!("rank 0's word: {e}"))?;
-                        }
-                        let mut got = vec![0u8; BIG];
-                        wait(c.recv(BufMut::host(&mut got), 1), "recv from 1")?;
-                        if got.iter().any(|&v| v != 7) {
-                            return Err("wrong bytes from rank 1".into());
-                        }
-                    }
+    three_with_word("by-ref-exchange", |r, c, word| {
+        let part = |p: usize| -> Vec<u8> { (0..X).map(|i| (i % 251) as u8 ^ (p as u8 + 1)).collect() };
+        let mine = part(r);
+        wait(c.barrier(), "barrier")?;
+        match r {
+            0 => {
+                let mut got = vec![0u8; X];
+                let ops = vec![P2POp::Send(Buf::host(&mine), 1), P2POp::Recv(BufMut::host(&mut got), 1)];
+                let w = c.p2p_group(ops);
+                std::thread::sleep(Duration::from_millis(10));
+                word.say();
+                wait(w, "sendrecv with 1")?;
+                if got != part(1) {
+                    return Err("wrong bytes from rank 1".into());
                 }
-                wait(c.barrier(), "barrier")
-            })
-        })
-        .collect();
-    let errs: Vec<String> = handles
-        .into_iter()
-        .enumerate()
-        .filter_map(|(r, h)| match h.join() {
-            Ok(Ok(())) => None,
-            Ok(Err(e)) => Some(format!("rank {r}: {e}")),
-            Err(_) => Some(format!("rank {r} panicked")),
-        })
-        .collect();
-    match errs.is_empty() {
-        true => Ok(()),
-        false => Err(errs.join("; ").into()),
-    }
+            }
+            1 => {
+                let big = vec![7u8; BIG];
+                let send = c.send(Buf::host(&big), 2);
+                let mut got = vec![0u8; X];
+                let ops = vec![P2POp::Send(Buf::host(&mine), 0), P2POp::Recv(BufMut::host(&mut got), 0)];
+                let pair = c.p2p_group(ops);
+                wait(send, "send to 2")?;
+                wait(pair, "sendrecv with 0")?;
+                if got != part(0) {
+                    return Err("wrong bytes from rank 0".into());
+                }
+            }
+            _ => {
+                word.hear()?;
+                let mut got = vec![0u8; BIG];
+                wait(c.recv(BufMut::host(&mut got), 1), "recv from 1")?;
+                if got.iter().any(|&v| v != 7) {
+                    return Err("wrong bytes from rank 1".into());
+                }
+            }
+        }
+        Ok(())
+    })
 }
 
 fn main() -> std::process::ExitCode {
