@@ -167,8 +167,13 @@ impl Agreement<'_> {
                 Some(p) => p.members.iter().map(|m| (m.rank, Some(m.incarnation))).collect(),
                 None => (0..self.world).map(|r| (r, None)).collect(),
             };
+            // A joiner's older process of the same rank is left out on the evidence of the
+            // joiner itself (its record written with the decision, as for any left out).
+            let mut replaced = Vec::new();
             for (r, inc) in self.joiners(e, prev).await? {
-                expected.insert(r, Some(inc));
+                if let Some(Some(old)) = expected.insert(r, Some(inc)) {
+                    replaced.push((r, old, format!("a newer process of rank {r} (incarnation {inc}) joins")));
+                }
             }
             let ranks: Vec<usize> = expected.keys().copied().collect();
             let now = Instant::now();
@@ -184,7 +189,7 @@ impl Agreement<'_> {
             // their records with the decision, so that whoever watches for them (a launcher
             // that replaces a process declared gone) learns of every process left out, not
             // only of one whose watcher was alive to see it.
-            let mut unrecorded = Vec::new();
+            let mut unrecorded = replaced;
             for ((&r, record), gone) in ranks.iter().zip(alive).zip(gone) {
                 let want = expected[&r];
                 let newer = record.as_deref().and_then(record_incarnation).zip(want).is_some_and(|(s, w)| s > w);
