@@ -1,6 +1,6 @@
 //! The protocol's cases: failures, replacements, stopped members, leaders replaced.
 
-use super::{agree_all, cfg, fresh, ranks, rt, start};
+use super::{admitted, agree_all, cfg, fresh, ranks, rt, start};
 use crate::{LivenessDriver, Member, Membership, MembershipConfig, View};
 use anyccl_core::{MemoryStore, Store};
 use std::sync::Arc;
@@ -252,7 +252,12 @@ fn membership_a_member_that_beats_but_never_arrives_fails_everyone_the_same_way(
 
 /// The leader of an epoch is killed and its rank restarted at once: the new process renews
 /// the rank's liveness record, so the dead leader never goes stale; it is replaced on the
-/// evidence of the newer process, and the new process is admitted.
+/// evidence of the newer process (not after the agreement timeout), and the new process is
+/// admitted. Where: at epoch 1 when the leader decides before the dead process's watcher
+/// sees the newer record; otherwise the watcher marks epoch 1 a failure (a process died),
+/// which admits no joiner, and the joiner is admitted at epoch 2, which the members take
+/// when they hear it proposed. Both are the protocol; which one a run takes is timing (a
+/// loaded machine takes the second about one run in five).
 #[test]
 fn membership_a_leader_killed_and_restarted_at_once_is_replaced() {
     rt().block_on(async {
@@ -264,13 +269,13 @@ fn membership_a_leader_killed_and_restarted_at_once_is_replaced() {
         drop(m3);
         let t = Instant::now();
         let joiner = tokio::spawn(Membership::join(store.clone(), 3, 4, c.clone()));
-        let (_ms, vs) = agree_all(ms).await;
+        let (ms, vs) = agree_all(ms).await;
+        let admitted = admitted(ms, vs, Member { rank: 3, incarnation: 2 }).await;
         let joiner = joiner.await.expect("task").expect("the restarted rank is admitted");
-        for v in vs {
-            let v = v.expect("agreed past the dead leader");
-            assert_eq!(v.member(3), Some(Member { rank: 3, incarnation: 2 }), "{v:?}");
-        }
-        assert_eq!(joiner.view().epoch, 1);
+        assert_eq!(joiner.view(), admitted);
+        let gone = Membership::gone_records(store.as_ref(), &c, &[Member { rank: 3, incarnation: 1 }]).await;
+        let gone = gone.expect("read").remove(0).unwrap_or_default();
+        assert!(gone.contains("a newer process of rank 3"), "left out on evidence: {gone}");
         assert!(t.elapsed() < Duration::from_secs(10), "{:?}: waited for the agreement timeout", t.elapsed());
     });
 }
@@ -341,7 +346,9 @@ fn membership_the_leader_decides_without_waiting_a_beat_for_a_member_known_gone(
 
 /// A replacement started for a rank whose process still runs (the launcher thought it dead)
 /// is admitted, and the old process is told it is out, even when the old process arrives
-/// at the epoch after the replacement and keeps renewing its rank's liveness record.
+/// at the epoch after the replacement and keeps renewing its rank's liveness record. The
+/// replacement is admitted at epoch 1, or at epoch 2 when the old process's watcher saw the
+/// newer record first and marked epoch 1 a failure (timing: see `admitted`).
 #[test]
 fn membership_a_replacement_for_a_live_member_is_admitted_though_the_old_one_arrives_after_it() {
     rt().block_on(async {
@@ -359,12 +366,10 @@ fn membership_a_replacement_for_a_live_member_is_admitted_though_the_old_one_arr
         }
         // The old process arrives after its replacement.
         let old = tokio::spawn(async move { (old.agree("the old process arrives").await, old) });
-        let (_ms, vs) = agree_all(ms).await;
+        let (ms, vs) = agree_all(ms).await;
+        let admitted = admitted(ms, vs, Member { rank: 2, incarnation: 2 }).await;
         let joiner = joiner.await.expect("task").expect("the replacement is admitted");
-        assert_eq!(joiner.view().member(2), Some(Member { rank: 2, incarnation: 2 }));
-        for v in vs {
-            assert_eq!(v.expect("agreed").members, joiner.view().members);
-        }
+        assert_eq!(joiner.view(), admitted);
         let (r, _old) = old.await.expect("task");
         let e = r.expect_err("the old process is out").to_string();
         assert!(e.contains("rank 2 (incarnation 1) is not a member"), "{e}");

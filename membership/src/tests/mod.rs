@@ -2,7 +2,7 @@
 //! in-memory store: a member "killed" is dropped (its liveness record stops), "stopped" is
 //! one whose record stops while it keeps its handle.
 
-use crate::{Membership, MembershipConfig, View};
+use crate::{Member, Membership, MembershipConfig, View};
 use anyccl_core::Store;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -64,6 +64,24 @@ async fn agree_all(ms: Vec<Membership>) -> (Vec<Membership>, Vec<anyccl_core::Re
         vs.push(v);
     }
     (ms, vs)
+}
+
+/// The view that admits `joiner`, from the members' views `vs` of the epoch they agreed on:
+/// that epoch when it admits it; otherwise (a process died or was replaced meanwhile, so the
+/// epoch is a failure, which admits no joiner) the next, which the joiner proposes and the
+/// members agree on once they hear it. Every member holds the same view at each epoch.
+async fn admitted(ms: Vec<Membership>, vs: Vec<anyccl_core::Result<View>>, joiner: Member) -> View {
+    let vs: Vec<View> = vs.into_iter().map(|v| v.expect("agreed")).collect();
+    assert!(vs.iter().all(|v| *v == vs[0]), "one decision on every member: {vs:?}");
+    if vs[0].member(joiner.rank).is_some() {
+        return vs[0].clone();
+    }
+    assert!(vs[0].left.contains(&joiner.rank), "the joiner's rank is left out of {:?}", vs[0]);
+    let (_ms, vs) = agree_all(ms).await;
+    let vs: Vec<View> = vs.into_iter().map(|v| v.expect("the joiner's epoch")).collect();
+    assert!(vs.iter().all(|v| *v == vs[0]), "one decision on every member: {vs:?}");
+    assert_eq!(vs[0].member(joiner.rank), Some(joiner), "{:?}", vs[0]);
+    vs[0].clone()
 }
 
 fn ranks(v: &View) -> Vec<usize> {
