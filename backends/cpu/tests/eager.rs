@@ -656,6 +656,44 @@ fn ring_mix(n: usize) -> Result<(), Failed> {
     })
 }
 
+/// A ring of sendrecvs among `n` ranks in step, 8-32 KiB each way: every result right, and
+/// where the ranks outnumber this process's CPUs (their messages go through the rings up to
+/// 32 KiB there, by reference from 64 KiB) some of those above 8 KiB finished as they were
+/// issued.
+fn ring_sendrecv_through_the_rings(n: usize) -> Result<(), Failed> {
+    let arrived = Arc::new(AtomicUsize::new(0));
+    let crowded = std::thread::available_parallelism().is_ok_and(|c| n > c.get());
+    common::ranks(n, &format!("eager-ring-sendrecv-{n}"), move |me, c| {
+        let (to, from) = ((me + 1) % n, (me + n - 1) % n);
+        let (mut calls, mut above_8k) = (0usize, 0usize);
+        for round in 0..50 {
+            for len in [2048usize, 4096, 6144, 8192] {
+                let mine = input(me, len, round);
+                let mut out = vec![0f32; len];
+                // In step: every rank here before any issues.
+                calls += 1;
+                arrived.fetch_add(1, Ordering::SeqCst);
+                while arrived.load(Ordering::SeqCst) < n * calls {
+                    std::hint::spin_loop();
+                    std::thread::yield_now();
+                }
+                let ops = vec![P2POp::Send(Buf::host(&mine), to), P2POp::Recv(BufMut::host(&mut out), from)];
+                let mut w = c.p2p_group(ops).map_err(|e| e.to_string())?;
+                let finished = w.is_completed().map_err(|e| e.to_string())?;
+                above_8k += usize::from(finished && len > 2048);
+                wait(Ok(w))?;
+                if out != input(from, len, round) {
+                    return Err(format!("sendrecv of {len} x f32 from rank {from}, round {round}: {:?}", &out[..4]));
+                }
+            }
+        }
+        if crowded && above_8k == 0 {
+            return Err(format!("no sendrecv of 16-32 KiB finished as it was issued ({calls} calls)"));
+        }
+        Ok(())
+    })
+}
+
 /// Rank 0 reduces 8 B, rank 1 16 B: each fails naming the collective, within the operation
 /// timeout, whether its issue or its wait finds out.
 fn mismatch_fails_both_ranks() -> Result<(), Failed> {
@@ -694,6 +732,8 @@ fn main() -> std::process::ExitCode {
         Trial::test("cpu::eager::mixed_pipeline[w=2]", mixed_pipeline),
         Trial::test("cpu::eager::ring_mix[w=3]", || ring_mix(3)),
         Trial::test("cpu::eager::ring_mix[w=4]", || ring_mix(4)),
+        Trial::test("cpu::eager::ring_sendrecv_through_the_rings[w=3]", || ring_sendrecv_through_the_rings(3)),
+        Trial::test("cpu::eager::ring_sendrecv_through_the_rings[w=4]", || ring_sendrecv_through_the_rings(4)),
     ];
     libtest_mimic::run(&args, trials).exit_code()
 }

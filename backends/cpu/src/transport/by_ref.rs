@@ -115,6 +115,12 @@ impl Mesh {
         ((exchange && in_step) || len >= alone) && tx.by_ref_ok()
     }
 
+    /// The size from which a sendrecv's message goes by reference on this host (`usize::MAX`:
+    /// never in an exchange).
+    pub(crate) fn p2p_by_ref_from(&self) -> usize {
+        self.by_ref_sizes.p2p_exchange
+    }
+
     /// How a message of `what` (as [`Mesh::by_ref`] takes it) and `len` bytes to `peer` travels, sent in an exchange or
     /// alone, in words: over TCP, by reference (the peer copies it out of this process's
     /// memory), or through the shared-memory ring (with streaming stores from the ring's
