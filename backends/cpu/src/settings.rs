@@ -484,8 +484,9 @@ pub(crate) const BY_REF_P2P_EXCHANGE: usize = 64 << 10;
 /// together: 2 ranks on 2 cores, time medians of 5 alternating runs, from 64 KiB -> from 16
 /// KiB (Open MPI beside them): 16 KiB 5.50 -> 3.57 us (3.65), 32 KiB 8.20 -> 4.75 (4.81),
 /// other sizes alike. With 4 ranks on the 2 cores the runs moved by 1.5x either way, so a
-/// crowded host keeps 64 KiB.
-pub(crate) const BY_REF_P2P_EXCHANGE_OWN_CPU: usize = 16 << 10;
+/// crowded host keeps 64 KiB. From 8 KiB (2026-12-07, 5 rounds; 8 KiB went as it was issued,
+/// through the rings, before): 8 KiB 1.98 -> 1.65 us (1.83), 2-4 KiB and 16-64 KiB alike.
+pub(crate) const BY_REF_P2P_EXCHANGE_OWN_CPU: usize = 8 << 10;
 
 /// What `ANYCCL_CPU_BY_REF_MIN` says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

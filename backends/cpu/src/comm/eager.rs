@@ -25,14 +25,13 @@ use std::sync::atomic::AtomicU32;
 mod direct;
 
 /// The largest message of an all_gather (each rank's part), a reduce_scatter (each rank's
-/// share), an all_to_all (each segment), a broadcast or a sendrecv (each direction; up to
-/// [`EAGER_P2P_MAX`] where its messages go through the rings) that goes this way, and of an
-/// all_reduce among more than two ranks (two ranks': their direct size,
-/// `ANYCCL_CPU_ALLREDUCE_DIRECT_MAX`).
+/// share), an all_to_all (each segment) or a broadcast that goes this way, and of an all_reduce
+/// among more than two ranks (two ranks': their direct size, `ANYCCL_CPU_ALLREDUCE_DIRECT_MAX`);
+/// a sendrecv's: [`EAGER_P2P_MAX`].
 pub(super) const EAGER_MAX: usize = 8 << 10;
 
-/// The largest message of a sendrecv that goes this way where its messages go through the
-/// rings (below the size from which they go by reference: 16 KiB, or 64 KiB where a host's
+/// The largest message of a sendrecv that goes this way, where its messages go through the
+/// rings (below the size from which they go by reference: 8 KiB, or 64 KiB where a host's
 /// ranks outnumber its CPUs). 4 ranks on 2 cores, a ring of sendrecvs, 3 alternating rounds:
 /// 16 / 32 KiB 5.23 / 8.49 -> 4.21 / 7.58 us a call (Open MPI 6.41 / 8.08); 64 KiB through
 /// the rings this way took 14.0 us against 10.9 by reference.
@@ -470,8 +469,10 @@ impl CpuComm {
     /// for later waits behind the others of this rank in order.
     fn eager_p2p_fits(&self, to: usize, from: usize, bytes: usize) -> bool {
         let me = self.info.rank;
-        let through_rings = bytes <= EAGER_P2P_MAX && bytes < self.mesh.p2p_by_ref_from();
-        (bytes <= EAGER_MAX || through_rings)
+        // (A message that would go by reference goes the usual way: this way sends through
+        // the rings.)
+        bytes <= EAGER_P2P_MAX
+            && bytes < self.mesh.p2p_by_ref_from()
             && !self.eager.spin.is_zero()
             && to != me
             && from != me
