@@ -638,3 +638,41 @@ fn membership_a_failure_epoch_admits_no_joiner_the_next_epoch_does() {
         vs.into_iter().for_each(|v| assert_eq!(v.expect("agreed").members, joiner.view().members));
     });
 }
+
+/// A process replaced by a joiner of its rank is recorded gone by the leader that admits the
+/// joiner, as every process left out on evidence is, also where no watcher saw it (every
+/// member's beat is held here, so only the leader can write the record).
+#[test]
+fn membership_a_process_replaced_by_a_joiner_is_recorded_gone_by_the_leader() {
+    rt().block_on(async {
+        let c =
+            MembershipConfig { stale_after: Duration::from_secs(20), agree_timeout: Duration::from_secs(30), ..cfg() };
+        let (store, ms) = fresh(3, &c).await;
+        for m in &ms {
+            m.shared.paused.store(true, std::sync::atomic::Ordering::Release);
+        }
+        let joiner = tokio::spawn(Membership::join(store.clone(), 2, 3, c.clone()));
+        let joining = crate::keys::Keys::new(&c.prefix).joining(2);
+        let t = Instant::now();
+        while store.get(&joining).await.expect("get").is_none() && t.elapsed() < SETTLE {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        let mut ms = ms.into_iter();
+        let (m0, m1, _old) = (ms.next().expect("rank 0"), ms.next().expect("rank 1"), ms.next());
+        let (a, b) = tokio::join!(m0.agree("a replacement joins"), m1.agree("a replacement joins"));
+        let joiner = joiner.await.expect("task").expect("admitted");
+        for v in [a.expect("rank 0 agreed"), b.expect("rank 1 agreed")] {
+            assert_eq!(
+                (v.epoch, v.member(2), v.joined.clone()),
+                (1, Some(Member { rank: 2, incarnation: 2 }), vec![2])
+            );
+            assert_eq!(v, joiner.view());
+        }
+        let gone = Membership::gone_records(store.as_ref(), &c, &[Member { rank: 2, incarnation: 1 }]).await;
+        let gone = gone.expect("read").remove(0).unwrap_or_default();
+        assert!(
+            gone.starts_with("rank 2 (incarnation 1) is gone: a newer process of rank 2 (incarnation 2) joins"),
+            "{gone}"
+        );
+    });
+}
