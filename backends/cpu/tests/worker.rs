@@ -5,12 +5,10 @@
 mod common;
 
 use anyccl_core::{Buf, BufMut, Communicator, ReduceOp, Work};
+use common::T;
 use libtest_mimic::{Arguments, Failed, Trial};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
-
-/// Longer than the ranks' operation timeout (10 s): a wait that long runs the job itself.
-const T: Duration = Duration::from_secs(20);
+use std::time::Instant;
 
 /// Voluntary context switches of this process's worker threads (`anyccl-cpu-<rank>`), in all.
 fn worker_sleeps() -> Result<u64, String> {

@@ -72,3 +72,34 @@ pub fn ranks(
         Err(errs.join("; ").into())
     }
 }
+
+/// How long a test's wait for one operation lasts (longer than the ranks' 10 s operation
+/// timeout, so a wait runs its job itself).
+#[allow(dead_code)] // not every test program waits this way
+pub const T: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// Rank `rank`'s `n` floats for round `round`, distinct across ranks and rounds.
+#[allow(dead_code)]
+pub fn input(rank: usize, n: usize, round: usize) -> Vec<f32> {
+    (0..n).map(|i| (rank * 1000 + i + round) as f32).collect()
+}
+
+/// Wait up to [`T`] for an issued operation; its error as text.
+#[allow(dead_code)]
+pub fn wait(w: anyccl_core::Result<anyccl_core::Work<'_>>) -> Result<(), String> {
+    w.and_then(|mut w| w.wait(T)).map_err(|e| e.to_string())
+}
+
+/// Call `*call` (counted up here) of `n` ranks: every rank arrives before any leaves, and they
+/// leave together, within the time one look at a shared counter takes (a sleeping barrier
+/// would wake one of them tens of microseconds later, past the eager look).
+#[allow(dead_code)]
+pub fn meet(arrived: &std::sync::atomic::AtomicUsize, call: &mut usize, n: usize) {
+    use std::sync::atomic::Ordering;
+    *call += 1;
+    arrived.fetch_add(1, Ordering::SeqCst);
+    while arrived.load(Ordering::SeqCst) < n * *call {
+        std::hint::spin_loop();
+        std::thread::yield_now();
+    }
+}
