@@ -10,6 +10,15 @@ use std::time::{Duration, Instant};
 /// as soon as it does): long, so that a loaded host slows a case rather than failing it.
 const SETTLE: Duration = Duration::from_secs(30);
 
+/// Look at `key` every 2 ms until `done` holds for what the store has there (or
+/// [`SETTLE`] passed: the case's own checks then fail).
+async fn settle(store: &Arc<dyn Store>, key: &str, done: impl Fn(Option<&[u8]>) -> bool) {
+    let t = Instant::now();
+    while !done(store.get(key).await.expect("get").as_deref()) && t.elapsed() < SETTLE {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
 #[test]
 fn membership_start_agrees_on_every_rank_at_epoch_0() {
     rt().block_on(async {
@@ -360,10 +369,7 @@ fn membership_a_replacement_for_a_live_member_is_admitted_though_the_old_one_arr
         let old = ms.remove(2);
         let joiner = tokio::spawn(Membership::join(store.clone(), 2, 3, c.clone()));
         let arrived = crate::keys::Keys::new(&c.prefix).arrived(1, 2);
-        let t = Instant::now();
-        while store.get(&arrived).await.expect("get").as_deref() != Some(b"2") && t.elapsed() < SETTLE {
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
+        settle(&store, &arrived, |v| v == Some(b"2")).await;
         // The old process arrives after its replacement.
         let old = tokio::spawn(async move { (old.agree("the old process arrives").await, old) });
         let (ms, vs) = agree_all(ms).await;
@@ -387,10 +393,7 @@ fn membership_an_old_process_stops_renewing_its_rank_record_once_its_replacement
         let joiner = tokio::spawn(Membership::join(store.clone(), 1, 2, c.clone()));
         let alive = crate::keys::Keys::new(&c.prefix).alive(1);
         let incarnation = |r: Option<Vec<u8>>| r.as_deref().and_then(crate::liveness::record_incarnation);
-        let t = Instant::now();
-        while incarnation(store.get(&alive).await.expect("get")) != Some(2) && t.elapsed() < SETTLE {
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
+        settle(&store, &alive, |v| v.and_then(crate::liveness::record_incarnation) == Some(2)).await;
         // Ten beats of the old process (still running, beating every 20 ms).
         let mut seen = Vec::new();
         for _ in 0..100 {
@@ -623,10 +626,7 @@ fn membership_a_failure_epoch_admits_no_joiner_the_next_epoch_does() {
         Membership::report_gone(store.as_ref(), &c, 2, Some(1), "the launcher saw rank 2 exit").await.expect("report");
         let joiner = tokio::spawn(Membership::join(store.clone(), 2, 3, c.clone()));
         let joining = crate::keys::Keys::new(&c.prefix).joining(2);
-        let t = Instant::now();
-        while store.get(&joining).await.expect("get").is_none() && t.elapsed() < SETTLE {
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
+        settle(&store, &joining, |v| v.is_some()).await;
         let (ms, vs) = agree_all(ms).await;
         for v in vs {
             let v = v.expect("agreed");
@@ -653,10 +653,7 @@ fn membership_a_process_replaced_by_a_joiner_is_recorded_gone_by_the_leader() {
         }
         let joiner = tokio::spawn(Membership::join(store.clone(), 2, 3, c.clone()));
         let joining = crate::keys::Keys::new(&c.prefix).joining(2);
-        let t = Instant::now();
-        while store.get(&joining).await.expect("get").is_none() && t.elapsed() < SETTLE {
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
+        settle(&store, &joining, |v| v.is_some()).await;
         let mut ms = ms.into_iter();
         let (m0, m1, _old) = (ms.next().expect("rank 0"), ms.next().expect("rank 1"), ms.next());
         let (a, b) = tokio::join!(m0.agree("a replacement joins"), m1.agree("a replacement joins"));
