@@ -7,6 +7,7 @@ use anyccl_core::{
     Backend, Collective, CommConfig, Communicator, GroupSpec, LaunchEnv, MemoryStore, Store, TcpStoreOptions,
     TcpStoreServer,
 };
+use std::io::Write;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::process::{Command, Stdio};
 use std::sync::{mpsc, Arc, Mutex};
@@ -284,14 +285,14 @@ pub fn child_main(backend: &Arc<dyn Backend>, cases: &[Case]) -> Option<std::pro
     let name = match anyccl_core::env_string(CHILD_ENV) {
         Ok(name) => name?,
         Err(e) => {
-            eprintln!("conformance child: {e}");
+            let _ = writeln!(std::io::stderr(), "conformance child: {e}");
             return Some(std::process::ExitCode::from(1));
         }
     };
     let code = match child_run(backend, cases, &name) {
         Ok(()) => 0,
         Err(e) => {
-            eprintln!("{name}: {e}");
+            let _ = writeln!(std::io::stderr(), "{name}: {e}");
             1
         }
     };

@@ -48,7 +48,7 @@ pub fn case_timeout() -> anyccl_core::Result<Duration> {
 /// [`case_timeout`], or the exit code of a run that cannot start because of it.
 fn timeout_or_exit() -> Result<Duration, ExitCode> {
     case_timeout().map_err(|e| {
-        eprintln!("conformance: {e}");
+        let _ = writeln!(std::io::stderr(), "conformance: {e}");
         ExitCode::from(2)
     })
 }
@@ -70,7 +70,7 @@ pub fn runs(worlds: Option<&[usize]>) -> Vec<(Case, usize)> {
 /// `ANYCCL_LOG` ends the test program with the error and status 2.
 pub fn init_tracing(default: tracing::Level) {
     if let Err(e) = anyccl_core::init_logging(default) {
-        eprintln!("{e}");
+        let _ = writeln!(std::io::stderr(), "{e}");
         std::process::exit(2);
     }
 }
@@ -120,6 +120,7 @@ pub fn run_report(backend: Arc<dyn Backend>, worlds: Option<&[usize]>, filter: O
     };
     let (mut passed, mut failed, mut ignored) = (0, 0, 0);
     let out = std::io::stdout();
+    let mut lost = None;
     for (case, w) in runs(worlds) {
         let name = case.test_name(backend.name(), w);
         if filter.is_some_and(|f| !name.contains(f)) {
@@ -141,11 +142,19 @@ pub fn run_report(backend: Arc<dyn Backend>, worlds: Option<&[usize]>, filter: O
             }
         };
         let mut o = out.lock();
-        let _ = writeln!(o, "{line}");
-        let _ = o.flush();
+        if let Err(e) = writeln!(o, "{line}").and_then(|()| o.flush()) {
+            lost.get_or_insert(e);
+        }
     }
-    let _ = writeln!(out.lock(), "{passed} passed, {failed} failed, {ignored} ignored");
-    if failed > 0 {
+    let mut o = out.lock();
+    if let Err(e) = writeln!(o, "{passed} passed, {failed} failed, {ignored} ignored").and_then(|()| o.flush()) {
+        lost.get_or_insert(e);
+    }
+    // A report that could not be written is not a passed run: nobody can read what passed.
+    if let Some(e) = &lost {
+        let _ = writeln!(std::io::stderr(), "conformance: the report could not be written to stdout: {e}");
+    }
+    if failed > 0 || lost.is_some() {
         ExitCode::from(1)
     } else {
         ExitCode::SUCCESS

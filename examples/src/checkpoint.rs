@@ -8,6 +8,7 @@
 //! which files are wrong and why, and all fall back together to the newest checkpoint
 //! that is consistent; when none is, every rank fails with the same list of files.
 
+use crate::errln;
 use anyccl::raw::{read_regular_file, write_file_atomically, Ctx};
 use anyccl::{Error, Result, Store};
 use serde::{Deserialize, Serialize};
@@ -298,7 +299,7 @@ pub async fn agree_and_load(
             Ok((id, params)) if problems.is_empty() => return Ok(Loaded { step, job: id.job, params, skipped }),
             _ => {
                 let what = format!("the checkpoint of step {step} is inconsistent: {}", problems.join("; "));
-                eprintln!("rank {}: {what}; trying an older one", want.rank);
+                errln!("rank {}: {what}; trying an older one", want.rank);
                 skipped.push(what);
             }
         }

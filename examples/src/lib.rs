@@ -7,6 +7,7 @@
 
 pub mod checkpoint;
 pub mod machine;
+pub mod out;
 
 use anyccl::{CommConfig, LaunchEnv, Result, Store, TcpStoreServer};
 use std::sync::Arc;

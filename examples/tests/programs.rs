@@ -64,6 +64,64 @@ fn launcher_sets_per_rank_variables() {
     assert!(String::from_utf8_lossy(&bad.stderr).contains("ANYCCL_RANK_ENV"), "the error does not name the variable");
 }
 
+/// `/dev/full`, opened for writing: every write fails with "No space left on device".
+fn full() -> std::fs::File {
+    std::fs::OpenOptions::new().write(true).open("/dev/full").expect("open /dev/full (Linux)")
+}
+
+#[test]
+fn launcher_output_that_cannot_be_written_fails_the_run_and_says_how_much() {
+    // Stdout full: the ranks succeed, their lines ("[rank R] a line\n", 16 bytes each) are
+    // lost, and the launcher says so on stderr.
+    let out = Command::new(bin("anyccl-run"))
+        .args(["-n", "2", "--timeout", "30", "--", "sh", "-c", "echo a line"])
+        .stdout(full())
+        .output()
+        .expect("run the launcher");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "lost output did not fail the run:\n{err}");
+    assert!(err.contains("output could not be written: 32 bytes to stdout (No space left"), "{err}");
+    // Stderr full and a rank failing: no panic (code 101); the note goes to stdout.
+    let out = Command::new(bin("anyccl-run"))
+        .args(["-n", "2", "--timeout", "30", "--", "sh", "-c", "echo oops >&2; exit 3"])
+        .stderr(full())
+        .output()
+        .expect("run the launcher");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains("bytes to stderr (No space left"), "{text}");
+    // A reader that goes away (`| head -1`): the ranks run to the end, not stopped by the pipe.
+    let mut child = Command::new(bin("anyccl-run"))
+        .args(["-n", "2", "--timeout", "30", "--", "sh", "-c", "seq 1 20000; echo done > /dev/stderr"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run the launcher");
+    drop(child.stdout.take());
+    let out = child.wait_with_output().expect("wait for the launcher");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.matches("] done").count(), 2, "a rank was stopped by the closed pipe:\n{err}");
+    assert!(err.contains("bytes to stdout (Broken pipe"), "{err}");
+}
+
+#[test]
+fn a_program_whose_report_cannot_be_written_fails() {
+    let out = Command::new(bin("anyccl-conformance"))
+        .args(["--backend", "cpu", "--world-sizes", "1", "--filter", "barrier"])
+        .stdout(full())
+        .output()
+        .expect("run the conformance runner");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "a report lost to a full disk passed:\n{err}");
+    assert!(err.contains("the report could not be written to stdout: No space left"), "{err}");
+    let out =
+        Command::new(bin("anyccl-sim")).args(["--ranks", "8"]).stdout(full()).output().expect("run the simulator");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("anyccl-sim: output could not be written"), "{err}");
+}
+
 #[test]
 fn recovery_demo_matches_the_uninterrupted_run_bit_for_bit() {
     let dir = std::env::temp_dir().join(format!("anyccl-recover-test-{}", std::process::id()));

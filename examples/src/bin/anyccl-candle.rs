@@ -11,6 +11,7 @@
 use anyccl::warmup::{warmup, Session, Target, WarmupConfig};
 use anyccl::{Buf, BufMut, CommConfig, GroupSpec, ReduceOp, Role};
 use anyccl_examples::checkpoint as ckpt;
+use anyccl_examples::{errln, out, outln};
 use candle_core::{Device, Storage, Tensor, Var};
 use clap::{Args as ClapArgs, Parser, Subcommand};
 use std::path::PathBuf;
@@ -62,6 +63,11 @@ struct Job {
 }
 
 fn main() -> ExitCode {
+    // Output that could not be written fails the run, and says so.
+    anyccl_examples::out::finish("anyccl-candle", program())
+}
+
+fn program() -> ExitCode {
     let cli = Cli::parse();
     let job = match cli.cmd {
         Some(Cmd::Train(job)) => {
@@ -87,7 +93,7 @@ fn main() -> ExitCode {
 }
 
 fn fail(e: impl std::fmt::Display) -> ExitCode {
-    eprintln!("anyccl-candle: {e}");
+    errln!("anyccl-candle: {e}");
     ExitCode::from(1)
 }
 
@@ -105,7 +111,7 @@ fn demo(job: &Job) -> Res<ExitCode> {
         let _ = std::fs::remove_dir_all(job.out.join(run));
     }
     let launch = |run: &str, extra: &[String]| -> Res<bool> {
-        println!("\n=== {run} ===");
+        outln!("\n=== {run} ===");
         let st = Command::new(&runner)
             .args(["-n", &job.ranks.to_string(), "--timeout", "600", "--"])
             .arg(&here)
@@ -134,14 +140,11 @@ fn demo(job: &Job) -> Res<ExitCode> {
             Ok(p.iter().map(|x| x.to_bits()).collect())
         };
         if bits("ref")? != bits("recovered")? {
-            println!("rank {r}: recovered parameters DIFFER from the uninterrupted run");
+            outln!("rank {r}: recovered parameters DIFFER from the uninterrupted run");
             return Ok(ExitCode::from(1));
         }
     }
-    println!(
-        "\nbit-for-bit match: the recovered candle model equals the uninterrupted run's on all {} ranks",
-        job.ranks
-    );
+    outln!("\nbit-for-bit match: the recovered candle model equals the uninterrupted run's on all {} ranks", job.ranks);
     Ok(ExitCode::SUCCESS)
 }
 
@@ -230,7 +233,7 @@ async fn train(job: &Job) -> Res<ExitCode> {
         let wcfg = WarmupConfig { enabled: true, force: true, ..WarmupConfig::from_env(WarmupConfig::default())? };
         let report = warmup(&session, &[Target::new(&dp)], &wcfg).await?;
         if me == 0 {
-            print!("{}", report.table());
+            out!("{}", report.table());
         }
         let mut off = 0;
         for (p, &(a, b)) in params.iter().zip(&shapes) {
@@ -240,13 +243,13 @@ async fn train(job: &Job) -> Res<ExitCode> {
         start = loaded.step;
         job_id = loaded.job;
         if me == 0 {
-            println!("loaded the checkpoint of step {start}");
+            outln!("loaded the checkpoint of step {start}");
         }
     }
     let lr = 0.05f64;
     for step in start..job.steps {
         if job.crash_at == Some(step) && me == n - 1 {
-            println!("rank {me}: crashing at step {step} (as asked)");
+            outln!("rank {me}: crashing at step {step} (as asked)");
             std::process::exit(17);
         }
         // This rank's shard of the batch: 16 rows of 8 features, a smooth target.
@@ -262,7 +265,7 @@ async fn train(job: &Job) -> Res<ExitCode> {
             p.set(&(p.as_tensor() - (g * lr)?)?)?;
         }
         if me == 0 {
-            println!("step {:3}  loss {:.6}", step + 1, loss.to_scalar::<f32>()?);
+            outln!("step {:3}  loss {:.6}", step + 1, loss.to_scalar::<f32>()?);
         }
         let done = step + 1;
         if done % job.ckpt_every == 0 {

@@ -3,6 +3,7 @@
 //! `N passed, N failed, N ignored`.
 #![forbid(unsafe_code)]
 
+use anyccl_examples::errln;
 use clap::Parser;
 use std::process::ExitCode;
 
@@ -20,11 +21,16 @@ struct Args {
 }
 
 fn main() -> ExitCode {
+    // Output that could not be written fails the run, and says so.
+    anyccl_examples::out::finish("anyccl-conformance", program())
+}
+
+fn program() -> ExitCode {
     let args = Args::parse();
     let backend = match anyccl_examples::backend_by_name(&args.backend) {
         Ok(b) => b,
         Err(e) => {
-            eprintln!("anyccl-conformance: {e}");
+            errln!("anyccl-conformance: {e}");
             return ExitCode::from(2);
         }
     };

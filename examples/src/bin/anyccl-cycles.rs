@@ -34,6 +34,7 @@
 
 use anyccl::raw::pattern;
 use anyccl::{Backend, CommConfig, Communicator, DType, Error, GroupSpec, MemoryStore, ReduceOp, Result, Role, Store};
+use anyccl_examples::{errln, outln};
 use clap::Parser;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -174,12 +175,17 @@ fn io_err(what: &str, e: impl std::fmt::Display) -> Error {
 }
 
 fn main() -> ExitCode {
+    // Output that could not be written fails the run, and says so.
+    anyccl_examples::out::finish("anyccl-cycles", program())
+}
+
+fn program() -> ExitCode {
     let args = Args::parse();
     match run(&args) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
         Err(e) => {
-            eprintln!("anyccl-cycles: {e}");
+            errln!("anyccl-cycles: {e}");
             ExitCode::from(2)
         }
     }
@@ -217,7 +223,7 @@ fn run(args: &Args) -> Result<bool> {
     } else {
         "connect world@eK, all_reduce of {} f32 (checked), end by shutdown / abort / peer-dies / drop / absent in turn"
     };
-    println!(
+    outln!(
         "# anyccl-cycles: {} backend, {ranks} ranks as threads of process {}; {} cycles of: {}",
         shared.backend.name(),
         std::process::id(),
@@ -225,13 +231,19 @@ fn run(args: &Args) -> Result<bool> {
         what.replace("{}", &args.count.to_string())
     );
     if args.sleep {
-        println!("# each figure is with every rank's communicator awake -> asleep");
+        outln!("# each figure is with every rank's communicator awake -> asleep");
     } else {
-        println!("# each figure is with every rank's communicator live -> after every rank dropped it");
+        outln!("# each figure is with every rank's communicator live -> after every rank dropped it");
     }
-    println!(
+    outln!(
         "{:>7}  {:<9}  {:>17}  {:>7}  {:>9}  {:>7}  {:>15}",
-        "cycle", "end", "rss_kib", "memfd", "fds", "threads", "device_bytes"
+        "cycle",
+        "end",
+        "rss_kib",
+        "memfd",
+        "fds",
+        "threads",
+        "device_bytes"
     );
     let start = sample().map_err(|e| io_err("/proc/self", e))?;
     print_row("start", "-", &start, &start, None);
@@ -302,17 +314,20 @@ fn run(args: &Args) -> Result<bool> {
             (true, true) => "bounded",
             (true, false) => "GROWS",
         };
-        println!(
+        outln!(
             "#   store    {} keys, {} bytes after the first cycle -> {} keys, {} bytes after the last: {verdict}",
-            first.0, first.1, last.0, last.1
+            first.0,
+            first.1,
+            last.0,
+            last.1
         );
         passed &= !args.sleep || bounded;
     }
     if args.sleep {
         if asleep_holds.is_empty() {
-            println!("# asleep, every cycle: no mapping more than before the connect, no device memory in use");
+            outln!("# asleep, every cycle: no mapping more than before the connect, no device memory in use");
         } else {
-            println!("# asleep, mappings or device memory held in cycles {asleep_holds:?}");
+            outln!("# asleep, mappings or device memory held in cycles {asleep_holds:?}");
             passed = false;
         }
     }
@@ -322,7 +337,7 @@ fn run(args: &Args) -> Result<bool> {
 fn print_row(cycle: &str, end: &str, held: &Sample, after: &Sample, device: Option<(u64, u64)>) {
     let pair = |h: u64, a: u64| format!("{h}->{a}");
     let device = device.map_or("-".to_string(), |(h, a)| pair(h, a));
-    println!(
+    outln!(
         "{cycle:>7}  {end:<9}  {:>17}  {:>7}  {:>9}  {:>7}  {device:>15}",
         pair(held.rss_kib, after.rss_kib),
         pair(held.memfd as u64, after.memfd as u64),
@@ -334,13 +349,13 @@ fn print_row(cycle: &str, end: &str, held: &Sample, after: &Sample, device: Opti
 /// Print the first cycle's figures against the last's; whether every count came back.
 fn verdict(rows: &[(Sample, Option<u64>)], slack_kib: u64) -> bool {
     let (Some((first, dev_first)), Some((last, dev_last))) = (rows.first(), rows.last()) else { return true };
-    println!("# the first cycle against the last ({} cycles):", rows.len());
+    outln!("# the first cycle against the last ({} cycles):", rows.len());
     let mut left = Vec::new();
     let mut line = |what: &str, a: u64, b: u64, slack: u64, unit: &str| {
         let back = b <= a + slack;
         let d = b as i64 - a as i64;
         let tol = if slack > 0 { format!("; tolerance +{slack} {unit}, not checked") } else { String::new() };
-        println!("#   {what:<8} {a} -> {b} {unit} ({d:+}{tol}): {}", if back { "back" } else { "LEFT BEHIND" });
+        outln!("#   {what:<8} {a} -> {b} {unit} ({d:+}{tol}): {}", if back { "back" } else { "LEFT BEHIND" });
         if !back && slack == 0 {
             left.push(format!("{what} {d:+}"));
         }
@@ -354,18 +369,18 @@ fn verdict(rows: &[(Sample, Option<u64>)], slack_kib: u64) -> bool {
         line("device", *a, *b, 0, "bytes");
     }
     let peak = rows.iter().map(|(r, _)| r.rss_kib).max().unwrap_or(0);
-    println!("#   rss peak {peak} KiB");
+    outln!("#   rss peak {peak} KiB");
     if !rss_back {
-        println!(
+        outln!(
             "# resident memory above the tolerance: the allocator's caches grow with the threads that freed memory \
              (glibc: GLIBC_TUNABLES=glibc.malloc.arena_max=2 shows what is held); compare a longer run"
         );
     }
     if left.is_empty() {
-        println!("# every count came back: nothing left behind");
+        outln!("# every count came back: nothing left behind");
         true
     } else {
-        println!("# left behind: {}", left.join(", "));
+        outln!("# left behind: {}", left.join(", "));
         false
     }
 }

@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 use anyccl::{CommConfig, DType, ReduceOp};
+use anyccl_examples::{errln, outln};
 use clap::Parser;
 use std::process::ExitCode;
 use std::time::Instant;
@@ -34,13 +35,18 @@ struct Args {
     mismatch_rank: Option<usize>,
 }
 
+fn main() -> ExitCode {
+    // Output that could not be written fails the run, and says so.
+    anyccl_examples::out::finish("anyccl-demo", program())
+}
+
 #[tokio::main(flavor = "current_thread")]
-async fn main() -> ExitCode {
+async fn program() -> ExitCode {
     let args = Args::parse();
     match run(&args).await {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("anyccl-demo: {e}");
+            errln!("anyccl-demo: {e}");
             ExitCode::from(1)
         }
     }
@@ -57,14 +63,14 @@ async fn run(args: &Args) -> anyccl::Result<ExitCode> {
     let mut bytes = vec![0u8; args.count * 4];
     for step in 0..args.steps {
         if args.exit_rank == Some(env.rank) && step == args.exit_at {
-            println!("exiting with code {} at step {step} (as asked)", args.exit_code);
+            outln!("exiting with code {} at step {step} (as asked)", args.exit_code);
             return Ok(ExitCode::from(args.exit_code));
         }
         let data: Vec<u8> = (0..args.count).flat_map(|i| ((env.rank + i + step) as f32).to_le_bytes()).collect();
         platform.copy_from_host(dev.as_mut(), &data)?;
         let t = Instant::now();
         if args.mismatch_rank == Some(env.rank) && step == args.exit_at {
-            println!("calling all_gather at step {step} while the others call all_reduce (as asked)");
+            outln!("calling all_gather at step {step} while the others call all_reduce (as asked)");
             let mut all = platform.alloc(DType::F32, args.count * env.world_size)?;
             let r = comm.all_gather(Some(dev.view()), all.view_mut())?.wait(timeout);
             r?;
@@ -73,7 +79,7 @@ async fn run(args: &Args) -> anyccl::Result<ExitCode> {
         if let Err(e) = w.wait(timeout) {
             // Said at once; then a timed-out operation, which may still run, is aborted
             // before its buffer goes (an abort can take seconds).
-            eprintln!("anyccl-demo: {e}");
+            errln!("anyccl-demo: {e}");
             if matches!(e, anyccl::Error::Timeout { .. }) {
                 let _ = comm.abort().await;
             }
@@ -93,7 +99,7 @@ async fn run(args: &Args) -> anyccl::Result<ExitCode> {
             return Err(comm.ctx().aborted(msg));
         }
         if env.rank == 0 {
-            println!(
+            outln!(
                 "step {step}: all_reduce of {} x f32 over {} ranks ({}) ok in {took:.2?}",
                 args.count,
                 env.world_size,
@@ -104,7 +110,7 @@ async fn run(args: &Args) -> anyccl::Result<ExitCode> {
     comm.barrier_wait()?;
     comm.shutdown().await?;
     if env.rank == 0 {
-        println!("all {} steps matched the expected sums", args.steps);
+        outln!("all {} steps matched the expected sums", args.steps);
     }
     Ok(ExitCode::SUCCESS)
 }

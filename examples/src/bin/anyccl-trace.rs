@@ -16,6 +16,7 @@
 
 use anyccl::raw::{parse_bytes, read_regular_file, Ctx, MAX_RECORDS};
 use anyccl::trace::{TraceDump, TraceRecord, TRACE_FORMAT};
+use anyccl_examples::{errln, outln};
 use clap::Parser;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -45,11 +46,16 @@ fn parse_size(s: &str) -> Result<u64, String> {
 }
 
 fn main() -> ExitCode {
+    // Output that could not be written fails the run, and says so.
+    anyccl_examples::out::finish("anyccl-trace", program())
+}
+
+fn program() -> ExitCode {
     let args = Args::parse();
     match run(&args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("anyccl-trace: {e}");
+            errln!("anyccl-trace: {e}");
             ExitCode::from(1)
         }
     }
@@ -187,9 +193,9 @@ fn late_noticers(dumps: &BTreeMap<usize, TraceDump>, ranks: impl Iterator<Item =
 fn run(args: &Args) -> Result<(), String> {
     let dumps = load(&args.dir, args.max_dump_bytes)?;
     let world = dumps.values().map(|d| d.world_size).max().unwrap_or(1).max(dumps.keys().max().map_or(0, |m| m + 1));
-    println!("anyccl-trace: {} of {world} ranks left a dump in {}", dumps.len(), args.dir.display());
+    outln!("anyccl-trace: {} of {world} ranks left a dump in {}", dumps.len(), args.dir.display());
     for d in dumps.values() {
-        println!(
+        outln!(
             "  rank {:>4}  pid {:>7} on {:<12} first trouble at +{} ms: {}",
             d.rank,
             d.pid,
@@ -337,15 +343,15 @@ fn run(args: &Args) -> Result<(), String> {
         }
         verdicts.push(line);
     }
-    println!();
+    outln!();
     for v in &verdicts {
-        println!("{v}");
+        outln!("{v}");
     }
     if args.verbose {
         for d in dumps.values() {
-            println!("\nrank {}:", d.rank);
+            outln!("\nrank {}:", d.rank);
             for r in d.records.iter().rev().take(8).rev() {
-                println!("  {:<16} {:<16} {:<9} {}", r.group, name(r), r.state, r.error.as_deref().unwrap_or(""));
+                outln!("  {:<16} {:<16} {:<9} {}", r.group, name(r), r.state, r.error.as_deref().unwrap_or(""));
             }
         }
     }
@@ -361,15 +367,15 @@ fn run(args: &Args) -> Result<(), String> {
             suspects.push(format!("rank(s) [{r}] never arrived at the store barrier that {v} rank(s) timed out in"));
         }
     }
-    println!();
+    outln!();
     match suspects.first() {
         Some(s) => {
-            println!("SUSPECT: {s}");
+            outln!("SUSPECT: {s}");
             for s in &suspects[1..] {
-                println!("also: {s}");
+                outln!("also: {s}");
             }
         }
-        None => println!("no operation was left unfinished: nothing to blame"),
+        None => outln!("no operation was left unfinished: nothing to blame"),
     }
     Ok(())
 }

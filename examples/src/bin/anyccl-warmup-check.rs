@@ -19,6 +19,7 @@ use anyccl::warmup::{
     WarmupConfig,
 };
 use anyccl::{CommConfig, Communicator, DType, DeviceMemory, GroupSpec, P2POp, Platform, ReduceOp, Result, Role, Work};
+use anyccl_examples::{errln, out, outln};
 use clap::Parser;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -45,13 +46,18 @@ struct Args {
     sleep_cycles: u64,
 }
 
+fn main() -> ExitCode {
+    // Output that could not be written fails the run, and says so.
+    anyccl_examples::out::finish("anyccl-warmup-check", program())
+}
+
 #[tokio::main(flavor = "current_thread")]
-async fn main() -> ExitCode {
+async fn program() -> ExitCode {
     let args = Args::parse();
     match run(&args).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("anyccl-warmup-check: {e}");
+            errln!("anyccl-warmup-check: {e}");
             ExitCode::from(1)
         }
     }
@@ -105,9 +111,9 @@ async fn run(args: &Args) -> Result<()> {
             None => warmup(&session, &targets, &cfg).await?,
         };
         if me == 0 {
-            print!("{}", report.table());
+            out!("{}", report.table());
             if args.json {
-                println!("{}", report.to_json());
+                outln!("{}", report.to_json());
             }
         }
     }
@@ -143,7 +149,7 @@ async fn run(args: &Args) -> Result<()> {
         (_, Some(_)) => "after warmup with --plan",
         _ => "after warmup from the role plans",
     };
-    println!(
+    outln!(
         "rank {me}: step ({how}, {n} ranks, {}) took {mib:.1} MiB of device memory in {took:.2?}",
         world.info().backend
     );
@@ -152,7 +158,7 @@ async fn run(args: &Args) -> Result<()> {
         if let Some(c) = &recorded.cost {
             let per: Vec<String> =
                 c.groups.iter().map(|(g, b)| format!("{g} {:.1}", *b as f64 / (1 << 20) as f64)).collect();
-            println!(
+            outln!(
                 "rank {me}: recorded step took {:.1} MiB, counted from {}{}",
                 c.total as f64 / (1 << 20) as f64,
                 c.source.describe(),
@@ -161,7 +167,7 @@ async fn run(args: &Args) -> Result<()> {
         }
         let file = PlanFile { identity: identity.clone(), plans: recorded.plans, cold_step: recorded.cost, path: None };
         file.write(&plan_file(dir))?;
-        println!("rank {me}: plan written to {}", plan_file(dir).display());
+        outln!("rank {me}: plan written to {}", plan_file(dir).display());
     }
     if args.sleep_cycles > 0 {
         let cycles = Cycles { session, store: store.as_ref(), backend: backend.as_ref(), p, timeout };
@@ -224,10 +230,16 @@ impl Cycles<'_> {
         let (me, n) = (self.session.rank, self.session.world_size);
         let cfg = WarmupConfig { enabled: true, force: true, ..WarmupConfig::from_env(WarmupConfig::default())? };
         if me == 0 {
-            println!("# sleep cycles: every group sleeps, wakes, is warmed from its role plan, and the step runs");
-            println!(
+            outln!("# sleep cycles: every group sleeps, wakes, is warmed from its role plan, and the step runs");
+            outln!(
                 "{:>6} {:>14} {:>12} {:>10} {:>10} {:>14} {:>14}",
-                "cycle", "given back MiB", "sleep ms", "wake ms", "warm ms", "awake MiB", "step MiB"
+                "cycle",
+                "given back MiB",
+                "sleep ms",
+                "wake ms",
+                "warm ms",
+                "awake MiB",
+                "step MiB"
             );
         }
         for k in 1..=cycles {
@@ -242,14 +254,14 @@ impl Cycles<'_> {
             let woke = t.elapsed().saturating_sub(Duration::from_secs_f64(woke_report.warm_ms / 1e3));
             let warmed = Duration::from_secs_f64(woke_report.warm_ms / 1e3);
             if me == 0 && k == 1 {
-                print!("{}", slept_report.table("given back"));
-                print!("{}", woke_report.table("taken by the wake"));
+                out!("{}", slept_report.table("given back"));
+                out!("{}", woke_report.table("taken by the wake"));
             }
             let awake = self.in_use(&format!("warmup-check/sleep{k}/awake")).await?;
             let [dp, pp, ep] = &groups;
             step(dp, pp, ep, bufs, me, n)?;
             let stepped = self.in_use(&format!("warmup-check/sleep{k}/stepped")).await?;
-            println!(
+            outln!(
                 "{k:>6} {:>14.1} {:>12.1} {:>10.1} {:>10.1} {:>14.1} {:>14.1}   (rank {me})",
                 // `+ 0.0`: no "-0.0" for a difference that rounds to nothing.
                 held - asleep + 0.0,

@@ -15,6 +15,7 @@ mod modes;
 mod op;
 mod timing;
 
+use anyccl_examples::{errln, outln};
 use args::{bad_arg, parse_size, Args};
 use bufs::{alloc_mem, budget, depth, Bufs, Registration, WINDOW_DEPTH};
 use check::wrong;
@@ -38,13 +39,18 @@ struct Row {
     oop: (f64, usize),
 }
 
+fn main() -> ExitCode {
+    // Output that could not be written fails the run, and says so.
+    anyccl_examples::out::finish("anyccl-bench", program())
+}
+
 #[tokio::main(flavor = "current_thread")]
-async fn main() -> ExitCode {
+async fn program() -> ExitCode {
     let args = Args::parse();
     match run(args).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("anyccl-bench: {e}");
+            errln!("anyccl-bench: {e}");
             ExitCode::from(1)
         }
     }
@@ -126,7 +132,7 @@ async fn run(args: Args) -> Result<()> {
     let cpus = if args.json { None } else { timing::cpus_line(&mut sync).await? };
     if print && !args.json {
         let info = backend.probe()?;
-        println!(
+        outln!(
             "# anyccl-bench {} on {} ranks, backend {} {}, device {}",
             args.op,
             n,
@@ -137,10 +143,10 @@ async fn run(args: Args) -> Result<()> {
         let tuning = backend.tuning();
         if !tuning.is_empty() {
             let t: Vec<String> = tuning.iter().map(|(k, v)| format!("{k}={v}")).collect();
-            println!("# tuning: {}", t.join(" "));
+            outln!("# tuning: {}", t.join(" "));
         }
         if let Some(c) = &cpus {
-            println!("# cpus: {c}");
+            outln!("# cpus: {c}");
         }
         // The algorithm and transport each size takes on this communicator, as chosen at
         // connect (thresholds from the host's cache and CPUs), so a slow run can be told
@@ -149,24 +155,24 @@ async fn run(args: Args) -> Result<()> {
         while b <= max {
             let rc = counts(op, b, dtype.size(), n).1 * dtype.size();
             match comm.path(op.name(), rc) {
-                Some(p) => println!("# path {b:>11} B: {p}"),
+                Some(p) => outln!("# path {b:>11} B: {p}"),
                 None => break,
             }
             b = b.saturating_mul(args.factor);
         }
         if let Some(said) = how.header(comm.capabilities()) {
-            println!("# buffers: {said}");
+            outln!("# buffers: {said}");
         }
-        println!("#  nThread 1 nGpus 1 minBytes {min} maxBytes {max} step: {}(factor) warmup iters: {} iters: {} validation: {} in flight: {}", args.factor, args.warmup, args.iters, args.check, match (args.depth, args.window) {
+        outln!("#  nThread 1 nGpus 1 minBytes {min} maxBytes {max} step: {}(factor) warmup iters: {} iters: {} validation: {} in flight: {}", args.factor, args.warmup, args.iters, args.check, match (args.depth, args.window) {
             (Some(d), _) => d.to_string(),
             (None, true) => WINDOW_DEPTH.to_string(),
             (None, false) if platform.kind() == DeviceKind::Cpu => bufs::host_depth_said(),
             (None, false) => "as many as fit".to_string(),
         });
-        println!("#");
-        println!("#                                                              out-of-place                       in-place                    cold first call");
-        println!("#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong     time   devmem");
-        println!("#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)            (us)    (MiB)");
+        outln!("#");
+        outln!("#                                                              out-of-place                       in-place                    cold first call");
+        outln!("#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong     time   devmem");
+        outln!("#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)            (us)    (MiB)");
     }
     let mut rows = Vec::new();
     let warmup = |first: bool| Warmup {
@@ -268,7 +274,7 @@ async fn run(args: Args) -> Result<()> {
             let redop = if op.reduces() { rop.name() } else { "none" };
             let rt = if op.rooted() { root.to_string() } else { "-1".into() };
             if args.json {
-                println!(
+                outln!(
                     "{}",
                     serde_json::json!({"op": args.op, "ranks": n, "size": row.bytes, "count": row.count, "type": dtype.name(), "redop": redop, "root": rt,
                         "oop_us": oop, "oop_issue_us": oop_issue_us, "oop_algbw": algbw(oop), "oop_busbw": algbw(oop) * op.bus_factor(n), "oop_wrong": oop_wrong,
@@ -278,7 +284,7 @@ async fn run(args: Args) -> Result<()> {
             } else {
                 let ipc =
                     ip.map(cols).unwrap_or_else(|| format!("{:>8} {:>7} {:>7} {:>6}", "N/A", "N/A", "N/A", "N/A"));
-                println!(
+                outln!(
                     "{:12} {:13} {:>9} {:>7} {:>7} {} {} {:8.1} {:8.1}",
                     row.bytes,
                     row.count,
@@ -297,9 +303,9 @@ async fn run(args: Args) -> Result<()> {
         bytes = bytes.saturating_mul(args.factor);
     }
     if print && !args.json {
-        println!("# Out of bounds values : {wrong_total} {}", if wrong_total == 0 { "OK" } else { "FAILED" });
-        println!("# Avg bus bandwidth    : {:.4}", sum_bus / rows.len().max(1) as f64);
-        println!("#");
+        outln!("# Out of bounds values : {wrong_total} {}", if wrong_total == 0 { "OK" } else { "FAILED" });
+        outln!("# Avg bus bandwidth    : {:.4}", sum_bus / rows.len().max(1) as f64);
+        outln!("#");
     }
     comm.shutdown().await?;
     if wrong_total > 0 {

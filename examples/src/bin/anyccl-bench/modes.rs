@@ -7,6 +7,7 @@ use crate::bufs::{alloc_mem, budget, depth, Bufs, Registration};
 use crate::op::Op;
 use crate::timing::{timed, StoreBarrier, Warmup};
 use anyccl::{CommConfig, Communicator, DType, DeviceMemory, LaunchEnv, Platform, ReduceOp, Result};
+use anyccl_examples::outln;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -49,7 +50,7 @@ struct Ctx<'a> {
 impl<'a> Ctx<'a> {
     fn print_header(&self, lines: &[String]) {
         if self.comm.rank() == 0 && !self.args.json {
-            lines.iter().for_each(|l| println!("{l}"));
+            lines.iter().for_each(|l| outln!("{l}"));
         }
     }
 
@@ -64,9 +65,9 @@ impl<'a> Ctx<'a> {
             if let (Some(r), serde_json::Value::Object(extra)) = (row.as_object_mut(), json) {
                 r.extend(extra);
             }
-            println!("{row}");
+            outln!("{row}");
         } else {
-            println!("{:12} {:13} {:>9} {}", count * self.dtype.size(), count, self.dtype.name(), text());
+            outln!("{:12} {:13} {:>9} {}", count * self.dtype.size(), count, self.dtype.name(), text());
         }
     }
 

@@ -6,6 +6,7 @@ use anyccl::raw::Ctx;
 use anyccl::{DeviceKind, Result};
 use anyccl_examples::checkpoint as ckpt;
 use anyccl_examples::machine;
+use anyccl_examples::{errln, outln};
 use std::io::Write;
 use std::path::Path;
 use std::process::{Command, ExitCode};
@@ -83,9 +84,10 @@ pub(crate) fn demo(job: &Job) -> Result<ExitCode> {
     }
     let launch = |title: &str, extra: &[String]| launch_train(job, &runner, &here, n, (dp, pp), title, &[], extra);
     let t = Instant::now();
-    println!(
+    outln!(
         "anyccl-recover: dp {dp} x pp {pp} = {n} ranks, {} steps, checkpoint every {}, crash at step {crash_at}",
-        job.steps, job.ckpt_every
+        job.steps,
+        job.ckpt_every
     );
     if !launch("1/3 reference run, uninterrupted", &["--run".into(), "ref".into()])? {
         return Ok(ended("the reference run failed (the launcher said why, above)"));
@@ -96,7 +98,7 @@ pub(crate) fn demo(job: &Job) -> Result<ExitCode> {
     )? {
         return Ok(ended("the crashing run did not crash"));
     }
-    println!("(the crash was planned: the launcher stopped every rank)");
+    outln!("(the crash was planned: the launcher stopped every rank)");
     let resume = job.out.join("crash").display().to_string();
     let mut extra = vec!["--run".into(), "recovered".into(), "--resume-from".into(), resume];
     if job.no_warmup {
@@ -111,12 +113,12 @@ pub(crate) fn demo(job: &Job) -> Result<ExitCode> {
     if !launch("3/3 recovered run", &extra)? {
         return Ok(ended("the recovered run failed (the launcher said why, above)"));
     }
-    println!("\n=== verdict ===");
+    outln!("\n=== verdict ===");
     if same_bits(&job.out, "ref", "recovered", n)? {
-        println!("bit-for-bit match: the recovered run's parameters equal the uninterrupted run's on all {n} ranks ({:.1?} in all)", t.elapsed());
+        outln!("bit-for-bit match: the recovered run's parameters equal the uninterrupted run's on all {n} ranks ({:.1?} in all)", t.elapsed());
         Ok(ExitCode::SUCCESS)
     } else {
-        println!("MISMATCH: the recovered run differs from the uninterrupted one");
+        outln!("MISMATCH: the recovered run differs from the uninterrupted one");
         Ok(ExitCode::from(1))
     }
 }
@@ -137,7 +139,7 @@ fn phases_demo(job: &Job, rollouts: u64) -> Result<ExitCode> {
     }
     let launch = |title: &str, extra: &[String]| launch_train(job, &runner, &here, n, (dp, pp), title, &[], extra);
     let t = Instant::now();
-    println!("anyccl-recover: dp {dp} x pp {pp} = {n} ranks, {} steps, {rollouts} rollouts between them", job.steps);
+    outln!("anyccl-recover: dp {dp} x pp {pp} = {n} ranks, {} steps, {rollouts} rollouts between them", job.steps);
     if !launch("1/2 reference run, no rollouts", &["--run".into(), "ref".into()])? {
         return Ok(ended("the reference run failed (the launcher said why, above)"));
     }
@@ -152,15 +154,15 @@ fn phases_demo(job: &Job, rollouts: u64) -> Result<ExitCode> {
     if !launch(&format!("2/2 {rollouts} rollouts, the training groups {how}"), &extra)? {
         return Ok(ended("the run with rollouts failed (the launcher said why, above)"));
     }
-    println!("\n=== verdict ===");
+    outln!("\n=== verdict ===");
     if same_bits(&job.out, "ref", "phases", n)? {
-        println!(
+        outln!(
             "bit-for-bit match: the run with rollouts equals the reference on all {n} ranks ({:.1?} in all)",
             t.elapsed()
         );
         Ok(ExitCode::SUCCESS)
     } else {
-        println!("MISMATCH: the run with rollouts differs from the reference");
+        outln!("MISMATCH: the run with rollouts differs from the reference");
         Ok(ExitCode::from(1))
     }
 }
@@ -210,7 +212,7 @@ pub(crate) fn launch_train(
     extra: &[String],
 ) -> Result<bool> {
     let ctx = Ctx::process("anyccl-recover");
-    println!("\n=== {title} ===");
+    outln!("\n=== {title} ===");
     let _ = std::io::stdout().flush();
     let mut args: Vec<String> = vec!["-n".into(), n.to_string(), "--timeout".into(), "600".into()];
     args.extend(launcher.iter().map(|a| a.to_string()));
@@ -258,7 +260,7 @@ pub(crate) fn same_bits(out: &Path, a: &str, b: &str, n: usize) -> Result<bool> 
         if bits(a)? == bits(b)? {
             same += 1;
         } else {
-            println!("rank {r}: the parameters of run '{a}' DIFFER from run '{b}'");
+            outln!("rank {r}: the parameters of run '{a}' DIFFER from run '{b}'");
         }
     }
     Ok(same == n)
@@ -267,6 +269,6 @@ pub(crate) fn same_bits(out: &Path, a: &str, b: &str, n: usize) -> Result<bool> 
 /// The demo's end when one of its launches did not end as planned: what went wrong is the
 /// launcher's to say (it did, above); the demo says which launch, and fails.
 pub(crate) fn ended(what: &str) -> ExitCode {
-    eprintln!("anyccl-recover: {what}");
+    errln!("anyccl-recover: {what}");
     ExitCode::from(1)
 }

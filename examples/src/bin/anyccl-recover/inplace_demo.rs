@@ -17,6 +17,7 @@ use crate::timeline::{self, Event};
 use anyccl::Result;
 use anyccl_examples::checkpoint as ckpt;
 use anyccl_examples::machine;
+use anyccl_examples::outln;
 use std::collections::BTreeMap;
 use std::process::ExitCode;
 use std::time::Instant;
@@ -50,7 +51,7 @@ pub(crate) fn demo(job: &Job) -> Result<ExitCode> {
     };
     let s = |x: &str| x.to_string();
     let t = Instant::now();
-    println!(
+    outln!(
         "anyccl-recover: dp {dp} x pp {pp} = {n} ranks, {} steps; rank {} is killed (SIGKILL) in the middle of step {}",
         job.steps,
         n - 1,
@@ -66,9 +67,9 @@ pub(crate) fn demo(job: &Job) -> Result<ExitCode> {
     let record = merge_records(&job.out.join("inplace"))?;
     let record_path = job.out.join("inplace").join("participation.json");
     write_record(&record_path, &record)?;
-    println!("\nparticipation record ({}):", record_path.display());
+    outln!("\nparticipation record ({}):", record_path.display());
     for seg in &record {
-        println!(
+        outln!(
             "  epoch {}: from step {}, replicas {:?} train{}",
             seg.epoch,
             seg.from_step + 1,
@@ -93,24 +94,24 @@ pub(crate) fn demo(job: &Job) -> Result<ExitCode> {
         return Ok(ended("the restarted run failed (the launcher said why, above)"));
     }
 
-    println!("\n=== timeline of the recovery in place (ms after the SIGKILL) ===");
+    outln!("\n=== timeline of the recovery in place (ms after the SIGKILL) ===");
     let summary = timeline_table(job, kill_at, dp, pp);
-    println!("\n=== restart path, same fault ===");
+    outln!("\n=== restart path, same fault ===");
     restart_figures(job, kill_at);
-    println!("\n=== verdict ===");
+    outln!("\n=== verdict ===");
     let ok = same_bits(&job.out, "inplace", "inplace-ref", n)?;
     if let Some(s) = summary {
-        println!("{s}");
+        outln!("{s}");
     }
     if ok {
-        println!(
+        outln!(
             "bit-for-bit match: the in-place run's parameters equal its replayed participation record on all {n} ranks \
              ({:.1?} in all)",
             t.elapsed()
         );
         Ok(ExitCode::SUCCESS)
     } else {
-        println!("MISMATCH: the in-place run differs from the replay of its own participation record");
+        outln!("MISMATCH: the in-place run differs from the replay of its own participation record");
         Ok(ExitCode::from(1))
     }
 }
@@ -119,7 +120,7 @@ pub(crate) fn demo(job: &Job) -> Result<ExitCode> {
 fn timeline_table(job: &Job, kill_at: u64, dp: usize, pp: usize) -> Option<String> {
     let run = job.out.join("inplace");
     let Some((victim, _, fault)) = timeline::fault(&run) else {
-        println!("(no fault was recorded: the victim did not reach step {})", kill_at + 1);
+        outln!("(no fault was recorded: the victim did not reach step {})", kill_at + 1);
         return None;
     };
     let events = timeline::read(&run);
@@ -144,7 +145,7 @@ fn timeline_table(job: &Job, kill_at: u64, dp: usize, pp: usize) -> Option<Strin
             };
             line.push_str(&format!(" | {} {} (e{}{step})", e.what, e.at_ms - fault, e.epoch));
         }
-        println!("{line}");
+        outln!("{line}");
     }
     let victim_replica = victim / pp;
     // The healthy replicas' next completed step: every one of their ranks completed it.
@@ -188,19 +189,19 @@ fn timeline_table(job: &Job, kill_at: u64, dp: usize, pp: usize) -> Option<Strin
 fn restart_figures(job: &Job, kill_at: u64) {
     let crash = job.out.join("restart-crash");
     let Some((_, _, fault)) = timeline::fault(&crash) else {
-        println!("(no fault was recorded in the restart path's run)");
+        outln!("(no fault was recorded in the restart path's run)");
         return;
     };
     let events = timeline::read(&job.out.join("restart-recovered"));
     let first = events.iter().filter(|e| e.what == "first step").map(|e| e.at_ms).max();
     let resumed = ckpt::complete_steps(&crash).ok().and_then(|v| v.into_iter().filter(|s| *s <= kill_at).max());
     match (first, resumed) {
-        (Some(f), Some(r)) => println!(
+        (Some(f), Some(r)) => outln!(
             "restart: every rank stopped, restarted and resumed from the checkpoint of step {r}: first good step {} ms \
              after the SIGKILL; steps lost: {}",
             f.saturating_sub(fault),
             kill_at - r
         ),
-        _ => println!("(the restarted run recorded no first step)"),
+        _ => outln!("(the restarted run recorded no first step)"),
     }
 }

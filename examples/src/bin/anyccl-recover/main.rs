@@ -30,11 +30,17 @@ mod step;
 mod timeline;
 
 use anyccl::Error;
+use anyccl_examples::errln;
 use clap::Parser;
 use cli::{Cli, Cmd};
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
+    // Output that could not be written fails the run, and says so.
+    anyccl_examples::out::finish("anyccl-recover", program())
+}
+
+fn program() -> ExitCode {
     let cli = Cli::parse();
     let cmd = match cli.cmd {
         Some(c) => c,
@@ -54,7 +60,7 @@ fn main() -> ExitCode {
     match r {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("anyccl-recover: {e}");
+            errln!("anyccl-recover: {e}");
             // A flag this program refuses ends as clap's refusals do.
             match e {
                 Error::InvalidArgument { arg, .. } if arg.starts_with("--") => ExitCode::from(2),

@@ -16,6 +16,7 @@ use anyccl::{
 };
 use anyccl_examples::checkpoint as ckpt;
 use anyccl_examples::machine::{self, DirLock};
+use anyccl_examples::{out, outln};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -175,7 +176,7 @@ impl<'j> Rank<'j> {
     /// Rank 0 says it.
     fn say(&self, msg: String) {
         if self.me() == 0 {
-            println!("{msg}");
+            outln!("{msg}");
         }
     }
 
@@ -268,11 +269,12 @@ impl<'j> Rank<'j> {
             warmup_saved(&session, &targets, &saved, &wcfg).await?
         };
         if self.me() == 0 {
-            print!("{}", report.table());
+            out!("{}", report.table());
             for g in self.registry.all().iter().filter(|g| !STEP_ROLES.contains(&g.role)) {
-                println!(
+                outln!(
                     "  not warmed: {} (role {}: the warmup takes the train step's roles from the registry)",
-                    g.name, g.role
+                    g.name,
+                    g.role
                 );
             }
         }
@@ -287,7 +289,7 @@ impl<'j> Rank<'j> {
             return Ok(Vec::new());
         }
         let squeezed = fill_device(self.platform.as_ref(), leave.saturating_mul(1 << 20))?.0;
-        println!("rank {}: squeezed device memory to {} MiB free", self.me(), self.platform.mem_info()?.free >> 20);
+        outln!("rank {}: squeezed device memory to {} MiB free", self.me(), self.platform.mem_info()?.free >> 20);
         Ok(squeezed)
     }
 
@@ -305,7 +307,7 @@ impl<'j> Rank<'j> {
         let mut saved_plan: Option<PlanFile> = None;
         for step in start.step..self.job.steps {
             if self.job.crash_at == Some(step) && me == self.env.world_size - 1 {
-                println!("rank {me}: crashing at step {step} (as asked)");
+                outln!("rank {me}: crashing at step {step} (as asked)");
                 std::process::exit(17);
             }
             let t = Instant::now();
@@ -326,10 +328,10 @@ impl<'j> Rank<'j> {
             }
             if !squeezed.is_empty() {
                 squeezed.clear();
-                println!("rank {me}: first step after recovery succeeded with the squeezed memory");
+                outln!("rank {me}: first step after recovery succeeded with the squeezed memory");
             }
             if self.stage + 1 == self.pp && self.replica == 0 {
-                println!("step {:3}  loss {loss:.6}  {:.2?}", step + 1, t.elapsed());
+                outln!("step {:3}  loss {loss:.6}  {:.2?}", step + 1, t.elapsed());
             }
             let done = step + 1;
             if done % self.job.ckpt_every == 0 {
@@ -350,7 +352,7 @@ impl<'j> Rank<'j> {
             recorded.cost
         };
         if let Some(c) = cold_step.as_ref().filter(|_| self.me() == 0) {
-            println!("recorded the first step's plan; it took {:.1} MiB cold", c.total as f64 / (1 << 20) as f64);
+            outln!("recorded the first step's plan; it took {:.1} MiB cold", c.total as f64 / (1 << 20) as f64);
         }
         Ok(PlanFile { identity: self.plan_id(job_id, 0), plans: recorded.plans, cold_step, path: None })
     }

@@ -5,6 +5,7 @@ use crate::cli::Job;
 use crate::dev::Dev;
 use crate::model::{batch, Stage};
 use anyccl::{Communicator, Result};
+use anyccl_examples::outln;
 
 /// What one step needs: the model's flags, the device, this rank's place and its groups.
 pub(crate) struct StepCtx<'a> {
@@ -108,7 +109,7 @@ pub(crate) fn kill_self(run_dir: &std::path::Path, rank: usize, step: u64) {
     let text = format!("{{\"rank\":{rank},\"step\":{step},\"at_ms\":{at}}}\n");
     let _ = std::fs::create_dir_all(run_dir);
     let _ = std::fs::write(run_dir.join("fault.json"), text);
-    println!("rank {rank}: killing itself with SIGKILL in the middle of step {} (as asked)", step + 1);
+    outln!("rank {rank}: killing itself with SIGKILL in the middle of step {} (as asked)", step + 1);
     let _ = std::io::Write::flush(&mut std::io::stdout());
     let _ = nix::sys::signal::kill(nix::unistd::Pid::this(), nix::sys::signal::Signal::SIGKILL);
     // SIGKILL cannot be caught: this line is never reached while the kernel delivers it.

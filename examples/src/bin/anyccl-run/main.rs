@@ -42,6 +42,7 @@ mod output;
 mod procs;
 mod ranks;
 
+use anyccl_examples::errln;
 use elastic::{Elastic, Gone};
 use output::{Copying, Outputs};
 use ranks::{End, Ranks, Slot, Starter};
@@ -211,25 +212,30 @@ fn reaper(grace: Duration) -> ExitCode {
     }
     // The groups are signalled first, before anything that reads /proc.
     if groups.iter().any(|&g| kill(Pid::from_raw(-g), None).is_ok()) {
-        eprintln!("anyccl-run: the launcher died; stopping the job");
+        errln!("anyccl-run: the launcher died; stopping the job");
     }
     procs::stop_job(&groups, &job, grace);
     ExitCode::from(1)
 }
 
 fn main() -> ExitCode {
+    // Output that could not be written fails the run, and says so.
+    anyccl_examples::out::finish("anyccl-run", program())
+}
+
+fn program() -> ExitCode {
     let secs = |s: &str| s.parse::<f64>().ok().and_then(|g| Duration::try_from_secs_f64(g).ok());
     match anyccl::raw::env_parse(REAPER_ENV, "the job's grace in seconds", secs) {
         Ok(Some(grace)) => return reaper(grace),
         Ok(None) => {}
         Err(e) => {
-            eprintln!("anyccl-run: {e}");
+            errln!("anyccl-run: {e}");
             return ExitCode::from(2);
         }
     }
     let args = Args::parse();
     if args.max_restarts.is_some() && !args.elastic {
-        eprintln!(
+        errln!(
             "anyccl-run: --max-restarts needs --elastic (without --elastic a failed rank ends the job, and nothing \
              is restarted)"
         );
@@ -238,7 +244,7 @@ fn main() -> ExitCode {
     match launch(&args) {
         Ok(()) => ExitCode::SUCCESS,
         Err((msg, code)) => {
-            eprintln!("anyccl-run: FAILED: {msg}");
+            errln!("anyccl-run: FAILED: {msg}");
             ExitCode::from(code)
         }
     }
@@ -375,7 +381,7 @@ fn launch(args: &Args) -> Result<(), (String, u8)> {
     let outputs = Outputs::new(ended_rx, args.n, starter.copying.moved.clone());
     let mut job = Supervisor { args, ranks, starter, elastic, rx, outputs, grace };
     let verdict: Result<(), (String, u8)> = if let Some(msg) = start_err {
-        eprintln!("anyccl-run: {msg}; stopping the ranks started");
+        errln!("anyccl-run: {msg}; stopping the ranks started");
         stop_all(&mut job.ranks, &job.rx, Duration::ZERO);
         Err(setup(msg))
     } else {
@@ -389,7 +395,7 @@ fn launch(args: &Args) -> Result<(), (String, u8)> {
     let me = procs::Job { root: Some(std::process::id() as i32), marks: Vec::new(), keep: Some(reaper_pid) };
     let (pids_left, groups_left) = procs::stop_job(&job.starter.groups, &me, grace.min(Duration::from_secs(2)));
     if !pids_left.is_empty() || !groups_left.is_empty() {
-        eprintln!("anyccl-run: processes {pids_left:?} and groups {groups_left:?} of the job outlived SIGKILL");
+        errln!("anyccl-run: processes {pids_left:?} and groups {groups_left:?} of the job outlived SIGKILL");
     }
     job.starter.release_reaper();
     let _ = kill(Pid::from_raw(reaper_pid), None);
@@ -443,7 +449,7 @@ impl Supervisor<'_> {
                             self.ranks.running(),
                             stopped_note(&self.ranks)
                         );
-                        eprintln!("anyccl-run: {msg}; stopping them");
+                        errln!("anyccl-run: {msg}; stopping them");
                         stop_all(&mut self.ranks, &self.rx, grace);
                         return Err((msg, 1));
                     }
@@ -466,7 +472,7 @@ impl Supervisor<'_> {
                     let gone = Gone { rank, pid, incarnation: slot.incarnation, end, declared: slot.declared };
                     if self.elastic.as_ref().is_some_and(|e| e.left > 0) {
                         if let Err(msg) = self.restart(gone) {
-                            eprintln!("anyccl-run: {msg}; stopping ranks {:?}", self.ranks.running());
+                            errln!("anyccl-run: {msg}; stopping ranks {:?}", self.ranks.running());
                             stop_all(&mut self.ranks, &self.rx, grace);
                             return Err((msg, 1));
                         }
@@ -476,13 +482,13 @@ impl Supervisor<'_> {
                 }
                 Ok(Event::Signal(sig)) => {
                     let name = Signal::try_from(sig).map(|s| s.as_str()).unwrap_or("a signal");
-                    eprintln!("anyccl-run: received {name}; stopping ranks {:?}", self.ranks.running());
+                    errln!("anyccl-run: received {name}; stopping ranks {:?}", self.ranks.running());
                     stop_all(&mut self.ranks, &self.rx, grace);
                     return Err((format!("stopped by {name}"), 128u8.saturating_add(sig as u8)));
                 }
                 Ok(Event::ReaperGone) => {
                     let msg = "the job's reaper ended; without it ranks could outlive this launcher".to_string();
-                    eprintln!("anyccl-run: {msg}; stopping every rank");
+                    errln!("anyccl-run: {msg}; stopping every rank");
                     stop_all(&mut self.ranks, &self.rx, grace);
                     return Err((msg, 1));
                 }
@@ -509,10 +515,12 @@ impl Supervisor<'_> {
             // The membership's records open with who is gone; the launcher's line says it.
             let head = format!("rank {} (incarnation {}) is gone: ", m.rank, m.incarnation);
             let why = record.strip_prefix(&head).unwrap_or(&record);
-            eprintln!(
+            errln!(
                 "anyccl-run: rank {} (pid {}, incarnation {}) was declared gone by the job's membership: {why}; \
                  killing it",
-                m.rank, slot.pid, m.incarnation
+                m.rank,
+                slot.pid,
+                m.incarnation
             );
             slot.declared = true;
             let _ = kill(Pid::from_raw(-slot.pid), Signal::SIGKILL);
@@ -561,7 +569,7 @@ impl Supervisor<'_> {
                 el.max
             ));
         }
-        eprintln!("anyccl-run: {f}; stopping ranks {:?}", self.ranks.running());
+        errln!("anyccl-run: {f}; stopping ranks {:?}", self.ranks.running());
         stop_all(&mut self.ranks, &self.rx, self.grace);
         f
     }
@@ -595,7 +603,7 @@ impl Supervisor<'_> {
         };
         let (pids_left, groups_left) = procs::stop_job(&[gone.pid], &old, Duration::ZERO);
         if !pids_left.is_empty() || !groups_left.is_empty() {
-            eprintln!(
+            errln!(
                 "anyccl-run: processes {pids_left:?} and groups {groups_left:?} of {} outlived SIGKILL",
                 gone.describe()
             );
@@ -614,7 +622,7 @@ impl Supervisor<'_> {
                  record goes stale)"
             ),
         };
-        eprintln!(
+        errln!(
             "anyccl-run: {}; {report}; started its incarnation {inc} (pid {pid}) {took:.1?} after its end; {}",
             gone.describe(),
             restarts_left(el.left)

@@ -4,7 +4,8 @@
 //! process). A line longer than the launcher holds is written out in pieces, each with the
 //! prefix, so what the launcher buffers stays bounded whatever a rank prints.
 
-use std::io::{Read, Write};
+use anyccl_examples::out::{self, Stream};
+use std::io::Read;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
@@ -115,11 +116,12 @@ pub fn pump(
     let moved = how.moved.clone();
     let run = move || {
         let _guard = EndGuard(rank, incarnation, ended);
+        let stream = if to_err { Stream::Err } else { Stream::Out };
         let mut write = |rec: &[u8]| {
             // A launcher whose own output is gone still reads its ranks' output to the end,
-            // so that no rank is stopped by a full or broken pipe.
-            let _ =
-                if to_err { std::io::stderr().lock().write_all(rec) } else { std::io::stdout().lock().write_all(rec) };
+            // so that no rank is stopped by a full or broken pipe; what is lost is counted,
+            // and the launcher's exit says so.
+            out::write(stream, rec);
         };
         let mut buf = [0u8; READ];
         loop {

@@ -9,6 +9,7 @@ use anyccl::{
     AllToAllSplits, Backend, Buf, BufMut, Capabilities, DType, Device, DeviceKind, DeviceMemory, HostMemory, MemInfo,
     P2POp, Platform, Recovery, ReduceOp, Result, Work,
 };
+use anyccl_examples::errln;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -141,7 +142,7 @@ impl SimComm {
                 }))
             }
             Fault::Die => {
-                eprintln!("anyccl-sim: rank {} kills its process at its first {op} (as kill -9)", self.info.rank);
+                errln!("anyccl-sim: rank {} kills its process at its first {op} (as kill -9)", self.info.rank);
                 let _ = nix::sys::signal::kill(nix::unistd::Pid::this(), nix::sys::signal::Signal::SIGKILL);
                 std::process::abort();
             }

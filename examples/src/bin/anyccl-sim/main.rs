@@ -23,6 +23,7 @@ mod stages;
 
 use anyccl::warmup::{plan_for, warmup, warmup_saved, PlanFile, PlanIdentity, Session, Sizes, Target, WarmupConfig};
 use anyccl::{CommConfig, Communicator, EtcdStore, GroupSpec, Store, TcpStore, TcpStoreOptions, TcpStoreServer};
+use anyccl_examples::{errln, outln};
 use args::{block, check_args, layout_arg, Args};
 use backend::{Arrivals, Costs, Fault, SimComm, SimPlatform};
 use clap::Parser;
@@ -35,15 +36,20 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 fn main() -> ExitCode {
+    // Output that could not be written fails the run, and says so.
+    anyccl_examples::out::finish("anyccl-sim", program())
+}
+
+fn program() -> ExitCode {
     if let Err(e) = anyccl::init_logging(anyccl::LogLevel::ERROR) {
-        eprintln!("anyccl-sim: {e}");
+        errln!("anyccl-sim: {e}");
         return ExitCode::from(2);
     }
     let args = Args::parse();
     let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("anyccl-sim: cannot start a runtime: {e}");
+            errln!("anyccl-sim: cannot start a runtime: {e}");
             return ExitCode::from(1);
         }
     };
@@ -54,7 +60,7 @@ fn main() -> ExitCode {
     match r {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("anyccl-sim: {e}");
+            errln!("anyccl-sim: {e}");
             ExitCode::from(2)
         }
     }
@@ -97,7 +103,7 @@ async fn child(a: &Args, k: usize) -> Result<ExitCode, String> {
     let connect_ms = t.elapsed().as_secs_f64() * 1e3;
 
     // Ready; wait for the start signal, so every process's ranks start together.
-    println!("ready");
+    outln!("ready");
     let _ = std::io::stdout().flush();
     let go = tokio::task::spawn_blocking(|| {
         let mut line = String::new();
@@ -216,7 +222,7 @@ async fn child(a: &Args, k: usize) -> Result<ExitCode, String> {
         phases: counters.figures(),
         execute_ms: execute.as_secs_f64() * 1e3,
     };
-    println!("{}", serde_json::to_string(&report).map_err(|e| e.to_string())?);
+    outln!("{}", serde_json::to_string(&report).map_err(|e| e.to_string())?);
     Ok(ExitCode::SUCCESS)
 }
 
@@ -261,7 +267,7 @@ async fn store_bench(
         });
     }
     let report = ChildReport { child: k, connect_ms, ranks, phases: Counters::default().figures(), execute_ms: 0.0 };
-    println!("{}", serde_json::to_string(&report).map_err(|e| e.to_string())?);
+    outln!("{}", serde_json::to_string(&report).map_err(|e| e.to_string())?);
     Ok(ExitCode::SUCCESS)
 }
 
@@ -387,7 +393,7 @@ fn parent(a: &Args) -> Result<ExitCode, String> {
         } else if let Ok(r) = serde_json::from_str::<members::MemberReport>(l) {
             member_reports.push(r);
         } else {
-            eprintln!("anyccl-sim: unexpected line from a child: {l}");
+            errln!("anyccl-sim: unexpected line from a child: {l}");
         }
     }
     for (k, c) in children.iter_mut().enumerate() {
@@ -414,11 +420,16 @@ fn parent(a: &Args) -> Result<ExitCode, String> {
             "connections_peak": server.as_ref().map(|s| s.stats().connections_peak),
         });
         if a.json {
-            println!("{j}");
+            outln!("{j}");
         } else {
-            println!(
+            outln!(
                 "# store {}: {} clients (connected in {} ms), {} requests (set, get) in {} s: {} requests/s",
-                j["store"], clients, j["clients_connect_ms"], ops, j["seconds"], j["requests_per_s"]
+                j["store"],
+                clients,
+                j["clients_connect_ms"],
+                ops,
+                j["seconds"],
+                j["requests_per_s"]
             );
         }
         let all = clients == a.ranks && died.is_empty();
@@ -435,12 +446,12 @@ fn parent(a: &Args) -> Result<ExitCode, String> {
         let verdict = stages::judge(a, kill, &member_reports, &died, missed.as_deref());
         if a.json {
             summary["fault"] = serde_json::json!({ "spec": a.fault, "check": verdict.clone().unwrap_or_else(|e| e), "passed": verdict.is_ok() });
-            println!("{summary}");
+            outln!("{summary}");
         } else {
             stages::print_table(&summary, kill);
             match &verdict {
-                Ok(s) => println!("# check: {s}"),
-                Err(s) => println!("# check FAILED: {s}"),
+                Ok(s) => outln!("# check: {s}"),
+                Err(s) => outln!("# check FAILED: {s}"),
             }
         }
         return Ok(if verdict.is_ok() { ExitCode::SUCCESS } else { ExitCode::from(1) });
@@ -459,12 +470,12 @@ fn parent(a: &Args) -> Result<ExitCode, String> {
     if a.json {
         let mut j = summary.clone();
         j["fault"] = serde_json::json!({ "spec": a.fault, "check": verdict.clone().unwrap_or_else(|e| e), "passed": verdict.is_ok() });
-        println!("{j}");
+        outln!("{j}");
     } else {
         print_table(&summary);
         match &verdict {
-            Ok(s) => println!("# check: {s}"),
-            Err(s) => println!("# check FAILED: {s}"),
+            Ok(s) => outln!("# check: {s}"),
+            Err(s) => outln!("# check FAILED: {s}"),
         }
     }
     drop(server);

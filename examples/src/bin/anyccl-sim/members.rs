@@ -16,6 +16,7 @@ use crate::counting::now_ns;
 use anyccl::membership::{LivenessDriver, Membership, MembershipConfig, View};
 use anyccl::raw::async_trait;
 use anyccl::{CasOutcome, Recovery, Store};
+use anyccl_examples::outln;
 use serde::{Deserialize, Serialize};
 use std::io::{BufRead, Write};
 use std::process::ExitCode;
@@ -371,7 +372,7 @@ pub(crate) fn process_figures() -> (u64, u64) {
 }
 
 fn say(line: &str) {
-    println!("{line}");
+    outln!("{line}");
     let _ = std::io::stdout().flush();
 }
 

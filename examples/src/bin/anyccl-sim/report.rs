@@ -4,6 +4,7 @@
 use crate::args::{block, Args, Layout};
 use crate::backend::Fault;
 use crate::counting::{PhaseFigures, PHASES};
+use anyccl_examples::outln;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
@@ -96,23 +97,32 @@ pub(crate) fn round(x: f64) -> f64 {
 }
 
 pub(crate) fn print_table(s: &serde_json::Value) {
-    println!(
+    outln!(
         "# anyccl-sim: {} ranks, layout {}, {} processes, store {}",
-        s["ranks"], s["layout"], s["procs"], s["store"]
+        s["ranks"],
+        s["layout"],
+        s["procs"],
+        s["store"]
     );
-    println!(
+    outln!(
         "# clients connected in {} ms; warmup call min/median/max {}/{}/{} ms",
-        s["clients_connect_ms"], s["warmup_ms"]["min"], s["warmup_ms"]["median"], s["warmup_ms"]["max"]
+        s["clients_connect_ms"],
+        s["warmup_ms"]["min"],
+        s["warmup_ms"]["median"],
+        s["warmup_ms"]["max"]
     );
-    println!("# {:>8} {:>12} {:>10} {:>12} {:>10}", "phase", "store ops", "per rank", "keys", "wall ms");
+    outln!("# {:>8} {:>12} {:>10} {:>12} {:>10}", "phase", "store ops", "per rank", "keys", "wall ms");
     for name in PHASES {
         let p = &s["phases"][name];
-        println!("  {:>8} {:>12} {:>10} {:>12} {:>10}", name, p["ops"], p["per_rank"], p["keys"], p["wall_ms"]);
+        outln!("  {:>8} {:>12} {:>10} {:>12} {:>10}", name, p["ops"], p["per_rank"], p["keys"], p["wall_ms"]);
     }
-    println!("  {:>8} {:>12} {:>10}", "total", s["store_ops_total"], s["store_ops_per_rank"]);
-    println!(
+    outln!("  {:>8} {:>12} {:>10}", "total", s["store_ops_total"], s["store_ops_per_rank"]);
+    outln!(
         "# execution (slowest rank, agreement to outcome): {} ms; ranks ok {}, failed {}, unreported {}",
-        s["execute_ms_max"], s["ranks_ok"], s["ranks_failed"], s["ranks_unreported"]
+        s["execute_ms_max"],
+        s["ranks_ok"],
+        s["ranks_failed"],
+        s["ranks_unreported"]
     );
 }
 

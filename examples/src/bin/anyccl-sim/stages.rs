@@ -5,6 +5,7 @@
 use crate::args::{Args, Kill, KillAt};
 use crate::members::{process_figures, MemberReport, RankLog, Seen, BUCKET_NS};
 use crate::report::round;
+use anyccl_examples::outln;
 use std::io::Write;
 use std::process::ChildStdin;
 use std::sync::mpsc::Receiver;
@@ -174,7 +175,7 @@ pub(crate) fn summarize(a: &Args, kill: Kill, reports: &[MemberReport], go_ns: u
 }
 
 pub(crate) fn print_table(s: &serde_json::Value, kill: Kill) {
-    println!(
+    outln!(
         "# anyccl-sim membership: {} ranks, {} processes, store {}, liveness {} (beat {} ms, stale after {} ms)",
         s["ranks"],
         s["procs"],
@@ -183,7 +184,7 @@ pub(crate) fn print_table(s: &serde_json::Value, kill: Kill) {
         s["beat_ms"],
         s["stale_ms"]
     );
-    println!(
+    outln!(
         "# {:>34} {:>6} {:>9} {:>10} {:>9} {:>10} {:>9} {:>10}",
         "from the event to every rank's view",
         "epoch",
@@ -206,7 +207,7 @@ pub(crate) fn print_table(s: &serde_json::Value, kill: Kill) {
             continue;
         }
         let c = |k: &str| e[k].to_string();
-        println!(
+        outln!(
             "  {:>34} {:>6} {:>9} {:>10} {:>9} {:>10} {:>9} {:>10}",
             name,
             c("epoch"),
@@ -220,22 +221,25 @@ pub(crate) fn print_table(s: &serde_json::Value, kill: Kill) {
     }
     let k = &s["events"]["kill"];
     if !k.is_null() && k["heard_first_ms"].is_null() {
-        println!("# no proposal was needed: the job's start left the killed rank out");
+        outln!("# no proposal was needed: the job's start left the killed rank out");
     } else if !k.is_null() {
-        println!(
+        outln!(
             "# the survivors heard of the failure {}-{} ms after the kill; the first held the new view after {} ms, \
              the median after {} ms",
-            k["heard_first_ms"], k["heard_last_ms"], k["agreed_first_ms"], k["agreed_median_ms"]
+            k["heard_first_ms"],
+            k["heard_last_ms"],
+            k["agreed_first_ms"],
+            k["agreed_median_ms"]
         );
     }
     let j = &s["events"]["join"];
     if !j.is_null() {
-        println!(
+        outln!(
             "# the replacement (incarnation {}) was admitted {} ms after it started; the first member held the view after {} ms",
             j["incarnation"], j["admitted_ms"], j["agreed_first_ms"]
         );
     }
-    println!(
+    outln!(
         "# liveness {} store requests per member a second; {} in all ({} per rank); peak RSS parent {} MiB, children {} MiB; threads {}",
         s["beat_ops_per_member_s"],
         s["store_ops_total"],

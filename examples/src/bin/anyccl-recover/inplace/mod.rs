@@ -26,6 +26,7 @@
 use crate::cli::{usage, Job, OWNER};
 use crate::dev::Dev;
 use crate::model::Stage;
+use anyccl_examples::outln;
 mod replay;
 mod warm;
 
@@ -258,7 +259,7 @@ impl InPlace<'_> {
         self.mark("agreed", v.epoch);
         // Said once, by the first member that was in before (a joiner's view comes from its join).
         if Some(self.me()) == v.ranks().into_iter().find(|r| !v.joined.contains(r)) {
-            println!(
+            outln!(
                 "membership: epoch {} members {:?} (left {:?}, joined {:?}): {}",
                 v.epoch,
                 v.ranks(),
@@ -287,7 +288,7 @@ impl InPlace<'_> {
             // proposal is heard on the membership's beat, looked at between waits.
             match self.store.wait(&self.key("done"), Instant::now() + Duration::from_millis(100)).await {
                 Ok(_) => {
-                    println!("rank {}: the job finished while its replica waited for a replacement", self.me());
+                    outln!("rank {}: the job finished while its replica waited for a replacement", self.me());
                     return Ok(None);
                 }
                 Err(Error::Timeout { .. }) => {}
@@ -426,7 +427,7 @@ impl InPlace<'_> {
                 );
                 return Err(ctx.backend_error("recover in place", 0, text, Recovery::Fatal));
             };
-            println!(
+            outln!(
                 "rank {}: step {} is undone (not every rank completed it): back to step {start}",
                 self.me(),
                 start + 1
@@ -450,7 +451,7 @@ impl InPlace<'_> {
             self.valid = true;
             self.history.clear();
             self.mark("fed", seg.epoch);
-            println!(
+            outln!(
                 "rank {}: received the parameters of step {} from replica {source} (no checkpoint read)",
                 self.me(),
                 seg.from_step
@@ -505,7 +506,7 @@ impl InPlace<'_> {
                     _ => String::new(),
                 };
                 if !detail.is_empty() && seg.epoch > 0 {
-                    println!(
+                    outln!(
                         "rank {me}: the first step of epoch {} allocated {detail} of device memory ({})",
                         seg.epoch,
                         if self.job.no_warmup { "not warmed" } else { "warmed" }
@@ -518,7 +519,7 @@ impl InPlace<'_> {
                 self.record(r, seg).await?;
             }
             if self.stage + 1 == self.pp && seg.active.first() == Some(&self.replica) {
-                println!("step {:3}  loss {loss:.6}  {:.2?}  epoch {}", step + 1, t.elapsed(), seg.epoch);
+                outln!("step {:3}  loss {loss:.6}  {:.2?}  epoch {}", step + 1, t.elapsed(), seg.epoch);
             }
             if join {
                 // This rank may not have heard of it yet itself: another rank's flag says so.
@@ -560,7 +561,7 @@ impl InPlace<'_> {
         )?;
         self.mark("finished", self.segments.last().map_or(0, |s| s.epoch));
         if me == 0 {
-            println!("finished {} steps; parameters written to {}", self.applied, self.run_dir.join("final").display());
+            outln!("finished {} steps; parameters written to {}", self.applied, self.run_dir.join("final").display());
         }
         Ok(ExitCode::SUCCESS)
     }

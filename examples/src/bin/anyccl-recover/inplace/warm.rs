@@ -5,6 +5,7 @@ use super::{Groups, InPlace};
 use crate::participation::Segment;
 use anyccl::warmup::{warmup, warmup_plans, GroupPlan, Session, StepRecorder, Target, WarmupConfig};
 use anyccl::{Communicator, Result};
+use anyccl_examples::out;
 use std::time::Duration;
 
 impl InPlace<'_> {
@@ -52,7 +53,7 @@ impl InPlace<'_> {
             None => warmup(&session, &comms.map(Target::new), &wcfg).await?,
         };
         if members.first() == Some(&self.me()) {
-            print!("{}", report.table());
+            out!("{}", report.table());
         }
         Ok(())
     }

@@ -11,6 +11,7 @@ use crate::model::Stage;
 use crate::step::train_step;
 use anyccl::warmup::{sleep_groups, wake_groups, GroupPlan, Session, StepRecorder, WarmupConfig};
 use anyccl::{DType, DeviceKind, Result};
+use anyccl_examples::outln;
 use std::time::{Duration, Instant};
 
 /// What a rollout leaves free on a device, MiB, unless `--squeeze` says otherwise.
@@ -46,13 +47,18 @@ impl Rank<'_> {
             recorder.finish(&self.session(), self.cfg.op_timeout).await?.plans
         };
         if me == 0 {
-            println!(
+            outln!(
                 "# {rollouts} rollouts; the training groups {} through them",
                 if job.no_sleep { "stay awake (--no-sleep)" } else { "sleep" }
             );
-            println!(
+            outln!(
                 "{:>7} {:>16} {:>15} {:>10} {:>10} {:>17}",
-                "rollout", "given back MiB", "rollout MiB", "wake ms", "warm ms", "next step MiB"
+                "rollout",
+                "given back MiB",
+                "rollout MiB",
+                "wake ms",
+                "warm ms",
+                "next step MiB"
             );
         }
         let mut step = 1;
@@ -72,7 +78,7 @@ impl Rank<'_> {
                 let before = self.free_at(&format!("step{step}/before")).await?;
                 train_step(&self.step_ctx(), model, step, false, &|| {})?;
                 let after = self.free_at(&format!("step{step}/after")).await?;
-                println!(
+                outln!(
                     "{k:>7} {:>16.1} {:>15.1} {woke:>10.1} {warm:>10.1} {:>17.1}   (rank {me})",
                     mib(given) + 0.0,
                     mib(took),
