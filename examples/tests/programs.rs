@@ -189,6 +189,36 @@ fn candle_data_parallel_recovers_bit_for_bit() {
     assert!(text.contains("bit-for-bit match"), "no match:\n{text}");
 }
 
+/// Recovery in place when the last rank dies in the middle of the last step: the healthy
+/// replica finishes alone, and the ranks of the broken one (a survivor that completed one
+/// step fewer, and the replacement, which trained none) take their stage's final
+/// parameters from it. Every final shard then holds the last step (before, the survivor's
+/// held step 39 and the replacement's step 0, and the job still exited 0).
+#[test]
+fn in_place_kill_in_the_last_step_leaves_every_final_shard_at_the_last_step() {
+    let dir = std::env::temp_dir().join(format!("anyccl-inplace-last-{}", std::process::id()));
+    let out = Command::new(bin("anyccl-run"))
+        .args(["-n", "4", "--elastic", "--max-restarts", "2", "--timeout", "120", "--"])
+        .args([bin("anyccl-recover"), "train", "--in-place", "--steps", "40", "--step-ms", "20", "--kill-at", "39"])
+        .args(["--run", "last", "--out", &dir.display().to_string()])
+        .env("ANYCCL_BACKEND", "cpu")
+        .output()
+        .expect("run the launcher");
+    let text = format!("{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let shards: Vec<_> =
+        (0..4).map(|r| anyccl_examples::checkpoint::read_shard(&dir.join(format!("last/final/rank{r}.bin")))).collect();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(out.status.success(), "the job failed:\n{text}");
+    assert!(text.contains("killing itself with SIGKILL in the middle of step 40"), "no kill:\n{text}");
+    assert!(text.contains("did not train to the end"), "no rank took its stage's parameters:\n{text}");
+    let shards: Vec<_> = shards.into_iter().map(|s| s.expect("every rank wrote its final shard")).collect();
+    for (r, (id, _)) in shards.iter().enumerate() {
+        assert_eq!(id.step, 40, "rank {r}'s final shard holds step {}:\n{text}", id.step);
+    }
+    // dp 2 x pp 2: ranks 0 and 2 are stage 0, ranks 1 and 3 stage 1.
+    assert!(shards[0].1 == shards[2].1 && shards[1].1 == shards[3].1, "replicas differ at the end:\n{text}");
+}
+
 /// The recovery demo on the HCCL backend against the workspace's stand-in library (no
 /// Ascend hardware here): with 8 MiB of device memory left for the first step, the warmed
 /// run recovers bit for bit and reports each group's connect memory; the cold run fails

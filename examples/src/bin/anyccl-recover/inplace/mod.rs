@@ -27,6 +27,7 @@ use crate::cli::{usage, Job, OWNER};
 use crate::dev::Dev;
 use crate::model::Stage;
 use anyccl_examples::outln;
+mod end;
 mod replay;
 mod warm;
 
@@ -39,7 +40,6 @@ use anyccl::warmup::{GroupPlan, StepRecorder};
 use anyccl::{
     Backend, CommConfig, Communicator, DeviceKind, Error, GroupSpec, LaunchEnv, Platform, Recovery, Result, Role, Store,
 };
-use anyccl_examples::checkpoint as ckpt;
 use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -102,7 +102,7 @@ pub(crate) async fn train(job: &Job) -> Result<ExitCode> {
         }
         None => r.run().await?,
     }
-    r.finish()
+    r.finish().await
 }
 
 struct InPlace<'j> {
@@ -172,8 +172,10 @@ impl InPlace<'_> {
     async fn run(&mut self) -> Result<()> {
         let mcfg = MembershipConfig::from_env()?;
         if self.env.incarnation > 1 && self.store.get(&self.key("done")).await?.is_some() {
-            let ctx = Ctx::new("anyccl-recover", self.me(), "");
-            return Err(ctx.aborted("the job finished before this replacement started: nothing to rejoin"));
+            // Nothing to rejoin: `finish` takes the stage's final parameters from a replica
+            // that trained to the end.
+            outln!("rank {}: the job finished before this replacement started", self.me());
+            return Ok(());
         }
         let m = Membership::join(self.store.clone(), self.me(), self.env.world_size, mcfg).await?;
         self.mark("agreed", m.view().epoch);
@@ -537,33 +539,6 @@ impl InPlace<'_> {
     /// The error a failure heard from the membership stands for.
     fn heard(&self, p: &Proposal) -> Error {
         Ctx::new("anyccl-recover", self.me(), "").aborted(format!("epoch {} proposed: {}", p.epoch, p.reason))
-    }
-
-    /// The final parameters and the participation record of this process.
-    fn finish(self) -> Result<ExitCode> {
-        let me = self.me();
-        let id = ckpt::ShardId {
-            job: self.job.run_name().to_string(),
-            step: self.applied,
-            rank: me,
-            world_size: self.env.world_size,
-            layout: self.job.layout(self.dp, self.pp),
-            count: self.model.params.len() as u64,
-        };
-        ckpt::write_shard(&self.run_dir.join("final").join(format!("rank{me}.bin")), &id, &self.model.params)?;
-        let path = self.run_dir.join("participation").join(format!("rank{me}-inc{}.json", self.env.incarnation));
-        let text = serde_json::to_vec_pretty(&self.segments).unwrap_or_default();
-        anyccl::raw::write_file_atomically(
-            &Ctx::new("anyccl-recover", me, ""),
-            "participation record",
-            &path,
-            &[&text],
-        )?;
-        self.mark("finished", self.segments.last().map_or(0, |s| s.epoch));
-        if me == 0 {
-            outln!("finished {} steps; parameters written to {}", self.applied, self.run_dir.join("final").display());
-        }
-        Ok(ExitCode::SUCCESS)
     }
 }
 
