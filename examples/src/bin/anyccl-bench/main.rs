@@ -13,6 +13,7 @@ mod check;
 mod fit;
 mod modes;
 mod op;
+mod probe;
 mod timing;
 
 use anyccl_examples::{errln, outln};
@@ -147,6 +148,9 @@ async fn run(args: Args) -> Result<()> {
         }
         if let Some(c) = &cpus {
             outln!("# cpus: {c}");
+        }
+        if platform.kind() == DeviceKind::Cpu {
+            outln!("# host: {}", probe::host_line());
         }
         // The algorithm and transport each size takes on this communicator, as chosen at
         // connect (thresholds from the host's cache and CPUs), so a slow run can be told
