@@ -64,6 +64,37 @@ fn launcher_sets_per_rank_variables() {
     assert!(String::from_utf8_lossy(&bad.stderr).contains("ANYCCL_RANK_ENV"), "the error does not name the variable");
 }
 
+/// A rank that stops itself after the others ended: the launcher says, once, that nothing
+/// can progress (no other process is left to notice), and the job ends well when the rank is
+/// resumed.
+#[test]
+fn launcher_says_when_every_running_rank_is_stopped_and_waits_for_it() {
+    use std::io::BufRead;
+    let t = Instant::now();
+    let mut job = Command::new(bin("anyccl-run"))
+        .args(["-n", "2", "--timeout", "60", "--", "sh", "-c", "[ $RANK = 1 ] && kill -STOP $$; echo done"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run the launcher");
+    let err = std::io::BufReader::new(job.stderr.take().expect("stderr"));
+    let mut said = String::new();
+    for line in err.lines() {
+        let line = line.expect("read the launcher's stderr");
+        if line.contains("is stopped (SIGSTOP or a debugger) and no other rank runs") {
+            said = line;
+            break;
+        }
+    }
+    let pid: String = said.split("(pid ").nth(1).unwrap_or("").chars().take_while(char::is_ascii_digit).collect();
+    assert!(said.contains("rank 1 (pid") && !pid.is_empty(), "the launcher did not say rank 1 is stopped: {said}");
+    let waited = t.elapsed();
+    let _ = Command::new("kill").args(["-CONT", &pid]).status();
+    let status = job.wait().expect("the launcher ends");
+    assert!(status.success(), "the resumed job failed: {status}");
+    assert!(waited >= Duration::from_secs(5) && waited < Duration::from_secs(30), "said after {waited:?}");
+}
+
 /// `/dev/full`, opened for writing: every write fails with "No space left on device".
 fn full() -> std::fs::File {
     std::fs::OpenOptions::new().write(true).open("/dev/full").expect("open /dev/full (Linux)")

@@ -41,6 +41,7 @@ mod elastic;
 mod output;
 mod procs;
 mod ranks;
+mod stall;
 
 use anyccl_examples::errln;
 use elastic::{Elastic, Gone};
@@ -379,7 +380,7 @@ fn launch(args: &Args) -> Result<(), (String, u8)> {
     }
 
     let outputs = Outputs::new(ended_rx, args.n, starter.copying.moved.clone());
-    let mut job = Supervisor { args, ranks, starter, elastic, rx, outputs, grace };
+    let mut job = Supervisor { args, ranks, starter, elastic, rx, outputs, grace, stops: stall::StopWatch::new() };
     let verdict: Result<(), (String, u8)> = if let Some(msg) = start_err {
         errln!("anyccl-run: {msg}; stopping the ranks started");
         stop_all(&mut job.ranks, &job.rx, Duration::ZERO);
@@ -415,6 +416,8 @@ struct Supervisor<'a> {
     rx: mpsc::Receiver<Event>,
     outputs: Outputs,
     grace: Duration,
+    /// Says so when every rank still running is stopped.
+    stops: stall::StopWatch,
 }
 
 /// "no restarts left", "1 restart left", "2 restarts left".
@@ -456,6 +459,14 @@ impl Supervisor<'_> {
                 },
                 None => Duration::from_secs(3600),
             };
+            if self.stops.due() <= Instant::now() {
+                let running: Vec<(usize, i32)> =
+                    self.ranks.running().into_iter().map(|r| (r, self.ranks.slots[r].pid)).collect();
+                if let Some(line) = self.stops.look(&running) {
+                    errln!("anyccl-run: {line}");
+                }
+            }
+            let wait = wait.min(self.stops.due().saturating_duration_since(Instant::now()));
             let wait = match &self.elastic {
                 Some(e) => wait.min(e.watch_due().saturating_duration_since(Instant::now())),
                 None => wait,
