@@ -6,7 +6,7 @@
 
 use super::InPlace;
 use anyccl::raw::Ctx;
-use anyccl::Result;
+use anyccl::{Error, Result};
 use anyccl_examples::checkpoint as ckpt;
 use anyccl_examples::outln;
 use std::process::ExitCode;
@@ -33,13 +33,14 @@ impl InPlace<'_> {
         let me = self.me();
         let ctx = Ctx::new("anyccl-recover", me, "");
         let deadline = Instant::now() + self.cfg.op_timeout;
-        let named = self.store.wait(&self.final_key(self.stage), deadline).await.map_err(|e| {
-            ctx.timeout(
-                "take the final parameters",
-                self.cfg.op_timeout,
-                format!("no rank of stage {} named its final shard ({e})", self.stage),
-            )
-        })?;
+        let named = match self.store.wait(&self.final_key(self.stage), deadline).await {
+            Ok(v) => v,
+            Err(Error::Timeout { .. }) => {
+                let why = format!("no rank of stage {} that trained to the end named its final shard", self.stage);
+                return Err(ctx.timeout("take the final parameters", self.cfg.op_timeout, why));
+            }
+            Err(e) => return Err(e),
+        };
         let text = String::from_utf8_lossy(&named);
         let bad = |why: String| ctx.invalid("take the final parameters", "the store's final key", why);
         let (src, step) = match text.split_once(' ').map(|(r, s)| (r.parse::<usize>(), s.parse::<u64>())) {
