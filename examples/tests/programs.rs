@@ -100,30 +100,28 @@ fn full() -> std::fs::File {
     std::fs::OpenOptions::new().write(true).open("/dev/full").expect("open /dev/full (Linux)")
 }
 
+/// `anyccl-run -n 2 --timeout 30 -- sh -c script`, to be given its streams.
+fn two_ranks(script: &str) -> Command {
+    let mut c = Command::new(bin("anyccl-run"));
+    c.args(["-n", "2", "--timeout", "30", "--", "sh", "-c", script]);
+    c
+}
+
 #[test]
 fn launcher_output_that_cannot_be_written_fails_the_run_and_says_how_much() {
     // Stdout full: the ranks succeed, their lines ("[rank R] a line\n", 16 bytes each) are
     // lost, and the launcher says so on stderr.
-    let out = Command::new(bin("anyccl-run"))
-        .args(["-n", "2", "--timeout", "30", "--", "sh", "-c", "echo a line"])
-        .stdout(full())
-        .output()
-        .expect("run the launcher");
+    let out = two_ranks("echo a line").stdout(full()).output().expect("run the launcher");
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "lost output did not fail the run:\n{err}");
     assert!(err.contains("output could not be written: 32 bytes to stdout (No space left"), "{err}");
     // Stderr full and a rank failing: no panic (code 101); the note goes to stdout.
-    let out = Command::new(bin("anyccl-run"))
-        .args(["-n", "2", "--timeout", "30", "--", "sh", "-c", "echo oops >&2; exit 3"])
-        .stderr(full())
-        .output()
-        .expect("run the launcher");
+    let out = two_ranks("echo oops >&2; exit 3").stderr(full()).output().expect("run the launcher");
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "{text}");
     assert!(text.contains("bytes to stderr (No space left"), "{text}");
     // A reader that goes away (`| head -1`): the ranks run to the end, not stopped by the pipe.
-    let mut child = Command::new(bin("anyccl-run"))
-        .args(["-n", "2", "--timeout", "30", "--", "sh", "-c", "seq 1 20000; echo done > /dev/stderr"])
+    let mut child = two_ranks("seq 1 20000; echo done > /dev/stderr")
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()

@@ -164,11 +164,7 @@ enum Event {
 
 /// "; rank 2 is stopped (...)" for each running rank that is stopped, else "".
 fn stopped_note(ranks: &Ranks) -> String {
-    let stopped: Vec<usize> = ranks
-        .running()
-        .into_iter()
-        .filter(|&r| procs::stat(ranks.slots[r].pid).is_some_and(|p| p.state == 'T'))
-        .collect();
+    let stopped: Vec<usize> = ranks.running().into_iter().filter(|&r| procs::is_stopped(ranks.slots[r].pid)).collect();
     match stopped.as_slice() {
         [] => String::new(),
         [r] => format!("; rank {r} is stopped (SIGSTOP or a debugger), the likely cause"),

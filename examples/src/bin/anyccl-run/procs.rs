@@ -28,6 +28,11 @@ pub fn stat(pid: i32) -> Option<Proc> {
     Some(Proc { pid, state: f.first()?.chars().next()?, ppid: f.get(1)?.parse().ok()?, pgid: f.get(2)?.parse().ok()? })
 }
 
+/// Whether `pid` is stopped: by a signal (SIGSTOP, SIGTSTP) or by a debugger tracing it.
+pub fn is_stopped(pid: i32) -> bool {
+    stat(pid).is_some_and(|p| p.state == 'T' || p.state == 't')
+}
+
 /// Every process but zombies (a zombie has ended; only its parent's wait is left of it).
 fn live() -> Vec<Proc> {
     let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };

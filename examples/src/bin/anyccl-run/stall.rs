@@ -38,8 +38,7 @@ impl StopWatch {
             return None;
         }
         self.next = now + EVERY;
-        let stopped = |pid: i32| procs::stat(pid).is_some_and(|p| p.state == 'T' || p.state == 't');
-        if running.is_empty() || !running.iter().all(|&(_, pid)| stopped(pid)) {
+        if running.is_empty() || !running.iter().all(|&(_, pid)| procs::is_stopped(pid)) {
             self.seen = None;
             self.said = None;
             return None;
