@@ -10,7 +10,7 @@ use crate::error::{Ctx, Error, Result};
 use crate::group::{spec_color, validate_spec, GroupSpec};
 use crate::recorder::FlightRecorder;
 use crate::store::Store;
-use crate::work::Work;
+use crate::work::{Issuer, Work};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -90,19 +90,19 @@ mod validate;
 #[repr(C, align(64))]
 pub struct Communicator {
     inner: Arc<dyn Collective>,
-    recorder: Arc<FlightRecorder>,
     seq: AtomicU64,
     /// What calls are validated against.
     accepts: validate::Accepts,
-    /// This rank in the group (the backend's, copied here to be read with the rest).
-    rank: usize,
+    /// The flight recorder and this rank in the group (the backend's, copied here to be read
+    /// with the rest) in the first line; the group's name after them. Each `Work` this
+    /// communicator issues lends them.
+    who: Issuer,
     /// Whether `recording` is on: checked on every operation without taking the lock.
     recording_on: std::sync::atomic::AtomicBool,
     /// This group's index in the flight recorder.
     group_id: u16,
     /// Detail mode's cross-member check of every collective (`CommConfig::detail`).
     detail: Option<crate::detail::Detail>,
-    name: Arc<str>,
     spec: Arc<GroupSpec>,
     config: CommConfig,
     /// While recording: the largest byte count per signature (op, dtype, size class, peer).
@@ -211,12 +211,10 @@ impl Communicator {
         let name: Arc<str> = Arc::from(spec.name.as_str());
         let group_id = recorder.intern(&name);
         Ok(Communicator {
-            name,
-            rank: info.rank,
+            who: Issuer { recorder, rank: info.rank, name },
             inner,
             spec: Arc::new(spec),
             seq: AtomicU64::new(0),
-            recorder,
             config,
             recording: std::sync::Mutex::new(None),
             recording_on: std::sync::atomic::AtomicBool::new(false),
@@ -318,7 +316,7 @@ impl Communicator {
 
     /// This rank in the group.
     pub fn rank(&self) -> usize {
-        self.rank
+        self.who.rank
     }
     /// Group size.
     pub fn size(&self) -> usize {
@@ -348,7 +346,7 @@ impl Communicator {
     }
     /// The flight recorder.
     pub fn flight_recorder(&self) -> &Arc<FlightRecorder> {
-        &self.recorder
+        &self.who.recorder
     }
     /// The backend communicator (for wrappers such as fault injection).
     pub fn collective(&self) -> &Arc<dyn Collective> {
@@ -541,8 +539,8 @@ impl Communicator {
     /// # Errors
     /// When the backend could not abort in time.
     pub async fn abort(&self) -> Result<()> {
-        tracing::warn!(group = %self.name, rank = self.rank(), "aborting communicator");
-        crate::trace::dump(&format!("abort of group '{}'", self.name));
+        tracing::warn!(group = %self.who.name, rank = self.rank(), "aborting communicator");
+        crate::trace::dump(&format!("abort of group '{}'", self.who.name));
         self.inner.abort(Instant::now() + Duration::from_secs(30)).await
     }
 
@@ -596,7 +594,7 @@ impl Communicator {
                     Some(d) => Some(d.child(&s.name, ci.rank, ci.size).await?),
                     None => None,
                 };
-                let mut child = Communicator::with_recorder(c, s, self.config.clone(), self.recorder.clone())?;
+                let mut child = Communicator::with_recorder(c, s, self.config.clone(), self.who.recorder.clone())?;
                 child.detail = detail;
                 child.store = self.store.clone();
                 Ok(Some(child))
@@ -609,5 +607,17 @@ impl Communicator {
                 Err(self.ctx().backend_error("split", -1, text, crate::Recovery::Fatal))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// What every operation reads lies in the first line: the backend, the sequence number,
+    /// what calls are validated against, the flight recorder and the rank.
+    #[test]
+    fn the_fields_of_every_call_share_a_line() {
+        let who = std::mem::offset_of!(super::Communicator, who);
+        let rank_ends = who + std::mem::offset_of!(crate::work::Issuer, rank) + std::mem::size_of::<usize>();
+        assert!(rank_ends <= 64, "the rank ends at byte {rank_ends}");
     }
 }

@@ -71,7 +71,7 @@ pub use store::{
     abandon_generation, connect_generation, in_new_generation, joined_generation, store_barrier, CasOutcome, EtcdStore,
     MemoryStore, PrefixStore, Store, StoreStats, TcpStore, TcpStoreOptions, TcpStoreServer,
 };
-pub use work::{Work, WorkImpl, WorkInfo};
+pub use work::{TrackedWork, Work, WorkImpl, WorkInfo};
 
 /// Re-exported so backends implement [`Collective`] with the same macro version.
 pub use async_trait::async_trait;

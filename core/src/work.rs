@@ -34,6 +34,24 @@ pub struct WorkInfo {
     pub started: Instant,
 }
 
+/// What a backend implements once for all the operations it tracks by a number (a device
+/// library's stream position): a `Work` for one of them is that number and a reference to
+/// the backend, so a call allocates nothing ([`Work::tracked`]).
+pub trait TrackedWork: Sync {
+    /// [`WorkImpl::poll`] of operation `op`.
+    ///
+    /// # Errors
+    /// The operation's failure.
+    fn poll_op(&self, op: u64) -> Result<bool>;
+    /// [`WorkImpl::wait_for`] of operation `op`.
+    ///
+    /// # Errors
+    /// The operation's failure.
+    fn wait_op(&self, op: u64, timeout: Duration) -> Result<bool>;
+    /// [`WorkImpl::drain`] of operation `op`.
+    fn drain_op(&self, op: u64);
+}
+
 /// A handle to an enqueued operation. The buffers it borrows stay borrowed until it is
 /// dropped.
 ///
@@ -43,110 +61,156 @@ pub struct WorkInfo {
 /// promptly.
 #[must_use = "completion is only known after `wait`"]
 pub struct Work<'a> {
-    /// Everything, the backend's part included, in one allocation: the handle every call
-    /// returns is one pointer, moved through each layer and into the caller's lists (as 128
-    /// bytes it was copied at each step, and those copies were a fifth of the per-call
-    /// cost that a library doing nothing leaves: `anyccl-device`'s `host_cost` example).
-    held: Box<Held<'a, dyn WorkImpl + 'a>>,
-}
-
-/// What a [`Work`] holds.
-struct Held<'a, T: ?Sized> {
+    /// The backend's part.
+    imp: Imp<'a>,
     /// Set by the communicator that issued it; `None` for a backend's bare work. What
     /// [`Work::info`] is made from when asked (errors, traces, a caller's look): no copy is
-    /// kept, so the allocation stays small (a completed `Work` is under 100 bytes, which
-    /// glibc serves from its fast lists when hundreds are held in flight and its per-thread
-    /// cache, seven a size, runs dry).
+    /// kept.
     issued: Option<Issued<'a>>,
     /// How it ended, once it has: its failure's message kept for every later look. The
     /// backend's part is asked only while this is `None`.
-    state: Option<std::result::Result<(), Box<str>>>,
-    imp: T,
+    state: Option<std::result::Result<(), Box<Failure>>>,
 }
 
-/// The backend's part of work that was complete when it was made.
+/// A failed operation's message, behind one thin pointer (so `Work::state` takes 16 bytes).
+#[derive(Debug)]
+struct Failure(Box<str>);
+
+/// The backend's part of a [`Work`]: held in the handle, with no allocation of its own, where
+/// the backend tracks its operations by number. A `Work` in one allocation was one pointer to
+/// move, but with more than seven in flight glibc's per-thread cache (seven chunks a size)
+/// ran dry and every call ran `malloc`'s and `free`'s slow paths: `bench/host_footprint.sh`
+/// counted 211 lines of code a call (55 of them glibc's) and 1,526 instructions with it, 165
+/// (2 of glibc's) and 1,334 without; code that each real launch pushes out of the caches.
+enum Imp<'a> {
+    /// Operation `.1` of a backend that tracks its operations by number.
+    Tracked(&'a (dyn TrackedWork + 'a), u64),
+    /// A backend's own handle.
+    Boxed(Box<dyn WorkImpl + 'a>),
+}
+
+/// The backend's part of work that was complete when it was made ([`Work::completed`]): a
+/// tracked operation of nobody's, so that `Imp` needs no third variant (and no tag beside
+/// its two references).
 struct Done;
 
-impl WorkImpl for Done {
+impl TrackedWork for Done {
+    fn poll_op(&self, _op: u64) -> Result<bool> {
+        Ok(true)
+    }
+    fn wait_op(&self, _op: u64, _timeout: Duration) -> Result<bool> {
+        Ok(true)
+    }
+    fn drain_op(&self, _op: u64) {}
+}
+
+impl Imp<'_> {
     fn poll(&mut self) -> Result<bool> {
-        Ok(true)
+        match self {
+            Imp::Tracked(src, op) => src.poll_op(*op),
+            Imp::Boxed(b) => b.poll(),
+        }
     }
-    fn wait_for(&mut self, _timeout: Duration) -> Result<bool> {
-        Ok(true)
+    fn wait_for(&mut self, timeout: Duration) -> Result<bool> {
+        match self {
+            Imp::Tracked(src, op) => src.wait_op(*op, timeout),
+            Imp::Boxed(b) => b.wait_for(timeout),
+        }
     }
-    fn drain(&mut self) {}
+    fn drain(&mut self) {
+        match self {
+            Imp::Tracked(src, op) => src.drain_op(*op),
+            Imp::Boxed(b) => b.drain(),
+        }
+    }
+}
+
+/// Who issues operations: a communicator's flight recorder, rank and group name, which each
+/// `Work` it issues lends (read when the `Work` finishes or is asked who it is).
+#[derive(Debug)]
+#[repr(C)]
+pub(crate) struct Issuer {
+    pub(crate) recorder: Arc<FlightRecorder>,
+    pub(crate) rank: usize,
+    pub(crate) name: Arc<str>,
 }
 
 /// What the communicator records of an operation as it issues it: a [`WorkInfo`] whose
-/// group name is lent rather than counted (every operation takes this path).
-#[derive(Debug, Clone, Copy)]
+/// group, rank and flight recorder are the communicator's own, lent rather than copied
+/// (every operation takes this path).
+#[derive(Clone, Copy)]
 pub(crate) struct Issued<'a> {
+    pub(crate) by: &'a Issuer,
     pub(crate) op: &'static str,
     pub(crate) seq: u64,
-    pub(crate) group: &'a Arc<str>,
-    pub(crate) rank: usize,
     /// From the flight recorder's coarse clock ([`FlightRecorder::now_coarse_ns`]).
     pub(crate) started_ns: u64,
-    /// The flight recorder that holds its entry, and the entry.
-    pub(crate) recorder: &'a FlightRecorder,
+    /// The flight recorder's entry.
     pub(crate) ticket: Ticket,
+}
+
+impl<'a> Issued<'a> {
+    fn recorder(&self) -> &'a FlightRecorder {
+        &self.by.recorder
+    }
 }
 
 impl fmt::Debug for Work<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Work").field("info", &self.info()).field("state", &self.held.state).finish()
+        f.debug_struct("Work").field("info", &self.info()).field("state", &self.state).finish()
     }
 }
 
 impl<'a> Work<'a> {
     /// Wrap a backend's work. Backends call this; the Communicator fills in `info`.
     pub fn new(imp: impl WorkImpl + 'a) -> Self {
-        Self::holding(imp, None)
+        Work { imp: Imp::Boxed(Box::new(imp)), issued: None, state: None }
+    }
+
+    /// Operation `op` of a backend that tracks its operations by number: nothing is
+    /// allocated.
+    pub fn tracked(by: &'a (dyn TrackedWork + 'a), op: u64) -> Self {
+        Work { imp: Imp::Tracked(by, op), issued: None, state: None }
     }
 
     /// Work that is already complete (e.g. an operation on zero elements).
     pub fn completed() -> Self {
-        Self::holding(Done, Some(Ok(())))
-    }
-
-    fn holding(imp: impl WorkImpl + 'a, state: Option<std::result::Result<(), Box<str>>>) -> Self {
-        let held = Box::new(Held { issued: None, state, imp });
-        Work { held }
+        Work { imp: Imp::Tracked(&Done, 0), issued: None, state: Some(Ok(())) }
     }
 
     pub(crate) fn attach(&mut self, issued: Issued<'a>) {
-        if self.held.state.is_some() {
+        if self.state.is_some() {
             // Complete at its issue ([`Work::completed`]): its entry is finished now, its
             // time zero to the recorder's coarse tick.
-            issued.recorder.finish_at_issue(issued.ticket);
+            issued.recorder().finish_at_issue(issued.ticket);
         }
-        self.held.issued = Some(issued);
+        self.issued = Some(issued);
     }
 
     /// Identity of the operation, made when asked (the group's name is shared, not copied).
     /// A backend's work that no communicator issued has an empty one.
     pub fn info(&self) -> WorkInfo {
-        match &self.held.issued {
+        match &self.issued {
             Some(i) => WorkInfo {
                 op: i.op,
                 seq: i.seq,
-                group: i.group.clone(),
-                rank: i.rank,
-                started: i.recorder.instant(i.started_ns),
+                group: i.by.name.clone(),
+                rank: i.by.rank,
+                started: i.recorder().instant(i.started_ns),
             },
             None => WorkInfo { op: "", seq: 0, group: Arc::from(""), rank: 0, started: Instant::now() },
         }
     }
 
-    fn finish(&mut self, r: std::result::Result<(), Box<str>>) {
-        if let Some(i) = &self.held.issued {
+    fn finish(&mut self, r: std::result::Result<(), Box<Failure>>) {
+        if let Some(i) = &self.issued {
             let st = match &r {
                 Ok(()) => OpState::Completed,
-                Err(e) => OpState::Failed(e.to_string()),
+                Err(e) => OpState::Failed(e.0.to_string()),
             };
-            i.recorder.finish(i.ticket, st);
+            i.recorder().finish(i.ticket, st);
         }
-        self.held.state = Some(r);
+        self.state = Some(r);
     }
 
     fn settle(&mut self, r: Result<bool>) -> Result<bool> {
@@ -164,16 +228,16 @@ impl<'a> Work<'a> {
     #[cold]
     #[inline(never)]
     fn failed(&mut self, e: Error) -> Error {
-        self.finish(Err(e.to_string().into_boxed_str()));
+        self.finish(Err(Box::new(Failure(e.to_string().into_boxed_str()))));
         let info = self.info();
         crate::trace::dump_error(&format!("{} #{} failed: {e}", info.op, info.seq));
         e
     }
 
     fn repeat_outcome(&self) -> Result<bool> {
-        match &self.held.state {
+        match &self.state {
             Some(Ok(())) => Ok(true),
-            Some(Err(msg)) => Err(self.failed_earlier(msg)),
+            Some(Err(f)) => Err(self.failed_earlier(&f.0)),
             None => Ok(false),
         }
     }
@@ -192,10 +256,10 @@ impl<'a> Work<'a> {
     /// # Errors
     /// The operation's failure (peer failure, abort, backend error).
     pub fn is_completed(&mut self) -> Result<bool> {
-        if self.held.state.is_some() {
+        if self.state.is_some() {
             return self.repeat_outcome();
         }
-        let r = self.held.imp.poll();
+        let r = self.imp.poll();
         self.settle(r)
     }
 
@@ -205,10 +269,10 @@ impl<'a> Work<'a> {
     /// [`Error::Timeout`] when `timeout` passes; the `Work` stays alive so the caller can
     /// abort the communicator and then drop it. Otherwise the operation's own failure.
     pub fn wait(&mut self, timeout: Duration) -> Result<()> {
-        if self.held.state.is_some() {
+        if self.state.is_some() {
             return self.repeat_outcome().map(|_| ());
         }
-        let r = self.held.imp.wait_for(timeout);
+        let r = self.imp.wait_for(timeout);
         if self.settle(r)? {
             Ok(())
         } else {
@@ -245,7 +309,7 @@ impl<'a> Work<'a> {
         let info = self.info();
         crate::trace::dump(&format!("{} #{} of group '{}' timed out after {after:?}", info.op, info.seq, info.group));
         // What is known of the group: whether its members ever ran an operation together.
-        let history = match self.held.issued.as_ref().map(|i| i.recorder.last_completed(&info.group)) {
+        let history = match self.issued.as_ref().map(|i| i.recorder().last_completed(&info.group)) {
             Some(Some((op, seq, ago))) => format!(
                 "every member had taken part before (the group's last completed operation here: {op} #{seq}, \
                  {ago:.1?} ago), so one stopped taking part"
@@ -266,10 +330,10 @@ impl<'a> Work<'a> {
 
 impl Drop for Work<'_> {
     fn drop(&mut self) {
-        if self.held.state.is_none() {
-            self.held.imp.drain();
-            if let Some(i) = &self.held.issued {
-                i.recorder.finish(i.ticket, OpState::Dropped);
+        if self.state.is_none() {
+            self.imp.drain();
+            if let Some(i) = &self.issued {
+                i.recorder().finish(i.ticket, OpState::Dropped);
             }
         }
     }
@@ -280,20 +344,42 @@ mod tests {
     use super::*;
 
     /// Every operation returns a `Work` by value through the backend, the communicator and
-    /// the caller: a larger one is copied at each step (with a 128-byte handle the copies, and
-    /// the stalls of reading back what was just written, were a fifth of `host_cost`'s
-    /// per-call path).
+    /// the caller: a larger one is copied at each step.
     #[test]
-    fn work_is_one_pointer() {
-        assert!(std::mem::size_of::<Work<'static>>() <= 16, "Work is {} bytes", std::mem::size_of::<Work<'static>>());
+    fn work_is_small() {
+        let n = std::mem::size_of::<Work<'static>>();
+        assert!(n <= 88, "Work is {n} bytes");
     }
 
-    /// A completed `Work`'s allocation stays in glibc's fast lists (chunks up to 128 bytes
-    /// with their header): a pipelined caller holding hundreds of them paid 0.02-0.05 us a
-    /// call more than a waiting one at 8 B when they did not fit.
+    /// What a tracked `Work` asks its backend, and that a finished one asks no more.
     #[test]
-    fn completed_work_is_a_small_allocation() {
-        let n = std::mem::size_of::<Held<'static, Done>>();
-        assert!(n <= 96, "a completed Work holds {n} bytes");
+    fn a_tracked_work_asks_its_backend_by_number() {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        struct Stream {
+            passed: AtomicU64,
+            asked: AtomicU64,
+        }
+        impl TrackedWork for Stream {
+            fn poll_op(&self, op: u64) -> Result<bool> {
+                self.asked.fetch_add(1, Ordering::Relaxed);
+                Ok(self.passed.load(Ordering::Relaxed) >= op)
+            }
+            fn wait_op(&self, op: u64, _timeout: Duration) -> Result<bool> {
+                self.poll_op(op)
+            }
+            fn drain_op(&self, _op: u64) {}
+        }
+        let s = Stream { passed: AtomicU64::new(1), asked: AtomicU64::new(0) };
+        let mut first = Work::tracked(&s, 1);
+        let mut second = Work::tracked(&s, 2);
+        assert!(first.is_completed().unwrap());
+        assert!(!second.is_completed().unwrap());
+        assert!(second.wait(Duration::ZERO).is_err(), "not passed yet: a timeout");
+        s.passed.store(2, Ordering::Relaxed);
+        second.wait(Duration::ZERO).unwrap();
+        let asked = s.asked.load(Ordering::Relaxed);
+        assert!(first.is_completed().unwrap() && second.is_completed().unwrap());
+        assert_eq!(s.asked.load(Ordering::Relaxed), asked, "a finished Work keeps its outcome");
+        assert!(Work::completed().is_completed().unwrap());
     }
 }

@@ -35,7 +35,7 @@ impl Communicator {
     /// failed leaves the same evidence as a wait that did (a refused argument leaves none).
     fn dump(&self, call: &Call, e: &crate::Error) {
         if !matches!(e, crate::Error::InvalidArgument { .. } | crate::Error::Unsupported { .. }) {
-            crate::trace::dump_error(&format!("{} of group '{}' failed at enqueue: {e}", call.op, self.name));
+            crate::trace::dump_error(&format!("{} of group '{}' failed at enqueue: {e}", call.op, self.who.name));
         }
     }
 
@@ -44,7 +44,7 @@ impl Communicator {
     #[cold]
     #[inline(never)]
     fn not_enqueued(&self, call: &Call, ticket: crate::recorder::Ticket, e: crate::Error) -> crate::Error {
-        self.recorder.finish(ticket, OpState::Failed(e.to_string()));
+        self.who.recorder.finish(ticket, OpState::Failed(e.to_string()));
         tracing::debug!(error = %e, "enqueue failed");
         self.dump(call, &e);
         e
@@ -60,12 +60,12 @@ impl Communicator {
             d.check(call.op, &call.fingerprint(), self.config.op_timeout).inspect_err(|e| self.dump(&call, e))?;
         }
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
-        let rank = self.rank;
+        let rank = self.who.rank;
         // The fields are read only when the span is enabled.
         let span = tracing::debug_span!(
             "collective",
             backend = self.inner.info().backend,
-            group = %self.name,
+            group = %self.who.name,
             rank,
             world_size = self.inner.info().size,
             op = call.op,
@@ -75,8 +75,8 @@ impl Communicator {
         let _g = span.enter();
         // To the coarse clock's tick: the recorder stamps completions on it too, and this
         // runs on every operation (kept as the recorder keeps it: an `Instant` only if asked).
-        let started_ns = self.recorder.now_coarse_ns();
-        let ticket = self.recorder.push_pending(
+        let started_ns = self.who.recorder.now_coarse_ns();
+        let ticket = self.who.recorder.push_pending(
             self.group_id,
             &OpFields {
                 rank,
@@ -95,9 +95,8 @@ impl Communicator {
                 if self.recording_on.load(Ordering::Acquire) {
                     self.record(&call);
                 }
-                // The name is lent, not counted: its count's line is another miss a call.
-                let recorder = &self.recorder;
-                w.attach(Issued { op: call.op, seq, group: &self.name, rank, started_ns, recorder, ticket });
+                // The communicator is lent: its name's count is another line missed a call.
+                w.attach(Issued { by: &self.who, op: call.op, seq, started_ns, ticket });
                 tracing::trace!("enqueued");
                 Ok(w)
             }

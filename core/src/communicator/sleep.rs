@@ -205,7 +205,7 @@ impl Communicator {
         });
         let deadline = crate::deadline_in(self.config.init_timeout);
         let (started, prefix) =
-            (Instant::now(), format!("{}/sleep{}.{}", self.name, self.sleeps.count, self.sleeps.tries));
+            (Instant::now(), format!("{}/sleep{}.{}", self.who.name, self.sleeps.count, self.sleeps.tries));
         let verdict = decide(
             store.as_ref(),
             &prefix,
@@ -241,7 +241,7 @@ impl Communicator {
         if self.rank() != 0 {
             return;
         }
-        let name = &self.name;
+        let name = &self.who.name;
         for prefix in [format!("{name}/sleep{k}."), format!("{name}/wake{k}."), format!("{name}@wake{k}.")] {
             if let Err(e) = store.delete_prefix(&prefix).await {
                 tracing::debug!("{name}: keys under {prefix} left in the store: {e}");
@@ -258,7 +258,7 @@ impl Communicator {
             return;
         }
         if let Err(e) = self.inner.abort(crate::deadline_in(ABORT_WAIT)).await {
-            tracing::warn!("{}: abort before an agreed sleep failed ({e}); released all the same", self.name);
+            tracing::warn!("{}: abort before an agreed sleep failed ({e}); released all the same", self.who.name);
         }
         self.fall_asleep();
     }
@@ -301,7 +301,7 @@ impl Communicator {
         // in, or the next.
         let count = self.sleeps.count;
         let mut tries = 0u64;
-        while store.get(&format!("{}/wake{count}.{tries}/verdict", self.name)).await?.is_some() {
+        while store.get(&format!("{}/wake{count}.{tries}/verdict", self.who.name)).await?.is_some() {
             tries += 1;
         }
         let deadline = crate::deadline_in(self.config.init_timeout);
@@ -309,7 +309,7 @@ impl Communicator {
             rank: info.rank,
             size: info.size,
             store: store.clone(),
-            namespace: format!("{}@wake{count}.{tries}", self.name),
+            namespace: format!("{}@wake{count}.{tries}", self.who.name),
             device: info.device,
             timeout: self.config.init_timeout,
             op_timeout: self.config.op_timeout,
@@ -328,7 +328,7 @@ impl Communicator {
         // The members agree on the outcome, so that the group wakes on all of them or on none
         // (one may have connected while another's connect failed).
         let refusal = connected.as_ref().err().map(|e| format!("its connect failed: {e}"));
-        let prefix = format!("{}/wake{count}.{tries}", self.name);
+        let prefix = format!("{}/wake{count}.{tries}", self.who.name);
         let who = (self.rank(), self.size());
         let verdict =
             decide(store.as_ref(), &prefix, who, OP, Offer::ready_unless(refusal.as_deref()), deadline + WAKE_GRACE)
@@ -343,7 +343,7 @@ impl Communicator {
             (Ok(inner), verdict) => (inner, verdict),
         };
         if let Err(e) = inner.abort(crate::deadline_in(ABORT_WAIT)).await {
-            tracing::warn!("{}: abort of the communicator a failed wake connected failed: {e}", self.name);
+            tracing::warn!("{}: abort of the communicator a failed wake connected failed: {e}", self.who.name);
         }
         drop(inner);
         let stays = "the group stays asleep on every member, and a later wake may try again";

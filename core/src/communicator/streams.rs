@@ -143,7 +143,7 @@ impl Communicator {
         send: Option<&Arc<dyn DeviceMemory>>,
         recv: &Arc<dyn DeviceMemory>,
     ) -> Captured {
-        Captured { recv: recv.clone(), send: send.cloned(), op, group: self.name.clone(), _graph: None }
+        Captured { recv: recv.clone(), send: send.cloned(), op, group: self.who.name.clone(), _graph: None }
     }
 
     /// Validate an all_reduce on shared buffers and describe it by address.

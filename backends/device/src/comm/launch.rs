@@ -277,6 +277,6 @@ impl<L: Library> DeviceComm<L> {
         if !mark {
             return Ok(None);
         }
-        Ok(Some(Work::new(DeviceWork { comm: self, state: WorkState::Placed(n) })))
+        Ok(Some(Work::tracked(self, n)))
     }
 }

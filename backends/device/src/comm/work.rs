@@ -5,7 +5,7 @@
 use super::{backoff, DeviceComm, LaunchSlot};
 use crate::library::{Library, Plane};
 use crate::runtime::Runtime;
-use anyccl_core::{Result, WorkImpl};
+use anyccl_core::{Result, TrackedWork, WorkImpl};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -63,6 +63,21 @@ impl<L: Library> DeviceWork<'_, L> {
     /// `finished_upto`, which settled it).
     fn finished(&self) -> Result<bool> {
         Ok(true)
+    }
+}
+
+/// Operations on the stream are tracked by their number: their `Work` is that number and a
+/// reference to the communicator ([`anyccl_core::Work::tracked`]), asked as a
+/// `DeviceWork` that is placed.
+impl<L: Library> TrackedWork for DeviceComm<L> {
+    fn poll_op(&self, op: u64) -> Result<bool> {
+        DeviceWork { comm: self, state: WorkState::Placed(op) }.poll()
+    }
+    fn wait_op(&self, op: u64, timeout: Duration) -> Result<bool> {
+        DeviceWork { comm: self, state: WorkState::Placed(op) }.wait_for(timeout)
+    }
+    fn drain_op(&self, op: u64) {
+        DeviceWork { comm: self, state: WorkState::Placed(op) }.drain()
     }
 }
 
