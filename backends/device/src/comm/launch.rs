@@ -1,7 +1,7 @@
 //! Operations on the stream, in order: numbering, marks (the events that settle `Work`s),
 //! launches the library answered "in progress", and the launch itself.
 
-use super::marks::SPARE_MARKS;
+use super::marks::RECLAIM_FROM;
 use super::*;
 
 impl<L: Library> DeviceComm<L> {
@@ -22,12 +22,10 @@ impl<L: Library> DeviceComm<L> {
     fn record_mark(&self, marks: &mut Marks<Event<L>>) -> Result<()> {
         // Read before the record: every operation counted was enqueued before it.
         let seq = self.placed.load(Ordering::Acquire);
-        if marks.spare.is_empty() && marks.live.len() >= SPARE_MARKS {
-            // Many marks nobody asked about: if the oldest is done, its event is spare.
-            if let Some(&(oldest, ref e)) = marks.live.front() {
-                if self.rt.done(e)? {
-                    marks.done_upto(oldest);
-                }
+        if marks.spare.is_empty() && marks.live.len() >= RECLAIM_FROM {
+            // Many marks nobody asked about yet: the events of those done are spare.
+            if let Some(upto) = marks.newest_done(|e| self.rt.done(e))? {
+                marks.done_upto(upto);
             }
         }
         let event = match marks.spare.pop() {
