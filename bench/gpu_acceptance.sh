@@ -85,6 +85,14 @@ for round in $(seq "${ROUNDS:-2}"); do for sc in 0 1; do
   echo "   size raw(us) anyccl(us) ratio-median ratio-worst raw+events(us) enqueued(us) enqueued/raw vs-raw+events"
   awk '/^\[rank 0\] +[0-9]/ { print "  ", $3, $6, $7, $8, $9, $13, $16, $17, $18 }' "$log"
 done; done
+# Deep pipelines: 2,000 calls in flight before the first wait (more than the device layer's
+# 1,024 marks before it looks for done ones); the Work path must stay where it is at 100.
+log="$OUT/one-raw-deep.log"
+timeout 150 anyccl-run -n 1 -- anyccl-bench all_reduce --backend nccl --vs-raw "${PAIRS:-16}" -b 8 -e 4K -f 8 \
+  -n 2000 -w 20 > "$log" 2>&1
+echo "2,000 calls in flight (exit $?):"
+echo "   size raw(us) anyccl(us) ratio-median ratio-worst raw+events(us) enqueued(us) enqueued/raw vs-raw+events"
+awk '/^\[rank 0\] +[0-9]/ { print "  ", $3, $6, $7, $8, $9, $13, $16, $17, $18 }' "$log"
 if [ -x "$BIN/launch_cost" ]; then
   echo "### one GPU: host cost per call with real launches, world size 1 ($(t))"
   timeout 120 "$BIN/launch_cost" 20000 7 > "$OUT/one-launch-cost.log" 2>&1
