@@ -46,13 +46,15 @@ pub struct NoHooks;
 impl Hooks for NoHooks {}
 
 /// A runtime whose streams run nothing: an event is done as soon as it is recorded. It
-/// counts the events recorded.
+/// counts the events recorded and made, and the questions whether one is done.
 #[derive(Debug)]
 pub struct NullRuntime {
     hooks: Arc<dyn Hooks>,
     records: AtomicU64,
     /// Events made (the rest of the records reused one).
     made: AtomicU64,
+    /// Questions whether an event is done.
+    queries: AtomicU64,
 }
 
 impl NullRuntime {
@@ -63,7 +65,7 @@ impl NullRuntime {
 
     /// A runtime that reports to `hooks`.
     pub fn with_hooks(hooks: Arc<dyn Hooks>) -> Self {
-        NullRuntime { hooks, records: AtomicU64::new(0), made: AtomicU64::new(0) }
+        NullRuntime { hooks, records: AtomicU64::new(0), made: AtomicU64::new(0), queries: AtomicU64::new(0) }
     }
 
     /// Events recorded so far.
@@ -74,6 +76,11 @@ impl NullRuntime {
     /// Events made so far (a record that reused an event made none).
     pub fn events_made(&self) -> u64 {
         self.made.load(Ordering::Relaxed)
+    }
+
+    /// Times it was asked whether an event is done.
+    pub fn queries(&self) -> u64 {
+        self.queries.load(Ordering::Relaxed)
     }
 }
 
@@ -108,6 +115,7 @@ impl Runtime for NullRuntime {
         Ok(())
     }
     fn done(&self, _event: &()) -> Result<bool> {
+        self.queries.fetch_add(1, Ordering::Relaxed);
         Ok(true)
     }
     fn alloc(self: &Arc<Self>, dtype: DType, count: usize) -> Result<HostMemory> {
