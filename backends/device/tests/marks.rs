@@ -32,8 +32,8 @@ fn device_marks_reuse_events_that_nothing_holds() {
     }
     assert_eq!(runtime.records() - records, 1000, "an event a call");
     assert!(runtime.events_made() - made <= 2, "{} events made for 1000 calls", runtime.events_made() - made);
-    // BURST in flight: each holds its own (held ones are not recorded again), at most the
-    // kept ones reused.
+    // BURST in flight: each holds its own event until its mark is seen done (a held one is
+    // never recorded again).
     let (records, made) = (runtime.records(), runtime.events_made());
     // The questions to the device while issuing (none is needed below 1,024 live marks).
     let burst = |recvs: &mut [HostMemory]| -> u64 {

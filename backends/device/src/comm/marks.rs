@@ -56,8 +56,8 @@ impl<E> Marks<E> {
 
     /// The number of the newest live mark that is done, asking `done` about as few as it
     /// can: the marks are on one stream, which passes them in order, so the done ones are the
-    /// oldest, found by halving (at most 12 asks for 2,000 live marks). `None` while the oldest is not
-    /// done (one ask).
+    /// oldest, found by halving (at most 12 asks for 2,000 live marks). `None` while the
+    /// oldest is not done (one ask).
     ///
     /// # Errors
     /// The first error `done` gives.
