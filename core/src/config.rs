@@ -406,7 +406,8 @@ pub struct CommConfig {
     /// a `Work` also waits for every operation issued after it before the look, so a
     /// program whose later operation needs its peers to pass a host-side step that waits
     /// for this rank (a barrier after the wait) blocks until the operation timeout.
-    /// Off by default: each operation gets its own event at its call.
+    /// Off by default: each operation gets its own event, recorded as the next one is issued
+    /// (a `Work` waited before anything else is issued asks the stream, and needs none).
     pub shared_completion: bool,
 }
 

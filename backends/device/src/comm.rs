@@ -86,6 +86,12 @@ pub struct DeviceComm<L: Library> {
     /// it: their `Work`s are finished without asking the device again (and, above 0, every
     /// peer had joined when a later call blocks).
     finished_upto: AtomicU64,
+    /// The newest operation issued with a `Work` (by default, not with shared completion)
+    /// whose mark is still owed: recorded when the next thing goes on the stream, so that it
+    /// follows that operation alone, unless the operation is known done by then. A `Work`
+    /// waited before anything else is issued asks the stream itself where the runtime can
+    /// (no event at all); 0: none owed yet.
+    owed: AtomicU64,
     /// The marks on the stream not yet seen done, and the events of earlier ones (marks are
     /// recorded, and asked about, under this lock).
     marks: Mutex<Marks<Event<L>>>,
@@ -320,6 +326,7 @@ impl<L: Library> DeviceComm<L> {
             placed: AtomicU64::new(0),
             marks: Mutex::new(Marks::default()),
             finished_upto: AtomicU64::new(0),
+            owed: AtomicU64::new(0),
         });
         let weak: std::sync::Weak<dyn Watched> = Arc::downgrade(&(c.clone() as Arc<dyn Watched>));
         watchdog::watch(weak);

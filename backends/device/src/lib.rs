@@ -21,8 +21,11 @@
 //!   and otherwise fails the communicator so the call returns an error when the library's
 //!   own timeout (set from the communicator's) releases it.
 //! - **Marks settle many `Work`s.** Operations are numbered in stream order; an event (a
-//!   mark) recorded after one settles every operation before it. A mark is recorded at
-//!   each call, or, with `CommConfig::shared_completion`, at a `Work`'s first look, so calls
+//!   mark) recorded after one settles every operation before it. The mark an operation
+//!   with a `Work` is owed is recorded before anything else goes on the stream (the next
+//!   call), so it follows that operation alone; a `Work` waited before then asks the stream
+//!   itself (`Runtime::stream_done`) and no event is recorded. With
+//!   `CommConfig::shared_completion`, a mark is recorded at a `Work`'s first look, so calls
 //!   issued back to back and then waited share one event.
 //! - **Errors keep their cause.** Libraries report [`LibError`] (code, name, text, kind);
 //!   [`LibError::into_error`] turns one into anyccl's in a communicator's context (core's `Ctx`), keeping

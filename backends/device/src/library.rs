@@ -26,7 +26,7 @@ pub struct Settings {
     /// libraries with `Capabilities::cta_settings`.
     pub ctas: Ctas,
     /// `CommConfig::shared_completion`: a `Work`'s event is recorded at its first look and
-    /// shared, not at its call.
+    /// shared, not as the next operation is issued.
     pub shared_completion: bool,
 }
 

@@ -73,6 +73,17 @@ pub trait Runtime: Send + Sync + fmt::Debug + 'static {
     /// # Errors
     /// A runtime error (the device failed).
     fn done(&self, event: &Self::Event) -> Result<bool>;
+    /// Whether everything enqueued on `stream` so far has finished (the device is current);
+    /// `None` where the runtime cannot say without an event, and a mark is recorded instead.
+    /// A `Work` waited before anything more is put on its communicator's stream asks this, not
+    /// an event recorded after its operation.
+    ///
+    /// # Errors
+    /// A runtime error (the device failed).
+    fn stream_done(&self, stream: &Self::Stream) -> Result<Option<bool>> {
+        let _ = stream;
+        Ok(None)
+    }
     /// `count` zeroed elements of `dtype`.
     ///
     /// # Errors

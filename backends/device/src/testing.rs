@@ -45,8 +45,9 @@ pub struct NoHooks;
 
 impl Hooks for NoHooks {}
 
-/// A runtime whose streams run nothing: an event is done as soon as it is recorded. It
-/// counts the events recorded and made, and the questions whether one is done.
+/// A runtime whose streams run nothing: an event is done as soon as it is recorded, a stream
+/// always. It counts the events recorded and made, and the questions whether an event or a
+/// stream is done.
 #[derive(Debug)]
 pub struct NullRuntime {
     hooks: Arc<dyn Hooks>,
@@ -55,6 +56,8 @@ pub struct NullRuntime {
     made: AtomicU64,
     /// Questions whether an event is done.
     queries: AtomicU64,
+    /// Questions whether a stream is done.
+    stream_queries: AtomicU64,
 }
 
 impl NullRuntime {
@@ -65,7 +68,13 @@ impl NullRuntime {
 
     /// A runtime that reports to `hooks`.
     pub fn with_hooks(hooks: Arc<dyn Hooks>) -> Self {
-        NullRuntime { hooks, records: AtomicU64::new(0), made: AtomicU64::new(0), queries: AtomicU64::new(0) }
+        NullRuntime {
+            hooks,
+            records: AtomicU64::new(0),
+            made: AtomicU64::new(0),
+            queries: AtomicU64::new(0),
+            stream_queries: AtomicU64::new(0),
+        }
     }
 
     /// Events recorded so far.
@@ -81,6 +90,11 @@ impl NullRuntime {
     /// Times it was asked whether an event is done.
     pub fn queries(&self) -> u64 {
         self.queries.load(Ordering::Relaxed)
+    }
+
+    /// Times it was asked whether a stream is done.
+    pub fn stream_queries(&self) -> u64 {
+        self.stream_queries.load(Ordering::Relaxed)
     }
 }
 
@@ -117,6 +131,10 @@ impl Runtime for NullRuntime {
     fn done(&self, _event: &()) -> Result<bool> {
         self.queries.fetch_add(1, Ordering::Relaxed);
         Ok(true)
+    }
+    fn stream_done(&self, _stream: &()) -> Result<Option<bool>> {
+        self.stream_queries.fetch_add(1, Ordering::Relaxed);
+        Ok(Some(true))
     }
     fn alloc(self: &Arc<Self>, dtype: DType, count: usize) -> Result<HostMemory> {
         Ok(HostMemory::new(dtype, count))

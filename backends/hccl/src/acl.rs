@@ -235,6 +235,10 @@ impl anyccl_device::Runtime for Acl {
         // SAFETY: the event is live.
         unsafe { event_done(self.lib, event.raw) }
     }
+    fn stream_done(&self, stream: &AclStream) -> Result<Option<bool>> {
+        // SAFETY: the stream is live.
+        unsafe { crate::result::stream_done(self.lib, stream.raw) }
+    }
     fn alloc(self: &Arc<Self>, dtype: DType, count: usize) -> Result<AclMemory> {
         self.bind()?;
         let bytes = count * dtype.size();

@@ -351,6 +351,19 @@ pub unsafe fn event_done(acl: &AclLib, e: aclrtEvent) -> Result<bool, Error> {
     Ok(st == sys::ACL_EVENT_RECORDED_STATUS_COMPLETE)
 }
 
+/// Whether everything enqueued on `stream` has finished (`aclrtStreamQuery`); `None` where
+/// the loaded ACL lacks it.
+///
+/// # Safety
+/// `stream` is a live stream.
+pub unsafe fn stream_done(acl: &AclLib, stream: aclrtStream) -> Result<Option<bool>, Error> {
+    let Some(query) = acl.StreamQuery else { return Ok(None) };
+    let mut st: c_int = -1;
+    // SAFETY: per the caller; valid out-parameter.
+    acl_check(acl, "aclrtStreamQuery", unsafe { query(stream, &mut st) })?;
+    Ok(Some(st == sys::ACL_STREAM_STATUS_COMPLETE))
+}
+
 /// `aclrtMemcpyAsync` device to device on `stream` (a step of an HCCL operation).
 ///
 /// # Safety

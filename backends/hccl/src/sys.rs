@@ -41,6 +41,8 @@ pub const ACL_MEMCPY_DEVICE_TO_DEVICE: c_int = 3;
 pub const ACL_HBM_MEM: c_int = 1;
 /// `ACL_EVENT_RECORDED_STATUS_COMPLETE`.
 pub const ACL_EVENT_RECORDED_STATUS_COMPLETE: c_int = 1;
+/// `ACL_STREAM_STATUS_COMPLETE` (`aclrtStreamStatus`; 1 is `ACL_STREAM_STATUS_NOT_READY`).
+pub const ACL_STREAM_STATUS_COMPLETE: c_int = 0;
 
 /// `HCCL_ROOT_INFO_BYTES`.
 pub const ROOT_INFO_BYTES: usize = 4108;
@@ -227,6 +229,9 @@ pub struct AclLib {
     pub DestroyEvent: unsafe extern "C" fn(aclrtEvent) -> Code,
     pub RecordEvent: unsafe extern "C" fn(aclrtEvent, aclrtStream) -> Code,
     pub QueryEventStatus: unsafe extern "C" fn(aclrtEvent, *mut c_int) -> Code,
+    /// `aclrtStreamQuery(stream, &status)`: whether everything on the stream has finished
+    /// (status [`ACL_STREAM_STATUS_COMPLETE`]); where missing, a mark is recorded instead.
+    pub StreamQuery: Option<unsafe extern "C" fn(aclrtStream, *mut c_int) -> Code>,
     /// `aclrtStreamWaitEvent(stream, event)`: the stream waits for the event's work.
     pub StreamWaitEvent: Option<unsafe extern "C" fn(aclrtStream, aclrtEvent) -> Code>,
     /// `aclmdlRICaptureGetInfo(stream, &status, &modelRI)` (CANN 8.1+, an experimental
@@ -288,6 +293,7 @@ fn load_acl() -> Result<AclLib, String> {
             DestroyEvent: sym(&lib, "aclrtDestroyEvent")?,
             RecordEvent: sym(&lib, "aclrtRecordEvent")?,
             QueryEventStatus: sym(&lib, "aclrtQueryEventStatus")?,
+            StreamQuery: opt(&lib, "aclrtStreamQuery"),
             StreamWaitEvent: opt(&lib, "aclrtStreamWaitEvent"),
             CaptureGetInfo: opt(&lib, "aclmdlRICaptureGetInfo"),
             Malloc: sym(&lib, "aclrtMalloc")?,

@@ -1,8 +1,10 @@
 //! What a `Work` costs the host on a device backend, counted against the stand-in (which
-//! counts `aclrtRecordEvent` calls): by default every operation records its completion event
-//! at its call; with `CommConfig::shared_completion`, operations issued back to back and then
-//! waited share one, recorded at the first look at one of them, and a `Work` looked at right
-//! after its call gets an event of its own; every output is still right.
+//! counts `aclrtRecordEvent` calls): by default every operation but the newest has its
+//! completion event, recorded as the next call is issued, and the newest's wait asks the
+//! stream (`aclrtStreamQuery`); with `CommConfig::shared_completion`, operations issued back
+//! to back and then waited share one, recorded at the first look at one of them, and a `Work`
+//! looked at right after its call gets an event of its own where it is not done; every
+//! output is still right.
 
 use anyccl_core::{Backend, CommConfig, Communicator, DType, GroupSpec, MemoryStore, Platform, ReduceOp, Store};
 use anyccl_hccl::Hccl;
@@ -113,11 +115,14 @@ mod hccl {
                 .unwrap()
             };
 
-            // By default, an event at every call.
+            // By default, an event at every call but the first, for the call before it.
             let per_call = connect("work-per-call", false);
             let (issued, waited) = issue_then_wait(p, &per_call, &events, 8, "an event per call");
-            assert_eq!(issued, 8, "8 calls, each with its event");
-            assert_eq!(waited, 0, "waits record nothing more");
+            assert_eq!(issued, 7, "8 calls, each but the newest with its event");
+            assert_eq!(waited, 0, "waits record nothing more (the newest asks the stream)");
+            // One at a time: each wait asks the stream, and no event is recorded.
+            let (issued, waited) = issue_then_wait(p, &per_call, &events, 1, "one at a time");
+            assert_eq!((issued, waited), (0, 0), "a call waited before the next records no event");
 
             // 32 out-of-place all_reduces issued back to back, then waited in order.
             let comm = connect("work-shared", true);
@@ -133,8 +138,10 @@ mod hccl {
             drop(issue_all(&comm, &inputs, &mut outputs, 8));
             assert_eq!(events.now() - before, 1, "8 calls dropped unwaited");
 
-            // A Work polled right after its call is followed by an event of its own, so a
-            // later call does not hold it back.
+            // A Work polled right after its call asks the stream, on which nothing follows it
+            // yet; not done, it gets an event of its own there, so a later call does not
+            // hold it back. The later call, waited last, asks the stream too: at most one
+            // event each.
             let before = events.now();
             let (first, rest) = outputs.split_at_mut(1);
             let mut a = comm.all_reduce(Some(inputs[0].view()), first[0].view_mut(), ReduceOp::Sum).unwrap();
@@ -142,7 +149,8 @@ mod hccl {
             let mut b = comm.all_reduce(Some(inputs[1].view()), rest[0].view_mut(), ReduceOp::Sum).unwrap();
             a.wait(T).unwrap();
             b.wait(T).unwrap();
-            assert_eq!(events.now() - before, 2, "a call looked at at once, then another");
+            let n = events.now() - before;
+            assert!(n <= 2, "a call looked at at once, then another: {n} events");
             drop((a, b));
             check(p, outputs[0].as_ref(), 1.0, "looked at at once");
             check(p, outputs[1].as_ref(), 2.0, "the call after it");

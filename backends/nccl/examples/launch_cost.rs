@@ -13,7 +13,9 @@
 //! time in a loop (in the header), the scale for anyccl's own code per call. Rows 8-11 add
 //! one piece of the device layer's path at a time to raw with events (asking which context
 //! is current, the locks and atomics around a launch, a `Work`'s allocation, all three),
-//! each weighed with real launches.
+//! each weighed with real launches. Rows 12-13 issue and wait one call at a time: raw NCCL
+//! with an event a call, waited, against anyccl's `Work`, whose wait then asks the stream
+//! (nothing was issued after it) and records no event.
 //!
 //! `cargo build --release -p anyccl-nccl --example launch_cost`, then on the GPU host
 //! `launch_cost [CALLS] [ROUNDS] [PATTERN]` (default 20000 and 5; PATTERN, a row's number,
@@ -28,7 +30,7 @@ use std::time::{Duration, Instant};
 const DEPTH: usize = 100;
 const COUNT: usize = 2;
 
-const PATTERNS: [&str; 12] = [
+const PATTERNS: [&str; 14] = [
     "raw ncclAllReduce",
     "raw, an event after each call, waited by 100",
     "anyccl stream order (enqueue_all_reduce)",
@@ -41,6 +43,8 @@ const PATTERNS: [&str; 12] = [
     "raw with events, + 2 locks, 2 atomics a call",
     "raw with events, + a 128 B allocation a call",
     "raw with events, + rows 8, 9 and 10",
+    "raw, one at a time: an event a call, waited",
+    "anyccl Work, one at a time: issued, waited",
 ];
 
 /// One step of [`cold_code`]: a multiply, a rotate and an xor that the compiler can neither
@@ -220,6 +224,27 @@ fn run(
             }
             Ok((t.issue_us * 1e3, t.us * 1e3))
         }
+        12 => {
+            // Each call followed by an event and waited before the next: a training step's
+            // issue-then-wait, the baseline of row 13.
+            let t = s.raw.all_reduce_us(COUNT, DType::F32, (calls, 0), Some(1), 1)?;
+            Ok((t.issue_us * 1e3, t.us * 1e3))
+        }
+        13 => {
+            // The same through anyccl: the wait comes before anything else is issued, so it
+            // asks the stream and no event is recorded.
+            let (mut issuing, t) = (Duration::ZERO, Instant::now());
+            let send: &dyn DeviceMemory = &*s.send;
+            let r = &mut recvs[0];
+            for _ in 0..calls {
+                let start = Instant::now();
+                let mut w = comm.all_reduce(Some(send.view()), r.view_mut(), sum)?;
+                issuing += start.elapsed();
+                w.wait(s.timeout)?;
+            }
+            let per = |d: Duration| d.as_secs_f64() * 1e9 / calls as f64;
+            Ok((per(issuing), per(t.elapsed())))
+        }
         3 => chunks!(s, recvs, calls, |send, r| comm.all_reduce(Some(send.view()), r.view_mut(), sum)),
         4 => chunks!(s, recvs, calls, |send, r| comm.collective().all_reduce(Some(send.view()), r.view_mut(), sum)),
         _ => chunks!(s, recvs, calls, |send, r| shared.all_reduce(Some(send.view()), r.view_mut(), sum)),
@@ -325,10 +350,14 @@ fn measure() -> Result<()> {
         t.elapsed().as_secs_f64() * 1e9 / 1e5
     );
     println!("#{:>3} {:>48} {:>12} {:>12} {:>16}", "row", "pattern", "issue (ns)", "total (ns)", "vs raw+events");
-    let with_events = median(times[1].1.clone());
+    println!("# (row 13 against row 12, one at a time; the others against row 1)");
+    // Row 13 against row 12 (one at a time), every other row against row 1.
+    let (with_events, one_at_a_time) = (median(times[1].1.clone()), median(times[12].1.clone()));
     for &p in &patterns {
         let (issue, total) = (median(times[p].0.clone()), median(times[p].1.clone()));
-        let ratio = if p >= 2 && with_events.is_finite() { format!("{:.3}", total / with_events) } else { "-".into() };
+        let base = if p == 13 { one_at_a_time } else { with_events };
+        let ratio = if (2..12).contains(&p) || p == 13 { format!("{:.3}", total / base) } else { "-".into() };
+        let ratio = if base.is_finite() { ratio } else { "-".into() };
         println!("{p:>4} {:>48} {issue:>12.0} {total:>12.0} {ratio:>16}", PATTERNS[p]);
     }
     drop(recvs);

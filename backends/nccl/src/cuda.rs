@@ -219,6 +219,22 @@ impl Stream {
     }
 }
 
+impl Stream {
+    /// Whether everything enqueued on the stream so far has finished (`cuStreamQuery`). The
+    /// stream's device must be current.
+    ///
+    /// # Errors
+    /// `Backend` when the device reports an error.
+    pub fn done(&self) -> Result<bool> {
+        // SAFETY: `raw` is a live stream (destroyed only when this value is dropped).
+        match unsafe { sys::cuStreamQuery(self.raw) }.result() {
+            Ok(()) => Ok(true),
+            Err(e) if e.0 == sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            Err(e) => self.cuda.check("cuStreamQuery", Err(e)),
+        }
+    }
+}
+
 impl Drop for Stream {
     fn drop(&mut self) {
         let _ = self.cuda.bind();
@@ -515,6 +531,9 @@ impl anyccl_device::Runtime for Cuda {
     }
     fn done(&self, event: &Event) -> Result<bool> {
         event.done()
+    }
+    fn stream_done(&self, stream: &Stream) -> Result<Option<bool>> {
+        stream.done().map(Some)
     }
     fn alloc(self: &Arc<Self>, dtype: DType, count: usize) -> Result<CudaMemory> {
         zeroed(self, dtype, count)

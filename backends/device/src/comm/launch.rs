@@ -18,6 +18,22 @@ impl<L: Library> DeviceComm<L> {
         self.record_mark(&mut marks)
     }
 
+    /// Before anything more goes on the stream (the call lock held): the mark owed to the
+    /// newest operation issued with a `Work`, so that it follows that operation alone. None
+    /// where the operation is known done (its `Work` was waited before this call: the stream
+    /// was asked, no event was recorded) or a mark follows it already. A mark that cannot be
+    /// recorded leaves an operation on the stream that nothing tracks: the caller fails the
+    /// communicator (outside the call lock) rather than let a caller reuse buffers the
+    /// device may still touch.
+    #[inline]
+    pub(super) fn mark_owed(&self) -> Result<()> {
+        let owed = self.owed.load(Ordering::Acquire);
+        if owed > self.finished_upto.load(Ordering::Acquire) {
+            return self.mark_following(owed);
+        }
+        Ok(())
+    }
+
     /// Record a mark at the stream's end, on a spare event if there is one.
     fn record_mark(&self, marks: &mut Marks<Event<L>>) -> Result<()> {
         // Read before the record: every operation counted was enqueued before it.
@@ -61,24 +77,39 @@ impl<L: Library> DeviceComm<L> {
     }
 
     /// Whether operation `op` is done (the device must be current): asked of the first mark
-    /// that follows it, recorded now if none does (shared completion's first look). When it
-    /// is, the operations that mark follows are settled, with those of the newest mark if
-    /// that is done too, and the library's asynchronous error is checked once for all of
-    /// them.
+    /// that follows it. Where none does and nothing was put on the stream after it (a `Work`
+    /// waited before the next call), of the stream itself if the runtime can say; else a
+    /// mark is recorded now (also shared completion's first look). When it is done, the
+    /// operations that mark follows are settled, with those of the newest mark if that is
+    /// done too, and the library's asynchronous error is checked once for all of them.
     pub(super) fn look(&self, op: u64) -> Result<bool> {
         if self.finished_upto.load(Ordering::Acquire) >= op {
             return Ok(true);
         }
         let upto = {
             let mut marks = self.marks.lock().unwrap_or_else(|e| e.into_inner());
-            if marks.seen_done < op {
-                if marks.following(op).is_none() {
-                    if let Err(e) = self.record_mark(&mut marks) {
-                        drop(marks);
-                        self.fail(&e);
-                        return Err(e);
+            if marks.seen_done < op && marks.following(op).is_none() {
+                // Where nothing was put on the stream after `op` (by default, each call
+                // first records the mark owed to the one before it, under this lock), the
+                // stream is done exactly when `op` is: asked where the runtime can. Not
+                // yet: by default a later call gives `op` its mark, which the next look
+                // asks; with shared completion a mark is recorded now, so that `op` has
+                // one of its own.
+                let placed = self.placed.load(Ordering::Acquire);
+                let asked = if placed == op { self.rt.stream_done(&self.stream)? } else { None };
+                match asked {
+                    Some(true) => marks.done_upto(op),
+                    Some(false) if !self.shared_completion => return Ok(false),
+                    _ => {
+                        if let Err(e) = self.record_mark(&mut marks) {
+                            drop(marks);
+                            self.fail(&e);
+                            return Err(e);
+                        }
                     }
                 }
+            }
+            if marks.seen_done < op {
                 let Some((seq, e)) = marks.following(op) else { return Ok(false) };
                 if !self.rt.done(e)? {
                     return Ok(false);
@@ -241,6 +272,11 @@ impl<L: Library> DeviceComm<L> {
         }
         self.rt.bind()?;
         let g = self.lock_settled(name)?;
+        if let Err(e) = self.mark_owed() {
+            drop(g);
+            self.fail(&e);
+            return Err(e);
+        }
         let (g, launched) = self.watched_call_locked(g, name, || {
             // SAFETY: per this function's contract; the call lock is held.
             unsafe { self.lib.launch(&self.comm, &self.stream, op) }
@@ -262,16 +298,13 @@ impl<L: Library> DeviceComm<L> {
             return Ok(Some(Work::new(DeviceWork { comm: self, state: WorkState::Launching(slot) })));
         }
         let n = self.placed.fetch_add(1, Ordering::AcqRel) + 1;
-        // Recorded under the call lock, so it follows this operation alone (no other launch
-        // can come in between).
-        let marked = if mark && !self.shared_completion { self.mark_following(n) } else { Ok(()) };
-        drop(g);
-        if let Err(e) = marked {
-            // On the stream but untracked: stop it rather than let the caller reuse
-            // buffers it may still touch.
-            self.fail(&e);
-            return Err(e);
+        if mark && !self.shared_completion {
+            // Its mark is recorded before anything else goes on the stream (the next call's
+            // `mark_owed`, under the call lock), so it follows this operation alone; a wait
+            // before that asks the stream instead, and no event is recorded at all.
+            self.owed.store(n, Ordering::Release);
         }
+        drop(g);
         if !mark {
             return Ok(None);
         }

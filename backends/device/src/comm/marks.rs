@@ -7,11 +7,16 @@ use std::collections::VecDeque;
 /// operation numbered up to its own number (operations are numbered in stream order), so
 /// that when one is done, so are they, and one look at the device settles many `Work`s.
 ///
-/// A mark is recorded at each operation's call, or, with `Settings::shared_completion`, at
-/// the first look at a `Work` whose operation no mark follows yet (a poll, a wait, a drop),
-/// at the stream's end then: a run of operations issued back to back and then waited costs
-/// one event, not one each (an event record is about a tenth of an all_reduce's host time
-/// on H200 hosts), and a wait also waits for what was issued after it.
+/// The mark an operation with a `Work` is owed is recorded before anything else goes on the
+/// stream (the next call, a signal of an engine's stream, a capture), so it follows that
+/// operation alone; a `Work` looked at before then finds nothing on the stream after its
+/// operation and asks the stream itself where the runtime can (no event at all: a step that
+/// issues and waits one call at a time records none). With `Settings::shared_completion` a
+/// mark is recorded at the first look at a `Work` whose operation no mark follows yet (a
+/// poll, a wait, a drop), at the stream's end then: a run of operations issued back to back
+/// and then waited costs one event, not one each (an event record is about a tenth of an
+/// all_reduce's host time on H200 hosts), and a wait also waits for what was issued after
+/// it.
 ///
 /// A `Work` holds no event, only its operation's number: its look finds the first mark that
 /// follows it, here, and asks the device under this lock. So a call moves an event between

@@ -182,7 +182,7 @@ fn vs_raw_header(cx: &Ctx<'_>, raw: &anyccl::bench::RawNccl, pairs: usize) -> Re
         format!("# completion: {}", if c.shared_completion {
             "shared (ANYCCL_SHARED_COMPLETION=1): an event after the newest operation when a Work is first asked about, so a wait may also wait for later operations"
         } else {
-            "an event recorded after each operation (the default: a wait waits for its own operation only)"
+            "an event after each operation, recorded as the next is issued; a wait on the newest asks the stream (the default: a wait waits for its own operation only)"
         }),
         "# enqueued: the same calls through enqueue_all_reduce (stream order only: no Work), one signal_stream and one wait".into(),
         "# raw, N outputs: raw writing as many outputs in turn as anyccl's run keeps (N, one per Work in flight); raw and enqueued write one".into(),

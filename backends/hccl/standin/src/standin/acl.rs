@@ -560,6 +560,25 @@ pub unsafe extern "C" fn anyccl_standin_stream_sleep(stream: *mut c_void, ms: u3
     }
 }
 
+/// `status`: 0 complete, 1 not ready (`aclrtStreamStatus`): whether every task submitted to
+/// the stream so far has run. A capturing stream refuses it (and its capture is invalidated),
+/// as a host wait there is.
+#[no_mangle]
+pub unsafe extern "C" fn aclrtStreamQuery(stream: *mut c_void, status: *mut i32) -> i32 {
+    let Some(s) = stream_ref(stream) else { return ACL_ERROR_INVALID_PARAM };
+    if status.is_null() {
+        return ACL_ERROR_INVALID_PARAM;
+    }
+    if let Err(code) = s.refuse_host_wait("aclrtStreamQuery") {
+        return code;
+    }
+    // Submitted first: done at least that far means every task submitted before the call ran.
+    let submitted = s.submitted.load(Ordering::Acquire);
+    let done = *s.progress.done.lock().unwrap_or_else(|e| e.into_inner()) >= submitted;
+    *status = if done { 0 } else { 1 };
+    ACL_SUCCESS
+}
+
 /// `status`: 0 not ready, 1 complete (`aclrtEventRecordedStatus`).
 #[no_mangle]
 pub unsafe extern "C" fn aclrtQueryEventStatus(event: *mut c_void, status: *mut i32) -> i32 {
