@@ -217,9 +217,7 @@ impl Stream {
         let raw = cu::stream::create(cu::stream::StreamKind::NonBlocking).map_err(|e| cuda_err("cuStreamCreate", e))?;
         Ok(Stream { raw, cuda: cuda.clone(), events: Arc::default() })
     }
-}
 
-impl Stream {
     /// Whether everything enqueued on the stream so far has finished (`cuStreamQuery`). The
     /// stream's device must be current.
     ///

@@ -1,5 +1,5 @@
-//! Point-to-point: rings, per-pair ordering, batched exchanges, pipelines in both
-//! directions.
+//! Point-to-point: rings, per-pair ordering, a wait that waits for its own operation only,
+//! batched exchanges, pipelines in both directions.
 
 use crate::harness::{CaseResult, RankCtx};
 use crate::pattern::{check, round_trip};
@@ -124,11 +124,43 @@ fn pipeline_both_directions(cx: &RankCtx) -> CaseResult {
     Ok(())
 }
 
+/// A wait waits for its own operation, not for one issued after it: rank 0 sends, then
+/// posts a receive, then waits for the send and only then lets rank 1 go on; rank 1 receives,
+/// waits for rank 0's word, and only then sends what rank 0's receive takes. A wait on the
+/// send that also waited for the receive behind it (one completion for both) would block both
+/// ranks until the timeout.
+fn wait_is_for_its_own_operation(cx: &RankCtx) -> CaseResult {
+    let (me, count) = (cx.rank, 1000);
+    match me {
+        0 => {
+            let send = cx.upload(DType::F32, &msg(0, 1, 0, count))?;
+            let mut recv = cx.zeros(DType::F32, count)?;
+            let sent = cx.comm.send(send.view(), 1)?;
+            let received = cx.comm.recv(recv.view_mut(), 1)?;
+            cx.wait(sent)?;
+            cx.signal("own-operation/sent")?;
+            cx.wait(received)?;
+            check("the reply from rank 1", &cx.download(recv.as_ref())?, &msg(1, 0, 1, count), DType::F32, None)?;
+        }
+        1 => {
+            let mut recv = cx.zeros(DType::F32, count)?;
+            cx.wait(cx.comm.recv(recv.view_mut(), 0)?)?;
+            check("the message from rank 0", &cx.download(recv.as_ref())?, &msg(0, 1, 0, count), DType::F32, None)?;
+            cx.await_signal("own-operation/sent")?;
+            let reply = cx.upload(DType::F32, &msg(1, 0, 1, count))?;
+            cx.wait(cx.comm.send(reply.view(), 0)?)?;
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
 /// Register the point-to-point cases.
 pub fn register(v: &mut Vec<Case>) {
     let no_batch = |c: &anyccl_core::Capabilities, _| (!c.p2p_group).then(|| "no batched point-to-point".to_string());
     v.push(Case::new("p2p", "ring_unbatched", &[2, 3, 4, 5, 8], ring));
     v.push(Case::new("p2p", "pair_ordering", &[2, 3, 4, 8], ordering));
+    v.push(Case::new("p2p", "wait_is_for_its_own_operation", &[2, 3], wait_is_for_its_own_operation));
     for d in [DType::F32, DType::BF16, DType::U8, DType::F64] {
         v.push(
             Case::new("p2p", format!("batched_all_pairs_{d}"), &[1, 2, 3, 4, 5, 8], move |cx| batched_all_pairs(cx, d))
