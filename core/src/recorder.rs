@@ -463,6 +463,12 @@ impl FlightRecorder {
         Some((self.op_name(found.what), found.seq, done.elapsed()))
     }
 
+    /// Whether the ring came round: older records than those it holds were overwritten (a
+    /// group with none completed among them may still have completed earlier ones).
+    pub fn overwritten(&self) -> bool {
+        self.pushed.load(Ordering::Relaxed) > self.capacity as u64
+    }
+
     /// A human-readable table of the recorded operations, oldest first.
     pub fn dump(&self) -> String {
         let tick = completion_resolution();
@@ -625,6 +631,12 @@ mod tests {
         assert!(r.dump().contains(" ok "), "{}", r.dump());
         assert_eq!(r.last_completed("g").map(|(op, seq, _)| (op, seq)), Some(("all_reduce", 0)));
         assert_eq!(r.last_completed("h"), None);
+        // Four more pending: the completed one is overwritten, and the ring says so.
+        assert!(!r.overwritten());
+        for s in 1..=4 {
+            let _ = r.push(rec("g", s));
+        }
+        assert_eq!((r.last_completed("g"), r.overwritten()), (None, true));
     }
 
     #[test]

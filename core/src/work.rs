@@ -309,12 +309,19 @@ impl<'a> Work<'a> {
         let info = self.info();
         crate::trace::dump(&format!("{} #{} of group '{}' timed out after {after:?}", info.op, info.seq, info.group));
         // What is known of the group: whether its members ever ran an operation together.
-        let history = match self.issued.as_ref().map(|i| i.recorder().last_completed(&info.group)) {
-            Some(Some((op, seq, ago))) => format!(
+        let recorder = self.issued.as_ref().map(|i| i.recorder());
+        let history = match recorder.map(|r| (r.last_completed(&info.group), r.overwritten())) {
+            Some((Some((op, seq, ago)), _)) => format!(
                 "every member had taken part before (the group's last completed operation here: {op} #{seq}, \
                  {ago:.1?} ago), so one stopped taking part"
             ),
-            Some(None) => "no operation of the group had completed here yet (a member may never have joined)".into(),
+            Some((None, false)) => {
+                "no operation of the group had completed here yet (a member may never have joined)".into()
+            }
+            Some((None, true)) => "none of the group's operations still in the flight recorder had completed, and \
+                older ones were overwritten (it keeps ANYCCL_FLIGHT_RECORDER entries), so whether every member \
+                ever took part is not known here"
+                .into(),
             None => String::new(),
         };
         crate::Ctx::new("anyccl", info.rank, info.group.to_string()).timeout(

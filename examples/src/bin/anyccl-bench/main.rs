@@ -171,7 +171,7 @@ async fn run(args: Args) -> Result<()> {
             (Some(d), _) => d.to_string(),
             (None, true) => WINDOW_DEPTH.to_string(),
             (None, false) if platform.kind() == DeviceKind::Cpu => bufs::host_depth_said(),
-            (None, false) => "as many as fit".to_string(),
+            (None, false) => bufs::device_depth_said(),
         });
         outln!("#");
         outln!("#                                                              out-of-place                       in-place                    cold first call");
