@@ -115,6 +115,13 @@ pub(crate) fn budget(platform: &dyn Platform, local_world_size: usize) -> Budget
     }
 }
 
+/// The header's word for `--depth d` (the budget of a size may hold fewer; a device keeps
+/// [`DEVICE_OUTPUTS`] at most).
+pub(crate) fn depth_said(d: usize, device: bool) -> String {
+    let most = if device { d.min(DEVICE_OUTPUTS) } else { d };
+    format!("up to {most} (--depth {d})")
+}
+
 /// The header's word for the default depth on a device.
 pub(crate) fn device_depth_said() -> String {
     format!("as many as fit, {DEVICE_OUTPUTS} at most")

@@ -168,7 +168,8 @@ async fn run(args: Args) -> Result<()> {
             outln!("# buffers: {said}");
         }
         outln!("#  nThread 1 nGpus 1 minBytes {min} maxBytes {max} step: {}(factor) warmup iters: {} iters: {} validation: {} in flight: {}", args.factor, args.warmup, args.iters, args.check, match (args.depth, args.window) {
-            (Some(d), _) => d.to_string(),
+            (Some(d), true) => d.to_string(),
+            (Some(d), false) => bufs::depth_said(d as usize, platform.kind() != DeviceKind::Cpu),
             (None, true) => WINDOW_DEPTH.to_string(),
             (None, false) if platform.kind() == DeviceKind::Cpu => bufs::host_depth_said(),
             (None, false) => bufs::device_depth_said(),
