@@ -355,9 +355,12 @@ fn measure() -> Result<()> {
     let (with_events, one_at_a_time) = (median(times[1].1.clone()), median(times[12].1.clone()));
     for &p in &patterns {
         let (issue, total) = (median(times[p].0.clone()), median(times[p].1.clone()));
-        let base = if p == 13 { one_at_a_time } else { with_events };
-        let ratio = if (2..12).contains(&p) || p == 13 { format!("{:.3}", total / base) } else { "-".into() };
-        let ratio = if base.is_finite() { ratio } else { "-".into() };
+        let base = match p {
+            2..=11 => with_events,
+            13 => one_at_a_time,
+            _ => f64::NAN,
+        };
+        let ratio = if base.is_finite() { format!("{:.3}", total / base) } else { "-".into() };
         println!("{p:>4} {:>48} {issue:>12.0} {total:>12.0} {ratio:>16}", PATTERNS[p]);
     }
     drop(recvs);
