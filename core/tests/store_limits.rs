@@ -60,7 +60,8 @@ fn flood(addr: SocketAddr, n: usize, stop: Arc<AtomicBool>) -> std::thread::Join
 
 /// Silent connections, reopened as the server drops them and twice as many as the server
 /// lets await their hello, do not keep a real rank out: each connect gets in within a
-/// second, and a client that sends its hello once without retrying is answered.
+/// second, and a client that sends its hello once without retrying is answered, alone or
+/// with as many others as half the queue at once.
 #[test]
 fn tcp_store_lets_a_rank_in_under_a_flood_of_silent_connections() {
     one_at_a_time(flooded());
@@ -102,11 +103,27 @@ async fn flooded() {
     })
     .await
     .expect("join");
+    // Half as many such clients as the queue holds, all at once: each is answered.
+    let burst = tokio::task::spawn_blocking(move || {
+        let once = move || -> std::io::Result<[u8; 5]> {
+            let mut s = TcpStream::connect(addr)?;
+            s.set_read_timeout(Some(Duration::from_secs(5)))?;
+            s.write_all(&hello("tok"))?;
+            let mut answer = [0u8; 5];
+            s.read_exact(&mut answer).map(|_| answer)
+        };
+        let all: Vec<_> = (0..PENDING / 2).map(|_| std::thread::spawn(once)).collect();
+        all.into_iter().map(|t| t.join().expect("client thread")).collect::<Vec<_>>()
+    })
+    .await
+    .expect("join");
     stop.store(true, Ordering::Relaxed);
     let opened = tokio::task::spawn_blocking(move || flooder.join().expect("flooder")).await.expect("join");
     let stats = srv.stats();
     println!("under a flood of {opened} silent connections: ranks got in after {took:?}; {stats:?}");
     assert!(matches!(once, Ok([0, 0, 0, 1, 0])), "a client that does not retry was not answered: {once:?}");
+    let unanswered: Vec<_> = burst.iter().filter(|a| !matches!(a, Ok([0, 0, 0, 1, 0]))).collect();
+    assert!(unanswered.is_empty(), "of {} clients saying hello at once, not answered: {unanswered:?}", PENDING / 2);
     assert!(stats.hellos_evicted > 0, "the flood never filled the queue of connections awaiting hello: {stats:?}");
     for (i, t) in took.iter().enumerate() {
         assert!(*t < Duration::from_secs(1), "rank {i} took {t:?} to get in under the flood");

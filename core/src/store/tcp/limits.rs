@@ -72,6 +72,31 @@ impl Hellos {
         HelloSlot { hellos: self.clone(), id, newcomer: me }
     }
 
+    /// Put `slot`, told to close while its client had in fact spoken (its bytes were not
+    /// read yet), back at the end of the queue as one that has spoken: in the place of the
+    /// oldest that has not (told to close in turn), or of nobody while there is room. False
+    /// when every connection queued has spoken: `slot` closes as told. The queue never holds
+    /// more than `max`, and a client that said hello at once is not closed while a silent
+    /// one is queued, however slowly its connection's task gets to read.
+    pub(super) fn requeue_spoken(&self, slot: &HelloSlot) -> bool {
+        slot.newcomer.spoke();
+        let mut q = self.lock();
+        if q.1.iter().any(|(id, _)| *id == slot.id) {
+            return true;
+        }
+        if q.1.len() >= self.max {
+            let Some(victim) = q.1.iter().position(|(_, n)| !n.spoke.load(Ordering::Acquire)) else {
+                return false;
+            };
+            if let Some((_, n)) = q.1.remove(victim) {
+                n.evict.notify_one();
+                self.evicted.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        q.1.push_back((slot.id, slot.newcomer.clone()));
+        true
+    }
+
     /// Connections closed so far to make room for newer ones.
     pub(super) fn evicted(&self) -> u64 {
         self.evicted.load(Ordering::Relaxed)
@@ -80,7 +105,7 @@ impl Hellos {
 
 /// A connection's place in the queue of those awaiting their hello, until dropped.
 pub(super) struct HelloSlot {
-    hellos: Arc<Hellos>,
+    pub(super) hellos: Arc<Hellos>,
     id: u64,
     pub(super) newcomer: Arc<Newcomer>,
 }
@@ -168,5 +193,34 @@ impl Drop for Share<'_> {
         *used = used.saturating_sub(self.n);
         drop(used);
         self.budget.freed.notify_waiters();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn queued(h: &Hellos) -> Vec<u64> {
+        h.lock().1.iter().map(|(id, _)| *id).collect()
+    }
+
+    #[test]
+    fn a_connection_told_to_close_with_its_hello_unread_takes_a_silent_ones_place() {
+        let h = Arc::new(Hellos::new(2));
+        let (a, b) = (h.admit(), h.admit());
+        let c = h.admit();
+        assert_eq!((h.evicted(), queued(&h)), (1, vec![b.id, c.id]), "the oldest silent one goes");
+        // a's hello was in its socket: it stays, and the oldest silent one (b) goes instead.
+        assert!(h.requeue_spoken(&a));
+        assert_eq!((h.evicted(), queued(&h)), (2, vec![c.id, a.id]));
+        // With every queued one spoken, one told to close goes as told; the queue stays at 2.
+        c.newcomer.spoke();
+        let d = h.admit();
+        assert_eq!((h.evicted(), queued(&h)), (3, vec![a.id, d.id]), "none silent: the oldest of all (c) goes");
+        d.newcomer.spoke();
+        assert!(!h.requeue_spoken(&c));
+        assert_eq!(queued(&h), vec![a.id, d.id]);
+        drop(a);
+        assert_eq!(queued(&h), vec![d.id], "a slot dropped leaves the queue");
     }
 }

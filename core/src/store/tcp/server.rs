@@ -225,21 +225,47 @@ async fn until_hung_up<T>(s: &TcpStream, wait: impl std::future::Future<Output =
 }
 
 /// Read and check the hello, within `hello_timeout`, unless the connection is closed first
-/// to make room for newer ones.
+/// to make room for newer ones. A connection told to close whose client has already sent
+/// bytes (the task had not got to them) stays, as one that has spoken.
 async fn hello(s: &mut TcpStream, sh: &Shared, slot: &HelloSlot) -> std::result::Result<(), String> {
+    const EVICTED: &str = "closed before its hello, to make room for newer connections";
     let opts = &sh.opts;
+    let late = || format!("no hello within {:?}", opts.hello_timeout);
+    let end = tokio::time::Instant::now() + opts.hello_timeout;
     let newcomer = slot.newcomer.clone();
-    let read = async {
-        s.readable().await?;
-        newcomer.spoke();
-        read_frame(s, MAX_HELLO_FRAME.min(opts.max_frame)).await
-    };
-    let frame = tokio::select! {
-        _ = slot.newcomer.evicted() => return Err("closed before its hello, to make room for newer connections".into()),
-        r = tokio::time::timeout(opts.hello_timeout, read) => r
-            .map_err(|_| format!("no hello within {:?}", opts.hello_timeout))?
-            .map_err(|e| e.to_string())?
-            .ok_or("closed before hello")?,
+    let mut first = [0u8];
+    // Until the first bytes: a connection is "spoken" only once bytes are in its socket, and
+    // an eviction is checked against what the socket holds.
+    loop {
+        tokio::select! {
+            _ = newcomer.evicted() => {
+                let mut b = [std::mem::MaybeUninit::<u8>::uninit()];
+                let waiting = socket2::SockRef::from(&*s).peek(&mut b).is_ok_and(|n| n > 0);
+                if !(waiting && slot.hellos.requeue_spoken(slot)) {
+                    return Err(EVICTED.into());
+                }
+            }
+            // Not `readable`, which may report a socket ready with nothing in it.
+            r = s.peek(&mut first) => match r {
+                Ok(0) => return Err("closed before hello".into()),
+                Ok(_) => break,
+                Err(e) => return Err(e.to_string()),
+            },
+            _ = tokio::time::sleep_until(end) => return Err(late()),
+        }
+    }
+    newcomer.spoke();
+    let frame = {
+        let read = tokio::time::timeout_at(end, read_frame(s, MAX_HELLO_FRAME.min(opts.max_frame)));
+        tokio::pin!(read);
+        loop {
+            tokio::select! {
+                _ = newcomer.evicted() => if !slot.hellos.requeue_spoken(slot) {
+                    return Err(EVICTED.into());
+                },
+                r = &mut read => break r.map_err(|_| late())?.map_err(|e| e.to_string())?.ok_or("closed before hello")?,
+            }
+        }
     };
     let Some(Request::Hello { version, token }) = Request::decode(&frame) else {
         return Err("first frame is not a hello".into());
