@@ -175,7 +175,7 @@ impl CpuComm {
         let tune = Tuning::from_env(&mesh.ctx, mesh.step, (mesh.size, mesh.crowded_anywhere))?;
         let limit = crate::settings::max_queued_bytes(&mesh.ctx)?;
         let grace = crate::settings::handoff(&mesh.ctx)?;
-        let eager = eager::Eagerness::new(crate::settings::eager(&mesh.ctx)?);
+        let eager = eager::Eagerness::new(crate::settings::eager(&mesh.ctx)?, mesh.crowded_anywhere);
         let queue = Arc::new(Queue::new(limit));
         let pool = Arc::new(Pool::new(limit));
         let engine = Engine { mesh: mesh.clone(), seq: 0, tune, pool: pool.clone(), current: None };
@@ -237,7 +237,7 @@ impl Collective for CpuComm {
         let route = |peer, what, len, exchange| self.mesh.route(peer, what, len, exchange);
         let path = algo::path(op, bytes, (self.info.rank, self.info.size), &self.tune, &route)?;
         Some(match self.eager_path_look(op, bytes) {
-            Some(us) => {
+            Some(look) => {
                 let when = match op {
                     "reduce_scatter" => " out of place",
                     "all_to_all" => " with even splits",
@@ -245,7 +245,7 @@ impl Collective for CpuComm {
                 };
                 let whose =
                     if self.info.size == 2 || op == "sendrecv" { "the peer's input comes" } else { "the inputs come" };
-                format!("{path}; as it is issued{when} where nothing else is queued and {whose} within {us} us")
+                format!("{path}; as it is issued{when} where nothing else is queued and {whose} within {look}")
             }
             _ => path,
         })

@@ -14,15 +14,20 @@
 //! messages have arrived run at the next issue, so a pipeline of calls keeps going this way.
 //! A peer that has not arrived within the look may be waiting for something this rank does
 //! after the issue: the issue never waits longer. After each miss in a row, twice as many
-//! calls (up to 1,024) send without looking. Every operation goes on the wire as its usual
+//! calls (up to 1,024) send without looking. In a pipeline (the missed call not waited for by
+//! the next issues), a miss whose message the next issues find within 16 times
+//! `ANYCCL_CPU_EAGER_US` of its issue lengthens the look to take such a message and ends the
+//! skipping, where a host's ranks do not outnumber its CPUs; one whose message comes later
+//! halves it again (see `look`). Every operation goes on the wire as its usual
 //! path sends it (the same messages, op codes and numbers), so a rank that goes the usual way
 //! meets a peer that did not.
 
 use super::*;
 use crate::transport::Eager;
-use std::sync::atomic::AtomicU32;
 
 mod direct;
+mod look;
+pub(super) use look::Eagerness;
 
 /// The largest message of an all_gather (each rank's part), a reduce_scatter (each rank's
 /// share), an all_to_all (each segment) or a broadcast that goes this way, and of an all_reduce
@@ -36,47 +41,6 @@ pub(super) const EAGER_MAX: usize = 8 << 10;
 /// 16 / 32 KiB 5.23 / 8.49 -> 4.21 / 7.58 us a call (Open MPI 6.41 / 8.08); 64 KiB through
 /// the rings this way took 14.0 us against 10.9 by reference.
 const EAGER_P2P_MAX: usize = 32 << 10;
-
-/// How a communicator tries the eager path.
-#[derive(Debug)]
-pub(super) struct Eagerness {
-    /// How long the issue looks for the peer's input (zero: never tried).
-    spin: Duration,
-    /// Calls left that send without looking for the peer's message.
-    skip: AtomicU32,
-    /// Tries in a row whose peer had not arrived.
-    misses: AtomicU32,
-}
-
-impl Eagerness {
-    pub(super) fn new(spin: Duration) -> Eagerness {
-        Eagerness { spin, skip: AtomicU32::new(0), misses: AtomicU32::new(0) }
-    }
-
-    /// Whether this call may look for the peer's message (one that may not counts the skip
-    /// down).
-    fn now(&self) -> bool {
-        // Calls on other threads may count it down at once: a try more or less.
-        match self.skip.load(Ordering::Relaxed) {
-            0 => true,
-            s => {
-                self.skip.store(s - 1, Ordering::Relaxed);
-                false
-            }
-        }
-    }
-
-    fn hit(&self) {
-        if self.misses.load(Ordering::Relaxed) != 0 {
-            self.misses.store(0, Ordering::Relaxed);
-        }
-    }
-
-    fn miss(&self) {
-        let m = self.misses.fetch_add(1, Ordering::Relaxed).saturating_add(1).min(10);
-        self.skip.store(1 << m, Ordering::Relaxed);
-    }
-}
 
 /// How far an operation tried as it is issued went; `Later`: with what the receive left
 /// for later needs.
@@ -201,8 +165,7 @@ impl CpuComm {
         if self.mesh.mailbox.dead().is_some() || !self.queue.has_room(work::counted(bytes)) {
             return Now::Usual(bufs);
         }
-        // After misses, a number of calls send without looking (see `Eagerness`).
-        let may_look = self.eager.now();
+        let mut missed = self.eager.missed().map(|id| (id, false));
         let mut st = self.sched.lock();
         let engine = if st.closed || st.jobs.len() != st.rests { None } else { st.engine.take() };
         let Some(mut engine) = engine else {
@@ -218,15 +181,26 @@ impl CpuComm {
         while st.jobs.front().and_then(|j| j.rest_of).is_some_and(|(p, k)| self.arrived(p, k)) {
             let Some(job) = st.jobs.pop_front() else { break };
             st.rests -= 1;
+            if let Some((m, ran)) = &mut missed {
+                *ran |= job.id == *m;
+            }
             drop(st);
             let r = sched::run_job(&mut engine, job.run, None);
             job.done.set(r, &self.sched.holding);
             drop(job._admission);
             st = self.sched.lock();
         }
-        let look = (st.jobs.is_empty() && may_look).then_some(self.eager.spin);
-        // The scheduler's lock stays held through the attempt (a look of microseconds at
-        // most): another thread's issue waits that long for it rather than finding the engine
+        // The receive of the operation that missed last: whether its message came by this
+        // issue; the look adapts (see `Eagerness::then`).
+        if let Some((m, ran)) = missed {
+            // (One still queued has not arrived: the loop above ran every front one that had.)
+            self.eager.then(ran || st.jobs.iter().any(|j| j.id == m), ran);
+        }
+        // After misses, a number of calls send without looking (see `Eagerness`).
+        let may_look = self.eager.now();
+        let look = (st.jobs.is_empty() && may_look).then(|| self.eager.look());
+        // The scheduler's lock stays held through the attempt (a look of 16 times
+        // `ANYCCL_CPU_EAGER_US` at most): another thread's issue waits that long for it rather than finding the engine
         // out, and this call takes the lock once, not twice (each lock and release is a
         // locked instruction, which waits for the ring write before it to reach the peer).
         let seq = engine.seq;
@@ -275,7 +249,7 @@ impl CpuComm {
             After::Queued(done, wake) => {
                 // A miss only where the look ran out (not a send behind receives left before).
                 if look.is_some() {
-                    self.eager.miss();
+                    self.eager.miss(id);
                 }
                 if wake {
                     self.sched.cv.notify_one();

@@ -12,15 +12,11 @@ impl CpuComm {
         n > 2 && bytes <= EAGER_MAX && !self.eager.spin.is_zero() && (0..n).all(|p| p == me || self.mesh.is_local(p))
     }
 
-    /// all_gather among more than two ranks of this host, as it is issued where it may be:
-    /// the direct all_gather's messages (this rank's part to every rank, every part from its
-    /// rank), where parts of that size go direct (`ANYCCL_CPU_ALLGATHER_DIRECT_MAX`).
     /// Whether the benchmark's operation `op` of `bytes` (the larger buffer: an all_gather's
     /// output, a reduce_scatter's input; a sendrecv with the ring's neighbours) would be
-    /// tried as it is issued here: the look's microseconds.
-    pub(crate) fn eager_path_look(&self, op: &str, bytes: usize) -> Option<u128> {
+    /// tried as it is issued here: the look, as words.
+    pub(crate) fn eager_path_look(&self, op: &str, bytes: usize) -> Option<String> {
         let (n, me, t) = (self.info.size, self.info.rank, &self.tune);
-        let us = self.eager.spin.as_micros();
         let part = bytes / n.max(1);
         let fits = match (op, n) {
             (_, 0 | 1) => false,
@@ -42,9 +38,12 @@ impl CpuComm {
             ("barrier", _) => n <= crate::settings::BARRIER_DIRECT_MAX && self.eager_all_fits(0),
             _ => false,
         };
-        (fits && (bytes > 0 || op == "barrier")).then_some(us)
+        (fits && (bytes > 0 || op == "barrier")).then(|| self.eager.describe())
     }
 
+    /// all_gather among more than two ranks of this host, as it is issued where it may be:
+    /// the direct all_gather's messages (this rank's part to every rank, every part from its
+    /// rank), where parts of that size go direct (`ANYCCL_CPU_ALLGATHER_DIRECT_MAX`).
     pub(super) fn all_gather_direct_now<'a>(&'a self, send: Option<Buf<'a>>, recv: BufMut<'a>) -> Now<'a, Pair<'a>> {
         let (me, n, total) = (self.info.rank, self.info.size, recv.bytes());
         let chunk = total / n;
