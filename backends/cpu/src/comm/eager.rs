@@ -16,9 +16,9 @@
 //! after the issue: the issue never waits longer. After each miss in a row, twice as many
 //! calls (up to 1,024) send without looking. In a pipeline (the missed call not waited for by
 //! the next issues), a miss whose message the next issues find within 16 times
-//! `ANYCCL_CPU_EAGER_US` of its issue lengthens the look to take such a message and ends the
-//! skipping, where a host's ranks do not outnumber its CPUs; one whose message comes later
-//! halves it again (see `look`). Every operation goes on the wire as its usual
+//! `ANYCCL_CPU_EAGER_US` of its issue lengthens the look to take such a message, where a
+//! host's ranks do not outnumber its CPUs; one whose message comes later halves it again (see
+//! `look`). Every operation goes on the wire as its usual
 //! path sends it (the same messages, op codes and numbers), so a rank that goes the usual way
 //! meets a peer that did not.
 

@@ -118,9 +118,10 @@ impl Eagerness {
     /// waiting for each, a pipeline); `arrived`, whether its message has come. Issues come
     /// often in a pipeline, so the first that finds the message tells about when it came: a
     /// look of the time from the missed issue to this one would have taken it. Where that is
-    /// within `most` (a near miss), the look grows to it (a power of two times `spin`) and
-    /// the misses before are forgotten (the peer is close, not late); where it is not (a far
-    /// miss), the look halves (down to `spin`). Only issues that come often tell when the
+    /// within `most` (a near miss), the look grows to it (a power of two times `spin`);
+    /// where it is not (a far miss), the look halves (down to `spin`). Misses in a row still
+    /// make calls skip the look: a peer that sends only after something this rank does after
+    /// the issue comes just after every look, however long, and is then looked for rarely. Only issues that come often tell when the
     /// message came: one that finds it more than a look after the issue before found it
     /// missing (a program that computes between its calls) learns nothing, so a rank whose
     /// calls are apart never looks longer for a late peer than it is configured to.
@@ -148,8 +149,6 @@ impl Eagerness {
                     grown *= 2;
                 }
                 self.look_ns.store(ns(grown.min(self.most)), Ordering::Relaxed);
-                self.misses.store(0, Ordering::Relaxed);
-                self.skip.store(0, Ordering::Relaxed);
             }
             Then::Far => self.look_ns.store(ns((look / 2).max(self.spin)), Ordering::Relaxed),
             Then::Pending | Then::Unknown => {}
@@ -174,7 +173,7 @@ mod tests {
         assert_eq!(e.then(true, false), Then::Pending, "not come, the longest look not over");
         assert_eq!(e.then(true, true), Then::Near);
         assert_eq!(e.look(), 20 * MS, "came within twice the look");
-        assert!(e.now(), "a near miss forgets the skip");
+        assert!(!e.now(), "a near miss keeps the skip: misses in a row still make calls skip");
         assert_eq!(e.missed(), None, "learnt");
         e.miss(8);
         std::thread::sleep(25 * MS);
