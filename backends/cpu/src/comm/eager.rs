@@ -16,11 +16,11 @@
 //! after the issue: the issue never waits longer. After each miss in a row, twice as many
 //! calls (up to 1,024) send without looking. In a pipeline (the missed call not waited for by
 //! the next issues), a miss whose message the next issues find within 16 times
-//! `ANYCCL_CPU_EAGER_US` of its issue lengthens the look to take such a message, where a
-//! host's ranks do not outnumber its CPUs; one whose message comes later halves it again (see
-//! `look`). Every operation goes on the wire as its usual
-//! path sends it (the same messages, op codes and numbers), so a rank that goes the usual way
-//! meets a peer that did not.
+//! `ANYCCL_CPU_EAGER_US` (1 ms at most) of its issue lengthens the look to take such a
+//! message, where a host's ranks do not outnumber its CPUs; one whose message comes later
+//! halves it again (see `look`). Every operation goes on the wire as its usual path sends it
+//! (the same messages, op codes and numbers), so a rank that goes the usual way meets a peer
+//! that did not.
 
 use super::*;
 use crate::transport::Eager;
@@ -200,7 +200,7 @@ impl CpuComm {
         let may_look = self.eager.now();
         let look = (st.jobs.is_empty() && may_look).then(|| self.eager.look());
         // The scheduler's lock stays held through the attempt (a look of 16 times
-        // `ANYCCL_CPU_EAGER_US` at most): another thread's issue waits that long for it rather than finding the engine
+        // `ANYCCL_CPU_EAGER_US`, 1 ms, at most): another thread's issue waits that long for it rather than finding the engine
         // out, and this call takes the lock once, not twice (each lock and release is a
         // locked instruction, which waits for the ring write before it to reach the peer).
         let seq = engine.seq;

@@ -6,16 +6,19 @@
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-/// How many times the configured look a look may grow to after near misses.
+/// How many times the configured look a look may grow to after near misses, and the longest
+/// it grows to (the longest that may be configured).
 const GROWTH: u32 = 16;
+const LONGEST: Duration = Duration::from_millis(1);
 
 /// How a communicator tries the eager path.
 #[derive(Debug)]
 pub(in crate::comm) struct Eagerness {
     /// The configured look (zero: never tried), the shortest the look gets.
     pub(in crate::comm) spin: Duration,
-    /// The longest: `GROWTH` times `spin`, or `spin` where a host's ranks outnumber its
-    /// CPUs (a rank that looks longer there keeps a CPU its peer may need).
+    /// The longest: `GROWTH` times `spin` up to `LONGEST` (never shorter than `spin`), or
+    /// `spin` where a host's ranks outnumber its CPUs (a rank that looks longer there keeps a
+    /// CPU its peer may need).
     most: Duration,
     /// The look now, in nanoseconds.
     look_ns: AtomicU64,
@@ -48,7 +51,11 @@ pub(in crate::comm) enum Then {
 
 impl Eagerness {
     pub(in crate::comm) fn new(spin: Duration, crowded: bool) -> Eagerness {
-        let most = if crowded { spin } else { spin * GROWTH };
+        Eagerness::up_to(spin, if crowded { spin } else { (spin * GROWTH).min(LONGEST).max(spin) })
+    }
+
+    /// A look of `spin` that grows to `most` at most.
+    fn up_to(spin: Duration, most: Duration) -> Eagerness {
         Eagerness {
             spin,
             most,
@@ -166,7 +173,7 @@ mod tests {
 
     #[test]
     fn near_misses_lengthen_the_look_to_what_would_have_taken_them() {
-        let e = Eagerness::new(10 * MS, false);
+        let e = Eagerness::up_to(10 * MS, 160 * MS);
         e.miss(7);
         assert!(!e.now(), "a miss makes the next call send without looking");
         assert_eq!(e.missed(), Some(7));
@@ -196,7 +203,7 @@ mod tests {
 
     #[test]
     fn far_misses_shorten_the_look_down_to_the_configured_one() {
-        let e = Eagerness::new(MS, false);
+        let e = Eagerness::up_to(MS, 16 * MS);
         e.miss(1);
         assert_eq!(e.then(true, true), Then::Near);
         for want in [1, 1] {
@@ -213,10 +220,21 @@ mod tests {
     }
 
     #[test]
+    fn the_look_grows_to_a_millisecond_at_most() {
+        assert_eq!(Eagerness::new(Duration::from_micros(5), false).describe(), "5 us (up to 80 after near misses)");
+        assert_eq!(
+            Eagerness::new(Duration::from_micros(100), false).describe(),
+            "100 us (up to 1000 after near misses)"
+        );
+        assert_eq!(Eagerness::new(Duration::from_micros(1000), false).describe(), "1000 us");
+        assert_eq!(Eagerness::new(Duration::from_micros(5), true).describe(), "5 us");
+    }
+
+    #[test]
     fn where_ranks_outnumber_cpus_the_look_stays() {
-        let e = Eagerness::new(5 * MS, true);
+        let e = Eagerness::new(Duration::from_micros(5), true);
         e.miss(3);
         assert_eq!(e.missed(), None, "nothing to learn: the look cannot grow");
-        assert_eq!(e.look(), 5 * MS);
+        assert_eq!(e.look(), Duration::from_micros(5));
     }
 }
