@@ -44,9 +44,14 @@ pub(in crate::comm) enum Then {
     Far,
     /// Not come yet, and the longest look is not over: the next issue asks again.
     Pending,
-    /// Not queued any more (a wait ran it: the program waits for each call, not a pipeline),
-    /// or found more than a look after it was last found missing: nothing is learnt.
+    /// Found more than a look after it was last found missing (the rank was away: its
+    /// thread descheduled, or the program computing between calls): when it came is not
+    /// known, and the look stays.
     Unknown,
+    /// Not queued any more: a wait ran it (the program waits for each call, or computes
+    /// before it waits, and would lose that overlap to a long look), so the look shortens
+    /// as after a far miss: a long look is for pipelines.
+    Waited,
 }
 
 impl Eagerness {
@@ -126,19 +131,19 @@ impl Eagerness {
     /// often in a pipeline, so the first that finds the message tells about when it came: a
     /// look of the time from the missed issue to this one would have taken it. Where that is
     /// within `most` (a near miss), the look grows to it (a power of two times `spin`);
-    /// where it is not (a far miss), the look halves (down to `spin`). Misses in a row still
-    /// make calls skip the look: a peer that sends only after something this rank does after
-    /// the issue comes just after every look, however long, and is then looked for rarely. Only issues that come often tell when the
-    /// message came: one that finds it more than a look after the issue before found it
-    /// missing (a program that computes between its calls) learns nothing, so a rank whose
-    /// calls are apart never looks longer for a late peer than it is configured to.
+    /// otherwise (a far miss) it halves, down to `spin`. It halves too where the receive ran
+    /// in a wait (not a pipeline), and stays where this issue found the message more than a
+    /// look after the one before found it missing (when it came is not known: a program that
+    /// computes between its calls never lengthens the look). Misses in a row still make
+    /// calls skip the look: a peer that sends only after something this rank does after the
+    /// issue comes just after every look, however long, and is then looked for rarely.
     pub(in crate::comm) fn then(&self, queued: bool, arrived: bool) -> Then {
         let now = self.base.elapsed().as_nanos() as u64;
         let after = |at: &AtomicU64| Duration::from_nanos(now.saturating_sub(at.load(Ordering::Relaxed)));
         let look = self.look();
         let needed = look + after(&self.missed_ns);
         let then = match (queued, arrived, needed <= self.most) {
-            (false, _, _) => Then::Unknown,
+            (false, _, _) => Then::Waited,
             (true, false, true) => {
                 self.checked_ns.store(now, Ordering::Relaxed);
                 return Then::Pending;
@@ -157,7 +162,7 @@ impl Eagerness {
                 }
                 self.look_ns.store(ns(grown.min(self.most)), Ordering::Relaxed);
             }
-            Then::Far => self.look_ns.store(ns((look / 2).max(self.spin)), Ordering::Relaxed),
+            Then::Far | Then::Waited => self.look_ns.store(ns((look / 2).max(self.spin)), Ordering::Relaxed),
             Then::Pending | Then::Unknown => {}
         }
         then
@@ -185,8 +190,8 @@ mod tests {
         e.miss(8);
         std::thread::sleep(25 * MS);
         assert_eq!(e.then(true, true), Then::Unknown, "found 25 ms after the miss: when it came is not known");
-        assert_eq!(e.look(), 20 * MS);
-        e.miss(8);
+        assert_eq!(e.look(), 20 * MS, "nothing learnt: the look stays");
+        e.miss(9);
         for _ in 0..5 {
             std::thread::sleep(5 * MS);
             assert_eq!(e.then(true, false), Then::Pending);
@@ -195,10 +200,13 @@ mod tests {
         // 20 + 25 ms: the next power of two times 10 ms (160 if the sleeps ran 60% long).
         let grown = e.look();
         assert!(grown == 80 * MS || grown == 160 * MS, "{grown:?}");
-        e.miss(9);
+        e.miss(10);
         std::thread::sleep(100 * MS);
         assert_eq!(e.then(true, true), Then::Far, "80 + 100 ms is past the longest look (160 ms)");
         assert_eq!(e.look(), grown / 2);
+        e.miss(11);
+        assert_eq!(e.then(false, false), Then::Waited, "a wait ran it");
+        assert_eq!(e.look(), grown / 4, "a long look is for pipelines");
     }
 
     #[test]
@@ -214,7 +222,7 @@ mod tests {
         }
         assert!(!e.now(), "far misses keep the skip");
         e.miss(3);
-        assert_eq!(e.then(false, false), Then::Unknown, "a wait ran it");
+        assert_eq!(e.then(false, false), Then::Waited, "a wait ran it");
         assert_eq!(e.look(), MS);
         assert_eq!(e.missed(), None);
     }
