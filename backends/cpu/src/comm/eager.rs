@@ -122,11 +122,9 @@ pub(super) fn given_parts<'a>((s, r): (Buf<'a>, BufMut<'a>)) -> (Few<Buf<'a>>, F
 
 impl CpuComm {
     /// Whether an operation whose messages are `bytes` bytes (at most `max`) may run as it is
-    /// issued here (two ranks of one host, the look not turned off): the look's microseconds.
-    pub(super) fn eager_look(&self, bytes: usize, max: usize) -> Option<u128> {
-        let fits =
-            self.info.size == 2 && bytes <= max && !self.eager.spin.is_zero() && self.mesh.is_local(1 - self.info.rank);
-        fits.then_some(self.eager.spin.as_micros())
+    /// issued here (two ranks of one host, the look not turned off).
+    pub(super) fn eager_fits(&self, bytes: usize, max: usize) -> bool {
+        self.info.size == 2 && bytes <= max && !self.eager.spin.is_zero() && self.mesh.is_local(1 - self.info.rank)
     }
 
     /// Whether the messages a receive left for later waits for have arrived: of `kind`, from
@@ -200,9 +198,10 @@ impl CpuComm {
         let may_look = self.eager.now();
         let look = (st.jobs.is_empty() && may_look).then(|| self.eager.look());
         // The scheduler's lock stays held through the attempt (a look of 16 times
-        // `ANYCCL_CPU_EAGER_US`, 1 ms, at most): another thread's issue waits that long for it rather than finding the engine
-        // out, and this call takes the lock once, not twice (each lock and release is a
-        // locked instruction, which waits for the ring write before it to reach the peer).
+        // `ANYCCL_CPU_EAGER_US`, 1 ms, at most): another thread's issue waits that long for
+        // it rather than finding the engine out, and this call takes the lock once, not twice
+        // (each lock and release is a locked instruction, which waits for the ring write
+        // before it to reach the peer).
         let seq = engine.seq;
         let ran = sched::guarded(&mut engine, |e| attempt(&e.mesh, seq, look, &mut bufs));
         if kind == Kind::Coll && !matches!(ran, Ok(Step::NotStarted)) {
@@ -272,7 +271,7 @@ impl CpuComm {
             return self.all_reduce_direct_now(send, recv, op);
         }
         let (n, dtype) = (recv.bytes(), recv.dtype());
-        if n == 0 || self.eager_look(n, self.tune.all_reduce_direct_max).is_none() {
+        if n == 0 || !self.eager_fits(n, self.tune.all_reduce_direct_max) {
             return Now::Usual((send, recv));
         }
         let pool = &self.pool;
@@ -294,7 +293,7 @@ impl CpuComm {
         }
         let (me, total) = (self.info.rank, recv.bytes());
         let chunk = total / 2;
-        if chunk == 0 || total != 2 * chunk || self.eager_look(chunk, EAGER_MAX).is_none() {
+        if chunk == 0 || total != 2 * chunk || !self.eager_fits(chunk, EAGER_MAX) {
             return Now::Usual((send, recv));
         }
         let pool = &self.pool;
@@ -328,7 +327,7 @@ impl CpuComm {
         }
         let (me, c, dtype) = (self.info.rank, recv.bytes(), recv.dtype());
         let whole = send.as_ref().map_or(0, |s| s.bytes());
-        if c == 0 || whole != 2 * c || self.eager_look(c, EAGER_MAX).is_none() {
+        if c == 0 || whole != 2 * c || !self.eager_fits(c, EAGER_MAX) {
             return Now::Usual((send, recv));
         }
         let pool = &self.pool;
@@ -355,7 +354,7 @@ impl CpuComm {
         }
         let (me, total) = (self.info.rank, recv.bytes());
         let seg = total / 2;
-        if seg == 0 || total != 2 * seg || send.bytes() != total || self.eager_look(seg, EAGER_MAX).is_none() {
+        if seg == 0 || total != 2 * seg || send.bytes() != total || !self.eager_fits(seg, EAGER_MAX) {
             return Now::Usual((send, recv));
         }
         let pool = &self.pool;
@@ -388,7 +387,7 @@ impl CpuComm {
             return self.broadcast_tree_now(send, recv, root);
         }
         let (me, n) = (self.info.rank, recv.bytes());
-        if n == 0 || root > 1 || self.eager_look(n, EAGER_MAX).is_none() {
+        if n == 0 || root > 1 || !self.eager_fits(n, EAGER_MAX) {
             return Now::Usual((send, recv));
         }
         let attempt = |mesh: &Mesh, seq, spin, (send, recv): &mut Pair<'a>| {
@@ -485,7 +484,7 @@ impl CpuComm {
         if self.info.size > 2 {
             return self.barrier_direct_now();
         }
-        if self.eager_look(0, 0).is_none() {
+        if !self.eager_fits(0, 0) {
             return Now::Usual(());
         }
         let peer = 1 - self.info.rank;

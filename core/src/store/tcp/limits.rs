@@ -60,11 +60,7 @@ impl Hellos {
         let me = Arc::new(Newcomer::default());
         let mut q = self.lock();
         if q.1.len() >= self.max {
-            let victim = q.1.iter().position(|(_, n)| !n.spoke.load(Ordering::Acquire)).unwrap_or(0);
-            if let Some((_, n)) = q.1.remove(victim) {
-                n.evict.notify_one();
-                self.evicted.fetch_add(1, Ordering::Relaxed);
-            }
+            self.make_room(&mut q, true);
         }
         q.0 += 1;
         let id = q.0;
@@ -72,28 +68,13 @@ impl Hellos {
         HelloSlot { hellos: self.clone(), id, newcomer: me }
     }
 
-    /// Put `slot`, told to close while its client had in fact spoken (its bytes were not
-    /// read yet), back at the end of the queue as one that has spoken: in the place of the
-    /// oldest that has not (told to close in turn), or of nobody while there is room. False
-    /// when every connection queued has spoken: `slot` closes as told. The queue never holds
-    /// more than `max`, and a client that said hello at once is not closed while a silent
-    /// one is queued, however slowly its connection's task gets to read.
-    pub(super) fn requeue_spoken(&self, slot: &HelloSlot) -> bool {
-        slot.newcomer.spoke();
-        let mut q = self.lock();
-        if q.1.iter().any(|(id, _)| *id == slot.id) {
-            return true;
-        }
-        if q.1.len() >= self.max {
-            let Some(victim) = q.1.iter().position(|(_, n)| !n.spoke.load(Ordering::Acquire)) else {
-                return false;
-            };
-            if let Some((_, n)) = q.1.remove(victim) {
-                n.evict.notify_one();
-                self.evicted.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-        q.1.push_back((slot.id, slot.newcomer.clone()));
+    /// Tell the oldest queued connection that has sent nothing (else, with `or_oldest`, the
+    /// oldest of all) to close, and take it out: whether there was one.
+    fn make_room(&self, q: &mut Queue, or_oldest: bool) -> bool {
+        let victim = q.1.iter().position(|(_, n)| !n.spoke.load(Ordering::Acquire)).or(or_oldest.then_some(0));
+        let Some((_, n)) = victim.and_then(|v| q.1.remove(v)) else { return false };
+        n.evict.notify_one();
+        self.evicted.fetch_add(1, Ordering::Relaxed);
         true
     }
 
@@ -105,9 +86,28 @@ impl Hellos {
 
 /// A connection's place in the queue of those awaiting their hello, until dropped.
 pub(super) struct HelloSlot {
-    pub(super) hellos: Arc<Hellos>,
+    hellos: Arc<Hellos>,
     id: u64,
     pub(super) newcomer: Arc<Newcomer>,
+}
+
+impl HelloSlot {
+    /// Back at the end of the queue as one that has spoken, after being told to close while
+    /// its client had in fact spoken (its bytes were not read yet): in the place of the oldest
+    /// that has not (told to close in turn), or of nobody while there is room. False when
+    /// every connection queued has spoken: this one closes as told. The queue never holds
+    /// more than its bound, and a client that said hello at once is not closed while a silent
+    /// one is queued, however slowly its connection's task gets to read.
+    pub(super) fn requeue_spoken(&self) -> bool {
+        self.newcomer.spoke();
+        let h = &self.hellos;
+        let mut q = h.lock();
+        if q.1.len() >= h.max && !h.make_room(&mut q, false) {
+            return false;
+        }
+        q.1.push_back((self.id, self.newcomer.clone()));
+        true
+    }
 }
 
 impl Drop for HelloSlot {
@@ -211,14 +211,14 @@ mod tests {
         let c = h.admit();
         assert_eq!((h.evicted(), queued(&h)), (1, vec![b.id, c.id]), "the oldest silent one goes");
         // a's hello was in its socket: it stays, and the oldest silent one (b) goes instead.
-        assert!(h.requeue_spoken(&a));
+        assert!(a.requeue_spoken());
         assert_eq!((h.evicted(), queued(&h)), (2, vec![c.id, a.id]));
         // With every queued one spoken, one told to close goes as told; the queue stays at 2.
         c.newcomer.spoke();
         let d = h.admit();
         assert_eq!((h.evicted(), queued(&h)), (3, vec![a.id, d.id]), "none silent: the oldest of all (c) goes");
         d.newcomer.spoke();
-        assert!(!h.requeue_spoken(&c));
+        assert!(!c.requeue_spoken());
         assert_eq!(queued(&h), vec![a.id, d.id]);
         drop(a);
         assert_eq!(queued(&h), vec![d.id], "a slot dropped leaves the queue");

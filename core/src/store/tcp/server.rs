@@ -241,7 +241,7 @@ async fn hello(s: &mut TcpStream, sh: &Shared, slot: &HelloSlot) -> std::result:
             _ = newcomer.evicted() => {
                 let mut b = [std::mem::MaybeUninit::<u8>::uninit()];
                 let waiting = socket2::SockRef::from(&*s).peek(&mut b).is_ok_and(|n| n > 0);
-                if !(waiting && slot.hellos.requeue_spoken(slot)) {
+                if !(waiting && slot.requeue_spoken()) {
                     return Err(EVICTED.into());
                 }
             }
@@ -260,7 +260,7 @@ async fn hello(s: &mut TcpStream, sh: &Shared, slot: &HelloSlot) -> std::result:
         tokio::pin!(read);
         loop {
             tokio::select! {
-                _ = newcomer.evicted() => if !slot.hellos.requeue_spoken(slot) {
+                _ = newcomer.evicted() => if !slot.requeue_spoken() {
                     return Err(EVICTED.into());
                 },
                 r = &mut read => break r.map_err(|_| late())?.map_err(|e| e.to_string())?.ok_or("closed before hello")?,

@@ -28,7 +28,7 @@ impl CpuComm {
                     "broadcast" | "barrier" => (bytes, EAGER_MAX),
                     _ => return None,
                 };
-                self.eager_look(message, max).is_some()
+                self.eager_fits(message, max)
             }
             ("all_reduce", _) => bytes <= t.all_reduce_direct_max && self.eager_all_fits(bytes),
             ("all_gather", _) => part <= t.all_gather_direct_max && self.eager_all_fits(part),
