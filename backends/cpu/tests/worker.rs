@@ -77,11 +77,46 @@ fn pipelined_calls_leave_the_worker_asleep() -> Result<(), Failed> {
     Ok(())
 }
 
+/// 2 ranks: after a pipeline (callers running the queue in their waits, so that an enqueue
+/// no longer wakes the worker), rank 0 issues an all_reduce and does not wait for it for 2 s;
+/// rank 1's wait for the same all_reduce needs rank 0's part, which only rank 0's worker can
+/// run: it must end long before rank 0 comes back (the worker still looks on its own).
+fn a_job_nobody_waits_for_runs_after_a_pipeline() -> Result<(), Failed> {
+    common::two_ranks("worker-unwaited", move |me, c| {
+        run(c, 400, 4)?;
+        c.barrier().and_then(|mut b| b.wait(T)).map_err(|e| e.to_string())?;
+        let input = vec![1f32; 16384];
+        let mut out = vec![0f32; 16384];
+        let t = Instant::now();
+        let mut w =
+            c.all_reduce(Some(Buf::host(&input)), BufMut::host(&mut out), ReduceOp::Sum).map_err(|e| e.to_string())?;
+        if me == 0 {
+            std::thread::sleep(std::time::Duration::from_secs(2));
+        }
+        w.wait(T).map_err(|e| e.to_string())?;
+        let took = t.elapsed();
+        drop(w);
+        if out.iter().any(|&x| x != 2.0) {
+            return Err("a sum of two ones is not two".into());
+        }
+        if me == 1 && took >= std::time::Duration::from_secs(1) {
+            return Err(format!("rank 1 waited {took:?}: rank 0's worker did not run the all_reduce that rank 0 left"));
+        }
+        Ok(())
+    })
+}
+
 fn main() -> std::process::ExitCode {
     let args = Arguments::from_args();
-    let trials = vec![Trial::test(
-        "cpu::worker::pipelined_calls_leave_the_worker_asleep[w=2]",
-        pipelined_calls_leave_the_worker_asleep,
-    )];
+    let trials = vec![
+        Trial::test(
+            "cpu::worker::pipelined_calls_leave_the_worker_asleep[w=2]",
+            pipelined_calls_leave_the_worker_asleep,
+        ),
+        Trial::test(
+            "cpu::worker::a_job_nobody_waits_for_runs_after_a_pipeline[w=2]",
+            a_job_nobody_waits_for_runs_after_a_pipeline,
+        ),
+    ];
     libtest_mimic::run(&args, trials).exit_code()
 }

@@ -214,7 +214,7 @@ impl CpuComm {
             Ok(Step::Later(saved)) => {
                 let done = st.completion();
                 let grace = Job::grace_for(self.sched.grace, bytes, false);
-                let wake = st.parked || (st.dozing && !st.jobs.is_empty() && !st.woken);
+                let wake = Sched::wakes_worker(&st);
                 st.woken |= wake;
                 let (run, _admission) = (rest(seq, saved), self.admitted_anyway(bytes));
                 let job = Job {

@@ -359,7 +359,7 @@ impl CpuComm {
         // Wake the worker when it sleeps for good, or when a job is already queued (the
         // program issues several before it waits: they must progress without it) and the
         // worker would not look again within the grace.
-        let wake = st.parked || (st.dozing && !st.jobs.is_empty() && !st.woken);
+        let wake = Sched::wakes_worker(&st);
         st.woken |= wake;
         let grace = Job::grace_for(self.sched.grace, admission.size, lent != Lending::No);
         let rescuable = matches!(lent, Lending::Rescuable { .. });
