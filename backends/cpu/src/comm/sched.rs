@@ -93,11 +93,11 @@ pub(super) struct SchedState {
     pub(super) woken: bool,
     /// The worker sleeps longer than the grace before its next look: a job queued behind
     /// another then wakes it (so the job starts within about the grace if nobody waits for
-    /// it), unless callers drive the queue ([`SchedState::driving`]). While it looks within the grace anyway, an enqueue wakes nobody: a program that
-    /// issues a few operations and then waits for them, over and over, would otherwise pay a
-    /// wake-up and a thread switch per batch (on a host whose ranks fill its cores, a rank's
-    /// CPU taken away: 8 B all_reduce 4 in flight took 1.3-1.6 us a call against 0.5 waited
-    /// one by one).
+    /// it), unless callers drive the queue ([`SchedState::driving`]). While it looks within
+    /// the grace anyway, an enqueue wakes nobody: a program that issues a few operations and
+    /// then waits for them, over and over, would otherwise pay a wake-up and a thread switch
+    /// per batch (on a host whose ranks fill its cores, a rank's CPU taken away: 8 B
+    /// all_reduce 4 in flight took 1.3-1.6 us a call against 0.5 waited one by one).
     pub(super) dozing: bool,
     /// A caller waits for a queued job without running it itself (its wait is shorter than
     /// the operation timeout, or it polls): the worker runs the queue at once rather than
