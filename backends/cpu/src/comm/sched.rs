@@ -112,7 +112,7 @@ pub(super) struct SchedState {
     pub(super) caller_runs: u64,
     /// Callers run the queue in their waits with jobs still queued behind theirs (a
     /// pipeline: the program issues several, then waits for each): an enqueue then wakes no
-    /// dozing worker, which looks at least every [`Sched::driven_poll`] instead. Cleared
+    /// dozing worker, which looks at least every [`Sched::poll_for`] instead. Cleared
     /// at a look that finds no job run by a caller since the previous one (the callers
     /// stopped), when the worker takes a job that nobody came for, and when it parks.
     pub(super) driving: bool,
@@ -187,24 +187,28 @@ impl Sched {
         }
     }
 
-    /// The longest the worker sleeps between looks while callers drive the queue
-    /// ([`SchedState::driving`]): four times the grace (2 ms by default), so that a job
-    /// nobody waits for, issued after a pipeline, starts within about this and the grace
-    /// (the next look finds that no caller ran a job, and the job then has its grace).
-    /// A look every twice the grace made about twice the context switches (2 ranks, 64 KiB
+    /// The worker's `poll`, at most four times the grace (2 ms by default) while callers
+    /// drive the queue ([`SchedState::driving`]), when no enqueue wakes it: a job nobody
+    /// waits for, issued after a pipeline, then starts within about this and the grace (the
+    /// next look finds that no caller ran a job, and the job then has its grace). A look
+    /// every twice the grace made about twice the context switches (2 ranks, 64 KiB
     /// all_reduce 16 in flight: about 2,400 for 20,000 calls against 1,300, and 7 % against
     /// 1 % slower than waited one by one).
-    fn driven_poll(&self) -> Duration {
-        self.grace * 4
+    fn poll_for(&self, st: &SchedState, poll: Duration) -> Duration {
+        if st.driving {
+            poll.min(self.grace * 4)
+        } else {
+            poll
+        }
     }
 
     /// Whether an enqueue behind a queued job should wake the worker: it sleeps past the
-    /// grace, no wake-up is on its way, and callers are not running the queue themselves.
-    /// (A wake-up there took a rank's CPU for a look that found the job left to its caller:
+    /// grace and no wake-up is on its way. (While callers drive the queue it is not dozing:
+    /// a wake-up there took a rank's CPU for a look that found the job left to its caller,
     /// 2 ranks, 64 KiB all_reduce 16 in flight, 7,000-7,700 context switches for 20,000 calls
     /// against about 350 waited one by one, 12.6-13.6 us a call against 10.8-12.4.)
     pub(super) fn wakes_worker(st: &SchedState) -> bool {
-        st.parked || (st.dozing && !st.jobs.is_empty() && !st.woken && !st.driving)
+        st.parked || (st.dozing && !st.jobs.is_empty() && !st.woken)
     }
 
     pub(super) fn lock(&self) -> std::sync::MutexGuard<'_, SchedState> {
@@ -358,8 +362,8 @@ pub(super) fn worker_loop(sched: &Sched) {
                 st.parked = false;
                 idle_since = Instant::now();
             } else {
-                let pause = if st.driving { poll.min(sched.driven_poll()) } else { poll };
-                st.dozing = pause > sched.grace;
+                let pause = sched.poll_for(&st, poll);
+                st.dozing = pause > sched.grace && !st.driving;
                 st = sched.cv.wait_timeout(st, pause).unwrap_or_else(|p| p.into_inner()).0;
                 st.dozing = false;
                 poll = (poll * 2).min(MAX_POLL);
@@ -396,16 +400,12 @@ pub(super) fn worker_loop(sched: &Sched) {
             let pause = if st.helpers > 0 {
                 sched.grace
             } else if st.engine.is_none() {
-                if st.driving {
-                    poll.min(sched.driven_poll())
-                } else {
-                    poll
-                }
+                sched.poll_for(&st, poll)
             } else if st.driving {
                 // Callers run the queue: looked at again after the patience left or the
                 // poll, whichever is longer (a look that finds no caller ran a job since
                 // ends the driving, and the job then has its patience).
-                patience.saturating_sub(age).max(poll.min(sched.driven_poll()))
+                patience.saturating_sub(age).max(sched.poll_for(&st, poll))
             } else {
                 patience.saturating_sub(age)
             };
@@ -416,7 +416,7 @@ pub(super) fn worker_loop(sched: &Sched) {
             // taken for dozing and every enqueue behind it woke the worker, which took a
             // rank's CPU: 2 ranks, 64 KiB all_reduce 4 in flight, 36,000 wake-ups a second,
             // 13.6-14.3 us a call against 11.5-12.2 waited; now 12.4).
-            st.dozing = st.helpers == 0 && pause > sched.grace && (st.engine.is_none() || st.driving);
+            st.dozing = st.engine.is_none() && st.helpers == 0 && pause > sched.grace && !st.driving;
             st = sched.cv.wait_timeout(st, pause).unwrap_or_else(|p| p.into_inner()).0;
             st.dozing = false;
             poll = (poll * 2).min(MAX_POLL);
