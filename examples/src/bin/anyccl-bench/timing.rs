@@ -71,6 +71,10 @@ pub(crate) async fn cpus_line(sync: &mut StoreBarrier<'_>) -> Result<Option<Stri
 /// Ranks whose CPUs the header lists.
 const CPUS_SHOWN: usize = 16;
 
+/// Rounds of warm-up calls at most after the first `calls` (each from the pace of the one
+/// before: a run whose pace keeps changing still ends).
+const WARMUP_ROUNDS: usize = 8;
+
 /// Untimed calls before a timed run: `calls`, then more until `min_time` has passed.
 #[derive(Clone, Copy)]
 pub(crate) struct Warmup {
@@ -167,13 +171,29 @@ pub(crate) async fn timed(
     sync.wait(if in_place { "in-place" } else { "timed" }).await?;
     // At least one untimed call, so the timed ones start from ranks in step.
     let first = warmup.calls.max(1);
-    let (took, _) = run(first, b)?;
+    let (mut took, _) = run(first, b)?;
     if !warmup.min_time.is_zero() {
-        // Every rank must issue the same calls: rank 0's estimate of how many fill the time.
-        let per_call = took.as_secs_f64() / first as f64;
-        let want = (warmup.min_time.as_secs_f64() / per_call.max(1e-7)).ceil().min(1e6) as u64;
-        let more = sync.agree("warmup", want).await?;
-        run(more as usize, b)?;
+        // Every rank must issue the same calls: rank 0 says how many, in rounds, until the
+        // time has passed on its clock, each round's count from the pace of the one before.
+        // One count from the first calls' pace fell short: those calls include the ranks'
+        // start apart, so 2 ranks' 8 B all_reduce on the CPU backend warmed up for well under
+        // a millisecond instead of 100, and the first row ran at 0.65-0.99 us a call where
+        // the next ran at 0.24 (0.24-0.28 after 300,000 warm-up calls).
+        let (mut spent, mut calls) = (took, first);
+        for _ in 0..WARMUP_ROUNDS {
+            let left = warmup.min_time.saturating_sub(spent);
+            let per_call = took.as_secs_f64() / calls.max(1) as f64;
+            let want = match left.is_zero() {
+                true => 0,
+                false => (left.as_secs_f64() / per_call.max(1e-7)).ceil().min(1e6) as u64,
+            };
+            calls = sync.agree("warmup", want).await? as usize;
+            if calls == 0 {
+                break;
+            }
+            (took, _) = run(calls, b)?;
+            spent += took;
+        }
     }
     let (total, issuing) = run(iters, b)?;
     // Every rank out of the run before any goes on to its next work (checking its output):
