@@ -6,6 +6,10 @@
 # faster). anyccl's pipelined time per call (calls issued back to back, then waited, as
 # nccl-tests measures; the median of REPS runs too) is printed beside its latency.
 #
+# Every time is the slowest rank's, as Open MPI's and Gloo's harnesses here print theirs
+# (`anyccl-bench -a 3`; rank 0's alone hid a broadcast's receivers, up to 20% slower than
+# its root at 8 B).
+#
 # Timings on a shared 2-core machine drift by tens of percent between runs, so anyccl and
 # Open MPI each run REPS times, alternating, and every row shows the median of the REPS
 # times per size (Gloo, slower by far, runs REPS times only from 4 MiB, where its time is
@@ -100,7 +104,7 @@ for n in $RANKS; do
         set -- $range
         hi=$2; [ "$hi" -le "$maxb" ] || hi=$maxb
         [ "$1" -le "$hi" ] || continue
-        $R/anyccl-run -n "$n" --no-prefix -- $R/anyccl-bench "$op" --backend cpu -b "$1" -e "$hi" -n "$3" -w 5 --depth 1 \
+        $R/anyccl-run -n "$n" --no-prefix -- $R/anyccl-bench "$op" --backend cpu -b "$1" -e "$hi" -n "$3" -w 5 --depth 1 -a 3 \
           | awk "!/^#/ && NF > 8 {print \$1, $cols}" >>"$a.$rep"
       done
       mpirun --allow-run-as-root --oversubscribe ${mpi_env[@]+"${mpi_env[@]}"} -np "$n" "$WORK/mpi_coll" "$op" "$minb" "$maxb" "$ITERS" >"$m.$rep" 2>"$m.err" || true
@@ -108,7 +112,7 @@ for n in $RANKS; do
       # as well: a single run's row was now and then several times the others'.
       : >"$p.$rep"
       if [ "$minb" -le 4096 ]; then
-        $R/anyccl-run -n "$n" --no-prefix -- $R/anyccl-bench "$op" --backend cpu -b "$minb" -e 4K -n "$ITERS" -w 5 \
+        $R/anyccl-run -n "$n" --no-prefix -- $R/anyccl-bench "$op" --backend cpu -b "$minb" -e 4K -n "$ITERS" -w 5 -a 3 \
           | awk "!/^#/ && NF > 8 {print \$1, $tcol}" >"$p.$rep"
       fi
     done

@@ -4,9 +4,10 @@
 # measures), anyccl pipelined (calls issued back to back, then waited) and Open MPI, the
 # three alternating so that a drift of the machine hits each alike. One row per size and
 # mode: the fastest, median and slowest run's time per call, slowest / fastest, Open MPI's
-# median, the worst ratio of a run's time to the Open MPI run right after it (the machine's
-# own slow spells, which slow Open MPI too, cancel there), and whether every run was at least
-# Open MPI's median speed. Before each run the host's own cross-core round trip is measured
+# median (each a run's slowest rank's time, as Open MPI's harness prints it: `-a 3`), the
+# worst ratio of a run's time to the Open MPI run right after it (the machine's own slow
+# spells, which slow Open MPI too, cancel there), and whether every run was at least Open
+# MPI's median speed. Before each run the host's own cross-core round trip is measured
 # (`bench/peers/probe.c`: two threads passing a cache line); a second row per size and mode
 # repeats the figures over the runs made while the host was quiet (a probe within 1.5x of
 # the session's lowest), since on a shared virtual machine the host itself slows down by
@@ -57,7 +58,7 @@ anyccl() {
   local depth=()
   [ "$2" = waited ] && depth=(--depth 1)
   $R/anyccl-run -n "$RANKS" --no-prefix -- $R/anyccl-bench "$OP" --backend cpu -b "$1" -e "$1" -n "$(iters "$1")" \
-    -w 20 -c 0 ${depth[@]+"${depth[@]}"} | awk "!/^#/ && NF > 8 {print $col; exit}"
+    -w 20 -c 0 -a 3 ${depth[@]+"${depth[@]}"} | awk "!/^#/ && NF > 8 {print $col; exit}"
 }
 # Open MPI's time per call at size "$1".
 ompi() {

@@ -53,8 +53,9 @@ want() { [[ $PARTS == *" $1 "* ]]; }
 
 if want bench; then
 echo "### all_reduce, anyccl then torch ($(t))"
+# Rank 0's time on both sides (`-a 0`): torch_bench.py prints its rank 0's.
 {
-  timeout 180 anyccl-run -n 2 -- anyccl-bench all_reduce --backend nccl -b 8 -e 1G -f 2 -n 20 -w 5 2>&1
+  timeout 180 anyccl-run -n 2 -- anyccl-bench all_reduce --backend nccl -b 8 -e 1G -f 2 -n 20 -w 5 -a 0 2>&1
   timeout 180 python3 -m torch.distributed.run --nproc_per_node 2 bench/torch_bench.py all_reduce \
     -b 8 -e 1G -f 2 -n 20 -w 5 2>&1
 } | grep -v '^\[rank 1\]' > "$OUT/bench.log"

@@ -104,14 +104,26 @@ def main():
             call(outs[i % depth])
         torch.cuda.synchronize()
         if rows == 0 and a.warmup_ms > 0:
-            # Every rank issues the same calls: rank 0's estimate of how many fill the time.
-            per_call = (time.perf_counter() - t) / max(1, a.w)
-            if me == 0:
-                store.set(f"bench/warm{nbytes}", str(min(10**6, int(a.warmup_ms / 1e3 / max(per_call, 1e-7)) + 1)))
-            more = int(store.get(f"bench/warm{nbytes}"))
-            for i in range(more):
-                call(outs[i % depth])
-            torch.cuda.synchronize()
+            # Every rank issues the same calls: rank 0 says how many, in rounds, until the
+            # time has passed on its clock, each round's count from the pace of the one
+            # before (as anyccl-bench does: one count from the first calls' pace, which
+            # include the ranks' start apart, fell short of the time).
+            spent, calls = time.perf_counter() - t, max(1, a.w)
+            took = spent
+            for rnd in range(8):
+                left = a.warmup_ms / 1e3 - spent
+                want = 0 if left <= 0 else min(10**6, int(left / max(took / calls, 1e-7)) + 1)
+                if me == 0:
+                    store.set(f"bench/warm{nbytes}/{rnd}", str(want))
+                calls = int(store.get(f"bench/warm{nbytes}/{rnd}"))
+                if calls == 0:
+                    break
+                t = time.perf_counter()
+                for i in range(calls):
+                    call(outs[i % depth])
+                torch.cuda.synchronize()
+                took = time.perf_counter() - t
+                spent += took
         t = time.perf_counter()
         done = 0
         while done < a.n:

@@ -48,6 +48,13 @@ pub(crate) struct Args {
     /// Root for broadcast and reduce.
     #[arg(short = 'r', long = "root", default_value_t = 0)]
     pub(crate) root: usize,
+    /// Which rank's time a row shows, as nccl-tests' flag: 0 rank 0's, 1 the average over
+    /// the ranks, 2 the fastest rank's, 3 the slowest's (what Open MPI's and Gloo's harnesses
+    /// in `bench/peers` print). Rank 0's alone says little of a rooted operation: a
+    /// broadcast's root (rank 0 by default) may finish its calls well before the others have
+    /// received them.
+    #[arg(short = 'a', long = "average", default_value_t = 1, value_parser = clap::value_parser!(u8).range(0..=3))]
+    pub(crate) average: u8,
     /// Check results (count wrong elements).
     #[arg(short = 'c', long = "check", default_value_t = 1)]
     pub(crate) check: u8,

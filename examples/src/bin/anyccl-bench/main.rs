@@ -174,6 +174,7 @@ async fn run(args: Args) -> Result<()> {
             (None, false) if platform.kind() == DeviceKind::Cpu => bufs::host_depth_said(),
             (None, false) => bufs::device_depth_said(),
         });
+        outln!("# time per call: {}", timing::average_said(args.average));
         outln!("#");
         outln!("#                                                              out-of-place                       in-place                    cold first call");
         outln!("#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong     time   devmem");
@@ -237,6 +238,7 @@ async fn run(args: Args) -> Result<()> {
             &mut sync,
         )
         .await?;
+        let (oop, oop_ranks) = timing::over_ranks(&mut sync, oop, args.average).await?;
         let oop_wrong = if args.check != 0 {
             wrong(platform.as_ref(), op, dtype, rop, &comm, root, &*b.recvs[0], false, env.local_world_size)?
         } else {
@@ -257,17 +259,21 @@ async fn run(args: Args) -> Result<()> {
                 let t =
                     timed(&comm, &platform, op, &mut b, rop, root, warmup(false), args.iters, timeout, true, &mut sync)
                         .await?;
+                let (t, ranks) = timing::over_ranks(&mut sync, t, args.average).await?;
                 let w = if args.check != 0 {
                     wrong(platform.as_ref(), op, dtype, rop, &comm, root, &*b.recvs[0], true, env.local_world_size)?
                 } else {
                     0
                 };
-                Some((t, w))
+                Some((t, w, ranks))
             }
         };
-        wrong_total += oop_wrong + ip.map(|x| x.1).unwrap_or(0);
-        let ip_issue_us = ip.map(|x| x.0.issue_us);
-        let ip = ip.map(|(t, w)| (t.us, w));
+        wrong_total += oop_wrong + ip.as_ref().map(|x| x.1).unwrap_or(0);
+        let ip_issue_us = ip.as_ref().map(|x| x.0.issue_us);
+        let (ip, ip_ranks) = match ip {
+            Some((t, w, ranks)) => (Some((t.us, w)), ranks),
+            None => (None, Vec::new()),
+        };
         let (oop_issue_us, oop) = (oop.issue_us, oop.us);
         let row = Row { bytes: size_b, count: size_b / dtype.size(), oop: (oop, oop_wrong) };
         let algbw = |us: f64| row.bytes as f64 / us / 1e3;
@@ -284,7 +290,8 @@ async fn run(args: Args) -> Result<()> {
                     serde_json::json!({"op": args.op, "ranks": n, "size": row.bytes, "count": row.count, "type": dtype.name(), "redop": redop, "root": rt,
                         "oop_us": oop, "oop_issue_us": oop_issue_us, "oop_algbw": algbw(oop), "oop_busbw": algbw(oop) * op.bus_factor(n), "oop_wrong": oop_wrong,
                         "ip_us": ip.map(|x| x.0), "ip_issue_us": ip_issue_us, "ip_busbw": ip.map(|x| algbw(x.0) * op.bus_factor(n)), "ip_wrong": ip.map(|x| x.1),
-                        "cold_us": cold_us, "cold_devmem_mib": cold_mib})
+                        "cold_us": cold_us, "cold_devmem_mib": cold_mib, "average": args.average,
+                        "oop_us_ranks": oop_ranks, "ip_us_ranks": ip_ranks})
                 );
             } else {
                 let ipc =

@@ -39,6 +39,54 @@ impl StoreBarrier<'_> {
     }
 }
 
+/// `t` on rank 0, as `-a` asks (see [`crate::args::Args::average`]): its own (0, with no
+/// exchange), or the average, the least or the most of every rank's, each rank's time
+/// through the store (outside the timed calls; the other ranks get their own back); with
+/// every rank's time per call on rank 0 (empty for `-a 0`).
+pub(crate) async fn over_ranks(sync: &mut StoreBarrier<'_>, t: Timing, average: u8) -> Result<(Timing, Vec<f64>)> {
+    if average == 0 || sync.n == 1 {
+        return Ok((t, Vec::new()));
+    }
+    sync.calls += 1;
+    let key = |r: usize| format!("bench/time/{}/{r}", sync.calls);
+    let mine = [t.us.to_le_bytes(), t.issue_us.to_le_bytes()].concat();
+    sync.store.set(&key(sync.me), &mine).await?;
+    if sync.me != 0 {
+        return Ok((t, Vec::new()));
+    }
+    let mut all = Vec::with_capacity(sync.n);
+    for r in 0..sync.n {
+        let v = sync.store.wait(&key(r), anyccl::raw::deadline_in(sync.timeout)).await?;
+        let word = |at: usize| v.get(at..at + 8).and_then(|b| b.try_into().ok()).map(f64::from_le_bytes);
+        let (Some(us), Some(issue_us)) = (word(0), word(8)) else {
+            return Err(bad_arg("store", format!("bad value under {}", key(r))));
+        };
+        all.push(Timing { us, issue_us });
+    }
+    let n = all.len() as f64;
+    let each = all.iter().map(|t| t.us).collect();
+    let shown = match average {
+        1 => Timing {
+            us: all.iter().map(|t| t.us).sum::<f64>() / n,
+            issue_us: all.iter().map(|t| t.issue_us).sum::<f64>() / n,
+        },
+        // The issue time of the rank whose time is shown.
+        2 => all.into_iter().min_by(|a, b| a.us.total_cmp(&b.us)).unwrap_or(t),
+        _ => all.into_iter().max_by(|a, b| a.us.total_cmp(&b.us)).unwrap_or(t),
+    };
+    Ok((shown, each))
+}
+
+/// What `-a` shows, for the header.
+pub(crate) fn average_said(average: u8) -> &'static str {
+    match average {
+        0 => "rank 0's (-a 0)",
+        1 => "the average over the ranks (-a 1)",
+        2 => "the fastest rank's (-a 2)",
+        _ => "the slowest rank's (-a 3)",
+    }
+}
+
 /// The CPUs this process may run on, as the kernel lists them (`0-3,8`); `?` where unknown.
 fn own_cpus() -> String {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
