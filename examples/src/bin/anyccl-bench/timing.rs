@@ -37,6 +37,21 @@ impl StoreBarrier<'_> {
         let bytes: [u8; 8] = v.as_slice().try_into().map_err(|_| bad_arg("store", format!("bad value under {key}")))?;
         Ok(u64::from_le_bytes(bytes))
     }
+
+    /// Every rank's `value`, on rank 0, of the first `ranks` ranks (`None` on the others).
+    pub(crate) async fn gather(&mut self, what: &str, value: &[u8], ranks: usize) -> Result<Option<Vec<Vec<u8>>>> {
+        self.calls += 1;
+        let key = |r: usize| format!("bench/{what}/{}/{r}", self.calls);
+        self.store.set(&key(self.me), value).await?;
+        if self.me != 0 {
+            return Ok(None);
+        }
+        let mut all = Vec::with_capacity(ranks);
+        for r in 0..self.n.min(ranks) {
+            all.push(self.store.wait(&key(r), anyccl::raw::deadline_in(self.timeout)).await?);
+        }
+        Ok(Some(all))
+    }
 }
 
 /// `t` on rank 0, as `-a` asks (see [`crate::args::Args::average`]): its own (0, with no
@@ -47,19 +62,13 @@ pub(crate) async fn over_ranks(sync: &mut StoreBarrier<'_>, t: Timing, average: 
     if average == 0 || sync.n == 1 {
         return Ok((t, Vec::new()));
     }
-    sync.calls += 1;
-    let key = |r: usize| format!("bench/time/{}/{r}", sync.calls);
     let mine = [t.us.to_le_bytes(), t.issue_us.to_le_bytes()].concat();
-    sync.store.set(&key(sync.me), &mine).await?;
-    if sync.me != 0 {
-        return Ok((t, Vec::new()));
-    }
-    let mut all = Vec::with_capacity(sync.n);
-    for r in 0..sync.n {
-        let v = sync.store.wait(&key(r), anyccl::raw::deadline_in(sync.timeout)).await?;
+    let Some(got) = sync.gather("time", &mine, sync.n).await? else { return Ok((t, Vec::new())) };
+    let mut all = Vec::with_capacity(got.len());
+    for (r, v) in got.iter().enumerate() {
         let word = |at: usize| v.get(at..at + 8).and_then(|b| b.try_into().ok()).map(f64::from_le_bytes);
         let (Some(us), Some(issue_us)) = (word(0), word(8)) else {
-            return Err(bad_arg("store", format!("bad value under {}", key(r))));
+            return Err(bad_arg("store", format!("rank {r}'s time under bench/time is not two numbers")));
         };
         all.push(Timing { us, issue_us });
     }
@@ -99,17 +108,9 @@ fn own_cpus() -> String {
 /// can land on one (each exchange then waits for the other's turn): the line tells such a run
 /// from one whose ranks were bound apart.
 pub(crate) async fn cpus_line(sync: &mut StoreBarrier<'_>) -> Result<Option<String>> {
-    sync.calls += 1;
-    let key = |r: usize| format!("bench/cpus/{}/{r}", sync.calls);
-    sync.store.set(&key(sync.me), own_cpus().as_bytes()).await?;
-    if sync.me != 0 {
-        return Ok(None);
-    }
-    let mut said = Vec::new();
-    for r in 0..sync.n.min(CPUS_SHOWN) {
-        let v = sync.store.wait(&key(r), anyccl::raw::deadline_in(sync.timeout)).await?;
-        said.push(format!("rank {r} {}", String::from_utf8_lossy(&v)));
-    }
+    let Some(got) = sync.gather("cpus", own_cpus().as_bytes(), CPUS_SHOWN).await? else { return Ok(None) };
+    let mut said: Vec<String> =
+        got.iter().enumerate().map(|(r, v)| format!("rank {r} {}", String::from_utf8_lossy(v))).collect();
     if sync.n > CPUS_SHOWN {
         said.push(format!("... ({} ranks)", sync.n));
     }
@@ -230,7 +231,7 @@ pub(crate) async fn timed(
         let (mut spent, mut calls) = (took, first);
         for _ in 0..WARMUP_ROUNDS {
             let left = warmup.min_time.saturating_sub(spent);
-            let per_call = took.as_secs_f64() / calls.max(1) as f64;
+            let per_call = took.as_secs_f64() / calls as f64;
             let want = match left.is_zero() {
                 true => 0,
                 false => (left.as_secs_f64() / per_call.max(1e-7)).ceil().min(1e6) as u64,
